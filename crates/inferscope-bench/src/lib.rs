@@ -1,0 +1,1 @@
+//! inferscope-bench: the serving benchmark (under construction).

@@ -1,0 +1,30 @@
+//! Engine configuration shared by every engine core.
+
+use serde::{Deserialize, Serialize};
+
+/// Scheduler and cache limits of one engine core.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Token budget of one step (prefill chunks plus decodes).
+    pub max_num_batched_tokens: usize,
+    /// Cap on sequences in the running batch.
+    pub max_num_seqs: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Reuse full KV blocks across requests with the same prefix.
+    pub enable_prefix_caching: bool,
+    /// Longest sequence (prompt plus output) accepted.
+    pub max_model_len: usize,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            block_size: 16,
+            enable_prefix_caching: true,
+            max_model_len: 8192,
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The seam between the scheduler and the device.
+//!
+//! A step's batch is flattened: every sequence's new tokens sit back to back
+//! in [`ScheduledBatch::token_ids`] and its block table in
+//! [`ScheduledBatch::block_tables`], so the scheduler can reuse the buffers
+//! from step to step without allocating.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::request::SamplingParams;
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone)]
+pub struct ScheduledSeq {
+    /// Engine-internal id, stable for the request's whole life.
+    pub seq_id: u64,
+    /// Offset of this sequence's new tokens in [`ScheduledBatch::token_ids`].
+    pub token_offset: usize,
+    /// Number of new tokens this step.
+    pub num_tokens: usize,
+    /// Position (in the sequence) of the first new token; positions before
+    /// it are already in the KV cache.
+    pub start_pos: usize,
+    /// Offset of the block table in [`ScheduledBatch::block_tables`].
+    pub block_table_offset: usize,
+    /// Number of blocks in the block table (covers `start_pos + num_tokens`).
+    pub block_table_len: usize,
+    /// The new tokens are prompt tokens (a prefill chunk or a recompute).
+    pub is_prefill: bool,
+    /// Sample a token after this chunk: the prompt is complete or it decodes.
+    pub sample: bool,
+    /// Tokens generated so far; with the seed it makes sampling repeatable
+    /// across a preemption and recompute.
+    pub num_generated: usize,
+    /// The seed of this request's sampler.
+    pub seed: u64,
+    /// The request's parameters.
+    pub params: Arc<SamplingParams>,
+}
+
+impl ScheduledSeq {
+    /// EOS and stop token ids must not be sampled yet (`min_tokens`).
+    pub fn mask_stop_tokens(&self) -> bool {
+        self.num_generated < self.params.min_tokens
+    }
+}
+
+/// One step's work for the executor.
+#[derive(Debug, Clone, Default)]
+pub struct ScheduledBatch {
+    /// The sequences, in the order their tokens appear.
+    pub seqs: Vec<ScheduledSeq>,
+    /// All new tokens of the step, flattened.
+    pub token_ids: Vec<u32>,
+    /// All block tables of the step, flattened.
+    pub block_tables: Vec<u32>,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Sequences that ended since the previous step (the executor may drop
+    /// per-sequence state).
+    pub finished_seq_ids: Vec<u64>,
+}
+
+impl ScheduledBatch {
+    /// The new tokens of `seq`.
+    pub fn tokens(&self, seq: &ScheduledSeq) -> &[u32] {
+        &self.token_ids[seq.token_offset..seq.token_offset + seq.num_tokens]
+    }
+
+    /// The block table of `seq`.
+    pub fn block_table(&self, seq: &ScheduledSeq) -> &[u32] {
+        &self.block_tables[seq.block_table_offset..seq.block_table_offset + seq.block_table_len]
+    }
+
+    /// Tokens in the step.
+    pub fn num_tokens(&self) -> usize {
+        self.token_ids.len()
+    }
+
+    /// Tokens whose attention reads the KV cache: sum of `start_pos + num_tokens`.
+    pub fn num_context_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.start_pos + s.num_tokens).sum()
+    }
+
+    /// Resets for reuse without freeing the buffers.
+    pub fn clear(&mut self) {
+        self.seqs.clear();
+        self.token_ids.clear();
+        self.block_tables.clear();
+        self.finished_seq_ids.clear();
+    }
+}
+
+/// What one step produced.
+#[derive(Debug, Clone, Default)]
+pub struct StepOutput {
+    /// One entry per sequence of the batch, in order: the sampled token where
+    /// [`ScheduledSeq::sample`] was set, `None` otherwise.
+    pub sampled: Vec<Option<u32>>,
+    /// Time the device was busy with the step.
+    pub device_time: Duration,
+}
+
+/// A device failure while executing a step.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    /// The step failed; the engine fails the step's requests and goes on.
+    #[error("step failed: {0}")]
+    Step(String),
+    /// The executor cannot run any more steps; the engine core stops.
+    #[error("executor is dead: {0}")]
+    Fatal(String),
+    /// The executor could not be set up.
+    #[error("executor initialisation failed: {0}")]
+    Init(String),
+}
+
+/// A device that runs model steps over a paged KV cache.
+pub trait Executor: Send + 'static {
+    /// A short name for logs (`sim:h100-llama3-8b`, `cpu:demo`).
+    fn name(&self) -> String;
+
+    /// Allocates the KV cache for blocks of `block_size` tokens and returns
+    /// how many blocks fit. Called once, before the first step.
+    fn init_kv_cache(&mut self, block_size: usize) -> Result<usize, ExecutorError>;
+
+    /// Token ids that end generation (EOS), unless `ignore_eos`.
+    fn eos_token_ids(&self) -> Vec<u32>;
+
+    /// Runs one step. `out.sampled` must end with one entry per sequence.
+    fn execute(&mut self, batch: &ScheduledBatch, out: &mut StepOutput)
+    -> Result<(), ExecutorError>;
+}
+
+impl Executor for Box<dyn Executor> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn init_kv_cache(&mut self, block_size: usize) -> Result<usize, ExecutorError> {
+        (**self).init_kv_cache(block_size)
+    }
+    fn eos_token_ids(&self) -> Vec<u32> {
+        (**self).eos_token_ids()
+    }
+    fn execute(
+        &mut self,
+        batch: &ScheduledBatch,
+        out: &mut StepOutput,
+    ) -> Result<(), ExecutorError> {
+        (**self).execute(batch, out)
+    }
+}

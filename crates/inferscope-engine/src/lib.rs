@@ -1,0 +1,19 @@
+//! inferscope-engine: request lifecycle, scheduler, paged KV block pool with
+//! prefix caching, the engine-core loop, the data-parallel coordinator, the
+//! [`Executor`] seam and the simulated-accelerator executor.
+
+pub mod config;
+pub mod coordinator;
+pub mod core;
+pub mod executor;
+pub mod kv_cache;
+pub mod request;
+pub mod scheduler;
+pub mod sim;
+
+pub use config::EngineConfig;
+pub use coordinator::{Coordinator, EngineError, RequestHandle};
+pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
+pub use inferscope_metrics::FinishReason;
+pub use request::{EngineRequest, RequestOutput, RequestTimeline, SamplingParams};
+pub use sim::{SimExecutor, SimProfile};

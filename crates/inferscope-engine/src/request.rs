@@ -1,0 +1,132 @@
+//! What a request is, what it asks for, and what comes back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferscope_metrics::FinishReason;
+
+/// Per-request generation parameters the engine and the executor honour.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Stop after this many generated tokens (`finish_reason = length`).
+    pub max_tokens: usize,
+    /// EOS and stop token ids are masked until this many tokens exist.
+    pub min_tokens: usize,
+    /// Do not stop at EOS (load tests: exactly `max_tokens` tokens).
+    pub ignore_eos: bool,
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling mass; 1 disables it.
+    pub top_p: f32,
+    /// Keep the k most likely tokens; 0 disables it.
+    pub top_k: usize,
+    /// Seed of the request's sampler; `None` draws one from the request id.
+    pub seed: Option<u64>,
+    /// Extra token ids that stop generation like EOS does.
+    pub stop_token_ids: Vec<u32>,
+    /// The request's `n` (the server fans out; recorded for metrics only).
+    pub n: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            max_tokens: 16,
+            min_tokens: 0,
+            ignore_eos: false,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            stop_token_ids: Vec::new(),
+            n: 1,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// The seed the sampler uses: the given one, else a hash of the request id.
+    pub fn effective_seed(&self, request_id: &str) -> u64 {
+        self.seed.unwrap_or_else(|| fnv1a(request_id.as_bytes()))
+    }
+}
+
+/// FNV-1a, a stable hash for deriving seeds from ids.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// A request handed to the engine: already tokenized and validated.
+#[derive(Debug, Clone)]
+pub struct EngineRequest {
+    /// Unique id (the server uses `x-request-id` when given).
+    pub request_id: String,
+    /// The prompt, tokenized.
+    pub prompt_token_ids: Vec<u32>,
+    /// Generation parameters.
+    pub params: Arc<SamplingParams>,
+    /// When the request arrived at the server (monotonic).
+    pub arrival: Instant,
+}
+
+/// Monotonic timestamps of one request's life, from which latencies derive.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestTimeline {
+    /// Arrival at the server.
+    pub arrival: Instant,
+    /// First time the scheduler put it in a batch.
+    pub first_scheduled: Option<Instant>,
+    /// The engine produced the first token.
+    pub first_token: Option<Instant>,
+    /// The engine produced the latest token.
+    pub last_token: Option<Instant>,
+    /// The request finished.
+    pub finished: Option<Instant>,
+}
+
+impl RequestTimeline {
+    /// A timeline that starts at `arrival`.
+    pub fn new(arrival: Instant) -> Self {
+        Self {
+            arrival,
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+            finished: None,
+        }
+    }
+}
+
+/// One message on a request's output stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestOutput {
+    /// A newly generated token.
+    Token {
+        /// The token id.
+        token_id: u32,
+        /// When the engine produced it.
+        at: Instant,
+    },
+    /// The request finished; nothing follows.
+    Finished {
+        /// Why it finished.
+        reason: FinishReason,
+        /// The token id that stopped it, when EOS or a stop token did.
+        stop_token_id: Option<u32>,
+        /// Prompt length.
+        num_prompt_tokens: usize,
+        /// Tokens generated.
+        num_generation_tokens: usize,
+        /// Prompt tokens served from the prefix cache.
+        num_cached_tokens: usize,
+        /// The full timeline.
+        timeline: RequestTimeline,
+        /// An error message when `reason` is `Error`.
+        error: Option<String>,
+    },
+}

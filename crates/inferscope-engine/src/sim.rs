@@ -1,0 +1,5 @@
+//! (under construction)
+/// Placeholder.
+pub struct SimExecutor;
+/// Placeholder.
+pub struct SimProfile;

@@ -1,0 +1,163 @@
+//! Plain stats structs the engine produces each step and the server produces
+//! per request. They carry no Prometheus types: the engine never touches a
+//! metric handle, it hands these to a [`StatsRecorder`].
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why a request finished; the `finished_reason` label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` reached (or the model's length limit).
+    Length,
+    /// Aborted: client disconnect, shutdown, or an explicit abort.
+    Abort,
+    /// The executor failed while running the request.
+    Error,
+}
+
+impl FinishReason {
+    /// Every reason, in label order.
+    pub const ALL: [FinishReason; 4] = [Self::Stop, Self::Length, Self::Abort, Self::Error];
+
+    /// The label value, as in vLLM and in the OpenAI `finish_reason` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Abort => "abort",
+            Self::Error => "error",
+        }
+    }
+
+    /// Index into [`FinishReason::ALL`], for per-reason handle arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Snapshot of one engine's scheduler after a step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SchedulerStats {
+    /// Requests in the running batch.
+    pub num_running: usize,
+    /// Requests waiting, preempted ones included.
+    pub num_waiting: usize,
+    /// Fraction 0..1 of KV blocks referenced by live requests.
+    pub kv_cache_usage: f64,
+    /// Prompt tokens looked up in the prefix cache since the last snapshot.
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found in the cache.
+    pub prefix_cache_hits: u64,
+    /// Preemptions since the last snapshot.
+    pub num_preemptions: u64,
+}
+
+/// Engine-side figures of one request that finished during a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedRequestStats {
+    /// Why it finished.
+    pub finish_reason: FinishReason,
+    /// Prompt length in tokens.
+    pub num_prompt_tokens: usize,
+    /// Tokens generated.
+    pub num_generation_tokens: usize,
+    /// Prompt tokens served from the prefix cache at first scheduling.
+    pub num_cached_tokens: usize,
+    /// The request's `max_tokens` parameter.
+    pub max_tokens_param: usize,
+    /// The request's `n` parameter (the server's fan-out).
+    pub n: usize,
+    /// Times the request was preempted.
+    pub num_preemptions: u64,
+    /// Time spent WAITING before first being scheduled.
+    pub queue_time: Duration,
+    /// First scheduled to first token.
+    pub prefill_time: Duration,
+    /// First token to last token.
+    pub decode_time: Duration,
+    /// First scheduled to finished (time in RUNNING, preemptions included).
+    pub inference_time: Duration,
+}
+
+/// What one engine step did and where its time went.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IterationStats {
+    /// Prompt tokens computed this step (prefill, recompute included).
+    pub num_prompt_tokens: u64,
+    /// Tokens generated this step.
+    pub num_generation_tokens: u64,
+    /// Prompt tokens served from the prefix cache for requests first scheduled this step.
+    pub num_prompt_tokens_cached: u64,
+    /// Sequences in the step's batch.
+    pub batch_size: usize,
+    /// Building the batch (scheduler).
+    pub schedule_time: Duration,
+    /// The executor call, wall time on the host.
+    pub execute_time: Duration,
+    /// Appending tokens, stop checks, freeing, emitting outputs.
+    pub postprocess_time: Duration,
+    /// Time the device reports as busy for this step.
+    pub device_time: Duration,
+    /// Time the loop waited with nothing to run before this step.
+    pub idle_time: Duration,
+    /// Requests that finished during this step (reused buffer: cleared each step).
+    pub finished_requests: Vec<FinishedRequestStats>,
+}
+
+impl IterationStats {
+    /// Total tokens processed by the step (the `iteration_tokens_total` sample).
+    pub fn num_tokens(&self) -> u64 {
+        self.num_prompt_tokens + self.num_generation_tokens
+    }
+
+    /// Resets for reuse without freeing the buffer.
+    pub fn clear(&mut self) {
+        let mut finished = std::mem::take(&mut self.finished_requests);
+        finished.clear();
+        *self = IterationStats {
+            finished_requests: finished,
+            ..Default::default()
+        };
+    }
+}
+
+/// Latencies the serving front end measures where tokens are handed to the
+/// client (TTFT, ITL, e2e). Recorded once per finished request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrontendRequestStats {
+    /// Arrival to first token handed to the response.
+    pub ttft: Option<Duration>,
+    /// Arrival to the final output handed to the response.
+    pub e2e: Duration,
+    /// Output tokens the client received.
+    pub num_generation_tokens: usize,
+}
+
+/// Receiver of stats. Implemented by the metrics manager; the engine calls it
+/// from its core thread once per step, so implementations must not block.
+pub trait StatsRecorder: Send + Sync {
+    /// One engine step's figures. `engine` is the global engine index.
+    fn record_step(&self, engine: usize, scheduler: &SchedulerStats, iteration: &IterationStats);
+
+    /// The loop waited `idle` with nothing to run (called when it wakes up idle).
+    fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration) {
+        let _ = (engine, scheduler, idle);
+    }
+}
+
+/// A recorder that drops everything (tests, `--disable-metrics`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoopRecorder;
+
+impl StatsRecorder for NoopRecorder {
+    fn record_step(&self, _: usize, _: &SchedulerStats, _: &IterationStats) {}
+}

@@ -1,0 +1,1 @@
+//! inferscope-model: the CPU executor (under construction).

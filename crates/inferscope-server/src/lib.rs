@@ -1,0 +1,1 @@
+//! inferscope-server: the OpenAI-compatible server (under construction).
