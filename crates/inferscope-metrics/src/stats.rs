@@ -91,8 +91,13 @@ pub struct FinishedRequestStats {
 /// What one engine step did and where its time went.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IterationStats {
-    /// Prompt tokens computed this step (prefill, recompute included).
+    /// Prompt lengths of the requests that got their first token this step
+    /// (as vLLM counts `prompt_tokens`: cached tokens included, recompute not
+    /// counted twice).
     pub num_prompt_tokens: u64,
+    /// Tokens the step actually ran through the model (prefill chunks,
+    /// recomputes and decodes): the `iteration_tokens_total` sample.
+    pub num_scheduled_tokens: u64,
     /// Tokens generated this step.
     pub num_generation_tokens: u64,
     /// Prompt tokens served from the prefix cache for requests first scheduled this step.
@@ -114,10 +119,6 @@ pub struct IterationStats {
 }
 
 impl IterationStats {
-    /// Total tokens processed by the step (the `iteration_tokens_total` sample).
-    pub fn num_tokens(&self) -> u64 {
-        self.num_prompt_tokens + self.num_generation_tokens
-    }
 
     /// Resets for reuse without freeing the buffer.
     pub fn clear(&mut self) {
@@ -148,6 +149,10 @@ pub trait StatsRecorder: Send + Sync {
     /// One engine step's figures. `engine` is the global engine index.
     fn record_step(&self, engine: usize, scheduler: &SchedulerStats, iteration: &IterationStats);
 
+    /// Requests that finished outside a step (aborted while the engine had
+    /// nothing to run). Steps report theirs in `IterationStats`.
+    fn record_finished(&self, engine: usize, finished: &[FinishedRequestStats]);
+
     /// The loop waited `idle` with nothing to run (called when it wakes up idle).
     fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration) {
         let _ = (engine, scheduler, idle);
@@ -160,4 +165,5 @@ pub struct NoopRecorder;
 
 impl StatsRecorder for NoopRecorder {
     fn record_step(&self, _: usize, _: &SchedulerStats, _: &IterationStats) {}
+    fn record_finished(&self, _: usize, _: &[FinishedRequestStats]) {}
 }
