@@ -112,8 +112,6 @@ pub struct IterationStats {
     pub postprocess_time: Duration,
     /// Time the device reports as busy for this step.
     pub device_time: Duration,
-    /// Time the loop waited with nothing to run before this step.
-    pub idle_time: Duration,
     /// Requests that finished during this step (reused buffer: cleared each step).
     pub finished_requests: Vec<FinishedRequestStats>,
 }
@@ -153,10 +151,10 @@ pub trait StatsRecorder: Send + Sync {
     /// nothing to run). Steps report theirs in `IterationStats`.
     fn record_finished(&self, engine: usize, finished: &[FinishedRequestStats]);
 
-    /// The loop waited `idle` with nothing to run (called when it wakes up idle).
-    fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration) {
-        let _ = (engine, scheduler, idle);
-    }
+    /// The engine loop has nothing to run. Called when it goes idle (with
+    /// `idle` zero, so the gauges show the empty state) and when it wakes up
+    /// (with the time it waited: the `engine_idle_seconds` increment).
+    fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration);
 }
 
 /// A recorder that drops everything (tests, `--disable-metrics`).
@@ -166,4 +164,5 @@ pub struct NoopRecorder;
 impl StatsRecorder for NoopRecorder {
     fn record_step(&self, _: usize, _: &SchedulerStats, _: &IterationStats) {}
     fn record_finished(&self, _: usize, _: &[FinishedRequestStats]) {}
+    fn record_idle(&self, _: usize, _: &SchedulerStats, _: Duration) {}
 }
