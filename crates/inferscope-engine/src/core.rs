@@ -1,1 +1,296 @@
-//! (under construction)
+//! One engine core: an OS thread that runs schedule → execute → postprocess
+//! over its own scheduler, KV pool and executor.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use inferscope_metrics::{FinishReason, StatsRecorder};
+
+use crate::config::EngineConfig;
+use crate::executor::{Executor, ExecutorError, StepOutput};
+use crate::request::EngineRequest;
+use crate::scheduler::{OutputSink, Scheduler};
+
+/// A message to an engine core.
+#[derive(Debug)]
+pub(crate) enum CoreMessage {
+    /// Queue a request; its outputs go to the sink.
+    Add(EngineRequest, OutputSink),
+    /// End a request (abort, or stop for a stop string).
+    Finish(String, FinishReason),
+    /// Stop taking requests; finish the running ones until the deadline,
+    /// then abort what is left and exit.
+    Shutdown(Instant),
+}
+
+/// State of a core that other threads read without locking.
+#[derive(Debug)]
+pub struct CoreState {
+    /// Global engine index (data-parallel rank).
+    pub engine_index: usize,
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Executor name.
+    pub executor_name: String,
+    waiting: AtomicUsize,
+    running: AtomicUsize,
+    /// Requests sent to the core that it has not picked up yet.
+    pending: AtomicUsize,
+    kv_usage_bits: AtomicU64,
+    alive: AtomicBool,
+    dead_reason: parking_lot::Mutex<Option<String>>,
+}
+
+impl CoreState {
+    /// Requests waiting in the core's queue.
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed) + self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Requests in the core's running batch.
+    pub fn num_running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// KV-cache usage after the last step.
+    pub fn kv_usage(&self) -> f64 {
+        f64::from_bits(self.kv_usage_bits.load(Ordering::Relaxed))
+    }
+
+    /// Whether the core can still serve.
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire)
+    }
+
+    /// Why the core stopped, if it died.
+    pub fn dead_reason(&self) -> Option<String> {
+        self.dead_reason.lock().clone()
+    }
+
+    /// Routing score: waiting requests weigh more than running ones, since
+    /// a request queued behind others waits for a whole prefill.
+    pub fn load_score(&self) -> usize {
+        self.num_waiting() * 4 + self.num_running()
+    }
+
+    pub(crate) fn note_sent(&self) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The coordinator's end of a running engine core.
+pub(crate) struct CoreHandle {
+    pub(crate) tx: Sender<CoreMessage>,
+    pub(crate) state: Arc<CoreState>,
+}
+
+/// Starts a core on its own thread. The KV cache is allocated here, so a
+/// failure is reported before any request is accepted.
+pub(crate) fn spawn_core(
+    engine_index: usize,
+    config: EngineConfig,
+    mut executor: Box<dyn Executor>,
+    recorder: Arc<dyn StatsRecorder>,
+) -> Result<(CoreHandle, JoinHandle<()>), ExecutorError> {
+    let num_blocks = executor.init_kv_cache(config.block_size)?;
+    if num_blocks == 0 {
+        return Err(ExecutorError::Init(
+            "the KV cache has room for no block; give it more memory".into(),
+        ));
+    }
+    let state = Arc::new(CoreState {
+        engine_index,
+        num_blocks,
+        block_size: config.block_size,
+        executor_name: executor.name(),
+        waiting: AtomicUsize::new(0),
+        running: AtomicUsize::new(0),
+        pending: AtomicUsize::new(0),
+        kv_usage_bits: AtomicU64::new(0f64.to_bits()),
+        alive: AtomicBool::new(true),
+        dead_reason: parking_lot::Mutex::new(None),
+    });
+    let (tx, rx) = channel();
+    let scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
+    let core = EngineCore {
+        state: Arc::clone(&state),
+        scheduler,
+        executor,
+        recorder,
+        rx,
+        shutdown_deadline: None,
+    };
+    let thread = std::thread::Builder::new()
+        .name(format!("engine-core-{engine_index}"))
+        .spawn(move || core.run())
+        .map_err(|e| ExecutorError::Init(format!("cannot start the engine thread: {e}")))?;
+    Ok((CoreHandle { tx, state }, thread))
+}
+
+struct EngineCore {
+    state: Arc<CoreState>,
+    scheduler: Scheduler,
+    executor: Box<dyn Executor>,
+    recorder: Arc<dyn StatsRecorder>,
+    rx: Receiver<CoreMessage>,
+    shutdown_deadline: Option<Instant>,
+}
+
+impl EngineCore {
+    fn run(mut self) {
+        let engine = self.state.engine_index;
+        let mut out = StepOutput::default();
+        loop {
+            if !self.drain_messages() {
+                self.shutdown_deadline.get_or_insert_with(Instant::now);
+            }
+            if !self.scheduler.has_work() {
+                if self.shutdown_deadline.is_some() {
+                    break;
+                }
+                if !self.wait_idle() {
+                    break;
+                }
+                continue;
+            }
+            if self.shutdown_deadline.is_some_and(|d| Instant::now() >= d) {
+                self.scheduler
+                    .finish_all(FinishReason::Abort, Some("the server is shutting down"));
+                self.flush_outside_step();
+                break;
+            }
+
+            let t0 = Instant::now();
+            self.scheduler.schedule();
+            let t1 = Instant::now();
+            if self.scheduler.batch().seqs.is_empty() {
+                // Nothing fits this step (e.g. all budget went to nobody):
+                // wait briefly for a message instead of spinning.
+                match self.rx.recv_timeout(Duration::from_millis(1)) {
+                    Ok(m) => self.handle(m),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        self.shutdown_deadline.get_or_insert_with(Instant::now);
+                    }
+                }
+                continue;
+            }
+            let result = self.executor.execute(self.scheduler.batch(), &mut out);
+            let t2 = Instant::now();
+            match result {
+                Ok(()) => self.scheduler.update(&out),
+                Err(ExecutorError::Step(msg)) => {
+                    tracing::error!(engine, error = %msg, "engine step failed; failing its requests");
+                    out.device_time = Duration::ZERO;
+                    self.scheduler.fail_batch(&msg);
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    tracing::error!(engine, error = %msg, "engine core cannot continue");
+                    *self.state.dead_reason.lock() = Some(msg.clone());
+                    self.state.alive.store(false, Ordering::Release);
+                    self.scheduler.finish_all(FinishReason::Error, Some(&msg));
+                    self.flush_outside_step();
+                    // Refuse whatever is still queued or arrives later.
+                    while let Ok(m) = self.rx.recv() {
+                        self.handle(m);
+                        self.scheduler.finish_all(FinishReason::Error, Some(&msg));
+                        self.flush_outside_step();
+                    }
+                    return;
+                }
+            }
+            let t3 = Instant::now();
+            let stats = self.scheduler.stats_mut();
+            stats.schedule_time = t1 - t0;
+            stats.execute_time = t2 - t1;
+            stats.postprocess_time = t3 - t2;
+            stats.device_time = out.device_time;
+            let snapshot = self.scheduler.snapshot();
+            self.publish(&snapshot);
+            self.recorder
+                .record_step(engine, &snapshot, self.scheduler.stats());
+            self.scheduler.clear_stats();
+        }
+        self.state.alive.store(false, Ordering::Release);
+    }
+
+    /// Handles every queued message; false when the coordinator is gone.
+    fn drain_messages(&mut self) -> bool {
+        loop {
+            match self.rx.try_recv() {
+                Ok(m) => self.handle(m),
+                Err(TryRecvError::Empty) => return true,
+                Err(TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Blocks until a message arrives; false when the coordinator is gone.
+    fn wait_idle(&mut self) -> bool {
+        self.flush_outside_step();
+        let start = Instant::now();
+        let msg = self.rx.recv();
+        let idle = start.elapsed();
+        let snapshot = self.scheduler.snapshot();
+        self.recorder
+            .record_idle(self.state.engine_index, &snapshot, idle);
+        match msg {
+            Ok(m) => {
+                self.handle(m);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Reports requests that ended between steps and the resulting state.
+    fn flush_outside_step(&mut self) {
+        let engine = self.state.engine_index;
+        let snapshot = self.scheduler.snapshot();
+        self.publish(&snapshot);
+        let finished = &self.scheduler.stats().finished_requests;
+        if !finished.is_empty() {
+            self.recorder.record_finished(engine, finished);
+        }
+        self.recorder.record_idle(engine, &snapshot, Duration::ZERO);
+        self.scheduler.clear_stats();
+    }
+
+    fn handle(&mut self, msg: CoreMessage) {
+        match msg {
+            CoreMessage::Add(req, sink) => {
+                self.state.pending.fetch_sub(1, Ordering::Relaxed);
+                if self.shutdown_deadline.is_some() || !self.state.is_alive() {
+                    self.scheduler.add_request(req.clone(), sink);
+                    self.scheduler
+                        .finish_request(&req.request_id, FinishReason::Abort);
+                } else {
+                    self.scheduler.add_request(req, sink);
+                }
+            }
+            CoreMessage::Finish(id, reason) => {
+                self.scheduler.finish_request(&id, reason);
+            }
+            CoreMessage::Shutdown(deadline) => {
+                self.shutdown_deadline = Some(deadline);
+            }
+        }
+        self.state
+            .waiting
+            .store(self.scheduler.num_waiting(), Ordering::Relaxed);
+    }
+
+    fn publish(&self, snapshot: &inferscope_metrics::SchedulerStats) {
+        self.state.waiting.store(snapshot.num_waiting, Ordering::Relaxed);
+        self.state.running.store(snapshot.num_running, Ordering::Relaxed);
+        self.state
+            .kv_usage_bits
+            .store(snapshot.kv_cache_usage.to_bits(), Ordering::Relaxed);
+    }
+}

@@ -1,1 +1,312 @@
-//! (under construction)
+//! The paged KV block pool with prefix caching.
+//!
+//! Blocks are reference-counted. A full block whose tokens are computed gets
+//! a hash chained over its parent's hash and its own token ids, and is
+//! entered in the prefix cache. When its last reference goes, it joins the
+//! free list but keeps its hash, so a later request with the same prefix can
+//! take it back; the free list is ordered least recently freed first, which
+//! makes allocation evict cached blocks in LRU order.
+
+use std::collections::HashMap;
+use std::hash::Hasher;
+
+/// Marks "no block" in the intrusive free list.
+const NIL: u32 = u32::MAX;
+
+/// Identity of a full block's content: chained over every earlier block.
+pub type BlockHash = u64;
+
+/// Hash of a full block, chained over the parent block's hash.
+pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
+    // DefaultHasher::new() has fixed keys: the same content hashes the same
+    // in every engine core of the process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write_u64(parent.unwrap_or(0x9e37_79b9_7f4a_7c15));
+    for &t in tokens {
+        h.write_u32(t);
+    }
+    h.finish()
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    ref_count: u32,
+    hash: Option<BlockHash>,
+    /// Neighbours in the free list (NIL when not free or at an end).
+    prev: u32,
+    next: u32,
+    in_free_list: bool,
+}
+
+/// Counters of prefix-cache lookups, in tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCacheCounts {
+    /// Prompt tokens looked up.
+    pub queries: u64,
+    /// Of those, tokens found.
+    pub hits: u64,
+}
+
+/// A fixed set of KV blocks, their reference counts and the prefix cache.
+#[derive(Debug)]
+pub struct BlockPool {
+    blocks: Vec<Block>,
+    free_head: u32,
+    free_tail: u32,
+    num_free: usize,
+    cached: HashMap<BlockHash, u32>,
+    enable_prefix_caching: bool,
+    counts: PrefixCacheCounts,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` blocks, all free.
+    pub fn new(num_blocks: usize, enable_prefix_caching: bool) -> Self {
+        let n = u32::try_from(num_blocks).unwrap_or(NIL - 1).min(NIL - 1);
+        let blocks = (0..n)
+            .map(|i| Block {
+                ref_count: 0,
+                hash: None,
+                prev: if i == 0 { NIL } else { i - 1 },
+                next: if i + 1 == n { NIL } else { i + 1 },
+                in_free_list: true,
+            })
+            .collect();
+        Self {
+            blocks,
+            free_head: if n == 0 { NIL } else { 0 },
+            free_tail: if n == 0 { NIL } else { n - 1 },
+            num_free: n as usize,
+            cached: HashMap::new(),
+            enable_prefix_caching,
+            counts: PrefixCacheCounts::default(),
+        }
+    }
+
+    /// Total blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Blocks with no reference (cached or not): what allocation can take.
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    /// Fraction of blocks referenced by live sequences.
+    pub fn usage(&self) -> f64 {
+        if self.blocks.is_empty() {
+            return 0.0;
+        }
+        (self.blocks.len() - self.num_free) as f64 / self.blocks.len() as f64
+    }
+
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching
+    }
+
+    /// Reference count of a block (tests and invariant checks).
+    pub fn ref_count(&self, block: u32) -> u32 {
+        self.blocks[block as usize].ref_count
+    }
+
+    /// Blocks that are free but still hold a cached prefix.
+    pub fn num_cached_free(&self) -> usize {
+        self.cached
+            .values()
+            .filter(|&&b| self.blocks[b as usize].ref_count == 0)
+            .count()
+    }
+
+    /// Counts since the last call, reset to zero.
+    pub fn take_counts(&mut self) -> PrefixCacheCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    /// Takes a reference on the cached block of each hash in turn, stopping
+    /// at the first miss; `hashes` has one entry per full block of a prompt.
+    /// Pushes the hit blocks to `out`. Counts nothing: the caller records the
+    /// lookup with [`BlockPool::record_lookup`] once the request is admitted.
+    pub fn take_cached_prefix(&mut self, hashes: &[BlockHash], out: &mut Vec<u32>) {
+        if !self.enable_prefix_caching {
+            return;
+        }
+        for h in hashes {
+            let Some(&b) = self.cached.get(h) else { break };
+            self.acquire(b);
+            out.push(b);
+        }
+    }
+
+    /// Counts one admitted lookup: `queries` tokens looked up, `hits` found.
+    pub fn record_lookup(&mut self, queries: usize, hits: usize) {
+        self.counts.queries += queries as u64;
+        self.counts.hits += hits as u64;
+    }
+
+    /// Takes `n` fresh blocks (evicting cached free ones, oldest first), or
+    /// none at all when fewer than `n` are free.
+    pub fn allocate(&mut self, n: usize, out: &mut Vec<u32>) -> bool {
+        if n > self.num_free {
+            return false;
+        }
+        for _ in 0..n {
+            let b = self.free_head;
+            debug_assert_ne!(b, NIL);
+            self.unlink(b);
+            let block = &mut self.blocks[b as usize];
+            if let Some(h) = block.hash.take() {
+                // Evicted: forget the hash only if it still points here.
+                if self.cached.get(&h) == Some(&b) {
+                    self.cached.remove(&h);
+                }
+            }
+            block.ref_count = 1;
+            out.push(b);
+        }
+        true
+    }
+
+    /// Drops one reference from each block, last block first, so that a
+    /// sequence's tail is evicted before its head.
+    pub fn free(&mut self, blocks: &[u32]) {
+        for &b in blocks.iter().rev() {
+            let block = &mut self.blocks[b as usize];
+            debug_assert!(block.ref_count > 0, "double free of block {b}");
+            block.ref_count = block.ref_count.saturating_sub(1);
+            if block.ref_count == 0 {
+                self.push_free(b);
+            }
+        }
+    }
+
+    /// Enters a full, computed block in the prefix cache. A block whose
+    /// content is already cached elsewhere stays uncached (a duplicate).
+    pub fn cache_block(&mut self, block: u32, hash: BlockHash) {
+        if !self.enable_prefix_caching {
+            return;
+        }
+        let entry = self.cached.entry(hash).or_insert(block);
+        if *entry == block {
+            self.blocks[block as usize].hash = Some(hash);
+        }
+    }
+
+    /// Whether `block` is the cached holder of `hash`.
+    pub fn is_cached_as(&self, block: u32, hash: BlockHash) -> bool {
+        self.cached.get(&hash) == Some(&block)
+    }
+
+    fn acquire(&mut self, b: u32) {
+        if self.blocks[b as usize].in_free_list {
+            self.unlink(b);
+        }
+        self.blocks[b as usize].ref_count += 1;
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (prev, next) = {
+            let block = &mut self.blocks[b as usize];
+            debug_assert!(block.in_free_list);
+            block.in_free_list = false;
+            (
+                std::mem::replace(&mut block.prev, NIL),
+                std::mem::replace(&mut block.next, NIL),
+            )
+        };
+        if prev == NIL {
+            self.free_head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.free_tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        self.num_free -= 1;
+    }
+
+    fn push_free(&mut self, b: u32) {
+        let tail = self.free_tail;
+        {
+            let block = &mut self.blocks[b as usize];
+            debug_assert!(!block.in_free_list);
+            block.in_free_list = true;
+            block.prev = tail;
+            block.next = NIL;
+        }
+        if tail == NIL {
+            self.free_head = b;
+        } else {
+            self.blocks[tail as usize].next = b;
+        }
+        self.free_tail = b;
+        self.num_free += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_and_free_round_trip() {
+        let mut pool = BlockPool::new(4, true);
+        let mut got = Vec::new();
+        assert!(pool.allocate(3, &mut got));
+        assert_eq!(pool.num_free(), 1);
+        assert!(!pool.allocate(2, &mut got), "must not over-allocate");
+        assert_eq!(got.len(), 3, "a failed allocation takes nothing");
+        pool.free(&got);
+        assert_eq!(pool.num_free(), 4);
+        assert_eq!(pool.usage(), 0.0);
+    }
+
+    #[test]
+    fn cached_blocks_are_reused_then_evicted_lru() {
+        let mut pool = BlockPool::new(3, true);
+        let h1 = hash_block(None, &[1, 2]);
+        let h2 = hash_block(Some(h1), &[3, 4]);
+        let mut a = Vec::new();
+        assert!(pool.allocate(2, &mut a));
+        pool.cache_block(a[0], h1);
+        pool.cache_block(a[1], h2);
+        pool.free(&a);
+        assert_eq!(pool.num_cached_free(), 2);
+
+        let mut hit = Vec::new();
+        pool.take_cached_prefix(&[h1, h2], &mut hit);
+        assert_eq!(hit, a);
+        pool.free(&hit);
+
+        // Freed last block first: a[1] was freed before a[0], so it is older
+        // in the LRU order and is evicted first (after the never-used block).
+        let mut fresh = Vec::new();
+        assert!(pool.allocate(2, &mut fresh));
+        assert!(!pool.is_cached_as(a[1], h2), "tail block evicted first");
+        assert!(pool.is_cached_as(a[0], h1), "head block survives");
+    }
+
+    #[test]
+    fn chained_hash_depends_on_parent() {
+        let a = hash_block(None, &[7, 8]);
+        let b = hash_block(Some(a), &[7, 8]);
+        assert_ne!(a, b);
+        assert_eq!(a, hash_block(None, &[7, 8]));
+    }
+
+    #[test]
+    fn prefix_caching_off_never_hits() {
+        let mut pool = BlockPool::new(2, false);
+        let h = hash_block(None, &[1]);
+        let mut a = Vec::new();
+        assert!(pool.allocate(1, &mut a));
+        pool.cache_block(a[0], h);
+        pool.free(&a);
+        let mut hit = Vec::new();
+        pool.take_cached_prefix(&[h], &mut hit);
+        assert!(hit.is_empty());
+    }
+}

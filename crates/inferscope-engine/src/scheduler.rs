@@ -1,1 +1,548 @@
-//! (under construction)
+//! The continuous-batching scheduler of one engine core.
+//!
+//! Each step it builds a batch under a token budget: running requests first
+//! (decodes, and the next chunk of a prompt being prefilled), then waiting
+//! requests in FCFS order, their prompts split into chunks when the budget
+//! runs short. When KV blocks run out it preempts by recompute: the most
+//! recently admitted running request gives its blocks up and goes back to
+//! the front of the queue. After the executor ran, [`Scheduler::update`]
+//! appends the sampled tokens, applies the stop conditions, frees the blocks
+//! of finished requests and emits their outputs.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inferscope_metrics::{FinishReason, FinishedRequestStats, IterationStats, SchedulerStats};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::config::EngineConfig;
+use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::kv_cache::{BlockHash, BlockPool, hash_block};
+use crate::request::{EngineRequest, RequestOutput, RequestTimeline, SamplingParams};
+
+/// Where a request's outputs go.
+pub type OutputSink = UnboundedSender<RequestOutput>;
+
+/// A request inside the scheduler.
+#[derive(Debug)]
+struct Sequence {
+    seq_id: u64,
+    request_id: String,
+    params: Arc<SamplingParams>,
+    seed: u64,
+    /// Prompt followed by the generated tokens.
+    tokens: Vec<u32>,
+    num_prompt_tokens: usize,
+    /// Tokens whose keys and values are in the KV cache.
+    num_computed: usize,
+    blocks: Vec<u32>,
+    /// Hash of each full block of `tokens` (prefix caching only).
+    block_hashes: Vec<BlockHash>,
+    /// Leading blocks already entered in (or taken from) the prefix cache.
+    num_cached_blocks: usize,
+    /// Prompt tokens served from the prefix cache at first scheduling.
+    num_cached_tokens: usize,
+    num_preemptions: u64,
+    timeline: RequestTimeline,
+    sink: OutputSink,
+}
+
+impl Sequence {
+    fn num_generated(&self) -> usize {
+        self.tokens.len() - self.num_prompt_tokens
+    }
+
+    /// Extends `block_hashes` over every full block of `tokens`.
+    fn hash_full_blocks(&mut self, block_size: usize) {
+        while (self.block_hashes.len() + 1) * block_size <= self.tokens.len() {
+            let k = self.block_hashes.len();
+            let parent = k.checked_sub(1).map(|p| self.block_hashes[p]);
+            let h = hash_block(parent, &self.tokens[k * block_size..(k + 1) * block_size]);
+            self.block_hashes.push(h);
+        }
+    }
+}
+
+/// Snapshot of one sequence for invariant checks in tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceView {
+    /// The engine-internal id the batch carries.
+    pub seq_id: u64,
+    /// The request id.
+    pub request_id: String,
+    /// Blocks held.
+    pub blocks: Vec<u32>,
+    /// Tokens in the KV cache.
+    pub num_computed: usize,
+    /// Prompt plus generated tokens.
+    pub num_tokens: usize,
+    /// Whether it is in the running batch.
+    pub running: bool,
+}
+
+/// The scheduler and KV block pool of one engine core.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: EngineConfig,
+    pool: BlockPool,
+    eos_token_ids: Vec<u32>,
+    waiting: VecDeque<Sequence>,
+    /// In admission order: the last one is the first to be preempted.
+    running: Vec<Sequence>,
+    next_seq_id: u64,
+    batch: ScheduledBatch,
+    /// For each sequence of `batch`, its index in `running`.
+    batch_running_idx: Vec<usize>,
+    /// Indices in `running` of sequences that finish this update.
+    finishing: Vec<(usize, FinishReason, Option<u32>)>,
+    preemptions_since_snapshot: u64,
+    stats: IterationStats,
+    /// Sequences that ended since the last batch was built.
+    ended_seq_ids: Vec<u64>,
+}
+
+impl Scheduler {
+    /// A scheduler over a pool of `num_blocks` KV blocks.
+    pub fn new(config: EngineConfig, num_blocks: usize, eos_token_ids: Vec<u32>) -> Self {
+        let pool = BlockPool::new(num_blocks, config.enable_prefix_caching);
+        let batch = ScheduledBatch {
+            block_size: config.block_size,
+            ..Default::default()
+        };
+        Self {
+            config,
+            pool,
+            eos_token_ids,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_seq_id: 0,
+            batch,
+            batch_running_idx: Vec::new(),
+            finishing: Vec::new(),
+            preemptions_since_snapshot: 0,
+            stats: IterationStats::default(),
+            ended_seq_ids: Vec::new(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The KV block pool.
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Requests running.
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Requests waiting (preempted ones included).
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Whether any request is waiting or running.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// The batch built by the last [`Scheduler::schedule`].
+    pub fn batch(&self) -> &ScheduledBatch {
+        &self.batch
+    }
+
+    /// Stats accumulated since the last [`Scheduler::clear_stats`].
+    pub fn stats(&self) -> &IterationStats {
+        &self.stats
+    }
+
+    /// Mutable access for the core to fill in phase timings.
+    pub fn stats_mut(&mut self) -> &mut IterationStats {
+        &mut self.stats
+    }
+
+    /// Running and waiting sequences (tests and invariant checks).
+    pub fn sequences(&self) -> impl Iterator<Item = SequenceView> + '_ {
+        let running = self.running.iter().map(|s| (s, true));
+        let waiting = self.waiting.iter().map(|s| (s, false));
+        running.chain(waiting).map(|(s, running)| SequenceView {
+            seq_id: s.seq_id,
+            request_id: s.request_id.clone(),
+            blocks: s.blocks.clone(),
+            num_computed: s.num_computed,
+            num_tokens: s.tokens.len(),
+            running,
+        })
+    }
+
+    /// Queues a request. Its outputs go to `sink`.
+    pub fn add_request(&mut self, req: EngineRequest, sink: OutputSink) {
+        let seq_id = self.next_seq_id;
+        self.next_seq_id += 1;
+        let seed = req.params.effective_seed(&req.request_id);
+        let num_prompt_tokens = req.prompt_token_ids.len();
+        let mut seq = Sequence {
+            seq_id,
+            request_id: req.request_id,
+            params: req.params,
+            seed,
+            tokens: req.prompt_token_ids,
+            num_prompt_tokens,
+            num_computed: 0,
+            blocks: Vec::new(),
+            block_hashes: Vec::new(),
+            num_cached_blocks: 0,
+            num_cached_tokens: 0,
+            num_preemptions: 0,
+            timeline: RequestTimeline::new(req.arrival),
+            sink,
+        };
+        // A request that could never fit, even alone, would be preempted
+        // forever: refuse it now.
+        let bs = self.config.block_size;
+        let max_len = (num_prompt_tokens + seq.params.max_tokens).min(self.config.max_model_len);
+        let blocks_needed = max_len.max(num_prompt_tokens).div_ceil(bs);
+        if num_prompt_tokens == 0 || blocks_needed > self.pool.num_blocks() {
+            let msg = if num_prompt_tokens == 0 {
+                "the prompt is empty".to_owned()
+            } else {
+                format!(
+                    "the request needs {blocks_needed} KV blocks of {bs} tokens but the cache holds {}",
+                    self.pool.num_blocks()
+                )
+            };
+            self.finish(seq, FinishReason::Error, None, Some(msg), Instant::now());
+            return;
+        }
+        if self.pool.prefix_caching() {
+            seq.hash_full_blocks(bs);
+        }
+        self.waiting.push_back(seq);
+    }
+
+    /// Ends a request wherever it is, with `reason` (abort, or stop for a
+    /// stop string the server found). Returns false when it is not here.
+    pub fn finish_request(&mut self, request_id: &str, reason: FinishReason) -> bool {
+        let now = Instant::now();
+        if let Some(i) = self.running.iter().position(|s| s.request_id == request_id) {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason, None, None, now);
+            true
+        } else if let Some(i) = self.waiting.iter().position(|s| s.request_id == request_id) {
+            if let Some(seq) = self.waiting.remove(i) {
+                self.finish(seq, reason, None, None, now);
+            }
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Ends every request with `reason` (shutdown, or a dead executor).
+    pub fn finish_all(&mut self, reason: FinishReason, error: Option<&str>) {
+        let now = Instant::now();
+        let seqs: Vec<Sequence> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
+        for seq in seqs {
+            self.finish(seq, reason, None, error.map(str::to_owned), now);
+        }
+    }
+
+    /// Scheduler state after the last step; counters since the last snapshot.
+    pub fn snapshot(&mut self) -> SchedulerStats {
+        let counts = self.pool.take_counts();
+        SchedulerStats {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            kv_cache_usage: self.pool.usage(),
+            prefix_cache_queries: counts.queries,
+            prefix_cache_hits: counts.hits,
+            num_preemptions: std::mem::take(&mut self.preemptions_since_snapshot),
+        }
+    }
+
+    /// Clears the accumulated iteration stats for the next step.
+    pub fn clear_stats(&mut self) {
+        self.stats.clear();
+    }
+
+    /// Builds the next batch; [`Scheduler::batch`] returns it.
+    pub fn schedule(&mut self) {
+        let now = Instant::now();
+        self.batch.clear();
+        self.batch_running_idx.clear();
+        self.batch.finished_seq_ids.append(&mut self.ended_seq_ids);
+        let bs = self.config.block_size;
+        let mut budget = self.config.max_num_batched_tokens;
+        let mut preempted = false;
+
+        // Running requests first: decodes and continuing prefill chunks.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            let target = seq.num_computed + num_new;
+            let mut scheduled_self = true;
+            loop {
+                let seq = &mut self.running[i];
+                let needed = target.div_ceil(bs).saturating_sub(seq.blocks.len());
+                if self.pool.allocate(needed, &mut seq.blocks) {
+                    break;
+                }
+                // Out of blocks: the most recently admitted request yields.
+                preempted = true;
+                let victim_is_self = i + 1 == self.running.len();
+                if let Some(victim) = self.running.pop() {
+                    self.preempt(victim);
+                }
+                if victim_is_self {
+                    scheduled_self = false;
+                    break;
+                }
+            }
+            if !scheduled_self {
+                break;
+            }
+            self.push_scheduled(i, num_new);
+            budget -= num_new;
+            i += 1;
+        }
+
+        // Then waiting requests, FCFS, unless this step had to preempt.
+        while !preempted
+            && budget > 0
+            && self.running.len() < self.config.max_num_seqs
+            && !self.waiting.is_empty()
+        {
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
+            let mut hit_tokens = 0;
+            if seq.blocks.is_empty() && self.pool.prefix_caching() {
+                // Leave at least one token to compute so a token is sampled.
+                let max_hit_blocks = (seq.tokens.len() - 1) / bs;
+                let n = seq.block_hashes.len().min(max_hit_blocks);
+                self.pool
+                    .take_cached_prefix(&seq.block_hashes[..n], &mut seq.blocks);
+                hit_tokens = seq.blocks.len() * bs;
+                seq.num_computed = hit_tokens;
+                seq.num_cached_blocks = seq.blocks.len();
+            }
+            let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            let needed = (seq.num_computed + num_new)
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len());
+            if !self.pool.allocate(needed, &mut seq.blocks) {
+                // Does not fit now: give the prefix hits back and wait.
+                self.pool.free(&seq.blocks);
+                seq.blocks.clear();
+                seq.num_computed = 0;
+                seq.num_cached_blocks = 0;
+                break;
+            }
+            self.pool.record_lookup(seq.tokens.len(), hit_tokens);
+            if seq.timeline.first_scheduled.is_none() {
+                seq.timeline.first_scheduled = Some(now);
+                seq.num_cached_tokens = hit_tokens;
+                self.stats.num_prompt_tokens_cached += hit_tokens as u64;
+            }
+            if let Some(seq) = self.waiting.pop_front() {
+                self.running.push(seq);
+                self.push_scheduled(self.running.len() - 1, num_new);
+                budget -= num_new;
+            }
+        }
+        self.stats.batch_size = self.batch.seqs.len();
+        self.stats.num_scheduled_tokens = self.batch.token_ids.len() as u64;
+    }
+
+    fn push_scheduled(&mut self, running_idx: usize, num_new: usize) {
+        let seq = &self.running[running_idx];
+        let start = seq.num_computed;
+        let end = start + num_new;
+        let sample = end == seq.tokens.len();
+        let token_offset = self.batch.token_ids.len();
+        self.batch
+            .token_ids
+            .extend_from_slice(&seq.tokens[start..end]);
+        let block_table_offset = self.batch.block_tables.len();
+        let block_table_len = end.div_ceil(self.config.block_size);
+        self.batch
+            .block_tables
+            .extend_from_slice(&seq.blocks[..block_table_len]);
+        self.batch.seqs.push(ScheduledSeq {
+            seq_id: seq.seq_id,
+            token_offset,
+            num_tokens: num_new,
+            start_pos: start,
+            block_table_offset,
+            block_table_len,
+            // A decode computes just the latest generated token.
+            is_prefill: !(num_new == 1 && sample && seq.num_generated() > 0),
+            sample,
+            num_generated: seq.num_generated(),
+            seed: seq.seed,
+            params: Arc::clone(&seq.params),
+        });
+        self.batch_running_idx.push(running_idx);
+    }
+
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.pool.free(&seq.blocks);
+        seq.blocks.clear();
+        seq.num_computed = 0;
+        seq.num_cached_blocks = 0;
+        seq.num_preemptions += 1;
+        self.preemptions_since_snapshot += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Applies a step's output: appends sampled tokens, checks stop
+    /// conditions, caches full blocks, frees finished requests.
+    pub fn update(&mut self, out: &StepOutput) {
+        let now = Instant::now();
+        let bs = self.config.block_size;
+        let caching = self.pool.prefix_caching();
+        self.finishing.clear();
+        for (k, sseq) in self.batch.seqs.iter().enumerate() {
+            let idx = self.batch_running_idx[k];
+            let seq = &mut self.running[idx];
+            seq.num_computed += sseq.num_tokens;
+            if sseq.sample {
+                let Some(token) = out.sampled.get(k).copied().flatten() else {
+                    self.finishing.push((idx, FinishReason::Error, None));
+                    continue;
+                };
+                seq.tokens.push(token);
+                if caching {
+                    seq.hash_full_blocks(bs);
+                }
+                if seq.timeline.first_token.is_none() {
+                    seq.timeline.first_token = Some(now);
+                    self.stats.num_prompt_tokens += seq.num_prompt_tokens as u64;
+                }
+                seq.timeline.last_token = Some(now);
+                self.stats.num_generation_tokens += 1;
+                // A closed sink means the client left; the abort follows.
+                let _ = seq.sink.send(RequestOutput::Token {
+                    token_id: token,
+                    at: now,
+                });
+                if let Some((reason, stop)) =
+                    check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len)
+                {
+                    self.finishing.push((idx, reason, stop));
+                }
+            }
+            if caching {
+                let computed_full = seq.num_computed / bs;
+                while seq.num_cached_blocks < computed_full.min(seq.block_hashes.len()) {
+                    let k = seq.num_cached_blocks;
+                    self.pool.cache_block(seq.blocks[k], seq.block_hashes[k]);
+                    seq.num_cached_blocks += 1;
+                }
+            }
+        }
+        if self.finishing.is_empty() {
+            return;
+        }
+        // Remove from the highest index down so the others stay valid.
+        let mut finishing = std::mem::take(&mut self.finishing);
+        finishing.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for &(idx, reason, stop) in &finishing {
+            let seq = self.running.remove(idx);
+            let error =
+                (reason == FinishReason::Error).then(|| "the executor returned no token".to_owned());
+            self.finish(seq, reason, stop, error, now);
+        }
+        self.finishing = finishing;
+    }
+
+    /// Fails every sequence of the current batch (an executor step error).
+    pub fn fail_batch(&mut self, message: &str) {
+        let now = Instant::now();
+        let mut idx: Vec<usize> = self.batch_running_idx.clone();
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        idx.dedup();
+        for i in idx {
+            let seq = self.running.remove(i);
+            self.finish(seq, FinishReason::Error, None, Some(message.to_owned()), now);
+        }
+        self.batch.clear();
+        self.batch_running_idx.clear();
+    }
+
+    fn finish(
+        &mut self,
+        mut seq: Sequence,
+        reason: FinishReason,
+        stop_token_id: Option<u32>,
+        error: Option<String>,
+        now: Instant,
+    ) {
+        self.pool.free(&seq.blocks);
+        seq.blocks.clear();
+        self.ended_seq_ids.push(seq.seq_id);
+        seq.timeline.finished = Some(now);
+        let t = &seq.timeline;
+        let since = |later: Option<Instant>, earlier: Option<Instant>| -> Duration {
+            match (later, earlier) {
+                (Some(l), Some(e)) => l.saturating_duration_since(e),
+                _ => Duration::ZERO,
+            }
+        };
+        self.stats.finished_requests.push(FinishedRequestStats {
+            finish_reason: reason,
+            num_prompt_tokens: seq.num_prompt_tokens,
+            num_generation_tokens: seq.num_generated(),
+            num_cached_tokens: seq.num_cached_tokens,
+            max_tokens_param: seq.params.max_tokens,
+            n: seq.params.n,
+            num_preemptions: seq.num_preemptions,
+            queue_time: since(t.first_scheduled.or(t.finished), Some(t.arrival)),
+            prefill_time: since(t.first_token, t.first_scheduled),
+            decode_time: since(t.last_token, t.first_token),
+            inference_time: since(t.finished, t.first_scheduled),
+        });
+        let _ = seq.sink.send(RequestOutput::Finished {
+            reason,
+            stop_token_id,
+            num_prompt_tokens: seq.num_prompt_tokens,
+            num_generation_tokens: seq.num_generated(),
+            num_cached_tokens: seq.num_cached_tokens,
+            timeline: seq.timeline,
+            error,
+        });
+    }
+}
+
+/// The stop condition a new token triggers, if any.
+fn check_stop(
+    seq: &Sequence,
+    token: u32,
+    eos_token_ids: &[u32],
+    max_model_len: usize,
+) -> Option<(FinishReason, Option<u32>)> {
+    let p = &seq.params;
+    let generated = seq.num_generated();
+    if generated >= p.min_tokens {
+        if !p.ignore_eos && eos_token_ids.contains(&token) {
+            return Some((FinishReason::Stop, Some(token)));
+        }
+        if p.stop_token_ids.contains(&token) {
+            return Some((FinishReason::Stop, Some(token)));
+        }
+    }
+    if generated >= p.max_tokens || seq.tokens.len() >= max_model_len {
+        return Some((FinishReason::Length, None));
+    }
+    None
+}

@@ -1,0 +1,350 @@
+//! Property tests of the scheduler and KV block pool over random workloads:
+//! random prompt and output lengths, shared prefixes, aborts at random steps,
+//! and pools small enough to force preemption.
+//!
+//! A checking executor stands in for the device: it keeps the token written
+//! at every KV slot, verifies that every position a step reads (below
+//! `start_pos`) holds the sequence's own token — so a prefix-cache hit on a
+//! block with other content fails the test — and that no step writes to a
+//! block another sequence holds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferscope_engine::scheduler::Scheduler;
+use inferscope_engine::{
+    EngineConfig, EngineRequest, FinishReason, RequestOutput, SamplingParams, ScheduledBatch,
+    StepOutput,
+};
+use proptest::prelude::*;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+const EOS: u32 = 99;
+
+#[derive(Debug, Clone)]
+struct Req {
+    prefix: usize,
+    prompt_len: usize,
+    max_tokens: usize,
+    min_tokens: usize,
+    ignore_eos: bool,
+    abort_at_step: Option<usize>,
+}
+
+fn req_strategy() -> impl Strategy<Value = Req> {
+    (
+        0usize..3,
+        1usize..80,
+        1usize..40,
+        0usize..5,
+        any::<bool>(),
+        prop::option::weighted(0.2, 0usize..60),
+    )
+        .prop_map(|(prefix, prompt_len, max_tokens, min_tokens, ignore_eos, abort_at_step)| Req {
+            prefix,
+            prompt_len,
+            max_tokens,
+            min_tokens,
+            ignore_eos,
+            abort_at_step,
+        })
+}
+
+/// The device stand-in: KV slots hold the token written there.
+struct CheckingDevice {
+    kv: Vec<Option<u32>>,
+    block_size: usize,
+}
+
+impl CheckingDevice {
+    fn step(
+        &mut self,
+        batch: &ScheduledBatch,
+        tokens_of: &HashMap<u64, Vec<u32>>,
+        ref_count: impl Fn(u32) -> u32,
+        out: &mut StepOutput,
+    ) -> Result<(), String> {
+        let bs = self.block_size;
+        let mut written: HashSet<u32> = HashSet::new();
+        out.sampled.clear();
+        for s in &batch.seqs {
+            let table = batch.block_table(s);
+            let all = tokens_of
+                .get(&s.seq_id)
+                .ok_or_else(|| format!("unknown seq {}", s.seq_id))?;
+            // Everything before start_pos must already be this sequence's KV.
+            for pos in 0..s.start_pos {
+                let slot = table[pos / bs] as usize * bs + pos % bs;
+                if self.kv[slot] != Some(all[pos]) {
+                    return Err(format!(
+                        "seq {} reads position {pos} from block {} holding {:?}, expected {}",
+                        s.seq_id,
+                        table[pos / bs],
+                        self.kv[slot],
+                        all[pos]
+                    ));
+                }
+            }
+            // New tokens go to blocks this sequence alone holds.
+            for (i, &t) in batch.tokens(s).iter().enumerate() {
+                let pos = s.start_pos + i;
+                if t != all[pos] {
+                    return Err(format!("seq {} token at {pos} is {t}, expected {}", s.seq_id, all[pos]));
+                }
+                let block = table[pos / bs];
+                if ref_count(block) != 1 {
+                    return Err(format!("seq {} writes shared block {block}", s.seq_id));
+                }
+                self.kv[block as usize * bs + pos % bs] = Some(t);
+            }
+            for b in table[s.start_pos / bs..].iter() {
+                if !written.insert(*b) {
+                    return Err(format!("block {b} written by two sequences in one step"));
+                }
+            }
+            out.sampled.push(s.sample.then(|| {
+                let x = (s.seed ^ (s.num_generated as u64 * 0x9e37_79b9)).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let t = (x >> 40) as u32 % 8;
+                if !s.mask_stop_tokens() && t == 0 { EOS } else { t }
+            }));
+        }
+        Ok(())
+    }
+}
+
+fn run_workload(
+    reqs: &[Req],
+    num_blocks: usize,
+    block_size: usize,
+    budget: usize,
+    max_seqs: usize,
+    caching: bool,
+) -> Result<(), TestCaseError> {
+    let config = EngineConfig {
+        max_num_batched_tokens: budget,
+        max_num_seqs: max_seqs,
+        block_size,
+        enable_prefix_caching: caching,
+        max_model_len: 10_000,
+    };
+    let mut sched = Scheduler::new(config, num_blocks, vec![EOS]);
+    let mut device = CheckingDevice {
+        kv: vec![None; num_blocks * block_size],
+        block_size,
+    };
+    let prefixes: Vec<Vec<u32>> = (0..3)
+        .map(|p| (0..48).map(|i| 10 + ((i * 7 + p * 13) % 50) as u32).collect())
+        .collect();
+    let mut rxs: Vec<UnboundedReceiver<RequestOutput>> = Vec::new();
+    let mut tokens_of: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut seq_of_req: HashMap<String, u64> = HashMap::new();
+    for (i, r) in reqs.iter().enumerate() {
+        let mut prompt: Vec<u32> = prefixes[r.prefix].iter().copied().take(r.prompt_len).collect();
+        while prompt.len() < r.prompt_len {
+            prompt.push(60 + (prompt.len() as u32 * 31 + i as u32) % 30);
+        }
+        let (tx, rx) = unbounded_channel();
+        rxs.push(rx);
+        sched.add_request(
+            EngineRequest {
+                request_id: format!("r{i}"),
+                prompt_token_ids: prompt,
+                params: Arc::new(SamplingParams {
+                    max_tokens: r.max_tokens,
+                    min_tokens: r.min_tokens.min(r.max_tokens),
+                    ignore_eos: r.ignore_eos,
+                    seed: Some(i as u64),
+                    ..Default::default()
+                }),
+                arrival: Instant::now(),
+            },
+            tx,
+        );
+    }
+    let mut streamed = vec![0usize; reqs.len()];
+    let mut finishes: Vec<Vec<(FinishReason, usize)>> = vec![Vec::new(); reqs.len()];
+    let mut out = StepOutput::default();
+    let mut step = 0;
+    let mut total_hits = 0u64;
+    while sched.has_work() {
+        prop_assert!(step < 20_000, "no progress: livelock");
+        for v in sched.sequences() {
+            seq_of_req.insert(v.request_id.clone(), v.seq_id);
+            prop_assert!(v.blocks.len() * block_size >= v.num_computed);
+        }
+        for (i, r) in reqs.iter().enumerate() {
+            if r.abort_at_step == Some(step) {
+                sched.finish_request(&format!("r{i}"), FinishReason::Abort);
+            }
+        }
+        // The tokens each live sequence is known to have.
+        for (i, rx) in rxs.iter_mut().enumerate() {
+            while let Ok(o) = rx.try_recv() {
+                let seq = seq_of_req[&format!("r{i}")];
+                match o {
+                    RequestOutput::Token { token_id, .. } => {
+                        prop_assert!(finishes[i].is_empty(), "token after finish for r{}", i);
+                        streamed[i] += 1;
+                        tokens_of.entry(seq).or_default().push(token_id);
+                    }
+                    RequestOutput::Finished { reason, num_generation_tokens, .. } => {
+                        finishes[i].push((reason, num_generation_tokens));
+                        tokens_of.remove(&seq);
+                    }
+                }
+            }
+        }
+        sched.schedule();
+        let batch = sched.batch().clone();
+        prop_assert!(batch.num_tokens() <= budget, "token budget exceeded");
+        prop_assert!(batch.seqs.len() <= max_seqs, "running cap exceeded");
+        prop_assert!(sched.num_running() <= max_seqs);
+        // Full token lists: prompt (from the request) + outputs so far.
+        let mut full: HashMap<u64, Vec<u32>> = HashMap::new();
+        for s in &batch.seqs {
+            let req_idx: usize = seq_of_req
+                .iter()
+                .find(|(_, v)| **v == s.seq_id)
+                .and_then(|(k, _)| k[1..].parse().ok())
+                .ok_or_else(|| TestCaseError::fail("seq without request"))?;
+            let r = &reqs[req_idx];
+            let mut prompt: Vec<u32> = prefixes[r.prefix].iter().copied().take(r.prompt_len).collect();
+            while prompt.len() < r.prompt_len {
+                prompt.push(60 + (prompt.len() as u32 * 31 + req_idx as u32) % 30);
+            }
+            prompt.extend(tokens_of.get(&s.seq_id).cloned().unwrap_or_default());
+            full.insert(s.seq_id, prompt);
+        }
+        let pool = sched.pool();
+        device
+            .step(&batch, &full, |b| pool.ref_count(b), &mut out)
+            .map_err(TestCaseError::fail)?;
+        sched.update(&out);
+        let snap = sched.snapshot();
+        prop_assert!(snap.prefix_cache_hits <= snap.prefix_cache_queries);
+        total_hits += snap.prefix_cache_hits;
+        sched.clear_stats();
+        step += 1;
+    }
+    // Everything ended: every block is free, no reference is left.
+    prop_assert_eq!(sched.pool().num_free(), num_blocks);
+    for b in 0..num_blocks as u32 {
+        prop_assert_eq!(sched.pool().ref_count(b), 0);
+    }
+    if !caching {
+        prop_assert_eq!(total_hits, 0);
+    }
+    // Drain what the last step sent.
+    for (i, rx) in rxs.iter_mut().enumerate() {
+        while let Ok(o) = rx.try_recv() {
+            match o {
+                RequestOutput::Token { .. } => {
+                    prop_assert!(finishes[i].is_empty(), "token after finish for r{}", i);
+                    streamed[i] += 1;
+                }
+                RequestOutput::Finished { reason, num_generation_tokens, .. } => {
+                    finishes[i].push((reason, num_generation_tokens));
+                }
+            }
+        }
+    }
+    // Every request finished exactly once, with the right reason.
+    for (i, r) in reqs.iter().enumerate() {
+        prop_assert_eq!(finishes[i].len(), 1, "r{} finished {} times", i, finishes[i].len());
+        let (reason, generated) = finishes[i][0];
+        prop_assert_eq!(streamed[i], generated, "r{} streamed a different count", i);
+        match reason {
+            FinishReason::Abort => prop_assert!(r.abort_at_step.is_some()),
+            FinishReason::Length => prop_assert_eq!(generated, r.max_tokens),
+            FinishReason::Stop => {
+                prop_assert!(!r.ignore_eos, "ignore_eos request stopped at EOS");
+                prop_assert!(generated >= r.min_tokens.min(r.max_tokens));
+            }
+            FinishReason::Error => prop_assert!(false, "unexpected error finish"),
+        }
+        if r.ignore_eos && reason != FinishReason::Abort {
+            prop_assert_eq!(generated, r.max_tokens, "ignore_eos must give exactly max_tokens");
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Roomy pool: no preemption, prefix caching on.
+    #[test]
+    fn random_workloads_roomy(reqs in prop::collection::vec(req_strategy(), 1..24),
+                              budget in 8usize..128, max_seqs in 1usize..16) {
+        run_workload(&reqs, 256, 4, budget, max_seqs, true)?;
+    }
+
+    /// Pool just big enough for the largest request: preemption happens.
+    #[test]
+    fn random_workloads_tight_pool(reqs in prop::collection::vec(req_strategy(), 1..24),
+                                   budget in 8usize..128, max_seqs in 1usize..16,
+                                   caching in any::<bool>()) {
+        let need = reqs.iter().map(|r| (r.prompt_len + r.max_tokens).div_ceil(4)).max().unwrap_or(1);
+        run_workload(&reqs, need + 2, 4, budget, max_seqs, caching)?;
+    }
+}
+
+#[test]
+fn shared_prefixes_hit_the_cache() {
+    let reqs: Vec<Req> = (0..6)
+        .map(|_| Req {
+            prefix: 1,
+            prompt_len: 40,
+            max_tokens: 4,
+            min_tokens: 0,
+            ignore_eos: true,
+            abort_at_step: None,
+        })
+        .collect();
+    let config = EngineConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 1,
+        block_size: 4,
+        enable_prefix_caching: true,
+        max_model_len: 1000,
+    };
+    // Run one after another (max_num_seqs 1): all but the first hit.
+    let mut sched = Scheduler::new(config, 64, vec![EOS]);
+    let mut rxs = Vec::new();
+    for (i, _) in reqs.iter().enumerate() {
+        let (tx, rx) = unbounded_channel();
+        rxs.push(rx);
+        sched.add_request(
+            EngineRequest {
+                request_id: format!("r{i}"),
+                prompt_token_ids: (0..40).map(|t| t as u32 + 1).collect(),
+                params: Arc::new(SamplingParams { max_tokens: 4, ignore_eos: true, ..Default::default() }),
+                arrival: Instant::now(),
+            },
+            tx,
+        );
+    }
+    let mut out = StepOutput::default();
+    let (mut queries, mut hits) = (0, 0);
+    while sched.has_work() {
+        sched.schedule();
+        out.sampled = sched.batch().seqs.iter().map(|s| s.sample.then_some(7)).collect();
+        sched.update(&out);
+        let snap = sched.snapshot();
+        queries += snap.prefix_cache_queries;
+        hits += snap.prefix_cache_hits;
+    }
+    assert_eq!(queries, 6 * 40);
+    // 40 tokens = 10 blocks; one token must be computed, so 9 blocks hit.
+    assert_eq!(hits, 5 * 36);
+    for mut rx in rxs {
+        let mut got = None;
+        while let Ok(o) = rx.try_recv() {
+            if let RequestOutput::Finished { num_cached_tokens, .. } = o {
+                got = Some(num_cached_tokens);
+            }
+        }
+        assert!(got.is_some());
+    }
+}
