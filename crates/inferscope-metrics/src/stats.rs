@@ -117,7 +117,6 @@ pub struct IterationStats {
 }
 
 impl IterationStats {
-
     /// Resets for reuse without freeing the buffer.
     pub fn clear(&mut self) {
         let mut finished = std::mem::take(&mut self.finished_requests);

@@ -1,0 +1,178 @@
+//! A lock-free histogram for prometheus-client.
+//!
+//! prometheus-client's own `Histogram` takes a mutex on every `observe`; the
+//! engine and the per-token path must not, so this one keeps one atomic per
+//! bucket plus an atomic sum, and computes `_count` from the buckets at
+//! encode time so `le="+Inf"` always equals `_count` in a scrape.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::family::MetricConstructor;
+use prometheus_client::metrics::{MetricType, TypedMetric};
+
+/// A histogram whose `observe` is a binary search and two atomic updates.
+#[derive(Debug, Clone)]
+pub struct AtomicHistogram {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// Finite upper bounds, strictly increasing.
+    bounds: Box<[f64]>,
+    /// Non-cumulative counts; one more than `bounds` (the `+Inf` bucket).
+    counts: Box<[AtomicU64]>,
+    /// Sum of observations, as `f64` bits.
+    sum_bits: AtomicU64,
+}
+
+impl AtomicHistogram {
+    /// A histogram with these upper bounds (non-finite and out-of-order ones are dropped).
+    pub fn new(bounds: &[f64]) -> Self {
+        let mut clean: Vec<f64> = Vec::with_capacity(bounds.len());
+        for &b in bounds {
+            if b.is_finite() && clean.last().is_none_or(|&last| b > last) {
+                clean.push(b);
+            }
+        }
+        let counts = (0..=clean.len()).map(|_| AtomicU64::new(0)).collect();
+        Self {
+            inner: Arc::new(Inner {
+                bounds: clean.into_boxed_slice(),
+                counts,
+                sum_bits: AtomicU64::new(0f64.to_bits()),
+            }),
+        }
+    }
+
+    /// Records one value. NaN is ignored (it would poison `_sum`).
+    #[inline]
+    pub fn observe(&self, value: f64) {
+        if value.is_nan() {
+            return;
+        }
+        let inner = &*self.inner;
+        // `le` semantics: the first bucket whose bound is >= value.
+        let idx = inner.bounds.partition_point(|&b| b < value);
+        if let Some(c) = inner.counts.get(idx) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut cur = inner.sum_bits.load(Ordering::Relaxed);
+        loop {
+            let new = (f64::from_bits(cur) + value).to_bits();
+            match inner.sum_bits.compare_exchange_weak(
+                cur,
+                new,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// The finite upper bounds.
+    pub fn bounds(&self) -> &[f64] {
+        &self.inner.bounds
+    }
+
+    /// Number of observations.
+    pub fn count(&self) -> u64 {
+        self.inner
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Sum of observations.
+    pub fn sum(&self) -> f64 {
+        f64::from_bits(self.inner.sum_bits.load(Ordering::Relaxed))
+    }
+
+    /// `(upper bound, non-cumulative count)` pairs, `+Inf` last.
+    pub fn snapshot(&self) -> Vec<(f64, u64)> {
+        let inner = &*self.inner;
+        inner
+            .bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(inner.counts.iter().map(|c| c.load(Ordering::Relaxed)))
+            .collect()
+    }
+}
+
+impl TypedMetric for AtomicHistogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for AtomicHistogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let buckets = self.snapshot();
+        // Count from the same snapshot, so +Inf == _count even mid-update.
+        let count = buckets.iter().map(|(_, c)| c).sum();
+        encoder.encode_histogram::<NoLabelSet>(self.sum(), count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+/// Builds histograms with fixed bounds for a `Family`.
+#[derive(Debug, Clone)]
+pub struct HistogramBuilder {
+    bounds: Arc<[f64]>,
+}
+
+impl HistogramBuilder {
+    /// A builder for these bounds.
+    pub fn new(bounds: &[f64]) -> Self {
+        Self {
+            bounds: bounds.into(),
+        }
+    }
+}
+
+impl MetricConstructor<AtomicHistogram> for HistogramBuilder {
+    fn new_metric(&self) -> AtomicHistogram {
+        AtomicHistogram::new(&self.bounds)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observe_uses_le_semantics() {
+        let h = AtomicHistogram::new(&[1.0, 2.0, 5.0]);
+        for v in [0.5, 1.0, 1.5, 2.0, 4.0, 100.0] {
+            h.observe(v);
+        }
+        h.observe(f64::NAN);
+        assert_eq!(
+            h.snapshot(),
+            vec![(1.0, 2), (2.0, 2), (5.0, 1), (f64::INFINITY, 1)]
+        );
+        assert_eq!(h.count(), 6);
+        assert!((h.sum() - 109.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_bounds_are_dropped() {
+        let h = AtomicHistogram::new(&[1.0, f64::INFINITY, 0.5, 2.0, f64::NAN]);
+        assert_eq!(h.bounds(), &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn clones_share_state() {
+        let h = AtomicHistogram::new(&[1.0]);
+        h.clone().observe(3.0);
+        assert_eq!(h.count(), 1);
+    }
+}

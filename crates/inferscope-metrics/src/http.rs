@@ -1,0 +1,475 @@
+//! HTTP instrumentation: a tower layer for the axum router that records the
+//! prometheus-fastapi-instrumentator metrics (`http_requests_total`, sizes,
+//! durations until the last body byte, requests in progress).
+//!
+//! Apply it with `Router::layer` so that axum's `MatchedPath` is set: series
+//! are labelled by route template, never by raw path, and requests that match
+//! no route share `handler="none"`, so scanning random paths cannot grow the
+//! number of series.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Instant;
+
+use axum::extract::MatchedPath;
+use bytes::Buf;
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tower::{Layer, Service};
+
+use crate::histogram::{AtomicHistogram, HistogramBuilder};
+use crate::schema::{self, Buckets, MetricDef};
+
+/// Paths not instrumented by default.
+pub const DEFAULT_EXCLUDED: &[&str] = &["/metrics", "/health"];
+
+/// The `handler` value of requests that matched no route.
+pub const UNMATCHED_HANDLER: &str = "none";
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    handler: String,
+    method: &'static str,
+    status: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HandlerLabels {
+    handler: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct MethodHandlerLabels {
+    method: &'static str,
+    handler: String,
+}
+
+type HistFamily<L> = Family<L, AtomicHistogram, HistogramBuilder>;
+
+/// The HTTP metric families, registered in the process's registry.
+#[derive(Debug)]
+pub struct HttpMetrics {
+    requests: Family<RequestLabels, Counter>,
+    request_size: HistFamily<HandlerLabels>,
+    response_size: HistFamily<HandlerLabels>,
+    duration_highr: AtomicHistogram,
+    duration: HistFamily<MethodHandlerLabels>,
+    inprogress: Family<MethodHandlerLabels, Gauge>,
+}
+
+fn fixed(def: &MetricDef) -> &'static [f64] {
+    match def.buckets {
+        Buckets::Fixed(b) => b,
+        Buckets::None | Buckets::Group(_) => &[],
+    }
+}
+
+impl HttpMetrics {
+    /// Registers the HTTP families (names from the schema, no namespace).
+    pub fn new(registry: &mut Registry) -> Self {
+        let requests = Family::default();
+        let request_size =
+            Family::new_with_constructor(HistogramBuilder::new(fixed(&schema::HTTP_REQUEST_SIZE)));
+        let response_size =
+            Family::new_with_constructor(HistogramBuilder::new(fixed(&schema::HTTP_RESPONSE_SIZE)));
+        let duration_highr = AtomicHistogram::new(fixed(&schema::HTTP_REQUEST_DURATION_HIGHR));
+        let duration = Family::new_with_constructor(HistogramBuilder::new(fixed(
+            &schema::HTTP_REQUEST_DURATION,
+        )));
+        let inprogress = Family::default();
+        let name = |def: &MetricDef| def.registered_name("");
+        let defs = [
+            &schema::HTTP_REQUESTS,
+            &schema::HTTP_REQUEST_SIZE,
+            &schema::HTTP_RESPONSE_SIZE,
+            &schema::HTTP_REQUEST_DURATION_HIGHR,
+            &schema::HTTP_REQUEST_DURATION,
+            &schema::HTTP_REQUESTS_INPROGRESS,
+        ];
+        let [d_req, d_reqsize, d_respsize, d_highr, d_dur, d_inprog] = defs;
+        registry.register(name(d_req), d_req.help, requests.clone());
+        registry.register(name(d_reqsize), d_reqsize.help, request_size.clone());
+        registry.register(name(d_respsize), d_respsize.help, response_size.clone());
+        registry.register(name(d_highr), d_highr.help, duration_highr.clone());
+        registry.register(name(d_dur), d_dur.help, duration.clone());
+        registry.register(name(d_inprog), d_inprog.help, inprogress.clone());
+        Self {
+            requests,
+            request_size,
+            response_size,
+            duration_highr,
+            duration,
+            inprogress,
+        }
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        handler: String,
+        method: &'static str,
+        size: RequestSize,
+    ) -> InFlight {
+        let inprogress = self.inprogress.get_or_create_owned(&MethodHandlerLabels {
+            method,
+            handler: handler.clone(),
+        });
+        inprogress.inc();
+        InFlight {
+            metrics: Arc::clone(self),
+            handler,
+            method,
+            start: Instant::now(),
+            inprogress,
+            request_size: size,
+        }
+    }
+}
+
+/// The `status` label: the status class.
+pub fn status_class(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// The `method` label: standard methods by name, anything else `other` (a
+/// client must not be able to create series by inventing methods).
+pub fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::PATCH => "PATCH",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
+#[derive(Debug)]
+enum RequestSize {
+    /// From `Content-Length`.
+    Known(u64),
+    /// Counted as the handler reads the body.
+    Counted(Arc<AtomicU64>),
+}
+
+impl RequestSize {
+    fn get(&self) -> u64 {
+        match self {
+            Self::Known(n) => *n,
+            Self::Counted(c) => c.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// One request being served: holds its in-progress slot until dropped.
+#[derive(Debug)]
+struct InFlight {
+    metrics: Arc<HttpMetrics>,
+    handler: String,
+    method: &'static str,
+    start: Instant,
+    inprogress: Gauge,
+    request_size: RequestSize,
+}
+
+impl InFlight {
+    /// The response is complete (or abandoned): record everything but the gauge.
+    fn record(&self, status: StatusCode, response_bytes: u64) {
+        let m = &*self.metrics;
+        let secs = self.start.elapsed().as_secs_f64();
+        m.requests
+            .get_or_create(&RequestLabels {
+                handler: self.handler.clone(),
+                method: self.method,
+                status: status_class(status),
+            })
+            .inc();
+        let handler = HandlerLabels {
+            handler: self.handler.clone(),
+        };
+        m.request_size
+            .get_or_create(&handler)
+            .observe(self.request_size.get() as f64);
+        m.response_size
+            .get_or_create(&handler)
+            .observe(response_bytes as f64);
+        m.duration_highr.observe(secs);
+        m.duration
+            .get_or_create(&MethodHandlerLabels {
+                method: self.method,
+                handler: handler.handler,
+            })
+            .observe(secs);
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.inprogress.dec();
+    }
+}
+
+/// Tower layer recording the HTTP metrics; see the module docs.
+#[derive(Debug, Clone)]
+pub struct HttpMetricsLayer {
+    metrics: Arc<HttpMetrics>,
+    excluded: Arc<[String]>,
+}
+
+impl HttpMetricsLayer {
+    /// A layer with the default exclusions (`/metrics`, `/health`).
+    pub fn new(metrics: Arc<HttpMetrics>) -> Self {
+        Self {
+            metrics,
+            excluded: DEFAULT_EXCLUDED.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    /// Replaces the excluded paths (route templates or raw paths).
+    pub fn with_excluded<I, P>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<String>,
+    {
+        self.excluded = paths.into_iter().map(Into::into).collect();
+        self
+    }
+}
+
+impl<S> Layer<S> for HttpMetricsLayer {
+    type Service = HttpMetricsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        HttpMetricsService {
+            inner,
+            metrics: Arc::clone(&self.metrics),
+            excluded: Arc::clone(&self.excluded),
+        }
+    }
+}
+
+/// The service [`HttpMetricsLayer`] wraps around each route.
+#[derive(Debug, Clone)]
+pub struct HttpMetricsService<S> {
+    inner: S,
+    metrics: Arc<HttpMetrics>,
+    excluded: Arc<[String]>,
+}
+
+impl<S, ReqB, ResB> Service<Request<ReqB>> for HttpMetricsService<S>
+where
+    S: Service<Request<CountingBody<ReqB>>, Response = Response<ResB>>,
+    ReqB: Body,
+    ResB: Body,
+{
+    type Response = Response<MeteredBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let matched = req
+            .extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str);
+        let excluded = self
+            .excluded
+            .iter()
+            .any(|p| Some(p.as_str()) == matched || p == req.uri().path());
+        if excluded {
+            let req = req.map(|body| CountingBody {
+                inner: body,
+                counter: None,
+            });
+            return ResponseFuture {
+                inner: self.inner.call(req),
+                in_flight: None,
+            };
+        }
+        let handler = matched.unwrap_or(UNMATCHED_HANDLER).to_owned();
+        let method = method_label(req.method());
+        let content_length = req
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let (size, counter) = match content_length {
+            Some(n) => (RequestSize::Known(n), None),
+            None => {
+                let c = Arc::new(AtomicU64::new(0));
+                (RequestSize::Counted(Arc::clone(&c)), Some(c))
+            }
+        };
+        let in_flight = self.metrics.start(handler, method, size);
+        let req = req.map(|body| CountingBody {
+            inner: body,
+            counter,
+        });
+        ResponseFuture {
+            inner: self.inner.call(req),
+            in_flight: Some(in_flight),
+        }
+    }
+}
+
+pin_project! {
+    /// Response future of [`HttpMetricsService`].
+    pub struct ResponseFuture<F> {
+        #[pin]
+        inner: F,
+        in_flight: Option<InFlight>,
+    }
+}
+
+impl<F, ResB, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<ResB>, E>>,
+{
+    type Output = Result<Response<MeteredBody<ResB>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let result = ready!(this.inner.poll(cx));
+        // On error the in-flight guard drops here: no status was sent, so only
+        // the in-progress gauge is updated.
+        let in_flight = this.in_flight.take();
+        Poll::Ready(result.map(|resp| {
+            let status = resp.status();
+            resp.map(|body| MeteredBody {
+                inner: body,
+                state: in_flight.map(|g| (g, status)),
+                bytes: 0,
+            })
+        }))
+    }
+}
+
+pin_project! {
+    /// Request body that counts the bytes the handler reads (when the request
+    /// had no `Content-Length`).
+    pub struct CountingBody<B> {
+        #[pin]
+        inner: B,
+        counter: Option<Arc<AtomicU64>>,
+    }
+}
+
+impl<B: Body> Body for CountingBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let (Some(Ok(f)), Some(c)) = (&frame, this.counter.as_ref())
+            && let Some(data) = f.data_ref()
+        {
+            c.fetch_add(data.remaining() as u64, Ordering::Relaxed);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+pin_project! {
+    /// Response body that counts bytes and records the request when its last
+    /// frame is sent, on error, or when dropped early (client disconnect).
+    pub struct MeteredBody<B> {
+        #[pin]
+        inner: B,
+        state: Option<(InFlight, StatusCode)>,
+        bytes: u64,
+    }
+
+    impl<B> PinnedDrop for MeteredBody<B> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some((in_flight, status)) = this.state.take() {
+                in_flight.record(status, *this.bytes);
+            }
+        }
+    }
+}
+
+impl<B: Body> Body for MeteredBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        if let Some(Ok(f)) = &frame
+            && let Some(data) = f.data_ref()
+        {
+            *this.bytes += data.remaining() as u64;
+        }
+        // The end: no more frames, an error, or the body says it is done
+        // (hyper stops polling then, so don't wait for the drop).
+        let done = match &frame {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.inner.is_end_stream(),
+        };
+        if done && let Some((in_flight, status)) = this.state.take() {
+            in_flight.record(status, *this.bytes);
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(status_class(StatusCode::OK), "2xx");
+        assert_eq!(status_class(StatusCode::NOT_FOUND), "4xx");
+        assert_eq!(status_class(StatusCode::SERVICE_UNAVAILABLE), "5xx");
+        assert_eq!(status_class(StatusCode::SWITCHING_PROTOCOLS), "1xx");
+        assert_eq!(status_class(StatusCode::FOUND), "3xx");
+        assert_eq!(method_label(&Method::POST), "POST");
+        let odd = Method::from_bytes(b"BREW").unwrap();
+        assert_eq!(method_label(&odd), "other");
+    }
+}

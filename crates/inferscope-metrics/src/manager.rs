@@ -1,0 +1,306 @@
+//! `StatLoggerManager`: the one object the engine and the server talk to. It
+//! owns the process's registry, fans each step out to the Prometheus logger
+//! and the per-engine log-line loggers, and renders `/metrics`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::registry::Registry;
+use thiserror::Error;
+
+use crate::exposition::{self, Format};
+use crate::http::{HttpMetrics, HttpMetricsLayer};
+use crate::log_line::LogLineLogger;
+use crate::prometheus::{CacheConfig, EngineMetrics, PrometheusLogger};
+use crate::schema::{self, BucketOverrides, BucketsError};
+use crate::stats::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+
+/// Everything the metrics system needs to know at start-up.
+#[derive(Debug, Clone)]
+pub struct MetricsConfig {
+    /// Namespace of engine metrics (`inferscope`, or `vllm` for compatibility).
+    pub namespace: String,
+    /// The `model_name` label (the served model name).
+    pub model_name: String,
+    /// Global indices of the engines this process runs (`[0, 1]`, `[4, 5]`, …).
+    pub engine_indices: Vec<usize>,
+    /// Upper end of the 1-2-5 request-token buckets.
+    pub max_model_len: usize,
+    /// Bucket-group overrides.
+    pub buckets: BucketOverrides,
+    /// Cache configuration for `cache_config_info`: empty for none, one entry
+    /// for every engine, or one entry per engine in `engine_indices` order.
+    pub cache_configs: Vec<CacheConfig>,
+    /// Register engine metrics for `/metrics`.
+    pub enable_prometheus: bool,
+    /// Emit the periodic log line.
+    pub enable_log_stats: bool,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            namespace: schema::DEFAULT_NAMESPACE.to_owned(),
+            model_name: String::new(),
+            engine_indices: vec![0],
+            max_model_len: 2048,
+            buckets: BucketOverrides::default(),
+            cache_configs: Vec::new(),
+            enable_prometheus: true,
+            enable_log_stats: true,
+        }
+    }
+}
+
+/// A configuration the metrics system cannot start with.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ConfigError {
+    /// The namespace is not `[a-zA-Z_][a-zA-Z0-9_]*`.
+    #[error(
+        "invalid metrics namespace {0:?}: expected letters, digits and underscores, not starting with a digit"
+    )]
+    InvalidNamespace(String),
+    /// No engine index given.
+    #[error("no engine indices given")]
+    NoEngines,
+    /// The same engine index twice.
+    #[error("engine index {0} given twice")]
+    DuplicateEngine(usize),
+    /// `cache_configs` has neither 0, 1 nor one entry per engine.
+    #[error(
+        "{configs} cache configs for {engines} engines: give none, one for all, or one per engine"
+    )]
+    CacheConfigCount {
+        /// Entries given.
+        configs: usize,
+        /// Engines configured.
+        engines: usize,
+    },
+    /// A bucket override is invalid.
+    #[error("invalid bucket override: {0}")]
+    Buckets(#[from] BucketsError),
+}
+
+fn valid_namespace(ns: &str) -> bool {
+    let mut chars = ns.chars();
+    match chars.next() {
+        None => true,
+        Some(c) if c.is_ascii_alphabetic() || c == '_' => {
+            chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        }
+        Some(_) => false,
+    }
+}
+
+/// Fans stats out to the Prometheus logger and the log-line loggers.
+#[derive(Debug)]
+pub struct StatLoggerManager {
+    registry: Registry,
+    prometheus: PrometheusLogger,
+    log_lines: Vec<LogLineLogger>,
+    http: Arc<HttpMetrics>,
+    enable_prometheus: bool,
+}
+
+impl StatLoggerManager {
+    /// Validates `config`, registers every metric and resolves every engine's handles.
+    pub fn new(config: MetricsConfig) -> Result<Self, ConfigError> {
+        if !valid_namespace(&config.namespace) {
+            return Err(ConfigError::InvalidNamespace(config.namespace));
+        }
+        if config.engine_indices.is_empty() {
+            return Err(ConfigError::NoEngines);
+        }
+        for (i, idx) in config.engine_indices.iter().enumerate() {
+            if config.engine_indices[..i].contains(idx) {
+                return Err(ConfigError::DuplicateEngine(*idx));
+            }
+        }
+        config.buckets.validate()?;
+        let engines = config.engine_indices.len();
+        let cache_configs: Vec<(usize, CacheConfig)> = match config.cache_configs.len() {
+            0 => Vec::new(),
+            1 => config
+                .engine_indices
+                .iter()
+                .map(|&i| (i, config.cache_configs[0].clone()))
+                .collect(),
+            n if n == engines => config
+                .engine_indices
+                .iter()
+                .copied()
+                .zip(config.cache_configs.iter().cloned())
+                .collect(),
+            n => {
+                return Err(ConfigError::CacheConfigCount {
+                    configs: n,
+                    engines,
+                });
+            }
+        };
+
+        let mut registry = Registry::default();
+        let prometheus = PrometheusLogger::new(
+            config.enable_prometheus.then_some(&mut registry),
+            &config.namespace,
+            &config.model_name,
+            &config.engine_indices,
+            config.max_model_len,
+            &config.buckets,
+            &cache_configs,
+        );
+        let http = Arc::new(HttpMetrics::new(&mut registry));
+        let now = Instant::now();
+        let log_lines = if config.enable_log_stats {
+            config
+                .engine_indices
+                .iter()
+                .map(|&i| LogLineLogger::new(i, now))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Self {
+            registry,
+            prometheus,
+            log_lines,
+            http,
+            enable_prometheus: config.enable_prometheus,
+        })
+    }
+
+    /// Per-engine handles for the server's TTFT / ITL / e2e recording.
+    /// Always available (they count even with Prometheus disabled).
+    #[inline]
+    pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
+        self.prometheus.engine(index)
+    }
+
+    /// Every engine's handles, in configuration order.
+    pub fn engines(&self) -> &[EngineMetrics] {
+        self.prometheus.engines()
+    }
+
+    /// Counts one request refused at admission (label `reason`; keep the set of
+    /// reasons small and fixed: each value is a new series).
+    pub fn record_admission_rejection(&self, reason: &str) {
+        if self.enable_prometheus {
+            self.prometheus.record_admission_rejection(reason);
+        }
+    }
+
+    /// Emits one log line per engine (call it every interval, 10 s by default).
+    pub fn log(&self) {
+        for l in &self.log_lines {
+            l.log();
+        }
+    }
+
+    /// The per-engine log-line loggers (empty when log stats are disabled).
+    pub fn log_line_loggers(&self) -> &[LogLineLogger] {
+        &self.log_lines
+    }
+
+    /// Renders the registry: `(content type, body)`.
+    pub fn render(&self, format: Format) -> (&'static str, String) {
+        exposition::render(&self.registry, format)
+    }
+
+    /// The process's registry (for tests and custom collectors).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The HTTP metric handles (shared with the HTTP layer).
+    pub fn http_metrics(&self) -> Arc<HttpMetrics> {
+        Arc::clone(&self.http)
+    }
+
+    /// A tower layer for the axum router, with the default exclusions
+    /// (`/metrics`, `/health`); apply it with `Router::layer`.
+    pub fn http_layer(&self) -> HttpMetricsLayer {
+        HttpMetricsLayer::new(self.http_metrics())
+    }
+}
+
+impl StatsRecorder for StatLoggerManager {
+    fn record_step(&self, engine: usize, scheduler: &SchedulerStats, iteration: &IterationStats) {
+        // Unknown engine indices are a wiring bug upstream; dropping the step
+        // beats panicking on the engine thread.
+        if let Some(e) = self.prometheus.engine(engine) {
+            e.record_step(scheduler, iteration);
+        }
+        if let Some(l) = self.log_lines.iter().find(|l| l.engine() == engine) {
+            l.record_step(scheduler, iteration);
+        }
+    }
+
+    fn record_finished(&self, engine: usize, finished: &[FinishedRequestStats]) {
+        if let Some(e) = self.prometheus.engine(engine) {
+            for req in finished {
+                e.record_finished(req);
+            }
+        }
+    }
+
+    fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration) {
+        if let Some(e) = self.prometheus.engine(engine) {
+            e.record_idle(scheduler, idle);
+        }
+        if let Some(l) = self.log_lines.iter().find(|l| l.engine() == engine) {
+            l.record_idle(scheduler);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_validation() {
+        let ok = MetricsConfig::default();
+        assert!(StatLoggerManager::new(ok.clone()).is_ok());
+        let bad = |f: fn(&mut MetricsConfig)| {
+            let mut c = ok.clone();
+            f(&mut c);
+            StatLoggerManager::new(c).unwrap_err()
+        };
+        assert!(matches!(
+            bad(|c| c.namespace = "a-b".into()),
+            ConfigError::InvalidNamespace(_)
+        ));
+        assert!(matches!(
+            bad(|c| c.namespace = "1a".into()),
+            ConfigError::InvalidNamespace(_)
+        ));
+        assert_eq!(bad(|c| c.engine_indices.clear()), ConfigError::NoEngines);
+        assert_eq!(
+            bad(|c| c.engine_indices = vec![1, 2, 1]),
+            ConfigError::DuplicateEngine(1)
+        );
+        assert!(matches!(
+            bad(|c| {
+                c.engine_indices = vec![0, 1, 2];
+                c.cache_configs = vec![cache(), cache()];
+            }),
+            ConfigError::CacheConfigCount {
+                configs: 2,
+                engines: 3
+            }
+        ));
+        assert!(matches!(
+            bad(|c| c.buckets.request_latency = Some(vec![2.0, 1.0])),
+            ConfigError::Buckets(_)
+        ));
+    }
+
+    pub(crate) fn cache() -> CacheConfig {
+        CacheConfig {
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            enable_prefix_caching: true,
+            cache_dtype: "auto".into(),
+        }
+    }
+}

@@ -1,0 +1,455 @@
+//! The Prometheus logger: registers the engine metrics of the schema in the
+//! process's one `Registry` and resolves every engine's label handles once,
+//! at start-up. Observations then touch only atomics.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::histogram::{AtomicHistogram, HistogramBuilder};
+use crate::schema::{self, BucketOverrides, MetricDef};
+use crate::stats::{
+    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
+};
+
+/// `model_name`, `engine`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EngineLabels {
+    model_name: String,
+    engine: String,
+}
+
+/// `model_name`, `engine`, `finished_reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FinishedLabels {
+    model_name: String,
+    engine: String,
+    finished_reason: String,
+}
+
+/// `model_name`, `engine`, `phase`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PhaseLabels {
+    model_name: String,
+    engine: String,
+    phase: String,
+}
+
+/// `model_name`, `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RejectionLabels {
+    model_name: String,
+    reason: String,
+}
+
+/// `cache_config_info` labels, alphabetical as vLLM writes them.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CacheConfigLabels {
+    block_size: String,
+    cache_dtype: String,
+    enable_prefix_caching: String,
+    engine: String,
+    num_gpu_blocks: String,
+}
+
+/// One engine's cache configuration, exposed as `cache_config_info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool.
+    pub num_gpu_blocks: usize,
+    /// Whether prefix caching is on.
+    pub enable_prefix_caching: bool,
+    /// KV cache element type (`auto`, `bf16`, `fp8`, …).
+    pub cache_dtype: String,
+}
+
+type F64Counter = Counter<f64, AtomicU64>;
+type F64Gauge = Gauge<f64, AtomicU64>;
+type HistFamily<L> = Family<L, AtomicHistogram, HistogramBuilder>;
+
+/// Resolved metric handles of one engine core. Cheap to use from any thread:
+/// every method touches only atomics (no lock, no allocation, no lookup).
+#[derive(Debug, Clone)]
+pub struct EngineMetrics {
+    index: usize,
+    num_running: Gauge,
+    num_waiting: Gauge,
+    kv_usage: F64Gauge,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    num_preemptions: Counter,
+    request_success: [Counter; 4],
+    prefix_cache_queries: Counter,
+    prefix_cache_hits: Counter,
+    prompt_tokens_cached: Counter,
+    ttft: AtomicHistogram,
+    itl: AtomicHistogram,
+    tpot: AtomicHistogram,
+    e2e: AtomicHistogram,
+    queue_time: AtomicHistogram,
+    inference_time: AtomicHistogram,
+    prefill_time: AtomicHistogram,
+    decode_time: AtomicHistogram,
+    request_prompt_tokens: AtomicHistogram,
+    request_generation_tokens: AtomicHistogram,
+    request_params_max_tokens: AtomicHistogram,
+    request_max_num_generation_tokens: AtomicHistogram,
+    iteration_tokens: AtomicHistogram,
+    request_params_n: AtomicHistogram,
+    request_num_preemptions: AtomicHistogram,
+    engine_steps: Counter,
+    device_busy: F64Counter,
+    step_duration: [AtomicHistogram; 3],
+    idle: F64Counter,
+    batch_size: AtomicHistogram,
+}
+
+impl EngineMetrics {
+    /// The global engine index (the `engine` label).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Time to first token, measured where the token is handed to the response.
+    #[inline]
+    pub fn observe_ttft(&self, secs: f64) {
+        self.ttft.observe(secs);
+    }
+
+    /// One inter-token latency sample (one per output delta after the first).
+    #[inline]
+    pub fn observe_itl(&self, secs: f64) {
+        self.itl.observe(secs);
+    }
+
+    /// A finished request as the front end saw it: e2e latency and TPOT.
+    /// TTFT is not observed here (call [`Self::observe_ttft`] when it happens).
+    pub fn record_frontend(&self, stats: &FrontendRequestStats) {
+        let e2e = stats.e2e.as_secs_f64();
+        self.e2e.observe(e2e);
+        self.tpot.observe(time_per_output_token(stats));
+    }
+
+    /// A request the engine finished: success counter and request histograms.
+    pub fn record_finished(&self, req: &FinishedRequestStats) {
+        if let Some(c) = self.request_success.get(req.finish_reason.index()) {
+            c.inc();
+        }
+        self.queue_time.observe(req.queue_time.as_secs_f64());
+        self.prefill_time.observe(req.prefill_time.as_secs_f64());
+        self.decode_time.observe(req.decode_time.as_secs_f64());
+        self.inference_time
+            .observe(req.inference_time.as_secs_f64());
+        self.request_prompt_tokens
+            .observe(req.num_prompt_tokens as f64);
+        self.request_generation_tokens
+            .observe(req.num_generation_tokens as f64);
+        self.request_params_max_tokens
+            .observe(req.max_tokens_param as f64);
+        // Each engine request is one sequence, so the max over its sequences
+        // is its own generation count.
+        self.request_max_num_generation_tokens
+            .observe(req.num_generation_tokens as f64);
+        self.request_params_n.observe(req.n as f64);
+        self.request_num_preemptions
+            .observe(req.num_preemptions as f64);
+    }
+
+    /// One engine step.
+    pub fn record_step(&self, sched: &SchedulerStats, iter: &IterationStats) {
+        self.set_scheduler(sched);
+        self.prefix_cache_queries.inc_by(sched.prefix_cache_queries);
+        self.prefix_cache_hits.inc_by(sched.prefix_cache_hits);
+        self.num_preemptions.inc_by(sched.num_preemptions);
+        self.prompt_tokens.inc_by(iter.num_prompt_tokens);
+        self.generation_tokens.inc_by(iter.num_generation_tokens);
+        self.prompt_tokens_cached
+            .inc_by(iter.num_prompt_tokens_cached);
+        self.iteration_tokens
+            .observe(iter.num_scheduled_tokens as f64);
+        self.engine_steps.inc();
+        self.batch_size.observe(iter.batch_size as f64);
+        self.device_busy.inc_by(iter.device_time.as_secs_f64());
+        let [schedule, execute, postprocess] = &self.step_duration;
+        schedule.observe(iter.schedule_time.as_secs_f64());
+        execute.observe(iter.execute_time.as_secs_f64());
+        postprocess.observe(iter.postprocess_time.as_secs_f64());
+        for req in &iter.finished_requests {
+            self.record_finished(req);
+        }
+    }
+
+    /// The loop went idle (`idle` zero) or woke up after waiting `idle`.
+    pub fn record_idle(&self, sched: &SchedulerStats, idle: Duration) {
+        self.set_scheduler(sched);
+        self.prefix_cache_queries.inc_by(sched.prefix_cache_queries);
+        self.prefix_cache_hits.inc_by(sched.prefix_cache_hits);
+        self.num_preemptions.inc_by(sched.num_preemptions);
+        if !idle.is_zero() {
+            self.idle.inc_by(idle.as_secs_f64());
+        }
+    }
+
+    fn set_scheduler(&self, sched: &SchedulerStats) {
+        self.num_running
+            .set(i64::try_from(sched.num_running).unwrap_or(i64::MAX));
+        self.num_waiting
+            .set(i64::try_from(sched.num_waiting).unwrap_or(i64::MAX));
+        self.kv_usage.set(sched.kv_cache_usage);
+    }
+}
+
+/// TPOT of a finished request: (e2e − TTFT) / (tokens − 1), 0 for ≤ 1 token.
+pub fn time_per_output_token(stats: &FrontendRequestStats) -> f64 {
+    match (stats.ttft, stats.num_generation_tokens) {
+        (Some(ttft), n) if n > 1 => stats.e2e.saturating_sub(ttft).as_secs_f64() / (n - 1) as f64,
+        _ => 0.0,
+    }
+}
+
+/// The engine and model metrics of one process, registered in its registry.
+#[derive(Debug)]
+pub struct PrometheusLogger {
+    model_name: String,
+    engines: Vec<EngineMetrics>,
+    rejections: Family<RejectionLabels, Counter>,
+}
+
+/// Registers families in the registry (when `register` is set) under the
+/// namespaced schema names.
+struct Registrar<'a> {
+    registry: Option<&'a mut Registry>,
+    namespace: &'a str,
+    overrides: &'a BucketOverrides,
+    max_model_len: usize,
+}
+
+impl Registrar<'_> {
+    fn add<M>(&mut self, def: &MetricDef, metric: M) -> M
+    where
+        M: prometheus_client::registry::Metric + Clone,
+    {
+        if let Some(registry) = self.registry.as_deref_mut() {
+            registry.register(
+                def.registered_name(self.namespace),
+                def.help,
+                metric.clone(),
+            );
+        }
+        metric
+    }
+
+    fn family<L>(&mut self, def: &MetricDef) -> Family<L, Counter>
+    where
+        L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+    {
+        self.add(def, Family::default())
+    }
+
+    fn hist<L>(&mut self, def: &MetricDef) -> HistFamily<L>
+    where
+        L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
+    {
+        let bounds = self.overrides.buckets_for(def, self.max_model_len);
+        self.add(
+            def,
+            Family::new_with_constructor(HistogramBuilder::new(&bounds)),
+        )
+    }
+}
+
+impl PrometheusLogger {
+    /// Creates every engine's handles; registers the families in `registry`
+    /// when it is given (without one, handles work but nothing is exposed).
+    pub fn new(
+        registry: Option<&mut Registry>,
+        namespace: &str,
+        model_name: &str,
+        engine_indices: &[usize],
+        max_model_len: usize,
+        overrides: &BucketOverrides,
+        cache_configs: &[(usize, CacheConfig)],
+    ) -> Self {
+        use schema as s;
+        let mut r = Registrar {
+            registry,
+            namespace,
+            overrides,
+            max_model_len,
+        };
+        // Registration order = exposition order = schema order.
+        let running: Family<EngineLabels, Gauge> =
+            r.add(&s::NUM_REQUESTS_RUNNING, Family::default());
+        let waiting: Family<EngineLabels, Gauge> =
+            r.add(&s::NUM_REQUESTS_WAITING, Family::default());
+        let kv: Family<EngineLabels, F64Gauge> = r.add(&s::KV_CACHE_USAGE_PERC, Family::default());
+        let cache_info: Family<CacheConfigLabels, Gauge> =
+            r.add(&s::CACHE_CONFIG_INFO, Family::default());
+        let prompt_tokens = r.family::<EngineLabels>(&s::PROMPT_TOKENS);
+        let generation_tokens = r.family::<EngineLabels>(&s::GENERATION_TOKENS);
+        let num_preemptions = r.family::<EngineLabels>(&s::NUM_PREEMPTIONS);
+        let success = r.family::<FinishedLabels>(&s::REQUEST_SUCCESS);
+        let pc_queries = r.family::<EngineLabels>(&s::PREFIX_CACHE_QUERIES);
+        let pc_hits = r.family::<EngineLabels>(&s::PREFIX_CACHE_HITS);
+        let cached = r.family::<EngineLabels>(&s::PROMPT_TOKENS_CACHED);
+        let rejections = r.family::<RejectionLabels>(&s::ADMISSION_REJECTIONS);
+        let ttft = r.hist::<EngineLabels>(&s::TIME_TO_FIRST_TOKEN);
+        let itl = r.hist::<EngineLabels>(&s::INTER_TOKEN_LATENCY);
+        let tpot = r.hist::<EngineLabels>(&s::TIME_PER_OUTPUT_TOKEN);
+        let e2e = r.hist::<EngineLabels>(&s::E2E_REQUEST_LATENCY);
+        let queue = r.hist::<EngineLabels>(&s::REQUEST_QUEUE_TIME);
+        let inference = r.hist::<EngineLabels>(&s::REQUEST_INFERENCE_TIME);
+        let prefill = r.hist::<EngineLabels>(&s::REQUEST_PREFILL_TIME);
+        let decode = r.hist::<EngineLabels>(&s::REQUEST_DECODE_TIME);
+        let req_prompt = r.hist::<EngineLabels>(&s::REQUEST_PROMPT_TOKENS);
+        let req_gen = r.hist::<EngineLabels>(&s::REQUEST_GENERATION_TOKENS);
+        let max_tokens = r.hist::<EngineLabels>(&s::REQUEST_PARAMS_MAX_TOKENS);
+        let max_gen = r.hist::<EngineLabels>(&s::REQUEST_MAX_NUM_GENERATION_TOKENS);
+        let iter_tokens = r.hist::<EngineLabels>(&s::ITERATION_TOKENS);
+        let params_n = r.hist::<EngineLabels>(&s::REQUEST_PARAMS_N);
+        let req_preempt = r.hist::<EngineLabels>(&s::REQUEST_NUM_PREEMPTIONS);
+        let steps = r.family::<EngineLabels>(&s::ENGINE_STEPS);
+        let busy: Family<EngineLabels, F64Counter> =
+            r.add(&s::DEVICE_BUSY_SECONDS, Family::default());
+        let step_duration = r.hist::<PhaseLabels>(&s::ENGINE_STEP_DURATION);
+        let idle: Family<EngineLabels, F64Counter> =
+            r.add(&s::ENGINE_IDLE_SECONDS, Family::default());
+        let batch = r.hist::<EngineLabels>(&s::BATCH_SIZE);
+
+        let engines = engine_indices
+            .iter()
+            .map(|&index| {
+                let engine = index.to_string();
+                let l = EngineLabels {
+                    model_name: model_name.to_owned(),
+                    engine: engine.clone(),
+                };
+                let finished = |reason: FinishReason| {
+                    success.get_or_create_owned(&FinishedLabels {
+                        model_name: model_name.to_owned(),
+                        engine: engine.clone(),
+                        finished_reason: reason.as_str().to_owned(),
+                    })
+                };
+                let phase = |i: usize| {
+                    step_duration.get_or_create_owned(&PhaseLabels {
+                        model_name: model_name.to_owned(),
+                        engine: engine.clone(),
+                        phase: s::STEP_PHASES[i].to_owned(),
+                    })
+                };
+                if let Some((_, cc)) = cache_configs.iter().find(|(i, _)| *i == index) {
+                    cache_info
+                        .get_or_create(&CacheConfigLabels {
+                            block_size: cc.block_size.to_string(),
+                            cache_dtype: cc.cache_dtype.clone(),
+                            // Python's str(bool), as vLLM exposes it.
+                            enable_prefix_caching: if cc.enable_prefix_caching {
+                                "True".to_owned()
+                            } else {
+                                "False".to_owned()
+                            },
+                            engine: engine.clone(),
+                            num_gpu_blocks: cc.num_gpu_blocks.to_string(),
+                        })
+                        .set(1);
+                }
+                EngineMetrics {
+                    index,
+                    num_running: running.get_or_create_owned(&l),
+                    num_waiting: waiting.get_or_create_owned(&l),
+                    kv_usage: kv.get_or_create_owned(&l),
+                    prompt_tokens: prompt_tokens.get_or_create_owned(&l),
+                    generation_tokens: generation_tokens.get_or_create_owned(&l),
+                    num_preemptions: num_preemptions.get_or_create_owned(&l),
+                    request_success: FinishReason::ALL.map(finished),
+                    prefix_cache_queries: pc_queries.get_or_create_owned(&l),
+                    prefix_cache_hits: pc_hits.get_or_create_owned(&l),
+                    prompt_tokens_cached: cached.get_or_create_owned(&l),
+                    ttft: ttft.get_or_create_owned(&l),
+                    itl: itl.get_or_create_owned(&l),
+                    tpot: tpot.get_or_create_owned(&l),
+                    e2e: e2e.get_or_create_owned(&l),
+                    queue_time: queue.get_or_create_owned(&l),
+                    inference_time: inference.get_or_create_owned(&l),
+                    prefill_time: prefill.get_or_create_owned(&l),
+                    decode_time: decode.get_or_create_owned(&l),
+                    request_prompt_tokens: req_prompt.get_or_create_owned(&l),
+                    request_generation_tokens: req_gen.get_or_create_owned(&l),
+                    request_params_max_tokens: max_tokens.get_or_create_owned(&l),
+                    request_max_num_generation_tokens: max_gen.get_or_create_owned(&l),
+                    iteration_tokens: iter_tokens.get_or_create_owned(&l),
+                    request_params_n: params_n.get_or_create_owned(&l),
+                    request_num_preemptions: req_preempt.get_or_create_owned(&l),
+                    engine_steps: steps.get_or_create_owned(&l),
+                    device_busy: busy.get_or_create_owned(&l),
+                    step_duration: [0, 1, 2].map(phase),
+                    idle: idle.get_or_create_owned(&l),
+                    batch_size: batch.get_or_create_owned(&l),
+                }
+            })
+            .collect();
+
+        Self {
+            model_name: model_name.to_owned(),
+            engines,
+            rejections,
+        }
+    }
+
+    /// Handles of the engine with global index `index`.
+    #[inline]
+    pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
+        // A handful of engines: a scan beats hashing.
+        self.engines.iter().find(|e| e.index == index)
+    }
+
+    /// Every engine's handles, in configuration order.
+    pub fn engines(&self) -> &[EngineMetrics] {
+        &self.engines
+    }
+
+    /// Counts one request refused at admission.
+    pub fn record_admission_rejection(&self, reason: &str) {
+        self.rejections
+            .get_or_create(&RejectionLabels {
+                model_name: self.model_name.clone(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tpot_formula() {
+        let s = |ttft: Option<f64>, e2e: f64, n| FrontendRequestStats {
+            ttft: ttft.map(Duration::from_secs_f64),
+            e2e: Duration::from_secs_f64(e2e),
+            num_generation_tokens: n,
+        };
+        assert!((time_per_output_token(&s(Some(1.0), 3.0, 5)) - 0.5).abs() < 1e-9);
+        assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 1)), 0.0);
+        assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 0)), 0.0);
+        assert_eq!(time_per_output_token(&s(None, 3.0, 5)), 0.0);
+    }
+
+    #[test]
+    fn unregistered_handles_still_count() {
+        let p = PrometheusLogger::new(None, "x", "m", &[3], 100, &Default::default(), &[]);
+        let e = p.engine(3).unwrap();
+        e.observe_itl(0.1);
+        assert_eq!(e.itl.count(), 1);
+        assert!(p.engine(0).is_none());
+    }
+}

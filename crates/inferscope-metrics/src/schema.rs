@@ -1,0 +1,1138 @@
+//! The metric schema: every metric's name, help, type, unit, labels and
+//! buckets, in one place. The Prometheus logger registers from it, the HTTP
+//! layer registers from it, and `docs/metrics.md` is generated from it.
+
+use std::fmt::{self, Write as _};
+use std::str::FromStr;
+
+use thiserror::Error;
+
+/// Default namespace (`inferscope:…`).
+pub const DEFAULT_NAMESPACE: &str = "inferscope";
+/// Namespace for drop-in compatibility with vLLM dashboards and routers.
+pub const VLLM_NAMESPACE: &str = "vllm";
+
+/// The kind of a metric, as exposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetricType {
+    /// Monotonic counter; exposed with a `_total` suffix.
+    Counter,
+    /// Value that goes up and down.
+    Gauge,
+    /// Bucketed distribution (`_bucket`, `_sum`, `_count`).
+    Histogram,
+}
+
+impl MetricType {
+    /// The `# TYPE` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Counter => "counter",
+            Self::Gauge => "gauge",
+            Self::Histogram => "histogram",
+        }
+    }
+}
+
+/// What a metric's values measure (documentation only: names already carry
+/// the unit suffix, so no OpenMetrics `# UNIT` line is emitted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// Seconds.
+    Seconds,
+    /// Tokens.
+    Tokens,
+    /// Requests.
+    Requests,
+    /// Bytes.
+    Bytes,
+    /// A fraction in 0..1.
+    Ratio,
+    /// Engine steps.
+    Steps,
+    /// Sequences.
+    Sequences,
+    /// Preemptions.
+    Preemptions,
+    /// A constant 1 whose labels carry information.
+    Info,
+}
+
+impl Unit {
+    /// The unit's name in the docs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Seconds => "seconds",
+            Self::Tokens => "tokens",
+            Self::Requests => "requests",
+            Self::Bytes => "bytes",
+            Self::Ratio => "ratio",
+            Self::Steps => "steps",
+            Self::Sequences => "sequences",
+            Self::Preemptions => "preemptions",
+            Self::Info => "info",
+        }
+    }
+}
+
+/// Bucket groups a user may override (names as vLLM's CLI uses them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BucketGroup {
+    /// TTFT.
+    TimeToFirstToken,
+    /// ITL and TPOT.
+    InterTokenLatency,
+    /// e2e, queue, inference, prefill, decode times.
+    RequestLatency,
+    /// Per-request token counts (1-2-5 series up to max_model_len by default).
+    RequestTokens,
+    /// Tokens per engine step.
+    IterationTokens,
+}
+
+impl BucketGroup {
+    /// Every group, in docs order.
+    pub const ALL: [BucketGroup; 5] = [
+        Self::TimeToFirstToken,
+        Self::InterTokenLatency,
+        Self::RequestLatency,
+        Self::RequestTokens,
+        Self::IterationTokens,
+    ];
+
+    /// The group's name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::TimeToFirstToken => "time_to_first_token",
+            Self::InterTokenLatency => "inter_token_latency",
+            Self::RequestLatency => "request_latency",
+            Self::RequestTokens => "request_tokens",
+            Self::IterationTokens => "iteration_tokens",
+        }
+    }
+
+    /// The default buckets; `max_model_len` bounds the 1-2-5 token series.
+    pub fn default_buckets(self, max_model_len: usize) -> Vec<f64> {
+        match self {
+            Self::TimeToFirstToken => TTFT_BUCKETS.to_vec(),
+            Self::InterTokenLatency => ITL_BUCKETS.to_vec(),
+            Self::RequestLatency => REQUEST_LATENCY_BUCKETS.to_vec(),
+            Self::RequestTokens => one_two_five_buckets(max_model_len),
+            Self::IterationTokens => ITERATION_TOKENS_BUCKETS.to_vec(),
+        }
+    }
+}
+
+impl fmt::Display for BucketGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for BucketGroup {
+    type Err = BucketsError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|g| g.as_str() == s)
+            .ok_or_else(|| BucketsError::UnknownGroup(s.to_owned()))
+    }
+}
+
+/// Where a histogram's buckets come from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Buckets {
+    /// Not a histogram.
+    None,
+    /// An overridable group.
+    Group(BucketGroup),
+    /// Fixed bounds.
+    Fixed(&'static [f64]),
+}
+
+/// Which family of label sets a metric belongs to (and so which namespace).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Per engine core: namespaced, carries `model_name` and `engine`.
+    Engine,
+    /// Per model (not per engine): namespaced, carries `model_name`.
+    Model,
+    /// HTTP server: not namespaced.
+    Http,
+}
+
+/// One metric's facts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MetricDef {
+    /// Name without namespace and without the counter `_total` suffix.
+    pub name: &'static str,
+    /// HELP text, without the final period (the encoder adds it).
+    pub help: &'static str,
+    /// Counter, gauge or histogram.
+    pub metric_type: MetricType,
+    /// What the values measure.
+    pub unit: Unit,
+    /// Engine, model or HTTP scope.
+    pub scope: Scope,
+    /// Every label key of the series, in exposition order.
+    pub labels: &'static [&'static str],
+    /// Histogram buckets.
+    pub buckets: Buckets,
+}
+
+impl MetricDef {
+    /// The name passed to the registry: namespaced, without `_total`.
+    pub fn registered_name(&self, namespace: &str) -> String {
+        match self.scope {
+            Scope::Http => self.name.to_owned(),
+            Scope::Engine | Scope::Model if namespace.is_empty() => self.name.to_owned(),
+            Scope::Engine | Scope::Model => format!("{namespace}:{}", self.name),
+        }
+    }
+
+    /// The family name as it appears in the exposition (`_total` on counters).
+    pub fn exposed_name(&self, namespace: &str) -> String {
+        let mut name = self.registered_name(namespace);
+        if self.metric_type == MetricType::Counter {
+            name.push_str("_total");
+        }
+        name
+    }
+}
+
+const ENGINE: &[&str] = &["model_name", "engine"];
+
+// vLLM V1 default buckets (vllm/v1/metrics/loggers.py).
+/// Default TTFT buckets (seconds).
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// Default ITL and TPOT buckets (seconds).
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// Default e2e / queue / inference / prefill / decode buckets (seconds).
+pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+/// Default tokens-per-step buckets.
+pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
+/// `n` parameter buckets.
+pub const PARAMS_N_BUCKETS: &[f64] = &[1.0, 2.0, 5.0, 10.0, 20.0];
+/// Preemptions-per-request buckets.
+pub const PREEMPTIONS_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 20.0];
+/// Host phase durations: from 50 µs (a scheduler pass) to seconds (a long prefill).
+pub const STEP_DURATION_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5,
+];
+/// Sequences per step: powers of two up to typical `max_num_seqs` limits.
+pub const BATCH_SIZE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+/// `http_request_duration_highr_seconds` buckets (the instrumentator's).
+pub const HTTP_HIGHR_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0,
+    7.5, 10.0, 30.0, 60.0,
+];
+/// `http_request_duration_seconds` buckets (the instrumentator's).
+pub const HTTP_DURATION_BUCKETS: &[f64] = &[0.1, 0.5, 1.0];
+/// HTTP body sizes: powers of four from 64 B to 16 MiB.
+pub const HTTP_SIZE_BUCKETS: &[f64] = &[
+    64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
+];
+
+/// The 1-2-5 series up to `max` (vLLM's `build_1_2_5_buckets`): max 100 →
+/// 1, 2, 5, 10, 20, 50, 100. Always holds at least `1`.
+pub fn one_two_five_buckets(max: usize) -> Vec<f64> {
+    let max = max.max(1) as f64;
+    let mut out = Vec::new();
+    let mut scale = 1.0_f64;
+    'outer: loop {
+        for m in [1.0, 2.0, 5.0] {
+            let v = m * scale;
+            if v > max {
+                break 'outer;
+            }
+            out.push(v);
+        }
+        scale *= 10.0;
+    }
+    out
+}
+
+macro_rules! def {
+    ($id:ident, $name:literal, $ty:ident, $unit:ident, $scope:ident, $labels:expr, $buckets:expr, $help:literal) => {
+        #[doc = concat!("`", $name, "`: ", $help, ".")]
+        pub const $id: MetricDef = MetricDef {
+            name: $name,
+            help: $help,
+            metric_type: MetricType::$ty,
+            unit: Unit::$unit,
+            scope: Scope::$scope,
+            labels: $labels,
+            buckets: $buckets,
+        };
+    };
+}
+
+use Buckets::{Fixed, Group};
+const NB: Buckets = Buckets::None;
+
+// Engine gauges.
+def!(
+    NUM_REQUESTS_RUNNING,
+    "num_requests_running",
+    Gauge,
+    Requests,
+    Engine,
+    ENGINE,
+    NB,
+    "Number of requests in model execution batches"
+);
+def!(
+    NUM_REQUESTS_WAITING,
+    "num_requests_waiting",
+    Gauge,
+    Requests,
+    Engine,
+    ENGINE,
+    NB,
+    "Number of requests waiting to be processed, preempted ones included"
+);
+def!(
+    KV_CACHE_USAGE_PERC,
+    "kv_cache_usage_perc",
+    Gauge,
+    Ratio,
+    Engine,
+    ENGINE,
+    NB,
+    "KV-cache usage; 1 means 100 percent usage"
+);
+def!(
+    CACHE_CONFIG_INFO,
+    "cache_config_info",
+    Gauge,
+    Info,
+    Engine,
+    &[
+        "block_size",
+        "cache_dtype",
+        "enable_prefix_caching",
+        "engine",
+        "num_gpu_blocks"
+    ],
+    NB,
+    "Information of the engine's cache configuration; value 1, labels carry the configuration"
+);
+
+// Engine counters.
+def!(
+    PROMPT_TOKENS,
+    "prompt_tokens",
+    Counter,
+    Tokens,
+    Engine,
+    ENGINE,
+    NB,
+    "Number of prefill tokens processed"
+);
+def!(
+    GENERATION_TOKENS,
+    "generation_tokens",
+    Counter,
+    Tokens,
+    Engine,
+    ENGINE,
+    NB,
+    "Number of generation tokens processed"
+);
+def!(
+    NUM_PREEMPTIONS,
+    "num_preemptions",
+    Counter,
+    Preemptions,
+    Engine,
+    ENGINE,
+    NB,
+    "Cumulative number of preemptions from the engine"
+);
+def!(
+    REQUEST_SUCCESS,
+    "request_success",
+    Counter,
+    Requests,
+    Engine,
+    &["model_name", "engine", "finished_reason"],
+    NB,
+    "Count of finished requests by finished_reason (stop, length, abort, error)"
+);
+def!(
+    PREFIX_CACHE_QUERIES,
+    "prefix_cache_queries",
+    Counter,
+    Tokens,
+    Engine,
+    ENGINE,
+    NB,
+    "Prefix cache queries, in terms of number of queried tokens"
+);
+def!(
+    PREFIX_CACHE_HITS,
+    "prefix_cache_hits",
+    Counter,
+    Tokens,
+    Engine,
+    ENGINE,
+    NB,
+    "Prefix cache hits, in terms of number of cached tokens"
+);
+def!(
+    PROMPT_TOKENS_CACHED,
+    "prompt_tokens_cached",
+    Counter,
+    Tokens,
+    Engine,
+    ENGINE,
+    NB,
+    "Number of prompt tokens served from the prefix cache"
+);
+def!(
+    ADMISSION_REJECTIONS,
+    "admission_rejections",
+    Counter,
+    Requests,
+    Model,
+    &["model_name", "reason"],
+    NB,
+    "Requests refused at admission, by reason"
+);
+
+// Engine histograms (seconds).
+def!(
+    TIME_TO_FIRST_TOKEN,
+    "time_to_first_token_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::TimeToFirstToken),
+    "Histogram of time to first token in seconds"
+);
+def!(
+    INTER_TOKEN_LATENCY,
+    "inter_token_latency_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::InterTokenLatency),
+    "Histogram of inter-token latency in seconds, one sample per output delta"
+);
+def!(
+    TIME_PER_OUTPUT_TOKEN,
+    "request_time_per_output_token_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::InterTokenLatency),
+    "Histogram of time per output token in seconds per request: (e2e - TTFT) / (tokens - 1)"
+);
+def!(
+    E2E_REQUEST_LATENCY,
+    "e2e_request_latency_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestLatency),
+    "Histogram of end to end request latency in seconds"
+);
+def!(
+    REQUEST_QUEUE_TIME,
+    "request_queue_time_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestLatency),
+    "Histogram of time spent in WAITING phase for request"
+);
+def!(
+    REQUEST_INFERENCE_TIME,
+    "request_inference_time_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestLatency),
+    "Histogram of time spent in RUNNING phase for request"
+);
+def!(
+    REQUEST_PREFILL_TIME,
+    "request_prefill_time_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestLatency),
+    "Histogram of time spent in PREFILL phase for request"
+);
+def!(
+    REQUEST_DECODE_TIME,
+    "request_decode_time_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestLatency),
+    "Histogram of time spent in DECODE phase for request"
+);
+
+// Engine histograms (counts).
+def!(
+    REQUEST_PROMPT_TOKENS,
+    "request_prompt_tokens",
+    Histogram,
+    Tokens,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestTokens),
+    "Number of prefill tokens processed per request"
+);
+def!(
+    REQUEST_GENERATION_TOKENS,
+    "request_generation_tokens",
+    Histogram,
+    Tokens,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestTokens),
+    "Number of generation tokens processed per request"
+);
+def!(
+    REQUEST_PARAMS_MAX_TOKENS,
+    "request_params_max_tokens",
+    Histogram,
+    Tokens,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestTokens),
+    "Histogram of the max_tokens request parameter"
+);
+def!(
+    REQUEST_MAX_NUM_GENERATION_TOKENS,
+    "request_max_num_generation_tokens",
+    Histogram,
+    Tokens,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::RequestTokens),
+    "Histogram of maximum number of requested generation tokens"
+);
+def!(
+    ITERATION_TOKENS,
+    "iteration_tokens_total",
+    Histogram,
+    Tokens,
+    Engine,
+    ENGINE,
+    Group(BucketGroup::IterationTokens),
+    "Histogram of number of tokens per engine step"
+);
+def!(
+    REQUEST_PARAMS_N,
+    "request_params_n",
+    Histogram,
+    Sequences,
+    Engine,
+    ENGINE,
+    Fixed(PARAMS_N_BUCKETS),
+    "Histogram of the n request parameter"
+);
+def!(
+    REQUEST_NUM_PREEMPTIONS,
+    "request_num_preemptions",
+    Histogram,
+    Preemptions,
+    Engine,
+    ENGINE,
+    Fixed(PREEMPTIONS_BUCKETS),
+    "Number of preemptions per finished request"
+);
+
+// Beyond vLLM: device saturation and host overhead.
+def!(
+    ENGINE_STEPS,
+    "engine_steps",
+    Counter,
+    Steps,
+    Engine,
+    ENGINE,
+    NB,
+    "Engine steps executed"
+);
+def!(
+    DEVICE_BUSY_SECONDS,
+    "device_busy_seconds",
+    Counter,
+    Seconds,
+    Engine,
+    ENGINE,
+    NB,
+    "Time the executor spent executing steps; its rate is the device utilisation"
+);
+def!(
+    ENGINE_STEP_DURATION,
+    "engine_step_duration_seconds",
+    Histogram,
+    Seconds,
+    Engine,
+    &["model_name", "engine", "phase"],
+    Fixed(STEP_DURATION_BUCKETS),
+    "Host time per engine step by phase (schedule, execute, postprocess)"
+);
+def!(
+    ENGINE_IDLE_SECONDS,
+    "engine_idle_seconds",
+    Counter,
+    Seconds,
+    Engine,
+    ENGINE,
+    NB,
+    "Time the engine loop waited with nothing to run"
+);
+def!(
+    BATCH_SIZE,
+    "batch_size",
+    Histogram,
+    Sequences,
+    Engine,
+    ENGINE,
+    Fixed(BATCH_SIZE_BUCKETS),
+    "Sequences per engine step"
+);
+
+// HTTP (prometheus-fastapi-instrumentator's names, no namespace).
+def!(
+    HTTP_REQUESTS,
+    "http_requests",
+    Counter,
+    Requests,
+    Http,
+    &["handler", "method", "status"],
+    NB,
+    "Total number of requests by method, status and handler"
+);
+def!(
+    HTTP_REQUEST_SIZE,
+    "http_request_size_bytes",
+    Histogram,
+    Bytes,
+    Http,
+    &["handler"],
+    Fixed(HTTP_SIZE_BUCKETS),
+    "Size of incoming request bodies by handler (Content-Length, else counted)"
+);
+def!(
+    HTTP_RESPONSE_SIZE,
+    "http_response_size_bytes",
+    Histogram,
+    Bytes,
+    Http,
+    &["handler"],
+    Fixed(HTTP_SIZE_BUCKETS),
+    "Size of outgoing response bodies by handler, counted as the body is sent"
+);
+def!(
+    HTTP_REQUEST_DURATION_HIGHR,
+    "http_request_duration_highr_seconds",
+    Histogram,
+    Seconds,
+    Http,
+    &[],
+    Fixed(HTTP_HIGHR_BUCKETS),
+    "Latency with many buckets but no API specific labels, until the last body byte is sent"
+);
+def!(
+    HTTP_REQUEST_DURATION,
+    "http_request_duration_seconds",
+    Histogram,
+    Seconds,
+    Http,
+    &["method", "handler"],
+    Fixed(HTTP_DURATION_BUCKETS),
+    "Latency with only few buckets by handler, until the last body byte is sent"
+);
+def!(
+    HTTP_REQUESTS_INPROGRESS,
+    "http_requests_inprogress",
+    Gauge,
+    Requests,
+    Http,
+    &["method", "handler"],
+    NB,
+    "Number of HTTP requests in progress"
+);
+
+/// Every engine- and model-level metric, in exposition order.
+pub const ENGINE_METRICS: &[MetricDef] = &[
+    NUM_REQUESTS_RUNNING,
+    NUM_REQUESTS_WAITING,
+    KV_CACHE_USAGE_PERC,
+    CACHE_CONFIG_INFO,
+    PROMPT_TOKENS,
+    GENERATION_TOKENS,
+    NUM_PREEMPTIONS,
+    REQUEST_SUCCESS,
+    PREFIX_CACHE_QUERIES,
+    PREFIX_CACHE_HITS,
+    PROMPT_TOKENS_CACHED,
+    ADMISSION_REJECTIONS,
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    TIME_PER_OUTPUT_TOKEN,
+    E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME,
+    REQUEST_INFERENCE_TIME,
+    REQUEST_PREFILL_TIME,
+    REQUEST_DECODE_TIME,
+    REQUEST_PROMPT_TOKENS,
+    REQUEST_GENERATION_TOKENS,
+    REQUEST_PARAMS_MAX_TOKENS,
+    REQUEST_MAX_NUM_GENERATION_TOKENS,
+    ITERATION_TOKENS,
+    REQUEST_PARAMS_N,
+    REQUEST_NUM_PREEMPTIONS,
+    ENGINE_STEPS,
+    DEVICE_BUSY_SECONDS,
+    ENGINE_STEP_DURATION,
+    ENGINE_IDLE_SECONDS,
+    BATCH_SIZE,
+];
+
+/// Every HTTP metric, in exposition order.
+pub const HTTP_METRICS: &[MetricDef] = &[
+    HTTP_REQUESTS,
+    HTTP_REQUEST_SIZE,
+    HTTP_RESPONSE_SIZE,
+    HTTP_REQUEST_DURATION_HIGHR,
+    HTTP_REQUEST_DURATION,
+    HTTP_REQUESTS_INPROGRESS,
+];
+
+/// Every metric of the schema.
+pub fn all_metrics() -> impl Iterator<Item = &'static MetricDef> {
+    ENGINE_METRICS.iter().chain(HTTP_METRICS)
+}
+
+/// The `phase` label values of `engine_step_duration_seconds`, in index order.
+pub const STEP_PHASES: [&str; 3] = ["schedule", "execute", "postprocess"];
+
+/// A bad bucket list or group name.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum BucketsError {
+    /// Nothing between the commas.
+    #[error("empty bucket list: expected comma-separated numbers such as \"0.1,0.5,1\"")]
+    Empty,
+    /// Not a number.
+    #[error(
+        "bucket {position} ({value:?}) is not a number: expected comma-separated numbers such as \"0.1,0.5,1\""
+    )]
+    NotANumber {
+        /// 1-based position in the list.
+        position: usize,
+        /// The offending text.
+        value: String,
+    },
+    /// NaN or infinite (`+Inf` is implicit).
+    #[error("bucket {position} ({value}) must be finite; the +Inf bucket is added automatically")]
+    NotFinite {
+        /// 1-based position in the list.
+        position: usize,
+        /// The offending value.
+        value: f64,
+    },
+    /// Bounds must strictly increase.
+    #[error(
+        "buckets must be strictly increasing, but bucket {position} ({value}) follows {previous}"
+    )]
+    NotIncreasing {
+        /// 1-based position in the list.
+        position: usize,
+        /// The offending value.
+        value: f64,
+        /// The bound before it.
+        previous: f64,
+    },
+    /// Unknown group name.
+    #[error(
+        "unknown bucket group {0:?}; expected one of time_to_first_token, inter_token_latency, request_latency, request_tokens, iteration_tokens"
+    )]
+    UnknownGroup(String),
+}
+
+/// Parses `"0.1,0.5,1"` into strictly increasing finite bucket bounds.
+pub fn parse_buckets(s: &str) -> Result<Vec<f64>, BucketsError> {
+    let mut out = Vec::new();
+    for (i, part) in s.split(',').enumerate() {
+        let part = part.trim();
+        if part.is_empty() {
+            if s.trim().is_empty() {
+                return Err(BucketsError::Empty);
+            }
+            return Err(BucketsError::NotANumber {
+                position: i + 1,
+                value: String::new(),
+            });
+        }
+        let value: f64 = part.parse().map_err(|_| BucketsError::NotANumber {
+            position: i + 1,
+            value: part.to_owned(),
+        })?;
+        out.push(value);
+    }
+    validate_buckets(&out)?;
+    Ok(out)
+}
+
+/// Checks that bounds are non-empty, finite and strictly increasing.
+pub fn validate_buckets(bounds: &[f64]) -> Result<(), BucketsError> {
+    if bounds.is_empty() {
+        return Err(BucketsError::Empty);
+    }
+    let mut previous: Option<f64> = None;
+    for (i, &value) in bounds.iter().enumerate() {
+        if !value.is_finite() {
+            return Err(BucketsError::NotFinite {
+                position: i + 1,
+                value,
+            });
+        }
+        if let Some(previous) = previous
+            && value <= previous
+        {
+            return Err(BucketsError::NotIncreasing {
+                position: i + 1,
+                value,
+                previous,
+            });
+        }
+        previous = Some(value);
+    }
+    Ok(())
+}
+
+/// Per-group bucket overrides; `None` keeps the default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct BucketOverrides {
+    /// `time_to_first_token`.
+    pub time_to_first_token: Option<Vec<f64>>,
+    /// `inter_token_latency` (ITL and TPOT).
+    pub inter_token_latency: Option<Vec<f64>>,
+    /// `request_latency` (e2e, queue, inference, prefill, decode).
+    pub request_latency: Option<Vec<f64>>,
+    /// `request_tokens` (per-request token counts).
+    pub request_tokens: Option<Vec<f64>>,
+    /// `iteration_tokens` (tokens per step).
+    pub iteration_tokens: Option<Vec<f64>>,
+}
+
+impl BucketOverrides {
+    /// The override slot of a group.
+    pub fn slot(&self, group: BucketGroup) -> Option<&Vec<f64>> {
+        match group {
+            BucketGroup::TimeToFirstToken => self.time_to_first_token.as_ref(),
+            BucketGroup::InterTokenLatency => self.inter_token_latency.as_ref(),
+            BucketGroup::RequestLatency => self.request_latency.as_ref(),
+            BucketGroup::RequestTokens => self.request_tokens.as_ref(),
+            BucketGroup::IterationTokens => self.iteration_tokens.as_ref(),
+        }
+    }
+
+    /// Sets a group's buckets after validating them.
+    pub fn set(&mut self, group: BucketGroup, bounds: Vec<f64>) -> Result<(), BucketsError> {
+        validate_buckets(&bounds)?;
+        let slot = match group {
+            BucketGroup::TimeToFirstToken => &mut self.time_to_first_token,
+            BucketGroup::InterTokenLatency => &mut self.inter_token_latency,
+            BucketGroup::RequestLatency => &mut self.request_latency,
+            BucketGroup::RequestTokens => &mut self.request_tokens,
+            BucketGroup::IterationTokens => &mut self.iteration_tokens,
+        };
+        *slot = Some(bounds);
+        Ok(())
+    }
+
+    /// Parses `group=b1,b2,…` (e.g. `time_to_first_token=0.1,0.5,1`) and sets it.
+    pub fn set_from_str(&mut self, spec: &str) -> Result<(), BucketsError> {
+        let (group, list) = spec
+            .split_once('=')
+            .ok_or_else(|| BucketsError::UnknownGroup(spec.to_owned()))?;
+        let group: BucketGroup = group.trim().parse()?;
+        self.set(group, parse_buckets(list)?)
+    }
+
+    /// Checks every override.
+    pub fn validate(&self) -> Result<(), BucketsError> {
+        for group in BucketGroup::ALL {
+            if let Some(b) = self.slot(group) {
+                validate_buckets(b)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The buckets in force for `def` (an empty list for non-histograms).
+    pub fn buckets_for(&self, def: &MetricDef, max_model_len: usize) -> Vec<f64> {
+        match def.buckets {
+            Buckets::None => Vec::new(),
+            Buckets::Fixed(b) => b.to_vec(),
+            Buckets::Group(g) => self
+                .slot(g)
+                .cloned()
+                .unwrap_or_else(|| g.default_buckets(max_model_len)),
+        }
+    }
+}
+
+fn fmt_bounds(bounds: &[f64]) -> String {
+    let mut s = String::new();
+    for (i, b) in bounds.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{b}");
+    }
+    s
+}
+
+/// Renders the metrics reference (`docs/metrics.md`) for a namespace.
+pub fn render_markdown(namespace: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# Metrics reference\n");
+    let _ = writeln!(
+        out,
+        "<!-- GENERATED from crates/inferscope-metrics/src/schema.rs by `schema::render_markdown`. \
+         Do not edit: run `INFERSCOPE_BLESS=1 cargo test -p inferscope-metrics` to regenerate. -->\n"
+    );
+    let _ = writeln!(
+        out,
+        "Names are shown with the default namespace `{namespace}`; `--metrics-namespace vllm` \
+         renames `{namespace}:x` to `vllm:x` for drop-in compatibility with vLLM dashboards and \
+         routers. HTTP metrics carry no namespace. Counters are shown with the `_total` suffix \
+         the exposition adds. Engine-level series carry `model_name` and `engine` (the global \
+         data-parallel rank, in decimal).\n"
+    );
+    let _ = writeln!(
+        out,
+        "`GET /metrics` serves the Prometheus text format 0.0.4 by default and OpenMetrics 1.0.0 \
+         when the `Accept` header asks for `application/openmetrics-text`.\n"
+    );
+    let sections: [(&str, &[MetricDef]); 2] = [
+        ("Engine and request metrics", ENGINE_METRICS),
+        ("HTTP metrics", HTTP_METRICS),
+    ];
+    for (title, defs) in sections {
+        let _ = writeln!(out, "## {title}\n");
+        let _ = writeln!(out, "| name | type | unit | labels | buckets | help |");
+        let _ = writeln!(out, "|---|---|---|---|---|---|");
+        for def in defs {
+            let labels = if def.labels.is_empty() {
+                "—".to_owned()
+            } else {
+                def.labels
+                    .iter()
+                    .map(|l| format!("`{l}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            let buckets = match def.buckets {
+                Buckets::None => "—".to_owned(),
+                Buckets::Fixed(b) => fmt_bounds(b),
+                Buckets::Group(BucketGroup::RequestTokens) => {
+                    "group `request_tokens`: 1, 2, 5, 10, 20, 50, … up to max_model_len".to_owned()
+                }
+                Buckets::Group(g) => {
+                    format!("group `{g}`: {}", fmt_bounds(&g.default_buckets(0)))
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| `{}` | {} | {} | {} | {} | {}. |",
+                def.exposed_name(namespace),
+                def.metric_type.as_str(),
+                def.unit.as_str(),
+                labels,
+                buckets,
+                def.help
+            );
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(out, "## Label values\n");
+    let _ = writeln!(
+        out,
+        "- `finished_reason`: {}.",
+        crate::stats::FinishReason::ALL
+            .iter()
+            .map(|r| format!("`{r}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "- `phase`: {}.",
+        STEP_PHASES
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "- `handler`: the matched route template (never the raw path); `none` when no route \
+         matched. `/metrics` and `/health` are not instrumented by default."
+    );
+    let _ = writeln!(
+        out,
+        "- `status`: the status class `1xx` … `5xx`. `method`: the HTTP method, `other` for \
+         non-standard ones."
+    );
+    let _ = writeln!(
+        out,
+        "- `cache_config_info`: `block_size`, `cache_dtype`, `enable_prefix_caching` (`True`/`False`, \
+         as vLLM writes it), `engine`, `num_gpu_blocks`.\n"
+    );
+    let _ = writeln!(out, "## Bucket overrides\n");
+    let _ = writeln!(
+        out,
+        "Each bucket group can be overridden with a comma-separated list of strictly increasing \
+         finite bounds (`+Inf` is implicit):\n"
+    );
+    for g in BucketGroup::ALL {
+        let users: Vec<String> = ENGINE_METRICS
+            .iter()
+            .filter(|d| d.buckets == Buckets::Group(g))
+            .map(|d| format!("`{}`", d.exposed_name(namespace)))
+            .collect();
+        let _ = writeln!(out, "- `{g}`: {}", users.join(", "));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn one_two_five_matches_vllm() {
+        assert_eq!(
+            one_two_five_buckets(100),
+            vec![1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
+        assert_eq!(one_two_five_buckets(4096).last(), Some(&2000.0));
+        assert_eq!(one_two_five_buckets(0), vec![1.0]);
+    }
+
+    #[test]
+    fn parse_buckets_accepts_and_rejects() {
+        assert_eq!(parse_buckets("0.1, 0.5,1").unwrap(), vec![0.1, 0.5, 1.0]);
+        assert_eq!(parse_buckets(""), Err(BucketsError::Empty));
+        assert!(matches!(
+            parse_buckets("0.1,x"),
+            Err(BucketsError::NotANumber { position: 2, .. })
+        ));
+        assert!(matches!(
+            parse_buckets("0.1,,1"),
+            Err(BucketsError::NotANumber { position: 2, .. })
+        ));
+        assert!(matches!(
+            parse_buckets("1,0.5"),
+            Err(BucketsError::NotIncreasing { position: 2, .. })
+        ));
+        assert!(matches!(
+            parse_buckets("1,1"),
+            Err(BucketsError::NotIncreasing { .. })
+        ));
+        assert!(matches!(
+            parse_buckets("1,inf"),
+            Err(BucketsError::NotFinite { .. })
+        ));
+        let msg = parse_buckets("a").unwrap_err().to_string();
+        assert!(msg.contains("0.1,0.5,1"), "{msg}");
+    }
+
+    #[test]
+    fn overrides_from_spec() {
+        let mut o = BucketOverrides::default();
+        o.set_from_str("time_to_first_token=0.1,1").unwrap();
+        assert_eq!(o.buckets_for(&TIME_TO_FIRST_TOKEN, 10), vec![0.1, 1.0]);
+        assert_eq!(
+            o.buckets_for(&E2E_REQUEST_LATENCY, 10),
+            REQUEST_LATENCY_BUCKETS
+        );
+        assert!(o.set_from_str("ttft=1").is_err());
+        assert!(o.set_from_str("request_latency=2,1").is_err());
+        assert_eq!(
+            o.buckets_for(&REQUEST_PROMPT_TOKENS, 100),
+            one_two_five_buckets(100)
+        );
+    }
+
+    #[test]
+    fn schema_is_consistent() {
+        let mut names = HashSet::new();
+        for def in all_metrics() {
+            assert!(names.insert(def.name), "duplicate {}", def.name);
+            assert!(
+                !def.help.ends_with('.'),
+                "{}: encoder appends the period",
+                def.name
+            );
+            assert!(
+                !(def.metric_type == MetricType::Counter && def.name.ends_with("_total")),
+                "{}: counters are registered without _total",
+                def.name
+            );
+            let is_hist = def.metric_type == MetricType::Histogram;
+            assert_eq!(is_hist, def.buckets != Buckets::None, "{}", def.name);
+            if let Buckets::Fixed(b) = def.buckets {
+                validate_buckets(b).unwrap();
+            }
+            if def.scope == Scope::Engine && def.name != "cache_config_info" {
+                assert_eq!(&def.labels[..2], ENGINE, "{}", def.name);
+            }
+        }
+        for g in BucketGroup::ALL {
+            validate_buckets(&g.default_buckets(1000)).unwrap();
+            assert_eq!(g.as_str().parse::<BucketGroup>().unwrap(), g);
+        }
+    }
+
+    #[test]
+    fn names_are_namespaced() {
+        assert_eq!(
+            REQUEST_SUCCESS.exposed_name("vllm"),
+            "vllm:request_success_total"
+        );
+        assert_eq!(
+            NUM_REQUESTS_RUNNING.exposed_name("inferscope"),
+            "inferscope:num_requests_running"
+        );
+        assert_eq!(HTTP_REQUESTS.exposed_name("vllm"), "http_requests_total");
+        assert_eq!(
+            ITERATION_TOKENS.exposed_name("x"),
+            "x:iteration_tokens_total"
+        );
+    }
+}

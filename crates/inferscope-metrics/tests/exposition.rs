@@ -1,0 +1,356 @@
+//! End-to-end checks of the rendered exposition: every schema metric is
+//! there, histograms are well formed, engines don't overwrite each other,
+//! and both formats follow their specs.
+
+#[path = "../src/test_support.rs"]
+mod test_support;
+
+use std::time::Duration;
+
+use inferscope_metrics::schema::{self, MetricType};
+use inferscope_metrics::{
+    CacheConfig, FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
+    MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
+};
+use test_support::{check_histograms, parse};
+
+fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
+    MetricsConfig {
+        namespace: namespace.into(),
+        model_name: "demo".into(),
+        engine_indices: engines.to_vec(),
+        max_model_len: 100,
+        cache_configs: vec![CacheConfig {
+            block_size: 16,
+            num_gpu_blocks: 512,
+            enable_prefix_caching: true,
+            cache_dtype: "auto".into(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn finished(reason: FinishReason) -> FinishedRequestStats {
+    FinishedRequestStats {
+        finish_reason: reason,
+        num_prompt_tokens: 40,
+        num_generation_tokens: 7,
+        num_cached_tokens: 16,
+        max_tokens_param: 64,
+        n: 1,
+        num_preemptions: 1,
+        queue_time: Duration::from_millis(400),
+        prefill_time: Duration::from_millis(50),
+        decode_time: Duration::from_millis(900),
+        inference_time: Duration::from_millis(950),
+    }
+}
+
+fn step(prompt: u64, generation: u64) -> IterationStats {
+    IterationStats {
+        num_prompt_tokens: prompt,
+        num_scheduled_tokens: prompt + generation,
+        num_generation_tokens: generation,
+        num_prompt_tokens_cached: 16,
+        batch_size: 3,
+        schedule_time: Duration::from_micros(80),
+        execute_time: Duration::from_millis(6),
+        postprocess_time: Duration::from_micros(120),
+        device_time: Duration::from_millis(5),
+        finished_requests: vec![finished(FinishReason::Stop)],
+    }
+}
+
+fn sched(running: usize) -> SchedulerStats {
+    SchedulerStats {
+        num_running: running,
+        num_waiting: 2,
+        kv_cache_usage: 0.25,
+        prefix_cache_queries: 40,
+        prefix_cache_hits: 16,
+        num_preemptions: 1,
+    }
+}
+
+/// A manager with some traffic on every engine, each engine distinguishable.
+fn busy_manager(namespace: &str, engines: &[usize]) -> StatLoggerManager {
+    let m = StatLoggerManager::new(config(namespace, engines)).unwrap();
+    for (k, &e) in engines.iter().enumerate() {
+        let k = k as u64 + 1;
+        for _ in 0..k {
+            m.record_step(e, &sched(10 * k as usize), &step(40, 3));
+        }
+        m.record_idle(e, &sched(0), Duration::from_millis(250));
+        m.record_finished(e, &[finished(FinishReason::Abort)]);
+        let h = m.engine(e).unwrap();
+        h.observe_ttft(0.12);
+        for _ in 0..6 {
+            h.observe_itl(0.03);
+        }
+        h.record_frontend(&FrontendRequestStats {
+            ttft: Some(Duration::from_millis(120)),
+            e2e: Duration::from_millis(300),
+            num_generation_tokens: 7,
+        });
+    }
+    m.record_admission_rejection("queue_full");
+    m
+}
+
+#[test]
+fn every_schema_metric_is_exposed_and_well_formed() {
+    for format in [Format::Prometheus, Format::OpenMetrics] {
+        let m = busy_manager("inferscope", &[0]);
+        let (_, body) = m.render(format);
+        let expo = parse(&body).unwrap_or_else(|e| panic!("{format:?}: {e}\n{body}"));
+        // HTTP families with labels have no series before the first request
+        // (tests/http.rs covers them); families without series are omitted.
+        let defs = schema::ENGINE_METRICS
+            .iter()
+            .chain([&schema::HTTP_REQUEST_DURATION_HIGHR]);
+        for def in defs {
+            // 0.0.4 names counter families `x_total`; OpenMetrics names them `x`.
+            let family = match (format, def.metric_type) {
+                (Format::OpenMetrics, MetricType::Counter) => def.registered_name("inferscope"),
+                _ => def.exposed_name("inferscope"),
+            };
+            let f = expo
+                .family(&family)
+                .unwrap_or_else(|| panic!("{format:?}: {family} missing\n{body}"));
+            assert_eq!(f.typ, def.metric_type.as_str(), "{family}");
+            assert_eq!(f.help.as_deref(), Some(format!("{}.", def.help).as_str()));
+            assert!(!f.unit, "{family}: names carry their unit, no # UNIT");
+        }
+        let n = check_histograms(&expo).unwrap_or_else(|e| panic!("{format:?}: {e}"));
+        assert!(n >= 20, "{n} histogram series checked");
+    }
+}
+
+#[test]
+fn values_land_where_expected() {
+    let m = busy_manager("inferscope", &[0]);
+    let (_, body) = m.render(Format::Prometheus);
+    let e = parse(&body).unwrap();
+    let l = [("model_name", "demo"), ("engine", "0")];
+    let v = |name: &str, extra: &[(&str, &str)]| {
+        let mut labels = l.to_vec();
+        labels.extend_from_slice(extra);
+        e.value(name, &labels)
+            .unwrap_or_else(|| panic!("{name} {extra:?} missing\n{body}"))
+    };
+    assert_eq!(v("inferscope:num_requests_running", &[]), 0.0, "idle after");
+    assert_eq!(v("inferscope:num_requests_waiting", &[]), 2.0);
+    assert_eq!(v("inferscope:kv_cache_usage_perc", &[]), 0.25);
+    assert_eq!(v("inferscope:prompt_tokens_total", &[]), 40.0);
+    assert_eq!(v("inferscope:generation_tokens_total", &[]), 3.0);
+    assert_eq!(v("inferscope:num_preemptions_total", &[]), 2.0);
+    assert_eq!(v("inferscope:prefix_cache_queries_total", &[]), 80.0);
+    assert_eq!(v("inferscope:prefix_cache_hits_total", &[]), 32.0);
+    assert_eq!(v("inferscope:prompt_tokens_cached_total", &[]), 16.0);
+    assert_eq!(
+        v(
+            "inferscope:request_success_total",
+            &[("finished_reason", "stop")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            "inferscope:request_success_total",
+            &[("finished_reason", "abort")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            "inferscope:request_success_total",
+            &[("finished_reason", "error")]
+        ),
+        0.0,
+        "every reason pre-created"
+    );
+    assert_eq!(v("inferscope:engine_steps_total", &[]), 1.0);
+    assert!((v("inferscope:device_busy_seconds_total", &[]) - 0.005).abs() < 1e-9);
+    assert!((v("inferscope:engine_idle_seconds_total", &[]) - 0.25).abs() < 1e-9);
+    assert_eq!(v("inferscope:inter_token_latency_seconds_count", &[]), 6.0);
+    assert_eq!(v("inferscope:time_to_first_token_seconds_count", &[]), 1.0);
+    // TPOT = (0.3 - 0.12) / 6 = 0.03
+    assert!((v("inferscope:request_time_per_output_token_seconds_sum", &[]) - 0.03).abs() < 1e-9);
+    assert_eq!(v("inferscope:e2e_request_latency_seconds_count", &[]), 1.0);
+    assert_eq!(v("inferscope:request_queue_time_seconds_count", &[]), 2.0);
+    assert_eq!(
+        v("inferscope:iteration_tokens_total_bucket", &[("le", "32")]),
+        0.0
+    );
+    assert_eq!(
+        v("inferscope:iteration_tokens_total_bucket", &[("le", "64")]),
+        1.0
+    );
+    assert_eq!(
+        v("inferscope:request_prompt_tokens_bucket", &[("le", "50")]),
+        2.0
+    );
+    assert_eq!(
+        v(
+            "inferscope:engine_step_duration_seconds_count",
+            &[("phase", "execute")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        e.value(
+            "inferscope:admission_rejections_total",
+            &[("model_name", "demo"), ("reason", "queue_full")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        e.value(
+            "inferscope:cache_config_info",
+            &[
+                ("engine", "0"),
+                ("block_size", "16"),
+                ("num_gpu_blocks", "512"),
+                ("enable_prefix_caching", "True"),
+                ("cache_dtype", "auto"),
+            ]
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn request_token_buckets_follow_max_model_len() {
+    let m = busy_manager("inferscope", &[0]);
+    let (_, body) = m.render(Format::Prometheus);
+    let e = parse(&body).unwrap();
+    let les: Vec<&str> = e
+        .family("inferscope:request_prompt_tokens")
+        .unwrap()
+        .samples
+        .iter()
+        .filter_map(|s| s.labels.get("le").map(String::as_str))
+        .collect();
+    assert_eq!(les, ["1", "2", "5", "10", "20", "50", "100", "+Inf"]);
+}
+
+#[test]
+fn engines_do_not_overwrite_each_other() {
+    for engines in [[0usize, 1], [2, 3]] {
+        let m = busy_manager("inferscope", &engines);
+        let (_, body) = m.render(Format::Prometheus);
+        let e = parse(&body).unwrap();
+        check_histograms(&e).unwrap();
+        for (k, idx) in engines.iter().enumerate() {
+            let idx = idx.to_string();
+            let l = [("model_name", "demo"), ("engine", idx.as_str())];
+            let k = k as f64 + 1.0;
+            assert_eq!(
+                e.value("inferscope:engine_steps_total", &l),
+                Some(k),
+                "{body}"
+            );
+            assert_eq!(
+                e.value("inferscope:prompt_tokens_total", &l),
+                Some(40.0 * k)
+            );
+            assert_eq!(
+                e.value("inferscope:time_to_first_token_seconds_count", &l),
+                Some(1.0)
+            );
+            assert!(
+                e.value("inferscope:cache_config_info", &[("engine", idx.as_str())])
+                    .is_some()
+            );
+        }
+        assert_eq!(e.series_count("inferscope:num_requests_running"), 2);
+        assert!(
+            e.value("inferscope:engine_steps_total", &[("engine", "7")])
+                .is_none()
+        );
+    }
+}
+
+#[test]
+fn unknown_engine_is_ignored() {
+    let m = busy_manager("inferscope", &[4, 5]);
+    m.record_step(0, &sched(1), &step(1, 1));
+    assert!(m.engine(0).is_none());
+    let (_, body) = m.render(Format::Prometheus);
+    assert!(!body.contains("engine=\"0\""), "{body}");
+}
+
+#[test]
+fn prometheus_text_follows_0_0_4() {
+    let m = busy_manager("vllm", &[0]);
+    let (ct, body) = m.render(Format::Prometheus);
+    assert_eq!(ct, "text/plain; version=0.0.4; charset=utf-8");
+    assert!(!body.contains("# EOF"));
+    assert!(!body.contains("# UNIT"));
+    assert!(!body.contains("_created"));
+    assert!(
+        body.contains("# TYPE vllm:request_success_total counter\n"),
+        "{body}"
+    );
+    assert!(body.contains("# HELP vllm:request_success_total "));
+    assert!(body.contains("# TYPE vllm:iteration_tokens_total histogram\n"));
+    assert!(body.contains("# TYPE vllm:cache_config_info gauge\n"));
+    let e = parse(&body).unwrap();
+    assert!(!e.eof);
+    assert!(e.samples().all(|s| !s.exemplar));
+}
+
+#[test]
+fn openmetrics_follows_1_0_0() {
+    let m = busy_manager("vllm", &[0]);
+    let (ct, body) = m.render(Format::OpenMetrics);
+    assert_eq!(
+        ct,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    assert!(body.ends_with("# EOF\n"));
+    assert!(
+        body.contains("# TYPE vllm:request_success counter\n"),
+        "{body}"
+    );
+    assert!(body.contains("vllm:request_success_total{"));
+    let e = parse(&body).unwrap();
+    assert!(e.eof);
+}
+
+#[test]
+fn bucket_overrides_apply() {
+    let mut c = config("inferscope", &[0]);
+    c.buckets.set_from_str("time_to_first_token=0.5,1").unwrap();
+    let m = StatLoggerManager::new(c).unwrap();
+    m.engine(0).unwrap().observe_ttft(0.7);
+    let (_, body) = m.render(Format::Prometheus);
+    let e = parse(&body).unwrap();
+    let les: Vec<&str> = e
+        .family("inferscope:time_to_first_token_seconds")
+        .unwrap()
+        .samples
+        .iter()
+        .filter_map(|s| s.labels.get("le").map(String::as_str))
+        .collect();
+    assert_eq!(les, ["0.5", "1", "+Inf"]);
+    assert_eq!(
+        e.value(
+            "inferscope:time_to_first_token_seconds_bucket",
+            &[("le", "1")]
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn disabled_prometheus_exposes_no_engine_metrics() {
+    let mut c = config("inferscope", &[0]);
+    c.enable_prometheus = false;
+    let m = StatLoggerManager::new(c).unwrap();
+    m.record_step(0, &sched(1), &step(1, 1));
+    m.engine(0).unwrap().observe_itl(0.1);
+    let (_, body) = m.render(Format::Prometheus);
+    assert!(!body.contains("inferscope:"), "{body}");
+    assert!(body.contains("http_request_duration_highr_seconds"));
+}
