@@ -1,1 +1,21 @@
-//! inferscope-model: the CPU executor (under construction).
+//! inferscope-model: the `cpu` executor — tokenizers, a Llama-family forward
+//! pass over a paged KV cache, safetensors/GGUF loading and the demo model.
+
+mod attention;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod executor;
+pub mod gguf;
+pub mod kv_pool;
+pub mod llama;
+pub mod loader;
+pub mod model;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use config::ModelConfig;
+pub use error::ModelError;
+pub use executor::{CpuExecutor, KvBudget};
+pub use model::{LoadedModel, ModelOptions};
+pub use tokenizer::{ByteTokenizer, ChatMessage, HfTokenizer, IncrementalDecoder, Tokenizer};

@@ -1,0 +1,176 @@
+//! The built-in demo model: a tiny Llama with a byte vocabulary and weights
+//! generated from a fixed seed, so `inferscope serve` runs with no download.
+//! Its text is not meaningful.
+
+use std::collections::HashMap;
+
+use candle_core::{Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::llama::LlamaModel;
+use crate::loader::model_from_tensors;
+use crate::tokenizer::ByteTokenizer;
+
+/// The seed of the demo weights.
+pub const DEMO_SEED: u64 = 0x1f5c_09e5;
+
+/// The demo model's hyper-parameters (~3M parameters).
+pub fn demo_config() -> ModelConfig {
+    ModelConfig {
+        architecture: "LlamaForCausalLM".into(),
+        vocab_size: ByteTokenizer::VOCAB_SIZE,
+        hidden_size: 256,
+        intermediate_size: 688,
+        num_layers: 4,
+        num_heads: 8,
+        num_kv_heads: 4,
+        head_dim: 32,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        rope_interleaved: false,
+        max_position_embeddings: 4096,
+        tie_word_embeddings: false,
+        attention_bias: false,
+        bos_token_id: Some(ByteTokenizer::BOS),
+        eos_token_ids: vec![ByteTokenizer::EOS],
+    }
+}
+
+/// SplitMix64: a tiny, stable generator for weights and sampling.
+#[derive(Debug, Clone)]
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, 1)`.
+    pub fn next_f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+}
+
+fn uniform(rng: &mut SplitMix64, n: usize, std: f32) -> Vec<f32> {
+    // Uniform on [-a, a] has standard deviation a/√3.
+    let a = std * 3f32.sqrt();
+    (0..n).map(|_| (rng.next_f32() * 2.0 - 1.0) * a).collect()
+}
+
+fn tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor, ModelError> {
+    Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
+}
+
+/// Random weights for `cfg`, named as in Hugging Face Llama checkpoints.
+/// Scaled by 1/√fan_in so activations stay O(1) through the layers.
+pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Tensor>, ModelError> {
+    let mut rng = SplitMix64::new(seed);
+    let mut m = HashMap::new();
+    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let q_dim = cfg.num_heads * cfg.head_dim;
+    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+    let lin = |m: &mut HashMap<String, Tensor>,
+               rng: &mut SplitMix64,
+               name: String,
+               out: usize,
+               inp: usize| {
+        let w = uniform(rng, out * inp, 1.0 / (inp as f32).sqrt());
+        m.insert(name, tensor(w, &[out, inp])?);
+        Ok::<(), ModelError>(())
+    };
+    let norm = |rng: &mut SplitMix64, n: usize| -> Vec<f32> {
+        uniform(rng, n, 0.1).into_iter().map(|x| 1.0 + x).collect()
+    };
+    m.insert(
+        "model.embed_tokens.weight".into(),
+        tensor(uniform(&mut rng, v * h, 1.0), &[v, h])?,
+    );
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        m.insert(
+            format!("{p}.input_layernorm.weight"),
+            tensor(norm(&mut rng, h), &[h])?,
+        );
+        lin(
+            &mut m,
+            &mut rng,
+            format!("{p}.self_attn.q_proj.weight"),
+            q_dim,
+            h,
+        )?;
+        lin(
+            &mut m,
+            &mut rng,
+            format!("{p}.self_attn.k_proj.weight"),
+            kv_dim,
+            h,
+        )?;
+        lin(
+            &mut m,
+            &mut rng,
+            format!("{p}.self_attn.v_proj.weight"),
+            kv_dim,
+            h,
+        )?;
+        if cfg.attention_bias {
+            for (n, d) in [("q", q_dim), ("k", kv_dim), ("v", kv_dim)] {
+                m.insert(
+                    format!("{p}.self_attn.{n}_proj.bias"),
+                    tensor(uniform(&mut rng, d, 0.1), &[d])?,
+                );
+            }
+        }
+        lin(
+            &mut m,
+            &mut rng,
+            format!("{p}.self_attn.o_proj.weight"),
+            h,
+            q_dim,
+        )?;
+        m.insert(
+            format!("{p}.post_attention_layernorm.weight"),
+            tensor(norm(&mut rng, h), &[h])?,
+        );
+        lin(&mut m, &mut rng, format!("{p}.mlp.gate_proj.weight"), i, h)?;
+        lin(&mut m, &mut rng, format!("{p}.mlp.up_proj.weight"), i, h)?;
+        lin(&mut m, &mut rng, format!("{p}.mlp.down_proj.weight"), h, i)?;
+    }
+    m.insert("model.norm.weight".into(), tensor(norm(&mut rng, h), &[h])?);
+    if !cfg.tie_word_embeddings {
+        lin(&mut m, &mut rng, "lm_head.weight".into(), v, h)?;
+    }
+    Ok(m)
+}
+
+/// The demo model: [`demo_config`] with [`DEMO_SEED`] weights whose LM head
+/// favours printable ASCII, so that its (meaningless) text is readable.
+pub fn demo_model() -> Result<LlamaModel, ModelError> {
+    let cfg = demo_config();
+    let mut w = random_weights(&cfg, DEMO_SEED)?;
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let mut rng = SplitMix64::new(DEMO_SEED ^ 0xdead_beef);
+    // Rows of printable bytes get large weights and every other row zero,
+    // so almost all probability mass sits on printable ASCII (and EOS is
+    // practically never sampled: generation runs to max_tokens).
+    let mut head = vec![0f32; v * h];
+    for tok in 0..v {
+        let printable = (0x20..0x7f).contains(&tok) || tok == usize::from(b'\n');
+        if printable {
+            head[tok * h..(tok + 1) * h].copy_from_slice(&uniform(&mut rng, h, 0.25));
+        }
+    }
+    w.insert("lm_head.weight".into(), tensor(head, &[v, h])?);
+    model_from_tensors(cfg, w)
+}

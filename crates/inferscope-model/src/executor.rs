@@ -1,0 +1,265 @@
+//! The `cpu` executor: runs scheduled steps through the model over its own
+//! paged KV pool and samples one token per sampling sequence.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepOutput};
+
+use crate::attention::TokenCtx;
+use crate::kv_pool::KvPool;
+use crate::llama::{LlamaModel, StepTokens};
+use crate::sampler::{sample, token_rng};
+
+/// Where the KV pool's size comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    /// Exactly this many bytes.
+    Bytes(u64),
+    /// This fraction of the memory available when the pool is allocated.
+    FractionOfAvailable(f64),
+}
+
+/// Runs a [`LlamaModel`] on the CPU for the engine.
+pub struct CpuExecutor {
+    name: String,
+    model: Arc<LlamaModel>,
+    budget: KvBudget,
+    eos: Vec<u32>,
+    pool: Option<KvPool>,
+    threads: Option<rayon::ThreadPool>,
+    // Reused between steps.
+    ctx: Vec<TokenCtx>,
+    rows: Vec<usize>,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+pub fn available_memory() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+impl CpuExecutor {
+    /// An executor sharing `model`; the pool is allocated by `init_kv_cache`.
+    pub fn new(
+        name: String,
+        model: Arc<LlamaModel>,
+        budget: KvBudget,
+        eos: Vec<u32>,
+        num_threads: Option<usize>,
+    ) -> Result<Self, ExecutorError> {
+        let threads = match num_threads {
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .map_err(|e| ExecutorError::Init(format!("thread pool: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Self {
+            name,
+            model,
+            budget,
+            eos,
+            pool: None,
+            threads,
+            ctx: Vec::new(),
+            rows: Vec::new(),
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
+    /// Bytes of one KV block of `block_size` tokens.
+    pub fn block_bytes(&self, block_size: usize) -> u64 {
+        (self.model.cfg.kv_bytes_per_token() * block_size) as u64
+    }
+
+    fn check(&self, batch: &ScheduledBatch, pool: &KvPool) -> Result<(), ExecutorError> {
+        let bad = |m: String| Err(ExecutorError::Step(m));
+        if batch.block_size != pool.block_size() {
+            return bad(format!(
+                "batch block size {} != KV pool block size {}",
+                batch.block_size,
+                pool.block_size()
+            ));
+        }
+        let vocab = self.model.cfg.vocab_size;
+        if let Some(&t) = batch.token_ids.iter().find(|&&t| t as usize >= vocab) {
+            return bad(format!(
+                "token id {t} is outside the vocabulary (size {vocab})"
+            ));
+        }
+        if let Some(&b) = batch
+            .block_tables
+            .iter()
+            .find(|&&b| b as usize >= pool.num_blocks())
+        {
+            return bad(format!(
+                "block {b} is outside the KV pool ({} blocks)",
+                pool.num_blocks()
+            ));
+        }
+        for s in &batch.seqs {
+            let end = s.start_pos + s.num_tokens;
+            if s.token_offset + s.num_tokens > batch.token_ids.len()
+                || s.block_table_offset + s.block_table_len > batch.block_tables.len()
+                || s.block_table_len * batch.block_size < end
+            {
+                return bad(format!("sequence {} has inconsistent offsets", s.seq_id));
+            }
+            if s.sample && s.num_tokens == 0 {
+                return bad(format!("sequence {} samples without new tokens", s.seq_id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the step and returns the logits (`[vocab]`) of each sequence that
+    /// samples, in batch order. `execute` is this plus sampling; tests compare
+    /// these logits with a reference implementation.
+    pub fn forward_logits(
+        &mut self,
+        batch: &ScheduledBatch,
+    ) -> Result<Vec<Vec<f32>>, ExecutorError> {
+        let mut pool = self
+            .pool
+            .take()
+            .ok_or_else(|| ExecutorError::Fatal("execute before init_kv_cache".into()))?;
+        let result = self.forward_with_pool(batch, &mut pool);
+        self.pool = Some(pool);
+        result
+    }
+
+    fn forward_with_pool(
+        &mut self,
+        batch: &ScheduledBatch,
+        pool: &mut KvPool,
+    ) -> Result<Vec<Vec<f32>>, ExecutorError> {
+        self.check(batch, pool)?;
+        self.ctx.clear();
+        self.rows.clear();
+        for s in &batch.seqs {
+            for j in 0..s.num_tokens {
+                self.ctx.push(TokenCtx {
+                    pos: s.start_pos + j,
+                    table_offset: s.block_table_offset,
+                });
+            }
+            if s.sample {
+                self.rows.push(s.token_offset + s.num_tokens - 1);
+            }
+        }
+        // Tokens are laid out in `token_ids` in sequence order; `ctx` must
+        // follow the same order.
+        let step = StepTokens {
+            ids: &batch.token_ids,
+            ctx: &self.ctx,
+            block_tables: &batch.block_tables,
+        };
+        if step.ctx.len() != step.ids.len() {
+            return Err(ExecutorError::Step(format!(
+                "sequences cover {} tokens but the batch has {}",
+                step.ctx.len(),
+                step.ids.len()
+            )));
+        }
+        let model = &self.model;
+        let rows = &self.rows;
+        let mut run = || model.forward(&step, pool, rows);
+        let logits = match &self.threads {
+            Some(tp) => tp.install(run),
+            None => run(),
+        }
+        .map_err(|e| ExecutorError::Step(e.to_string()))?;
+        let vocab = model.cfg.vocab_size;
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+    }
+}
+
+impl Executor for CpuExecutor {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn init_kv_cache(&mut self, block_size: usize) -> Result<usize, ExecutorError> {
+        if block_size == 0 {
+            return Err(ExecutorError::Init("block size must be positive".into()));
+        }
+        let budget = match self.budget {
+            KvBudget::Bytes(b) => b,
+            KvBudget::FractionOfAvailable(f) => {
+                let avail = available_memory().ok_or_else(|| {
+                    ExecutorError::Init(
+                        "cannot read MemAvailable from /proc/meminfo; set --kv-cache-memory".into(),
+                    )
+                })?;
+                (avail as f64 * f.clamp(0.0, 1.0)) as u64
+            }
+        };
+        let per_block = self.block_bytes(block_size);
+        let num_blocks = (budget / per_block).min(u64::from(u32::MAX)) as usize;
+        if num_blocks == 0 {
+            return Err(ExecutorError::Init(format!(
+                "KV cache budget of {budget} bytes is smaller than one block ({per_block} bytes)"
+            )));
+        }
+        let cfg = &self.model.cfg;
+        self.pool = Some(KvPool::new(
+            cfg.num_layers,
+            num_blocks,
+            block_size,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        ));
+        tracing::info!(
+            executor = %self.name,
+            num_blocks,
+            block_size,
+            kv_cache_bytes = num_blocks as u64 * per_block,
+            "allocated KV cache"
+        );
+        Ok(num_blocks)
+    }
+
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos.clone()
+    }
+
+    fn execute(
+        &mut self,
+        batch: &ScheduledBatch,
+        out: &mut StepOutput,
+    ) -> Result<(), ExecutorError> {
+        let start = Instant::now();
+        let logits = self.forward_logits(batch)?;
+        out.sampled.clear();
+        let mut rows = logits.into_iter();
+        let mut masked = Vec::new();
+        for s in &batch.seqs {
+            if !s.sample {
+                out.sampled.push(None);
+                continue;
+            }
+            let Some(mut l) = rows.next() else {
+                return Err(ExecutorError::Step("missing logits row".into()));
+            };
+            masked.clear();
+            if s.mask_stop_tokens() {
+                masked.extend_from_slice(&self.eos);
+                masked.extend_from_slice(&s.params.stop_token_ids);
+            }
+            let mut rng = token_rng(s.seed, s.num_generated);
+            out.sampled
+                .push(Some(sample(&mut l, &s.params, &masked, &mut rng)));
+        }
+        out.device_time = start.elapsed();
+        Ok(())
+    }
+}

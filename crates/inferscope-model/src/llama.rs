@@ -1,0 +1,231 @@
+//! The Llama-family forward pass over a flattened batch of tokens.
+
+use candle_core::quantized::QMatMul;
+use candle_core::{Device, Module, Tensor};
+
+use crate::attention::{AttnShape, TokenCtx, paged_attention};
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::kv_pool::KvPool;
+
+/// `y = x Wᵀ + b` with a dense or quantized `W` (`[out, in]`).
+pub struct Linear {
+    w: QMatMul,
+    b: Option<Vec<f32>>,
+    out_dim: usize,
+}
+
+impl Linear {
+    /// A layer from its weight (and bias), which must already have the right shape.
+    pub fn new(w: QMatMul, b: Option<Vec<f32>>, out_dim: usize) -> Self {
+        Self { w, b, out_dim }
+    }
+
+    /// `x` is `[rows][in]`; returns `[rows][out]`.
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
+        let cols = x.len() / rows.max(1);
+        let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+        let mut y = self.w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+        if let Some(b) = &self.b {
+            for row in y.chunks_exact_mut(self.out_dim) {
+                for (yi, bi) in row.iter_mut().zip(b) {
+                    *yi += bi;
+                }
+            }
+        }
+        Ok(y)
+    }
+}
+
+/// One decoder layer.
+pub struct Layer {
+    /// RMSNorm weight before attention.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub q: Linear,
+    /// Key projection.
+    pub k: Linear,
+    /// Value projection.
+    pub v: Linear,
+    /// Output projection.
+    pub o: Linear,
+    /// RMSNorm weight before the MLP.
+    pub mlp_norm: Vec<f32>,
+    /// SwiGLU gate.
+    pub gate: Linear,
+    /// SwiGLU up projection.
+    pub up: Linear,
+    /// SwiGLU down projection.
+    pub down: Linear,
+}
+
+/// A loaded Llama-family model (weights only; the KV cache is per executor).
+pub struct LlamaModel {
+    /// Hyper-parameters.
+    pub cfg: ModelConfig,
+    /// Token embeddings, `[vocab][hidden]`.
+    pub embed: Vec<f32>,
+    /// Decoder layers.
+    pub layers: Vec<Layer>,
+    /// Final RMSNorm weight.
+    pub norm: Vec<f32>,
+    /// LM head (`[vocab, hidden]`, the embeddings when tied).
+    pub lm_head: Linear,
+    inv_freq: Vec<f32>,
+}
+
+/// What one step computes attention for: one entry per token.
+pub(crate) struct StepTokens<'a> {
+    pub ids: &'a [u32],
+    pub ctx: &'a [TokenCtx],
+    pub block_tables: &'a [u32],
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for ((o, v), wi) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * r * wi;
+        }
+    }
+}
+
+/// Rotates each head of `x` (`[tokens][heads * d]`) by its token's angles.
+fn apply_rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32], interleaved: bool) {
+    let half = d / 2;
+    for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+        let (c, s) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for head in row.chunks_exact_mut(d) {
+            if interleaved {
+                for i in 0..half {
+                    let (a, b) = (head[2 * i], head[2 * i + 1]);
+                    head[2 * i] = a * c[i] - b * s[i];
+                    head[2 * i + 1] = b * c[i] + a * s[i];
+                }
+            } else {
+                for i in 0..half {
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * c[i] - b * s[i];
+                    head[i + half] = b * c[i] + a * s[i];
+                }
+            }
+        }
+    }
+}
+
+fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+impl LlamaModel {
+    /// Assembles a model; shapes were checked by the loader.
+    pub fn new(
+        cfg: ModelConfig,
+        embed: Vec<f32>,
+        layers: Vec<Layer>,
+        norm: Vec<f32>,
+        lm_head: Linear,
+    ) -> Self {
+        let inv_freq = cfg.rope_inv_freq();
+        Self {
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            inv_freq,
+        }
+    }
+
+    /// Runs all tokens of a step through the decoder, writing their K/V into
+    /// `pool`, and returns the logits of the tokens in `logit_rows`
+    /// (`[logit_rows.len()][vocab]`).
+    pub(crate) fn forward(
+        &self,
+        step: &StepTokens<'_>,
+        pool: &mut KvPool,
+        logit_rows: &[usize],
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = &self.cfg;
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let n = step.ids.len();
+        let eps = cfg.rms_norm_eps as f32;
+        let bs = pool.block_size();
+
+        let mut x = Vec::with_capacity(n * h);
+        for &id in step.ids {
+            let id = id as usize;
+            x.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
+        }
+        // The angles depend on the position only: computed once per step.
+        let half = d / 2;
+        let mut cos = Vec::with_capacity(n * half);
+        let mut sin = Vec::with_capacity(n * half);
+        for c in step.ctx {
+            let p = c.pos as f32;
+            for &f in &self.inv_freq {
+                let a = p * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let shape = AttnShape {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: d,
+        };
+        let mut normed = vec![0f32; n * h];
+        let mut attn = vec![0f32; n * nh * d];
+        for (li, layer) in self.layers.iter().enumerate() {
+            rms_norm(&x, &layer.attn_norm, eps, &mut normed);
+            let mut q = layer.q.forward(&normed, n)?;
+            let mut k = layer.k.forward(&normed, n)?;
+            let v = layer.v.forward(&normed, n)?;
+            apply_rope(&mut q, nh, d, &cos, &sin, cfg.rope_interleaved);
+            apply_rope(&mut k, nkv, d, &cos, &sin, cfg.rope_interleaved);
+            for (t, c) in step.ctx.iter().enumerate() {
+                let block = step.block_tables[c.table_offset + c.pos / bs] as usize;
+                let kv = nkv * d;
+                pool.write(
+                    li,
+                    block,
+                    c.pos % bs,
+                    &k[t * kv..(t + 1) * kv],
+                    &v[t * kv..(t + 1) * kv],
+                );
+            }
+            paged_attention(&q, &mut attn, step.ctx, step.block_tables, pool, li, shape);
+            let o = layer.o.forward(&attn, n)?;
+            for (xi, oi) in x.iter_mut().zip(&o) {
+                *xi += oi;
+            }
+            rms_norm(&x, &layer.mlp_norm, eps, &mut normed);
+            let mut g = layer.gate.forward(&normed, n)?;
+            let u = layer.up.forward(&normed, n)?;
+            for (gi, ui) in g.iter_mut().zip(&u) {
+                *gi = silu(*gi) * ui;
+            }
+            let down = layer.down.forward(&g, n)?;
+            for (xi, di) in x.iter_mut().zip(&down) {
+                *xi += di;
+            }
+        }
+        // Only the tokens that sample need the (large) LM head.
+        let mut last = Vec::with_capacity(logit_rows.len() * h);
+        for &r in logit_rows {
+            last.extend_from_slice(&x[r * h..(r + 1) * h]);
+        }
+        if logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut last_normed = vec![0f32; last.len()];
+        rms_norm(&last, &self.norm, eps, &mut last_normed);
+        self.lm_head.forward(&last_normed, logit_rows.len())
+    }
+}

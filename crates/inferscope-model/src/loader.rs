@@ -1,0 +1,185 @@
+//! Loading Hugging Face checkpoints: `config.json`, `tokenizer.json` and
+//! single or sharded `*.safetensors`.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use candle_core::quantized::QMatMul;
+use candle_core::{DType, Device, Tensor};
+
+use crate::config::ModelConfig;
+use crate::error::ModelError;
+use crate::llama::{Layer, Linear, LlamaModel};
+use crate::tokenizer::HfTokenizer;
+
+fn read_to_string(path: &Path) -> Result<String, ModelError> {
+    if !path.is_file() {
+        return Err(ModelError::MissingFile(path.to_path_buf()));
+    }
+    std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The safetensors files of a model directory: those the index names, else
+/// `model.safetensors`, else every `*.safetensors`.
+pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.is_file() {
+        let v: serde_json::Value = serde_json::from_str(&read_to_string(&index)?)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", index.display())))?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::Config(format!("{} has no weight_map", index.display())))?;
+        let files: BTreeSet<&str> = map.values().filter_map(|f| f.as_str()).collect();
+        let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        if let Some(missing) = paths.iter().find(|p| !p.is_file()) {
+            return Err(ModelError::MissingFile(missing.clone()));
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.is_file() {
+        return Ok(vec![single]);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| ModelError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        return Err(ModelError::MissingFile(single));
+    }
+    Ok(found)
+}
+
+/// Loads a Hugging Face model directory.
+pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> {
+    let cfg = ModelConfig::from_hf_json(&read_to_string(&dir.join("config.json"))?)?;
+    let tokenizer_path = dir.join("tokenizer.json");
+    if !tokenizer_path.is_file() {
+        return Err(ModelError::MissingFile(tokenizer_path));
+    }
+    let mut tensors = HashMap::new();
+    for file in safetensors_files(dir)? {
+        let part = candle_core::safetensors::load(&file, &Device::Cpu)
+            .map_err(|e| ModelError::Config(format!("{}: {e}", file.display())))?;
+        tensors.extend(part);
+    }
+    let model = model_from_tensors(cfg.clone(), tensors)?;
+    let (eos, bos) = special_ids(dir, &cfg);
+    let tokenizer = HfTokenizer::from_file(&tokenizer_path, eos, bos)?;
+    Ok((model, tokenizer))
+}
+
+/// EOS/BOS ids: `generation_config.json` overrides `config.json`.
+fn special_ids(dir: &Path, cfg: &ModelConfig) -> (Vec<u32>, Option<u32>) {
+    let mut eos = cfg.eos_token_ids.clone();
+    let mut bos = cfg.bos_token_id;
+    if let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json"))
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+    {
+        match v.get("eos_token_id") {
+            Some(serde_json::Value::Number(n)) => {
+                eos = n.as_u64().map(|x| x as u32).into_iter().collect()
+            }
+            Some(serde_json::Value::Array(a)) => {
+                eos = a
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect();
+            }
+            _ => {}
+        }
+        if let Some(b) = v.get("bos_token_id").and_then(|b| b.as_u64()) {
+            bos = Some(b as u32);
+        }
+    }
+    (eos, bos)
+}
+
+/// Takes tensors by Hugging Face name, checking their shapes.
+struct TensorSource {
+    tensors: HashMap<String, Tensor>,
+}
+
+impl TensorSource {
+    fn take(&mut self, name: &str, shape: &[usize]) -> Result<Tensor, ModelError> {
+        let t = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if t.dims() != shape {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                actual: t.dims().to_vec(),
+            });
+        }
+        Ok(t.to_dtype(DType::F32)?.contiguous()?)
+    }
+
+    fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        Ok(self.take(name, &[len])?.to_vec1::<f32>()?)
+    }
+
+    fn linear(
+        &mut self,
+        prefix: &str,
+        out: usize,
+        inp: usize,
+        bias: bool,
+    ) -> Result<Linear, ModelError> {
+        let w = self.take(&format!("{prefix}.weight"), &[out, inp])?;
+        let b = if bias {
+            Some(self.vec(&format!("{prefix}.bias"), out)?)
+        } else {
+            None
+        };
+        Ok(Linear::new(QMatMul::Tensor(w), b, out))
+    }
+}
+
+/// Builds the model from tensors named as in Hugging Face checkpoints.
+pub fn model_from_tensors(
+    cfg: ModelConfig,
+    tensors: HashMap<String, Tensor>,
+) -> Result<LlamaModel, ModelError> {
+    cfg.validate()?;
+    let mut src = TensorSource { tensors };
+    let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
+    let q_dim = cfg.num_heads * cfg.head_dim;
+    let kv_dim = cfg.num_kv_heads * cfg.head_dim;
+    let embed_t = src.take("model.embed_tokens.weight", &[v, h])?;
+    let embed = embed_t.flatten_all()?.to_vec1::<f32>()?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        let bias = cfg.attention_bias;
+        layers.push(Layer {
+            attn_norm: src.vec(&format!("{p}.input_layernorm.weight"), h)?,
+            q: src.linear(&format!("{p}.self_attn.q_proj"), q_dim, h, bias)?,
+            k: src.linear(&format!("{p}.self_attn.k_proj"), kv_dim, h, bias)?,
+            v: src.linear(&format!("{p}.self_attn.v_proj"), kv_dim, h, bias)?,
+            o: src.linear(&format!("{p}.self_attn.o_proj"), h, q_dim, false)?,
+            mlp_norm: src.vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            gate: src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
+            up: src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+            down: src.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
+        });
+    }
+    let norm = src.vec("model.norm.weight", h)?;
+    let lm_head = if cfg.tie_word_embeddings {
+        Linear::new(QMatMul::Tensor(embed_t), None, v)
+    } else {
+        src.linear("lm_head", v, h, false)?
+    };
+    Ok(LlamaModel::new(cfg, embed, layers, norm, lm_head))
+}

@@ -1,0 +1,151 @@
+//! `LoadedModel`: a model spec (`demo`, a directory, a `.gguf` file) turned
+//! into weights, a tokenizer and executors.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use inferscope_engine::Executor;
+
+use crate::error::ModelError;
+use crate::executor::{CpuExecutor, KvBudget};
+use crate::llama::LlamaModel;
+use crate::tokenizer::{ByteTokenizer, Tokenizer};
+
+/// How to load and run a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelOptions {
+    /// KV pool size in bytes per executor; overrides `kv_cache_fraction`.
+    pub kv_cache_memory: Option<u64>,
+    /// Fraction of available memory for each executor's KV pool.
+    pub kv_cache_fraction: f64,
+    /// Compute dtype; only `f32` is implemented.
+    pub dtype: String,
+    /// Threads per executor; `None` uses the global pool (all cores).
+    pub num_threads: Option<usize>,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            kv_cache_memory: None,
+            kv_cache_fraction: 0.2,
+            dtype: "f32".into(),
+            num_threads: None,
+        }
+    }
+}
+
+/// Weights and tokenizer, ready to make executors.
+pub struct LoadedModel {
+    name: String,
+    model: Arc<LlamaModel>,
+    tokenizer: Arc<dyn Tokenizer>,
+    opts: ModelOptions,
+    is_demo: bool,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel")
+            .field("name", &self.name)
+            .field("config", &self.model.cfg)
+            .finish()
+    }
+}
+
+impl LoadedModel {
+    /// Loads `demo`, a Hugging Face model directory, or a `.gguf` file.
+    pub fn load(spec: &str, opts: &ModelOptions) -> Result<Self, ModelError> {
+        if opts.dtype != "f32" {
+            return Err(ModelError::Config(format!(
+                "dtype {:?} is not supported by the cpu executor (use f32)",
+                opts.dtype
+            )));
+        }
+        let (name, model, tokenizer, is_demo): (String, LlamaModel, Arc<dyn Tokenizer>, bool) =
+            if spec == "demo" {
+                (
+                    "demo".into(),
+                    crate::demo::demo_model()?,
+                    Arc::new(ByteTokenizer),
+                    true,
+                )
+            } else {
+                let path = Path::new(spec);
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| spec.to_string());
+                if path.is_dir() {
+                    let (m, t) = crate::loader::load_hf_dir(path)?;
+                    (name, m, Arc::new(t), false)
+                } else if path.extension().is_some_and(|e| e == "gguf") {
+                    let (m, t) = crate::gguf::load_gguf(path)?;
+                    (name, m, t, false)
+                } else if !path.exists() {
+                    return Err(ModelError::MissingFile(path.to_path_buf()));
+                } else {
+                    return Err(ModelError::BadSpec(spec.to_string()));
+                }
+            };
+        Ok(Self {
+            name,
+            model: Arc::new(model),
+            tokenizer,
+            opts: opts.clone(),
+            is_demo,
+        })
+    }
+
+    /// The model's name (`demo`, the directory or file name).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether this is the built-in demo model (its text is not meaningful).
+    pub fn is_demo(&self) -> bool {
+        self.is_demo
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> Arc<dyn Tokenizer> {
+        self.tokenizer.clone()
+    }
+
+    /// Longest sequence (prompt + generation) the model supports.
+    pub fn max_model_len(&self) -> usize {
+        self.model.cfg.max_position_embeddings
+    }
+
+    /// The weights.
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
+    /// A new executor sharing the weights, with its own KV pool.
+    pub fn executor(&self) -> Result<Box<dyn Executor>, ModelError> {
+        Ok(Box::new(self.cpu_executor()?))
+    }
+
+    /// Like [`LoadedModel::executor`], with the concrete type.
+    pub fn cpu_executor(&self) -> Result<CpuExecutor, ModelError> {
+        let budget = match self.opts.kv_cache_memory {
+            Some(b) => KvBudget::Bytes(b),
+            None => KvBudget::FractionOfAvailable(self.opts.kv_cache_fraction),
+        };
+        let mut eos = self.tokenizer.eos_token_ids();
+        for e in &self.model.cfg.eos_token_ids {
+            if !eos.contains(e) {
+                eos.push(*e);
+            }
+        }
+        CpuExecutor::new(
+            format!("cpu:{}", self.name),
+            self.model.clone(),
+            budget,
+            eos,
+            self.opts.num_threads,
+        )
+        .map_err(|e| ModelError::Config(e.to_string()))
+    }
+}

@@ -1,0 +1,314 @@
+//! Tokenizers: the byte-level one of the demo model, Hugging Face
+//! `tokenizer.json`, and incremental detokenization for streaming.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::ModelError;
+
+/// One message of a chat conversation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+/// Text to token ids and back.
+pub trait Tokenizer: Send + Sync {
+    /// Token ids of `text`, with BOS and the like when `add_special_tokens`.
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError>;
+    /// Text of `ids`; invalid UTF-8 becomes U+FFFD.
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError>;
+    /// Number of token ids, specials included.
+    fn vocab_size(&self) -> usize;
+    /// Token ids that end generation.
+    fn eos_token_ids(&self) -> Vec<u32>;
+    /// The beginning-of-sequence token, if the vocabulary has one.
+    fn bos_token_id(&self) -> Option<u32>;
+    /// Renders a conversation into a prompt.
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        Ok(default_chat_template(messages, add_generation_prompt))
+    }
+}
+
+/// A plain template for models without one we can run:
+/// `<|role|>\ncontent\n` per message, then `<|assistant|>\n`.
+pub fn default_chat_template(messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+    let mut out = String::new();
+    for m in messages {
+        out.push_str("<|");
+        out.push_str(&m.role);
+        out.push_str("|>\n");
+        out.push_str(&m.content);
+        out.push('\n');
+    }
+    if add_generation_prompt {
+        out.push_str("<|assistant|>\n");
+    }
+    out
+}
+
+/// Byte-level vocabulary: ids 0..=255 are bytes, then BOS and EOS.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// The BOS token id.
+    pub const BOS: u32 = 256;
+    /// The EOS token id.
+    pub const EOS: u32 = 257;
+    /// Number of ids.
+    pub const VOCAB_SIZE: usize = 258;
+}
+
+impl Tokenizer for ByteTokenizer {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        let mut ids = Vec::with_capacity(text.len() + 1);
+        if add_special_tokens {
+            ids.push(Self::BOS);
+        }
+        ids.extend(text.bytes().map(u32::from));
+        Ok(ids)
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
+        let mut bytes = Vec::with_capacity(ids.len());
+        for &id in ids {
+            match id {
+                0..=255 => bytes.push(id as u8),
+                Self::BOS if !skip_special_tokens => bytes.extend_from_slice(b"<s>"),
+                Self::EOS if !skip_special_tokens => bytes.extend_from_slice(b"</s>"),
+                Self::BOS | Self::EOS => {}
+                _ => {
+                    return Err(ModelError::Tokenizer(format!(
+                        "token id {id} is outside the byte vocabulary (0..{})",
+                        Self::VOCAB_SIZE
+                    )));
+                }
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn vocab_size(&self) -> usize {
+        Self::VOCAB_SIZE
+    }
+
+    fn eos_token_ids(&self) -> Vec<u32> {
+        vec![Self::EOS]
+    }
+
+    fn bos_token_id(&self) -> Option<u32> {
+        Some(Self::BOS)
+    }
+}
+
+/// A Hugging Face `tokenizer.json` (pure Rust, no C dependencies).
+pub struct HfTokenizer {
+    inner: tokenizers::Tokenizer,
+    eos: Vec<u32>,
+    bos: Option<u32>,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .field("eos", &self.eos)
+            .field("bos", &self.bos)
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    /// Loads `tokenizer.json`; EOS and BOS come from the caller (config.json,
+    /// tokenizer_config.json) and else from well-known token names.
+    pub fn from_file(path: &Path, eos: Vec<u32>, bos: Option<u32>) -> Result<Self, ModelError> {
+        if !path.is_file() {
+            return Err(ModelError::MissingFile(path.to_path_buf()));
+        }
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        Ok(Self::from_inner(inner, eos, bos))
+    }
+
+    /// Wraps an already parsed tokenizer.
+    pub fn from_inner(inner: tokenizers::Tokenizer, eos: Vec<u32>, bos: Option<u32>) -> Self {
+        let mut eos = eos;
+        if eos.is_empty() {
+            for name in [
+                "</s>",
+                "<|endoftext|>",
+                "<|end_of_text|>",
+                "<|eot_id|>",
+                "<|im_end|>",
+            ] {
+                if let Some(id) = inner.token_to_id(name) {
+                    eos.push(id);
+                }
+            }
+        }
+        let bos = bos.or_else(|| {
+            ["<s>", "<|begin_of_text|>"]
+                .iter()
+                .find_map(|n| inner.token_to_id(n))
+        });
+        Self { inner, eos, bos }
+    }
+
+    /// The id of a token string.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+}
+
+impl Tokenizer for HfTokenizer {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
+        self.inner
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| ModelError::Tokenizer(e.to_string()))
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.eos.clone()
+    }
+
+    fn bos_token_id(&self) -> Option<u32> {
+        self.bos
+    }
+}
+
+/// Context tokens of the prompt kept so that the first generated token
+/// decodes with the right leading space (SentencePiece, byte-level BPE).
+const PROMPT_CONTEXT: usize = 5;
+
+/// Turns a stream of token ids into text deltas.
+///
+/// Decoding token by token breaks multi-byte characters and the spacing
+/// rules of SentencePiece tokenizers, so it decodes a sliding window and
+/// emits only the text that is complete.
+pub struct IncrementalDecoder {
+    tokenizer: Arc<dyn Tokenizer>,
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl IncrementalDecoder {
+    /// A decoder whose first tokens follow `prompt_ids`.
+    pub fn new(tokenizer: Arc<dyn Tokenizer>, prompt_ids: &[u32]) -> Self {
+        let ctx = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT)..];
+        Self {
+            tokenizer,
+            ids: ctx.to_vec(),
+            prefix_offset: 0,
+            read_offset: ctx.len(),
+        }
+    }
+
+    /// Adds one token; returns the text it completes (maybe empty).
+    pub fn push(&mut self, token: u32) -> Result<String, ModelError> {
+        self.ids.push(token);
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
+        let full = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..], true)?;
+        // A trailing U+FFFD means the last token ends inside a character:
+        // wait for the rest.
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && let Some(delta) = full.get(prefix.len()..)
+        {
+            let delta = delta.to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            return Ok(delta);
+        }
+        Ok(String::new())
+    }
+
+    /// Flushes what was held back (an incomplete character becomes U+FFFD).
+    pub fn finish(&mut self) -> String {
+        if self.read_offset >= self.ids.len() {
+            return String::new();
+        }
+        let prefix = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)
+            .unwrap_or_default();
+        let full = self
+            .tokenizer
+            .decode(&self.ids[self.prefix_offset..], true)
+            .unwrap_or_default();
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        full.get(prefix.len()..).unwrap_or_default().to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_tokenizer_round_trips() {
+        let t = ByteTokenizer;
+        let ids = t.encode("héllo", true).unwrap();
+        assert_eq!(ids[0], ByteTokenizer::BOS);
+        assert_eq!(ids.len(), 1 + "héllo".len());
+        assert_eq!(t.decode(&ids, true).unwrap(), "héllo");
+        assert_eq!(t.decode(&ids, false).unwrap(), "<s>héllo");
+        assert!(t.decode(&[999], true).is_err());
+    }
+
+    #[test]
+    fn incremental_decoder_holds_back_partial_utf8() {
+        let t: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let mut d = IncrementalDecoder::new(t.clone(), &t.encode("say: ", true).unwrap());
+        let mut out = String::new();
+        let text = "a€b😀";
+        let mut deltas = Vec::new();
+        for id in t.encode(text, false).unwrap() {
+            let delta = d.push(id).unwrap();
+            assert!(!delta.contains('\u{FFFD}'), "{delta:?}");
+            deltas.push(delta.clone());
+            out.push_str(&delta);
+        }
+        out.push_str(&d.finish());
+        assert_eq!(out, text);
+        // "€" is 3 bytes: the first two pushes of it produce nothing.
+        assert_eq!(deltas[1], "");
+        assert_eq!(deltas[3], "€");
+    }
+
+    #[test]
+    fn incremental_decoder_skips_specials_and_flushes() {
+        let t: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let mut d = IncrementalDecoder::new(t, &[]);
+        assert_eq!(d.push(u32::from(b'x')).unwrap(), "x");
+        assert_eq!(d.push(ByteTokenizer::EOS).unwrap(), "");
+        assert_eq!(d.push(0xE2).unwrap(), "");
+        assert_eq!(d.finish(), "\u{FFFD}");
+        assert_eq!(d.finish(), "");
+    }
+}

@@ -1,0 +1,152 @@
+//! The cpu executor on the demo model: batching, preemption, sampling, errors.
+
+mod common;
+
+use common::*;
+use inferscope_engine::{Executor, SamplingParams, StepOutput};
+use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
+
+fn demo() -> (LoadedModel, CpuExecutor) {
+    let opts = ModelOptions {
+        kv_cache_memory: Some(64 << 20),
+        ..ModelOptions::default()
+    };
+    let m = LoadedModel::load("demo", &opts).unwrap();
+    let mut e = m.cpu_executor().unwrap();
+    let blocks = e.init_kv_cache(BLOCK_SIZE).unwrap();
+    // 64 MiB over (2 · 4 layers · 4 heads · 32 dims · 4 B) per token.
+    assert_eq!(blocks, (64 << 20) / (4 * 4096));
+    (m, e)
+}
+
+/// Runs sequences to `steps` generated tokens each, all in one batch per step.
+fn generate(
+    e: &mut CpuExecutor,
+    seqs: &mut [&mut Seq],
+    alloc: &mut Alloc,
+    steps: usize,
+    chunk: usize,
+) {
+    let mut out = StepOutput::default();
+    while seqs.iter().any(|s| s.num_generated < steps) {
+        let mut active: Vec<&mut Seq> = seqs
+            .iter_mut()
+            .filter(|s| s.num_generated < steps)
+            .map(|s| &mut **s)
+            .collect();
+        let batch = build_batch(&mut active, alloc, chunk);
+        e.execute(&batch, &mut out).unwrap();
+        assert_eq!(out.sampled.len(), batch.seqs.len());
+        append(&mut active, &batch, &out.sampled);
+    }
+}
+
+#[test]
+fn demo_generates_printable_text() {
+    let (m, mut e) = demo();
+    let tok = m.tokenizer();
+    let mut s = Seq::new(
+        1,
+        &tok.encode("Hello", true).unwrap(),
+        SamplingParams::default(),
+    );
+    generate(&mut e, &mut [&mut s], &mut Alloc(0), 40, 512);
+    let text = tok.decode(&s.tokens[6..], true).unwrap();
+    assert_eq!(text.len(), 40);
+    assert!(
+        text.chars().all(|c| c == '\n' || (' '..='~').contains(&c)),
+        "{text:?}"
+    );
+    assert_eq!(e.name(), "cpu:demo");
+    assert_eq!(e.eos_token_ids(), vec![257]);
+}
+
+#[test]
+fn batched_greedy_equals_alone() {
+    let (_, mut e) = demo();
+    let prompts: [&[u32]; 3] = [
+        &[256, 72, 105],
+        &[256, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10],
+        &[256, 50],
+    ];
+    let mut alone = Vec::new();
+    let mut alloc = Alloc(0);
+    for (i, p) in prompts.iter().enumerate() {
+        let mut s = Seq::new(i as u64, p, greedy());
+        generate(&mut e, &mut [&mut s], &mut alloc, 12, 512);
+        alone.push(s.tokens);
+    }
+    let mut seqs: Vec<Seq> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Seq::new(i as u64, p, greedy()))
+        .collect();
+    let mut refs: Vec<&mut Seq> = seqs.iter_mut().collect();
+    // Chunked prefill (3 tokens a step) mixes prefill chunks and decodes.
+    generate(&mut e, &mut refs, &mut alloc, 12, 3);
+    for (s, a) in seqs.iter().zip(&alone) {
+        assert_eq!(&s.tokens, a);
+    }
+}
+
+#[test]
+fn recompute_after_preemption_reproduces_sampled_tokens() {
+    let (_, mut e) = demo();
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 50,
+        top_p: 0.95,
+        ..SamplingParams::default()
+    };
+    let mut alloc = Alloc(0);
+    let mut straight = Seq::new(5, &[256, 10, 20, 30], params.clone());
+    generate(&mut e, &mut [&mut straight], &mut alloc, 16, 512);
+
+    let mut s = Seq::new(5, &[256, 10, 20, 30], params);
+    generate(&mut e, &mut [&mut s], &mut alloc, 8, 512);
+    s.preempt();
+    generate(&mut e, &mut [&mut s], &mut alloc, 16, 512);
+    assert_eq!(s.tokens, straight.tokens);
+}
+
+#[test]
+fn min_tokens_masks_eos() {
+    let (_, mut e) = demo();
+    let mut out = StepOutput::default();
+    // Every token but 65 is a stop token: the only one left is 65.
+    let params = SamplingParams {
+        min_tokens: 5,
+        stop_token_ids: (0..258).filter(|&t| t != 65).collect(),
+        ..SamplingParams::default()
+    };
+    let mut s = Seq::new(1, &[256, 1], params);
+    let batch = build_batch(&mut [&mut s], &mut Alloc(0), 512);
+    e.execute(&batch, &mut out).unwrap();
+    assert_eq!(out.sampled, vec![Some(65)]);
+}
+
+#[test]
+fn bad_batches_are_step_errors() {
+    let (_, mut e) = demo();
+    let mut out = StepOutput::default();
+    let mut s = Seq::new(1, &[256, 1], greedy());
+    let mut batch = build_batch(&mut [&mut s], &mut Alloc(0), 512);
+    batch.block_tables[0] = u32::MAX;
+    let err = e.execute(&batch, &mut out).unwrap_err();
+    assert!(err.to_string().contains("outside the KV pool"), "{err}");
+    batch.block_tables[0] = 0;
+    batch.token_ids[0] = 1000;
+    let err = e.execute(&batch, &mut out).unwrap_err();
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+}
+
+#[test]
+fn kv_budget_smaller_than_a_block_fails() {
+    let opts = ModelOptions {
+        kv_cache_memory: Some(10),
+        ..ModelOptions::default()
+    };
+    let m = LoadedModel::load("demo", &opts).unwrap();
+    let mut e = m.executor().unwrap();
+    assert!(e.init_kv_cache(16).is_err());
+}
