@@ -1,1 +1,36 @@
-//! inferscope-bench: the serving benchmark (under construction).
+//! inferscope-bench: a serving benchmark for any OpenAI-compatible server,
+//! compatible with `vllm bench serve` (flags, report, result JSON), plus a
+//! server-side view from `/metrics`, run comparison and rate sweeps.
+
+pub mod arrivals;
+pub mod cli;
+pub mod client;
+pub mod dataset;
+pub mod error;
+pub mod metrics;
+pub mod mock;
+pub mod progress;
+pub mod promtext;
+pub mod report;
+pub mod result_json;
+pub mod rng;
+pub mod runner;
+pub mod scrape;
+pub mod serve;
+pub mod sse;
+pub mod tokenizer;
+
+pub use cli::{BenchCommand, CompareArgs, ServeArgs, SweepArgs};
+pub use error::BenchError;
+
+/// Runs a `bench` subcommand.
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Serve(args) => {
+            serve::run_serve(&args).await?;
+        }
+        BenchCommand::Compare(_args) => anyhow::bail!("compare: not yet"),
+        BenchCommand::Sweep(_args) => anyhow::bail!("sweep: not yet"),
+    }
+    Ok(())
+}

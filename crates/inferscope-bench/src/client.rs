@@ -1,0 +1,440 @@
+//! The HTTP client: one pooled connection set shared by every request,
+//! OpenAI request bodies, and per-request timing of the SSE stream.
+
+use crate::error::BenchError;
+use crate::sse::SseParser;
+use bytes::Bytes;
+use http::{Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Which request format to speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKind {
+    /// `/v1/completions` with `prompt`.
+    Completions,
+    /// `/v1/chat/completions` with `messages`.
+    Chat,
+}
+
+/// What one request measured.
+#[derive(Debug, Clone, Default)]
+pub struct RequestOutput {
+    /// HTTP 200 and at least one choice-bearing event, no transport error.
+    pub success: bool,
+    /// Concatenated text of the deltas.
+    pub generated_text: String,
+    /// `completion_tokens` from the usage chunk, when the server sent one.
+    pub usage_output_tokens: Option<usize>,
+    /// Number of choice-bearing events.
+    pub chunks: usize,
+    /// Time to first token, seconds.
+    pub ttft: f64,
+    /// Gaps between successive choice-bearing events, seconds.
+    pub itl: Vec<f64>,
+    /// Time of the last choice-bearing event after the send, seconds.
+    pub latency: f64,
+    /// Send time, seconds since the start of the run.
+    pub start: f64,
+    /// How late the send was against its schedule, seconds.
+    pub send_lag: f64,
+    /// Prompt length (from the dataset).
+    pub prompt_len: usize,
+    /// Why it failed (empty on success).
+    pub error: String,
+}
+
+/// Connection and request settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Full URL of the generation endpoint.
+    pub url: String,
+    /// Request format.
+    pub api: ApiKind,
+    /// `model` field.
+    pub model: String,
+    /// Send `ignore_eos: true`.
+    pub ignore_eos: bool,
+    /// Fail a request when the server sends nothing for this long.
+    pub read_timeout: Duration,
+    /// `Authorization: Bearer` value (from `OPENAI_API_KEY`).
+    pub api_key: Option<String>,
+}
+
+/// A shared, pooled client for one endpoint.
+pub struct ApiClient {
+    http: Client<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    cfg: ClientConfig,
+    next_id: AtomicU64,
+}
+
+/// Parses an `http://` URL; https is not supported (this build carries no TLS stack).
+pub fn parse_http_uri(url: &str) -> Result<Uri, BenchError> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| BenchError::InvalidArg(format!("bad URL {url:?}: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => Ok(uri),
+        Some("https") => Err(BenchError::InvalidArg(format!(
+            "{url}: https is not supported; benchmark the server over plain http"
+        ))),
+        _ => Err(BenchError::InvalidArg(format!(
+            "{url}: expected an http:// URL"
+        ))),
+    }
+}
+
+/// A pooled HTTP/1 client with TCP_NODELAY and a connect timeout.
+pub fn http_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(Duration::from_secs(10)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(usize::MAX)
+        .build(conn)
+}
+
+/// Error text with its chain of causes (hyper's top-level messages are terse).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        src = inner.source();
+    }
+    s
+}
+
+impl ApiClient {
+    /// Creates a client for `cfg.url`.
+    pub fn new(cfg: ClientConfig) -> Result<Self, BenchError> {
+        let uri = parse_http_uri(&cfg.url)?;
+        Ok(ApiClient {
+            http: http_client(),
+            uri,
+            cfg,
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    /// The request body for one prompt.
+    pub fn body(&self, prompt: &str, max_tokens: usize) -> Value {
+        let mut body = match self.cfg.api {
+            ApiKind::Completions => json!({
+                "model": self.cfg.model,
+                "prompt": prompt,
+                "temperature": 0.0,
+                "max_tokens": max_tokens,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }),
+            ApiKind::Chat => json!({
+                "model": self.cfg.model,
+                "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0.0,
+                "max_completion_tokens": max_tokens,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }),
+        };
+        if self.cfg.ignore_eos {
+            body["ignore_eos"] = Value::Bool(true);
+        }
+        body
+    }
+
+    /// Sends one streaming request and times it. Never panics on server output;
+    /// every failure ends up in `error`.
+    pub async fn send(&self, prompt: &str, prompt_len: usize, max_tokens: usize) -> RequestOutput {
+        let mut out = RequestOutput {
+            prompt_len,
+            ..Default::default()
+        };
+        let body = self.body(prompt, max_tokens).to_string();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut builder = Request::post(self.uri.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", format!("bench-{}-{id}", std::process::id()));
+        if let Some(key) = &self.cfg.api_key {
+            builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let req = match builder.body(Full::new(Bytes::from(body))) {
+            Ok(r) => r,
+            Err(e) => {
+                out.error = format!("building request: {e}");
+                return out;
+            }
+        };
+        let timeout = self.cfg.read_timeout;
+        let st = Instant::now();
+        let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
+            Err(_) => {
+                out.error = format!("no response within {:.0} s", timeout.as_secs_f64());
+                return out;
+            }
+            Ok(Err(e)) => {
+                out.error = error_chain(&e);
+                return out;
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status();
+        let mut body = resp.into_body();
+        if status != StatusCode::OK {
+            let text = match tokio::time::timeout(timeout, body.collect()).await {
+                Ok(Ok(b)) => String::from_utf8_lossy(&b.to_bytes())
+                    .chars()
+                    .take(300)
+                    .collect(),
+                _ => String::new(),
+            };
+            out.error = format!("HTTP {status}: {text}");
+            return out;
+        }
+        let mut parser = SseParser::new();
+        let mut state = StreamState::new(st);
+        loop {
+            match tokio::time::timeout(timeout, body.frame()).await {
+                Err(_) => {
+                    state.fail(format!("no data for {:.0} s", timeout.as_secs_f64()));
+                    break;
+                }
+                Ok(None) => {
+                    parser.finish(|ev| state.on_event(ev, Instant::now()));
+                    break;
+                }
+                Ok(Some(Err(e))) => {
+                    state.fail(format!("stream broken: {}", error_chain(&e)));
+                    break;
+                }
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        let now = Instant::now();
+                        parser.push(&data, |ev| state.on_event(ev, now));
+                    }
+                }
+            }
+            if state.done || state.error.is_some() {
+                break;
+            }
+        }
+        state.finish(&mut out);
+        out
+    }
+}
+
+/// Timing state of one stream.
+struct StreamState {
+    st: Instant,
+    last: Option<Instant>,
+    ttft: f64,
+    itl: Vec<f64>,
+    text: String,
+    chunks: usize,
+    usage: Option<usize>,
+    done: bool,
+    error: Option<String>,
+}
+
+impl StreamState {
+    fn new(st: Instant) -> Self {
+        StreamState {
+            st,
+            last: None,
+            ttft: 0.0,
+            itl: Vec::new(),
+            text: String::new(),
+            chunks: 0,
+            usage: None,
+            done: false,
+            error: None,
+        }
+    }
+
+    fn fail(&mut self, msg: String) {
+        if self.error.is_none() {
+            self.error = Some(msg);
+        }
+    }
+
+    fn on_event(&mut self, ev: &[u8], now: Instant) {
+        if self.done || self.error.is_some() {
+            return;
+        }
+        if ev == b"[DONE]" {
+            self.done = true;
+            return;
+        }
+        let v: Value = match serde_json::from_slice(ev) {
+            Ok(v) => v,
+            Err(e) => {
+                let snippet: String = String::from_utf8_lossy(ev).chars().take(120).collect();
+                self.fail(format!("invalid JSON event ({e}): {snippet}"));
+                return;
+            }
+        };
+        if let Some(err) = v.get("error") {
+            self.fail(format!("error event: {err}"));
+            return;
+        }
+        match v.get("choices").and_then(Value::as_array) {
+            Some(choices) if !choices.is_empty() => {
+                match self.last {
+                    None => self.ttft = now.duration_since(self.st).as_secs_f64(),
+                    Some(prev) => self.itl.push(now.duration_since(prev).as_secs_f64()),
+                }
+                self.last = Some(now);
+                self.chunks += 1;
+                let c = &choices[0];
+                let piece = c.get("text").and_then(Value::as_str).or_else(|| {
+                    c.get("delta")
+                        .and_then(|d| d.get("content"))
+                        .and_then(Value::as_str)
+                });
+                if let Some(p) = piece {
+                    self.text.push_str(p);
+                }
+            }
+            _ => {
+                // Usage is read only from a chunk whose choices are empty or absent.
+                if let Some(n) = v
+                    .get("usage")
+                    .and_then(|u| u.get("completion_tokens"))
+                    .and_then(Value::as_u64)
+                {
+                    self.usage = Some(n as usize);
+                }
+            }
+        }
+    }
+
+    fn finish(self, out: &mut RequestOutput) {
+        out.ttft = self.ttft;
+        out.itl = self.itl;
+        out.generated_text = self.text;
+        out.chunks = self.chunks;
+        out.usage_output_tokens = self.usage;
+        out.latency = self
+            .last
+            .map(|l| l.duration_since(self.st).as_secs_f64())
+            .unwrap_or(0.0);
+        match self.error {
+            Some(e) => out.error = e,
+            None if self.chunks == 0 => {
+                out.error = "stream ended without a token".to_string();
+            }
+            None => out.success = true,
+        }
+    }
+}
+
+/// Fetches `GET {base}/v1/models` and returns `data[0].root`, else `data[0].id`.
+pub async fn discover_model(base_url: &str, timeout: Duration) -> Result<String, BenchError> {
+    let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
+    let v = get_json(&url, timeout).await?;
+    let first = v
+        .get("data")
+        .and_then(Value::as_array)
+        .and_then(|d| d.first());
+    first
+        .and_then(|m| m.get("root").and_then(Value::as_str))
+        .or_else(|| first.and_then(|m| m.get("id").and_then(Value::as_str)))
+        .map(str::to_string)
+        .ok_or_else(|| BenchError::Server(format!("{url}: no model listed; pass --model")))
+}
+
+/// `GET url` and the body as text; errors on non-200.
+pub async fn get_text(url: &str, timeout: Duration) -> Result<String, BenchError> {
+    let uri = parse_http_uri(url)?;
+    let client = http_client();
+    let req = Request::get(uri)
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| BenchError::InvalidArg(format!("{url}: {e}")))?;
+    let fut = async {
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| BenchError::Server(format!("{url}: {}", error_chain(&e))))?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| BenchError::Server(format!("{url}: {}", error_chain(&e))))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(BenchError::Server(format!("{url}: HTTP {status}")));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    };
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| BenchError::Server(format!("{url}: timed out")))?
+}
+
+async fn get_json(url: &str, timeout: Duration) -> Result<Value, BenchError> {
+    let text = get_text(url, timeout).await?;
+    serde_json::from_str(&text).map_err(|source| BenchError::Json {
+        context: url.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(events: &[(&str, u64)]) -> RequestOutput {
+        let st = Instant::now();
+        let mut s = StreamState::new(st);
+        for (ev, ms) in events {
+            s.on_event(ev.as_bytes(), st + Duration::from_millis(*ms));
+        }
+        let mut out = RequestOutput::default();
+        s.finish(&mut out);
+        out
+    }
+
+    #[test]
+    fn timing_from_choice_events_only() {
+        let out = feed(&[
+            (r#"{"choices":[{"index":0,"text":"a"}]}"#, 50),
+            (r#"{"choices":[{"index":0,"text":"b"}]}"#, 60),
+            (r#"{"choices":[{"index":0,"delta":{"content":"c"}}]}"#, 75),
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}"#,
+                90,
+            ),
+            ("[DONE]", 95),
+        ]);
+        assert!(out.success);
+        assert_eq!(out.generated_text, "abc");
+        assert_eq!(out.usage_output_tokens, Some(3));
+        assert!((out.ttft - 0.050).abs() < 1e-9);
+        assert!((out.latency - 0.075).abs() < 1e-9);
+        assert_eq!(out.itl.len(), 2);
+        assert!((out.itl[1] - 0.015).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_output_fails_without_panicking() {
+        assert!(!feed(&[("not json", 1)]).success);
+        assert!(!feed(&[(r#"{"error":{"message":"boom"}}"#, 1)]).success);
+        assert!(!feed(&[("[DONE]", 1)]).success);
+        assert!(!feed(&[(r#"{"choices":"weird"}"#, 1)]).success);
+    }
+
+    #[test]
+    fn https_is_refused_clearly() {
+        assert!(parse_http_uri("https://x/v1").is_err());
+        assert!(parse_http_uri("http://127.0.0.1:8000/v1/completions").is_ok());
+    }
+}

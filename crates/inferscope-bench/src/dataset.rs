@@ -1,0 +1,532 @@
+//! Datasets: the prompts to send and the output length asked of each.
+//!
+//! Without a tokenizer, prompt lengths are approximate: generated prompts are
+//! made of common English words that BPE tokenizers (GPT, Llama, Qwen, Mistral)
+//! encode as one token each when preceded by a space, so `n` words ≈ `n`
+//! tokens; lengths of real text (ShareGPT, custom) are estimated as
+//! ⌈characters / 4⌉.
+
+use crate::error::BenchError;
+use crate::rng::Rng;
+use serde::Deserialize;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+/// One request to send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleRequest {
+    /// The prompt text.
+    pub prompt: String,
+    /// Prompt length in tokens (approximate without a tokenizer).
+    pub prompt_len: usize,
+    /// `max_tokens` to ask for.
+    pub expected_output_len: usize,
+}
+
+/// Which dataset to draw from, with its parameters.
+#[derive(Debug, Clone)]
+pub enum DatasetSpec {
+    /// Random words of (approximately) the given token lengths.
+    Random {
+        /// Mean input length in tokens (excluding the prefix).
+        input_len: usize,
+        /// Mean output length in tokens.
+        output_len: usize,
+        /// Lengths are uniform in `[len·(1−r), len·(1+r)]`.
+        range_ratio: f64,
+        /// A prefix of this many tokens shared by every prompt.
+        prefix_len: usize,
+    },
+    /// ShareGPT JSON: first human turn as prompt, the reply's length as output length.
+    ShareGpt {
+        /// The JSON file.
+        path: PathBuf,
+        /// Fixed output length instead of the reply's.
+        output_len: Option<usize>,
+    },
+    /// JSON Lines with a `prompt` field (and optionally `output_tokens`).
+    Custom {
+        /// The JSONL file.
+        path: PathBuf,
+        /// Output length when a line gives none.
+        output_len: usize,
+    },
+    /// `num_prefixes` shared prefixes, each followed by a random suffix.
+    PrefixRepetition {
+        /// Tokens per shared prefix.
+        prefix_len: usize,
+        /// Tokens per random suffix.
+        suffix_len: usize,
+        /// Number of distinct prefixes.
+        num_prefixes: usize,
+        /// Output length.
+        output_len: usize,
+    },
+}
+
+/// Words that are one token each (with a leading space) in common BPE vocabularies.
+const WORDS: &[&str] = &[
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "this",
+    "which",
+    "but",
+    "not",
+    "are",
+    "were",
+    "had",
+    "have",
+    "one",
+    "all",
+    "time",
+    "new",
+    "first",
+    "people",
+    "year",
+    "would",
+    "there",
+    "their",
+    "been",
+    "has",
+    "more",
+    "when",
+    "will",
+    "who",
+    "also",
+    "after",
+    "into",
+    "other",
+    "two",
+    "many",
+    "some",
+    "could",
+    "them",
+    "than",
+    "only",
+    "over",
+    "most",
+    "such",
+    "city",
+    "made",
+    "water",
+    "world",
+    "state",
+    "school",
+    "house",
+    "light",
+    "music",
+    "river",
+    "market",
+    "paper",
+    "table",
+    "green",
+    "small",
+    "large",
+    "long",
+    "great",
+    "little",
+    "old",
+    "good",
+    "right",
+    "high",
+    "early",
+    "young",
+    "important",
+    "public",
+    "family",
+    "system",
+    "group",
+    "number",
+    "part",
+    "place",
+    "case",
+    "point",
+    "work",
+    "week",
+    "company",
+    "program",
+    "question",
+    "government",
+    "night",
+    "power",
+    "game",
+    "line",
+    "end",
+    "member",
+    "law",
+    "car",
+    "name",
+    "story",
+    "fact",
+];
+
+/// `n` random words joined by spaces (≈ `n` tokens).
+pub fn random_words(n: usize, rng: &mut Rng) -> String {
+    let mut s = String::with_capacity(n * 6);
+    for i in 0..n {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(WORDS[rng.below(WORDS.len())]);
+    }
+    s
+}
+
+/// Estimated token count of arbitrary text without a tokenizer (⌈chars/4⌉).
+pub fn estimate_tokens(text: &str) -> usize {
+    text.chars().count().div_ceil(4)
+}
+
+/// Draws `num_prompts` requests from the dataset.
+pub fn sample(
+    spec: &DatasetSpec,
+    num_prompts: usize,
+    rng: &mut Rng,
+) -> Result<Vec<SampleRequest>, BenchError> {
+    match spec {
+        DatasetSpec::Random {
+            input_len,
+            output_len,
+            range_ratio,
+            prefix_len,
+        } => sample_random(
+            *input_len,
+            *output_len,
+            *range_ratio,
+            *prefix_len,
+            num_prompts,
+            rng,
+        ),
+        DatasetSpec::ShareGpt { path, output_len } => {
+            sample_sharegpt(path, *output_len, num_prompts, rng)
+        }
+        DatasetSpec::Custom { path, output_len } => {
+            sample_custom(path, *output_len, num_prompts, rng)
+        }
+        DatasetSpec::PrefixRepetition {
+            prefix_len,
+            suffix_len,
+            num_prefixes,
+            output_len,
+        } => Ok(sample_prefix_repetition(
+            *prefix_len,
+            *suffix_len,
+            *num_prefixes,
+            *output_len,
+            num_prompts,
+            rng,
+        )),
+    }
+}
+
+fn length_bounds(len: usize, ratio: f64) -> (usize, usize) {
+    let lo = (len as f64 * (1.0 - ratio)).floor().max(0.0) as usize;
+    let hi = (len as f64 * (1.0 + ratio)).ceil() as usize;
+    (lo, hi)
+}
+
+fn sample_random(
+    input_len: usize,
+    output_len: usize,
+    range_ratio: f64,
+    prefix_len: usize,
+    num_prompts: usize,
+    rng: &mut Rng,
+) -> Result<Vec<SampleRequest>, BenchError> {
+    if !(0.0..1.0).contains(&range_ratio) {
+        return Err(BenchError::InvalidArg(format!(
+            "--random-range-ratio must be in [0, 1), got {range_ratio}"
+        )));
+    }
+    let prefix = random_words(prefix_len, rng);
+    let (in_lo, in_hi) = length_bounds(input_len, range_ratio);
+    let (out_lo, out_hi) = length_bounds(output_len, range_ratio);
+    Ok((0..num_prompts)
+        .map(|_| {
+            let n_in = rng.range_inclusive(in_lo, in_hi);
+            let n_out = rng.range_inclusive(out_lo, out_hi).max(1);
+            let body = random_words(n_in, rng);
+            let prompt = match (prefix.is_empty(), body.is_empty()) {
+                (true, _) => body,
+                (false, true) => prefix.clone(),
+                (false, false) => format!("{prefix} {body}"),
+            };
+            SampleRequest {
+                prompt,
+                prompt_len: prefix_len + n_in,
+                expected_output_len: n_out,
+            }
+        })
+        .collect())
+}
+
+fn sample_prefix_repetition(
+    prefix_len: usize,
+    suffix_len: usize,
+    num_prefixes: usize,
+    output_len: usize,
+    num_prompts: usize,
+    rng: &mut Rng,
+) -> Vec<SampleRequest> {
+    let prefixes: Vec<String> = (0..num_prefixes.max(1))
+        .map(|_| random_words(prefix_len, rng))
+        .collect();
+    let mut out: Vec<SampleRequest> = (0..num_prompts)
+        .map(|i| {
+            let suffix = random_words(suffix_len, rng);
+            let prefix = &prefixes[i % prefixes.len()];
+            SampleRequest {
+                prompt: format!("{prefix} {suffix}").trim().to_string(),
+                prompt_len: prefix_len + suffix_len,
+                expected_output_len: output_len.max(1),
+            }
+        })
+        .collect();
+    rng.shuffle(&mut out);
+    out
+}
+
+fn read_file(path: &Path) -> Result<String, BenchError> {
+    std::fs::read_to_string(path).map_err(|e| BenchError::io(path, e))
+}
+
+#[derive(Deserialize)]
+struct ShareGptEntry {
+    #[serde(default)]
+    conversations: Vec<ShareGptTurn>,
+}
+
+#[derive(Deserialize)]
+struct ShareGptTurn {
+    #[serde(default)]
+    value: String,
+}
+
+fn sample_sharegpt(
+    path: &Path,
+    fixed_output_len: Option<usize>,
+    num_prompts: usize,
+    rng: &mut Rng,
+) -> Result<Vec<SampleRequest>, BenchError> {
+    let text = read_file(path)?;
+    let mut entries: Vec<ShareGptEntry> =
+        serde_json::from_str(&text).map_err(|source| BenchError::Json {
+            context: format!("ShareGPT file {}", path.display()),
+            source,
+        })?;
+    entries.retain(|e| e.conversations.len() >= 2);
+    rng.shuffle(&mut entries);
+    let mut out = Vec::with_capacity(num_prompts);
+    for e in &entries {
+        if out.len() == num_prompts {
+            break;
+        }
+        let prompt = &e.conversations[0].value;
+        let prompt_len = estimate_tokens(prompt);
+        let output_len =
+            fixed_output_len.unwrap_or_else(|| estimate_tokens(&e.conversations[1].value));
+        // Same filter as vLLM: drop very short and very long pairs.
+        if fixed_output_len.is_none()
+            && (prompt_len < 4
+                || output_len < 4
+                || prompt_len > 1024
+                || prompt_len + output_len > 2048)
+        {
+            continue;
+        }
+        out.push(SampleRequest {
+            prompt: prompt.clone(),
+            prompt_len,
+            expected_output_len: output_len.max(1),
+        });
+    }
+    if out.is_empty() {
+        return Err(BenchError::Dataset(format!(
+            "no usable conversation in {}",
+            path.display()
+        )));
+    }
+    Ok(cycle_to(out, num_prompts))
+}
+
+#[derive(Deserialize)]
+struct CustomLine {
+    prompt: String,
+    #[serde(default)]
+    output_tokens: Option<usize>,
+}
+
+fn sample_custom(
+    path: &Path,
+    output_len: usize,
+    num_prompts: usize,
+    rng: &mut Rng,
+) -> Result<Vec<SampleRequest>, BenchError> {
+    let file = std::fs::File::open(path).map_err(|e| BenchError::io(path, e))?;
+    let mut out = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| BenchError::io(path, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: CustomLine =
+            serde_json::from_str(&line).map_err(|source| BenchError::Json {
+                context: format!("{} line {}", path.display(), i + 1),
+                source,
+            })?;
+        out.push(SampleRequest {
+            prompt_len: estimate_tokens(&parsed.prompt),
+            prompt: parsed.prompt,
+            expected_output_len: parsed.output_tokens.unwrap_or(output_len).max(1),
+        });
+    }
+    if out.is_empty() {
+        return Err(BenchError::Dataset(format!(
+            "no prompt in {}",
+            path.display()
+        )));
+    }
+    rng.shuffle(&mut out);
+    Ok(cycle_to(out, num_prompts))
+}
+
+/// Repeats the samples in order until there are `n` (datasets smaller than `--num-prompts`).
+fn cycle_to(samples: Vec<SampleRequest>, n: usize) -> Vec<SampleRequest> {
+    samples.iter().cycle().take(n).cloned().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_lengths_within_range_and_prefix_shared() {
+        let mut rng = Rng::new(3);
+        let spec = DatasetSpec::Random {
+            input_len: 100,
+            output_len: 20,
+            range_ratio: 0.5,
+            prefix_len: 10,
+        };
+        let reqs = sample(&spec, 200, &mut rng).expect("random dataset");
+        assert_eq!(reqs.len(), 200);
+        let prefix: Vec<&str> = reqs[0].prompt.split(' ').take(10).collect();
+        for r in &reqs {
+            let words = r.prompt.split(' ').count();
+            assert_eq!(words, r.prompt_len);
+            assert!((60..=160).contains(&r.prompt_len), "{}", r.prompt_len);
+            assert!((10..=30).contains(&r.expected_output_len));
+            assert_eq!(r.prompt.split(' ').take(10).collect::<Vec<_>>(), prefix);
+        }
+    }
+
+    #[test]
+    fn custom_jsonl_and_bad_lines() {
+        let dir = std::env::temp_dir().join(format!("isb-ds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let good = dir.join("good.jsonl");
+        std::fs::write(
+            &good,
+            "{\"prompt\":\"hello there\"}\n\n{\"prompt\":\"x\",\"output_tokens\":7}\n",
+        )
+        .expect("write");
+        let reqs = sample(
+            &DatasetSpec::Custom {
+                path: good,
+                output_len: 33,
+            },
+            5,
+            &mut Rng::new(0),
+        )
+        .expect("custom");
+        assert_eq!(reqs.len(), 5);
+        assert!(reqs.iter().any(|r| r.expected_output_len == 7));
+        assert!(
+            reqs.iter()
+                .any(|r| r.expected_output_len == 33 && r.prompt == "hello there")
+        );
+        let bad = dir.join("bad.jsonl");
+        std::fs::write(&bad, "{\"text\":1}\n").expect("write");
+        let err = sample(
+            &DatasetSpec::Custom {
+                path: bad,
+                output_len: 1,
+            },
+            1,
+            &mut Rng::new(0),
+        );
+        assert!(matches!(err, Err(BenchError::Json { .. })));
+    }
+
+    #[test]
+    fn sharegpt_takes_first_turn() {
+        let dir = std::env::temp_dir().join(format!("isb-sg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp dir");
+        let p = dir.join("sg.json");
+        std::fs::write(
+            &p,
+            r#"[{"conversations":[{"from":"human","value":"What is the capital of France, please?"},{"from":"gpt","value":"The capital of France is Paris, of course."}]},{"conversations":[{"from":"human","value":"lonely"}]}]"#,
+        )
+        .expect("write");
+        let reqs = sample(
+            &DatasetSpec::ShareGpt {
+                path: p,
+                output_len: None,
+            },
+            2,
+            &mut Rng::new(0),
+        )
+        .expect("sharegpt");
+        assert_eq!(reqs.len(), 2);
+        assert!(
+            reqs.iter()
+                .all(|r| r.prompt.starts_with("What is the capital"))
+        );
+        assert_eq!(
+            reqs[0].expected_output_len,
+            estimate_tokens("The capital of France is Paris, of course.")
+        );
+    }
+
+    #[test]
+    fn prefix_repetition_shares_prefixes() {
+        let reqs = sample(
+            &DatasetSpec::PrefixRepetition {
+                prefix_len: 5,
+                suffix_len: 3,
+                num_prefixes: 2,
+                output_len: 9,
+            },
+            10,
+            &mut Rng::new(1),
+        )
+        .expect("prefix repetition");
+        let mut prefixes: Vec<String> = reqs
+            .iter()
+            .map(|r| r.prompt.split(' ').take(5).collect::<Vec<_>>().join(" "))
+            .collect();
+        prefixes.sort();
+        prefixes.dedup();
+        assert_eq!(prefixes.len(), 2);
+        assert!(
+            reqs.iter()
+                .all(|r| r.prompt_len == 8 && r.expected_output_len == 9)
+        );
+    }
+}

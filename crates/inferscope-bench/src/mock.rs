@@ -1,0 +1,350 @@
+//! A mock OpenAI-compatible streaming server with fixed delays, for tests and
+//! the client-capacity benchmark. Tokens are the word `tok`; prompt tokens are
+//! counted as whitespace-separated words (matching the random dataset).
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Behaviour of the mock.
+#[derive(Debug, Clone)]
+pub struct MockConfig {
+    /// Delay from request to first token.
+    pub ttft: Duration,
+    /// Delay between tokens.
+    pub itl: Duration,
+    /// Send the usage chunk (`include_usage`).
+    pub send_usage: bool,
+    /// Every n-th generation request (1-based) gets HTTP 500.
+    pub fail_every: Option<u64>,
+    /// Every n-th generation request drops the connection after two tokens.
+    pub drop_every: Option<u64>,
+    /// Model id listed by `/v1/models`.
+    pub model: String,
+    /// Metric namespace for `/metrics` (`inferscope`, `vllm`); None → 404.
+    pub metrics_namespace: Option<String>,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            ttft: Duration::ZERO,
+            itl: Duration::ZERO,
+            send_usage: true,
+            fail_every: None,
+            drop_every: None,
+            model: "mock-model".to_string(),
+            metrics_namespace: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    success: AtomicU64,
+    generation_tokens: AtomicU64,
+    prompt_tokens: AtomicU64,
+    running: AtomicU64,
+}
+
+struct State {
+    cfg: MockConfig,
+    c: Counters,
+    started: Instant,
+}
+
+/// A running mock server; stops when dropped.
+pub struct MockServer {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+type MockBody = BoxBody<Bytes, std::io::Error>;
+
+/// A response body fed by a channel (hyper aborts the connection on an `Err` frame).
+struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+impl MockServer {
+    /// Binds 127.0.0.1 on an ephemeral port and serves until dropped.
+    pub async fn start(cfg: MockConfig) -> std::io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(State {
+            cfg,
+            c: Counters::default(),
+            started: Instant::now(),
+        });
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let stream = match listener.accept().await {
+                    Ok((s, _)) => s,
+                    Err(_) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(req, st.clone()));
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        Ok(MockServer { addr, state, task })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Generation requests received so far.
+    pub fn requests(&self) -> u64 {
+        self.state.c.requests.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn full(status: StatusCode, ctype: &str, body: String) -> Response<MockBody> {
+    let mut r = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed());
+    *r.status_mut() = status;
+    if let Ok(v) = http::HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+async fn handle(req: Request<Incoming>, st: Arc<State>) -> Result<Response<MockBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    Ok(match (method, path.as_str()) {
+        (Method::GET, "/health") => full(StatusCode::OK, "text/plain", String::new()),
+        (Method::GET, "/v1/models") => {
+            let m = &st.cfg.model;
+            let body = json!({"object":"list","data":[{"id":m,"object":"model","created":0,"owned_by":"mock","root":m}]});
+            full(StatusCode::OK, "application/json", body.to_string())
+        }
+        (Method::GET, "/metrics") => match &st.cfg.metrics_namespace {
+            Some(ns) => full(
+                StatusCode::OK,
+                "text/plain; version=0.0.4",
+                exposition(&st, ns),
+            ),
+            None => full(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+        },
+        (Method::POST, "/v1/completions") => generate(req, st, false).await,
+        (Method::POST, "/v1/chat/completions") => generate(req, st, true).await,
+        _ => full(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+    })
+}
+
+async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Response<MockBody> {
+    let t0 = Instant::now();
+    let n = st.c.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "bad body".into()),
+    };
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let max_tokens = v
+        .get("max_tokens")
+        .or_else(|| v.get("max_completion_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(16);
+    if st.cfg.fail_every.is_some_and(|k| k > 0 && n % k == 0) {
+        let err = json!({"error":{"message":"mock failure","type":"internal_error","param":null,"code":500}});
+        return full(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "application/json",
+            err.to_string(),
+        );
+    }
+    let prompt_words = if chat {
+        v.pointer("/messages/0/content").and_then(Value::as_str)
+    } else {
+        v.get("prompt").and_then(Value::as_str)
+    }
+    .map_or(0, |p| p.split_whitespace().count()) as u64;
+    let drop_after = st
+        .cfg
+        .drop_every
+        .filter(|k| *k > 0 && n % k == 0)
+        .map(|_| 2u64);
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(stream_tokens(
+        st,
+        tx,
+        t0,
+        max_tokens,
+        prompt_words,
+        chat,
+        drop_after,
+    ));
+    let mut r = Response::new(ChannelBody(rx).boxed());
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    r
+}
+
+fn event(v: &Value) -> Result<Frame<Bytes>, std::io::Error> {
+    Ok(Frame::data(Bytes::from(format!("data: {v}\n\n"))))
+}
+
+async fn stream_tokens(
+    st: Arc<State>,
+    tx: mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>,
+    t0: Instant,
+    max_tokens: u64,
+    prompt_tokens: u64,
+    chat: bool,
+    drop_after: Option<u64>,
+) {
+    st.c.running.fetch_add(1, Ordering::Relaxed);
+    let (ttft, itl) = (st.cfg.ttft, st.cfg.itl);
+    let mut sent = 0u64;
+    let mut ok = true;
+    for k in 0..max_tokens {
+        // Absolute deadlines: timer jitter does not accumulate over a stream.
+        let due = t0 + ttft + itl * u32::try_from(k).unwrap_or(u32::MAX);
+        if due > Instant::now() {
+            tokio::time::sleep_until(due.into()).await;
+        }
+        if drop_after == Some(k) {
+            let _ = tx
+                .send(Err(std::io::Error::other("mock drops the connection")))
+                .await;
+            ok = false;
+            break;
+        }
+        let chunk = if chat {
+            json!({"id":"x","object":"chat.completion.chunk","created":0,"model":st.cfg.model,
+                   "choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]})
+        } else {
+            json!({"id":"x","object":"text_completion","created":0,"model":st.cfg.model,
+                   "choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]})
+        };
+        if tx.send(event(&chunk)).await.is_err() {
+            ok = false;
+            break;
+        }
+        sent += 1;
+    }
+    if ok && st.cfg.send_usage {
+        let u = json!({"id":"x","object":"text_completion","created":0,"model":st.cfg.model,"choices":[],
+                       "usage":{"prompt_tokens":prompt_tokens,"completion_tokens":sent,"total_tokens":prompt_tokens + sent}});
+        ok = tx.send(event(&u)).await.is_ok();
+    }
+    if ok {
+        ok = tx
+            .send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n"))))
+            .await
+            .is_ok();
+    }
+    st.c.generation_tokens.fetch_add(sent, Ordering::Relaxed);
+    st.c.prompt_tokens
+        .fetch_add(prompt_tokens, Ordering::Relaxed);
+    if ok {
+        st.c.success.fetch_add(1, Ordering::Relaxed);
+    }
+    st.c.running.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Prometheus text with two engines (engine 1 idle), so clients must sum label sets.
+fn exposition(st: &State, ns: &str) -> String {
+    let c = &st.c;
+    let success = c.success.load(Ordering::Relaxed);
+    let gen_tokens = c.generation_tokens.load(Ordering::Relaxed);
+    let prompt = c.prompt_tokens.load(Ordering::Relaxed);
+    let running = c.running.load(Ordering::Relaxed);
+    let ttft = st.cfg.ttft.as_secs_f64();
+    let up = st.started.elapsed().as_secs_f64();
+    let mut s = String::new();
+    let l0 = "engine=\"0\",model_name=\"mock-model\"";
+    let l1 = "engine=\"1\",model_name=\"mock-model\"";
+    s.push_str(&format!(
+        "# HELP {ns}:request_success Finished requests.\n# TYPE {ns}:request_success counter\n"
+    ));
+    s.push_str(&format!(
+        "{ns}:request_success_total{{finished_reason=\"length\",{l0}}} {success}\n"
+    ));
+    s.push_str(&format!(
+        "{ns}:request_success_total{{finished_reason=\"stop\",{l1}}} 0\n"
+    ));
+    for (name, v) in [
+        ("generation_tokens", gen_tokens),
+        ("prompt_tokens", prompt),
+        ("num_preemptions", 0),
+    ] {
+        s.push_str(&format!("# TYPE {ns}:{name} counter\n{ns}:{name}_total{{{l0}}} {v}\n{ns}:{name}_total{{{l1}}} 0\n"));
+    }
+    s.push_str(&format!("# TYPE {ns}:device_busy_seconds counter\n{ns}:device_busy_seconds_total{{{l0}}} {}\n{ns}:device_busy_seconds_total{{{l1}}} 0\n", up * 0.5));
+    for (name, v) in [
+        ("num_requests_running", running as f64),
+        ("num_requests_waiting", 0.0),
+        ("kv_cache_usage_perc", (running as f64 / 100.0).min(1.0)),
+    ] {
+        s.push_str(&format!(
+            "# TYPE {ns}:{name} gauge\n{ns}:{name}{{{l0}}} {v}\n{ns}:{name}{{{l1}}} 0\n"
+        ));
+    }
+    s.push_str(&format!(
+        "# TYPE {ns}:time_to_first_token_seconds histogram\n"
+    ));
+    for le in [0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25] {
+        let v = if ttft <= le { success } else { 0 };
+        s.push_str(&format!(
+            "{ns}:time_to_first_token_seconds_bucket{{{l0},le=\"{le}\"}} {v}\n"
+        ));
+    }
+    s.push_str(&format!(
+        "{ns}:time_to_first_token_seconds_bucket{{{l0},le=\"+Inf\"}} {success}\n"
+    ));
+    s.push_str(&format!(
+        "{ns}:time_to_first_token_seconds_sum{{{l0}}} {}\n",
+        ttft * success as f64
+    ));
+    s.push_str(&format!(
+        "{ns}:time_to_first_token_seconds_count{{{l0}}} {success}\n"
+    ));
+    s
+}

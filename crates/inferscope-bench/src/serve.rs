@@ -1,0 +1,346 @@
+//! `bench serve`: one benchmark run from arguments to report and result file.
+
+use crate::arrivals;
+use crate::cli::{Backend, DatasetName, ServeArgs};
+use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, discover_model};
+use crate::dataset::{self, DatasetSpec, SampleRequest};
+use crate::error::BenchError;
+use crate::metrics::{self, BenchmarkMetrics, Slo};
+use crate::progress;
+use crate::report::{self, ReportContext};
+use crate::result_json::{self, RunMeta};
+use crate::rng::Rng;
+use crate::runner::{self, Plan};
+use crate::scrape::{self, ClientCounts, GaugeSampler, ServerView};
+use crate::tokenizer::TextTokenizer;
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The result of one run.
+pub struct ServeOutcome {
+    /// The figures.
+    pub metrics: BenchmarkMetrics,
+    /// The result JSON object (as saved).
+    pub result: Map<String, Value>,
+    /// Per-request measurements.
+    pub outputs: Vec<RequestOutput>,
+    /// Where the result was saved, if it was.
+    pub saved_to: Option<PathBuf>,
+    /// The server-side view (`--scrape-metrics` against a server with metrics).
+    pub server_view: Option<ServerView>,
+}
+
+/// Base URL from `--base-url` or `--host`/`--port`.
+pub fn base_url(args: &ServeArgs) -> String {
+    match &args.base_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None => format!("http://{}:{}", args.host, args.port),
+    }
+}
+
+fn api_and_endpoint(args: &ServeArgs) -> Result<(ApiKind, String), BenchError> {
+    let (api, default) = match args.backend {
+        Backend::Openai => (ApiKind::Completions, "/v1/completions"),
+        Backend::OpenaiChat => (ApiKind::Chat, "/v1/chat/completions"),
+    };
+    let endpoint = args.endpoint.clone().unwrap_or_else(|| default.to_string());
+    let is_chat = endpoint.trim_end_matches('/').ends_with("chat/completions");
+    if is_chat != (api == ApiKind::Chat) {
+        return Err(BenchError::InvalidArg(format!(
+            "--backend {} does not match --endpoint {endpoint}",
+            args.backend.as_str()
+        )));
+    }
+    Ok((api, endpoint))
+}
+
+fn dataset_spec(args: &ServeArgs) -> Result<DatasetSpec, BenchError> {
+    let path = || {
+        args.dataset_path.clone().ok_or_else(|| {
+            BenchError::InvalidArg("--dataset-path is required for this dataset".into())
+        })
+    };
+    Ok(match args.dataset_name {
+        DatasetName::Random => DatasetSpec::Random {
+            input_len: args.random_input_len,
+            output_len: args.random_output_len,
+            range_ratio: args.random_range_ratio,
+            prefix_len: args.random_prefix_len,
+        },
+        DatasetName::Sharegpt => DatasetSpec::ShareGpt {
+            path: path()?,
+            output_len: args.sharegpt_output_len,
+        },
+        DatasetName::Custom => DatasetSpec::Custom {
+            path: path()?,
+            output_len: args.custom_output_len,
+        },
+        DatasetName::PrefixRepetition => DatasetSpec::PrefixRepetition {
+            prefix_len: args.prefix_repetition_prefix_len,
+            suffix_len: args.prefix_repetition_suffix_len,
+            num_prefixes: args.prefix_repetition_num_prefixes,
+            output_len: args.prefix_repetition_output_len,
+        },
+    })
+}
+
+fn parse_metadata(items: &[String]) -> Result<Vec<(String, String)>, BenchError> {
+    items
+        .iter()
+        .map(|kv| {
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| {
+                    BenchError::InvalidArg(format!("--metadata {kv:?}: expected KEY=VALUE"))
+                })
+        })
+        .collect()
+}
+
+/// Sends the first request until it succeeds or the ready-check time is spent.
+async fn initial_test(
+    client: &ApiClient,
+    req: &SampleRequest,
+    ready_secs: u64,
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + Duration::from_secs(ready_secs);
+    loop {
+        let out = client
+            .send(&req.prompt, req.prompt_len, req.expected_output_len)
+            .await;
+        if out.success {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Server(format!(
+                "initial test request failed: {}",
+                out.error
+            )));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The first distinct errors, for the console.
+pub fn first_errors(outputs: &[RequestOutput], k: usize) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for o in outputs.iter().filter(|o| !o.success) {
+        if !seen.contains(&o.error) {
+            seen.push(o.error.clone());
+            if seen.len() == k {
+                break;
+            }
+        }
+    }
+    seen
+}
+
+/// Runs one benchmark: prints the report (and the server-side view) and saves
+/// the result when asked.
+pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
+    let base = base_url(args);
+    let (api, endpoint) = api_and_endpoint(args)?;
+    let selected = metrics::parse_metrics(&args.percentile_metrics)?;
+    let percentiles = metrics::parse_percentiles(&args.metric_percentiles)?;
+    let slo = Slo::parse(&args.goodput)?;
+    let metadata = parse_metadata(&args.metadata)?;
+    if !(args.burstiness > 0.0 && args.burstiness.is_finite()) {
+        return Err(BenchError::InvalidArg(
+            "--burstiness must be a positive number".into(),
+        ));
+    }
+    if !(args.request_rate > 0.0) {
+        return Err(BenchError::InvalidArg(
+            "--request-rate must be positive (or inf)".into(),
+        ));
+    }
+    if args.num_prompts == 0 {
+        return Err(BenchError::InvalidArg(
+            "--num-prompts must be at least 1".into(),
+        ));
+    }
+    let tokenizer = match &args.tokenizer {
+        Some(p) => Some(TextTokenizer::from_file(p)?),
+        None => None,
+    };
+    let read_timeout = Duration::from_secs_f64(args.request_timeout.max(0.001));
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => discover_model(&base, Duration::from_secs(10)).await?,
+    };
+    let mut rng = Rng::new(args.seed);
+    let spec = dataset_spec(args)?;
+    let requests = match &tokenizer {
+        Some(t) => t.sample(&spec, args.num_prompts, &mut rng)?,
+        None => dataset::sample(&spec, args.num_prompts, &mut rng)?,
+    };
+    let client = Arc::new(ApiClient::new(ClientConfig {
+        url: format!("{base}{endpoint}"),
+        api,
+        model: model.clone(),
+        ignore_eos: args.ignore_eos,
+        read_timeout,
+        api_key: std::env::var("OPENAI_API_KEY")
+            .ok()
+            .filter(|k| !k.is_empty()),
+    })?);
+
+    println!("Starting initial single prompt test run...");
+    initial_test(&client, &requests[0], args.ready_check_timeout_sec).await?;
+    println!("Initial test run completed.");
+    if args.num_warmups > 0 {
+        println!("Warming up with {} requests...", args.num_warmups);
+        let warm = Plan {
+            requests: vec![requests[0].clone(); args.num_warmups],
+            offsets: vec![Duration::ZERO; args.num_warmups],
+            max_concurrency: args.max_concurrency,
+            progress: false,
+        };
+        runner::execute(client.clone(), warm).await;
+    }
+
+    let metrics_url = args
+        .metrics_url
+        .clone()
+        .unwrap_or_else(|| format!("{base}/metrics"));
+    let mut scrape_state = None;
+    if args.scrape_metrics {
+        match scrape::scrape(&metrics_url).await {
+            Ok(before) => match before.namespace() {
+                Some(ns) => {
+                    let interval = Duration::from_secs_f64(args.scrape_interval.max(0.05));
+                    let sampler = GaugeSampler::start(metrics_url.clone(), ns, interval);
+                    scrape_state = Some((before, ns, sampler));
+                }
+                None => println!(
+                    "--scrape-metrics: {metrics_url} has no inferscope: or vllm: metrics; skipping the server-side view"
+                ),
+            },
+            Err(e) => println!(
+                "--scrape-metrics: cannot read {metrics_url} ({e}); skipping the server-side view"
+            ),
+        }
+    }
+
+    let rate_desc = result_json::rate_str(args.request_rate);
+    println!("Traffic request rate: {rate_desc}");
+    println!("Burstiness factor: {}", args.burstiness);
+    println!(
+        "Maximum request concurrency: {}",
+        args.max_concurrency
+            .map_or("None".to_string(), |c| c.to_string())
+    );
+    let offsets = arrivals::schedule(requests.len(), args.request_rate, args.burstiness, &mut rng);
+    let plan = Plan {
+        requests,
+        offsets,
+        max_concurrency: args.max_concurrency,
+        progress: progress::wanted(args.disable_tqdm),
+    };
+    let run = runner::execute(client.clone(), plan).await;
+
+    let count_fn = tokenizer.as_ref().map(|t| move |s: &str| t.count(s));
+    let count_ref: Option<&dyn Fn(&str) -> usize> =
+        count_fn.as_ref().map(|f| f as &dyn Fn(&str) -> usize);
+    let m = metrics::compute(
+        &run.outputs,
+        run.duration_s,
+        slo.as_ref(),
+        &percentiles,
+        count_ref,
+    );
+
+    let errors = first_errors(&run.outputs, 5);
+    if !errors.is_empty() {
+        println!("{} requests failed; first errors:", m.failed);
+        for e in &errors {
+            println!("  {e}");
+        }
+    }
+    let ctx = ReportContext {
+        max_concurrency: args.max_concurrency,
+        request_rate: args.request_rate,
+        duration_s: run.duration_s,
+        selected: selected.clone(),
+    };
+    print!("{}", report::render(&m, &ctx));
+    if args.request_rate.is_finite() && args.max_concurrency.is_none() {
+        let lags: Vec<f64> = run.outputs.iter().map(|o| o.send_lag).collect();
+        let d = metrics::Distribution::from_seconds(&lags, &[99.0]);
+        println!(
+            "Client send lag behind schedule (ms): median {:.3}, p99 {:.3}",
+            d.median_ms,
+            d.percentiles_ms.first().map_or(0.0, |p| p.1)
+        );
+    }
+
+    let mut server_view = None;
+    if let Some((before, ns, sampler)) = scrape_state {
+        let after = scrape::scrape(&metrics_url).await;
+        let peaks = sampler.stop(after.as_ref().ok(), ns).await;
+        match after {
+            Ok(after) => {
+                let view = scrape::server_view(&before, &after, ns, peaks);
+                let counts = ClientCounts {
+                    completed: m.completed,
+                    failed: m.failed,
+                    output_tokens: m.total_output,
+                    input_tokens: m.total_input,
+                    input_exact: tokenizer.is_some(),
+                };
+                print!("{}", scrape::render(&view, &counts));
+                server_view = Some(view);
+            }
+            Err(e) => println!("--scrape-metrics: final scrape failed ({e})"),
+        }
+    }
+
+    let meta = RunMeta {
+        date: result_json::now_date(),
+        backend: args.backend.as_str().to_string(),
+        label: args.label.clone(),
+        model_id: model.clone(),
+        tokenizer_id: args
+            .tokenizer
+            .as_ref()
+            .map_or(model, |p| p.display().to_string()),
+        num_prompts: args.num_prompts,
+        request_rate: args.request_rate,
+        burstiness: args.burstiness,
+        max_concurrency: args.max_concurrency,
+        duration_s: run.duration_s,
+        metadata,
+    };
+    let detailed = args.save_detailed.then_some(run.outputs.as_slice());
+    let result = result_json::build(&meta, &m, &selected, detailed);
+    let mut saved_to = None;
+    if args.save_result || args.save_detailed {
+        let name = args
+            .result_filename
+            .clone()
+            .unwrap_or_else(|| result_json::default_filename(&meta));
+        let path = match &args.result_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+                dir.join(name)
+            }
+            None => PathBuf::from(name),
+        };
+        let text = serde_json::to_string_pretty(&result).map_err(|source| BenchError::Json {
+            context: "result".into(),
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(|e| BenchError::io(&path, e))?;
+        println!("Result saved to {}", path.display());
+        saved_to = Some(path);
+    }
+    Ok(ServeOutcome {
+        metrics: m,
+        result,
+        outputs: run.outputs,
+        saved_to,
+        server_view,
+    })
+}

@@ -1,0 +1,234 @@
+//! Acceptance tests against the mock server: measured latencies match the
+//! configured delays, token counts are exact, failures are counted, a dead
+//! server does not hang the run, and the server-side view agrees.
+
+use clap::Parser;
+use inferscope_bench::ServeArgs;
+use inferscope_bench::mock::{MockConfig, MockServer};
+use inferscope_bench::serve::run_serve;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+fn args(base: &str, extra: &[&str]) -> ServeArgs {
+    let mut argv = vec![
+        "bench",
+        "--base-url",
+        base,
+        "--model",
+        "mock-model",
+        "--disable-tqdm",
+    ];
+    argv.extend_from_slice(extra);
+    Cli::try_parse_from(argv).expect("valid arguments").args
+}
+
+fn within(got: f64, want: f64, tol: f64, what: &str) {
+    assert!(
+        (got - want).abs() <= tol,
+        "{what}: got {got:.2} ms, want {want} ± {tol} ms"
+    );
+}
+
+/// TTFT 50 ms, ITL 10 ms, 10 tokens: medians within a few ms, counts exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latencies_match_configured_delays() {
+    for (usage, backend) in [(true, "openai"), (false, "openai-chat")] {
+        let mock = MockServer::start(MockConfig {
+            ttft: Duration::from_millis(50),
+            itl: Duration::from_millis(10),
+            send_usage: usage,
+            ..Default::default()
+        })
+        .await
+        .expect("mock starts");
+        let a = args(
+            &mock.base_url(),
+            &[
+                "--backend",
+                backend,
+                "--num-prompts",
+                "8",
+                "--random-input-len",
+                "32",
+                "--random-output-len",
+                "10",
+                "--ignore-eos",
+                "--percentile-metrics",
+                "ttft,tpot,itl,e2el",
+                "--metric-percentiles",
+                "50,99",
+            ],
+        );
+        let out = run_serve(&a).await.expect("run succeeds");
+        let m = &out.metrics;
+        assert_eq!((m.completed, m.failed), (8, 0));
+        assert_eq!(m.total_output, 80, "usage={usage}");
+        assert_eq!(m.total_input, 8 * 32);
+        assert_eq!(m.output_lens, vec![10; 8]);
+        within(m.ttft.median_ms, 50.0, 8.0, "median TTFT");
+        within(m.tpot.median_ms, 10.0, 2.0, "median TPOT");
+        within(m.itl.median_ms, 10.0, 3.0, "median ITL");
+        within(m.itl.mean_ms, 10.0, 2.0, "mean ITL");
+        within(m.e2el.median_ms, 140.0, 10.0, "median E2EL");
+        assert_eq!(m.max_concurrent_requests, 8.0);
+        assert_eq!(mock.requests(), 9, "initial test + 8");
+    }
+}
+
+/// HTTP 500 and dropped connections are counted as failures with their errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_counted() {
+    let mock = MockServer::start(MockConfig {
+        fail_every: Some(3),
+        drop_every: Some(5),
+        ..Default::default()
+    })
+    .await
+    .expect("mock starts");
+    // Server request numbers 2..=11 (1 is the initial test): 500 at 3, 6, 9; drops at 5, 10.
+    let a = args(
+        &mock.base_url(),
+        &[
+            "--num-prompts",
+            "10",
+            "--random-input-len",
+            "8",
+            "--random-output-len",
+            "6",
+            "--max-concurrency",
+            "1",
+        ],
+    );
+    let out = run_serve(&a).await.expect("run completes");
+    assert_eq!((out.metrics.completed, out.metrics.failed), (5, 5));
+    assert_eq!(out.metrics.total_output, 5 * 6);
+    let errors: Vec<&str> = out
+        .outputs
+        .iter()
+        .filter(|o| !o.success)
+        .map(|o| o.error.as_str())
+        .collect();
+    assert_eq!(
+        errors.iter().filter(|e| e.starts_with("HTTP 500")).count(),
+        3,
+        "{errors:?}"
+    );
+    assert_eq!(
+        errors
+            .iter()
+            .filter(|e| e.starts_with("stream broken"))
+            .count(),
+        2,
+        "{errors:?}"
+    );
+}
+
+/// A closed port fails at once; a server that accepts and never answers times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_server_does_not_hang() {
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let closed_addr = closed.local_addr().expect("addr");
+    drop(closed);
+    let t = Instant::now();
+    let err = run_serve(&args(
+        &format!("http://{closed_addr}"),
+        &["--num-prompts", "2"],
+    ))
+    .await;
+    assert!(err.is_err());
+    assert!(t.elapsed() < Duration::from_secs(5));
+
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let silent_addr = silent.local_addr().expect("addr");
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let t = Instant::now();
+    let err = run_serve(&args(
+        &format!("http://{silent_addr}"),
+        &["--num-prompts", "2", "--request-timeout", "0.5"],
+    ))
+    .await;
+    let msg = err.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(msg.contains("no response"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    holder.abort();
+}
+
+/// Server-side view: counter deltas agree with the client's counts; the JSON is saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scrape_metrics_and_save_result() {
+    for ns in ["vllm", "inferscope"] {
+        let mock = MockServer::start(MockConfig {
+            ttft: Duration::from_millis(20),
+            metrics_namespace: Some(ns.to_string()),
+            ..Default::default()
+        })
+        .await
+        .expect("mock starts");
+        let dir = std::env::temp_dir().join(format!("isb-result-{}-{ns}", std::process::id()));
+        let a = args(
+            &mock.base_url(),
+            &[
+                "--num-prompts",
+                "6",
+                "--random-input-len",
+                "16",
+                "--random-output-len",
+                "4",
+                "--scrape-metrics",
+                "--scrape-interval",
+                "0.05",
+                "--save-result",
+                "--result-dir",
+                dir.to_str().expect("utf-8 path"),
+                "--result-filename",
+                "r.json",
+                "--metadata",
+                "gpu=none",
+                "--goodput",
+                "ttft:1000",
+            ],
+        );
+        let out = run_serve(&a).await.expect("run succeeds");
+        let v = out.server_view.expect("server view");
+        assert_eq!(v.namespace, ns);
+        assert_eq!(v.finished.values().sum::<f64>(), 6.0);
+        assert_eq!(v.generation_tokens, Some(24.0));
+        assert_eq!(v.prompt_tokens, Some(6.0 * 16.0));
+        let ttft = v.ttft.expect("server ttft");
+        within(ttft.mean_ms, 20.0, 0.001, "server TTFT mean");
+        assert!(v.peaks.samples >= 1);
+        let saved = std::fs::read_to_string(dir.join("r.json")).expect("result file");
+        let json: serde_json::Value = serde_json::from_str(&saved).expect("valid JSON");
+        assert_eq!(json["completed"], 6);
+        assert_eq!(json["gpu"], "none");
+        assert_eq!(json["request_rate"], "inf");
+        assert!(json["p99_ttft_ms"].is_number());
+        assert!(json["request_goodput"].as_f64().is_some_and(|g| g > 0.0));
+        assert!(json.get("ttfts").is_none());
+    }
+    // No metrics endpoint: the run still succeeds, without a view.
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock starts");
+    let out = run_serve(&args(
+        &mock.base_url(),
+        &["--num-prompts", "2", "--scrape-metrics"],
+    ))
+    .await
+    .expect("run succeeds");
+    assert!(out.server_view.is_none());
+}
