@@ -1,0 +1,390 @@
+//! Logits against an independent implementation: `candle-transformers`'
+//! Llama and Qwen2, on small random checkpoints written as safetensors and
+//! loaded through our Hugging Face directory loader.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::{llama, qwen2};
+use common::*;
+use inferscope_engine::Executor;
+use inferscope_model::config::{Llama3RopeScaling, ModelConfig};
+use inferscope_model::demo::random_weights;
+use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
+
+const TOLERANCE: f32 = 1e-4;
+
+fn config(arch: &str, tie: bool) -> ModelConfig {
+    ModelConfig {
+        architecture: arch.into(),
+        vocab_size: 300,
+        hidden_size: 64,
+        intermediate_size: 160,
+        num_layers: 3,
+        num_heads: 8,
+        num_kv_heads: 2,
+        head_dim: 8,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        rope_interleaved: false,
+        max_position_embeddings: 256,
+        tie_word_embeddings: tie,
+        attention_bias: arch == "Qwen2ForCausalLM",
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    }
+}
+
+/// A WordLevel tokenizer.json over `vocab` ids (t0, t1, ...).
+fn tokenizer_json(vocab: usize) -> String {
+    let words: serde_json::Map<String, serde_json::Value> = (0..vocab)
+        .map(|i| (format!("t{i}"), serde_json::Value::from(i)))
+        .collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": words, "unk_token": "t0"}
+    })
+    .to_string()
+}
+
+/// Writes a checkpoint directory; `shards > 1` writes an index and shards.
+fn write_checkpoint(
+    name: &str,
+    cfg: &ModelConfig,
+    w: &HashMap<String, Tensor>,
+    shards: usize,
+) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("inferscope-ref-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), cfg.to_hf_json()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(cfg.vocab_size)).unwrap();
+    if shards == 1 {
+        candle_core::safetensors::save(w, dir.join("model.safetensors")).unwrap();
+    } else {
+        let mut names: Vec<&String> = w.keys().collect();
+        names.sort();
+        let mut weight_map = serde_json::Map::new();
+        for s in 0..shards {
+            let file = format!("model-{:05}-of-{shards:05}.safetensors", s + 1);
+            let part: HashMap<String, Tensor> = names
+                .iter()
+                .skip(s)
+                .step_by(shards)
+                .map(|n| ((*n).clone(), w[*n].clone()))
+                .collect();
+            for n in part.keys() {
+                weight_map.insert(n.clone(), file.clone().into());
+            }
+            candle_core::safetensors::save(&part, dir.join(&file)).unwrap();
+        }
+        let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+        std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    }
+    dir
+}
+
+/// The reference: one model instance and KV cache per sequence.
+enum Reference {
+    Llama(llama::Llama, llama::Cache),
+    Qwen2(qwen2::ModelForCausalLM),
+}
+
+impl Reference {
+    fn new(cfg: &ModelConfig, w: &HashMap<String, Tensor>) -> Self {
+        let vb = VarBuilder::from_tensors(w.clone(), DType::F32, &Device::Cpu);
+        if cfg.architecture == "Qwen2ForCausalLM" {
+            let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+            j["sliding_window"] = 4096.into();
+            j["max_window_layers"] = 0.into();
+            j["use_sliding_window"] = false.into();
+            j["hidden_act"] = "silu".into();
+            let c: qwen2::Config = serde_json::from_value(j).unwrap();
+            Reference::Qwen2(qwen2::ModelForCausalLM::new(&c, vb).unwrap())
+        } else {
+            let c: llama::LlamaConfig = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+            let c = c.into_config(false);
+            let cache = llama::Cache::new(true, DType::F32, &c, &Device::Cpu).unwrap();
+            Reference::Llama(llama::Llama::load(vb, &c).unwrap(), cache)
+        }
+    }
+
+    /// Feeds `tokens` at positions `pos..`; returns the last token's logits.
+    fn feed(&mut self, tokens: &[u32], pos: usize) -> Vec<f32> {
+        let input = Tensor::new(tokens, &Device::Cpu)
+            .unwrap()
+            .unsqueeze(0)
+            .unwrap();
+        let logits = match self {
+            Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
+            Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
+        };
+        logits.flatten_all().unwrap().to_vec1().unwrap()
+    }
+}
+
+fn assert_close(ours: &[f32], reference: &[f32], what: &str) {
+    assert_eq!(ours.len(), reference.len());
+    let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = ours
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        diff <= TOLERANCE * scale,
+        "{what}: max |ours - reference| = {diff}, relative {} > {TOLERANCE}",
+        diff / scale
+    );
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    inferscope_model::sampler::argmax(l)
+}
+
+struct Setup {
+    cfg: ModelConfig,
+    weights: HashMap<String, Tensor>,
+    exec: CpuExecutor,
+}
+
+fn setup(name: &str, cfg: ModelConfig, shards: usize) -> Setup {
+    let weights = random_weights(&cfg, 1234).unwrap();
+    let dir = write_checkpoint(name, &cfg, &weights, shards);
+    let opts = ModelOptions {
+        kv_cache_memory: Some(8 << 20),
+        ..ModelOptions::default()
+    };
+    let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
+    assert_eq!(model.model().cfg, cfg);
+    let mut exec = model.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    Setup { cfg, weights, exec }
+}
+
+fn prompt(len: usize, salt: u32) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| (i * 37 + salt * 11 + 3) % 300)
+        .collect()
+}
+
+/// Prefill, 20 decode steps, a preemption and recompute: each step's logits
+/// against the reference fed the same tokens.
+fn prefill_decode_and_recompute(s: &mut Setup) {
+    let mut alloc = Alloc(0);
+    let mut seq = Seq::new(1, &prompt(11, 1), greedy());
+    let mut reference = Reference::new(&s.cfg, &s.weights);
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let ours = s.exec.forward_logits(&batch).unwrap();
+    let mut expected = reference.feed(&seq.tokens, 0);
+    assert_close(&ours[0], &expected, "prefill");
+    for step in 0..20 {
+        seq.tokens.push(argmax(&expected));
+        seq.num_generated += 1;
+        let pos = seq.tokens.len() - 1;
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+        let ours = s.exec.forward_logits(&batch).unwrap();
+        expected = reference.feed(&seq.tokens[pos..], pos);
+        assert_close(&ours[0], &expected, &format!("decode step {step}"));
+    }
+    // Preemption: the whole sequence comes back as a prefill in new blocks
+    // (chunked, 8 tokens a step, as the scheduler may do).
+    seq.preempt();
+    let mut last = Vec::new();
+    while seq.cached < seq.tokens.len() {
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 8);
+        last = s.exec.forward_logits(&batch).unwrap();
+    }
+    assert_close(&last[0], &expected, "recompute after preemption");
+    seq.tokens.push(argmax(&expected));
+    let pos = seq.tokens.len() - 1;
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let ours = s.exec.forward_logits(&batch).unwrap();
+    assert_close(
+        &ours[0],
+        &reference.feed(&seq.tokens[pos..], pos),
+        "decode after recompute",
+    );
+}
+
+/// Sequences of different lengths in one step, then decodes of some mixed
+/// with the prefill of a newcomer, each against the reference alone.
+fn batched_sequences(s: &mut Setup) {
+    let mut alloc = Alloc(1000);
+    let lens = [1usize, 6, 13, 4];
+    let mut seqs: Vec<Seq> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| Seq::new(i as u64, &prompt(l, i as u32), greedy()))
+        .collect();
+    let mut refs: Vec<Reference> = lens
+        .iter()
+        .map(|_| Reference::new(&s.cfg, &s.weights))
+        .collect();
+    let mut expected: Vec<Vec<f32>> = seqs
+        .iter()
+        .zip(&mut refs)
+        .map(|(q, r)| r.feed(&q.tokens, 0))
+        .collect();
+    {
+        let mut first: Vec<&mut Seq> = seqs[..3].iter_mut().collect();
+        let batch = build_batch(&mut first, &mut alloc, 512);
+        let ours = s.exec.forward_logits(&batch).unwrap();
+        for i in 0..3 {
+            assert_close(
+                &ours[i],
+                &expected[i],
+                &format!("batched prefill of seq {i}"),
+            );
+        }
+    }
+    for step in 0..3 {
+        for i in 0..3 {
+            let t = argmax(&expected[i]);
+            let pos = seqs[i].tokens.len();
+            seqs[i].tokens.push(t);
+            seqs[i].num_generated += 1;
+            expected[i] = refs[i].feed(&[t], pos);
+        }
+        let mut all: Vec<&mut Seq> = if step == 0 {
+            seqs.iter_mut().collect()
+        } else {
+            seqs[..3].iter_mut().collect()
+        };
+        let batch = build_batch(&mut all, &mut alloc, 512);
+        let ours = s.exec.forward_logits(&batch).unwrap();
+        for (i, l) in ours.iter().enumerate() {
+            assert_close(l, &expected[i], &format!("step {step}, seq {i}"));
+        }
+    }
+}
+
+#[test]
+fn llama_matches_candle_transformers() {
+    let mut s = setup("llama", config("LlamaForCausalLM", false), 1);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+#[test]
+fn llama3_rope_scaling_tied_head_sharded_matches() {
+    let mut cfg = config("LlamaForCausalLM", true);
+    cfg.rope_theta = 500_000.0;
+    cfg.rope_scaling = Some(Llama3RopeScaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 16,
+    });
+    let mut s = setup("llama3", cfg, 3);
+    prefill_decode_and_recompute(&mut s);
+}
+
+#[test]
+fn qwen2_with_attention_bias_matches() {
+    let mut s = setup("qwen2", config("Qwen2ForCausalLM", false), 2);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+#[test]
+fn greedy_with_others_equals_alone_on_reference_model() {
+    let mut s = setup("greedy", config("LlamaForCausalLM", false), 1);
+    let mut out = inferscope_engine::StepOutput::default();
+    let mut alloc = Alloc(0);
+    let mut alone = Seq::new(9, &prompt(5, 9), greedy());
+    for _ in 0..10 {
+        let b = build_batch(&mut [&mut alone], &mut alloc, 512);
+        s.exec.execute(&b, &mut out).unwrap();
+        append(&mut [&mut alone], &b, &out.sampled);
+    }
+    let mut with = Seq::new(9, &prompt(5, 9), greedy());
+    let mut others: Vec<Seq> = (0..5)
+        .map(|i| Seq::new(20 + i, &prompt(3 + 4 * i as usize, i as u32), greedy()))
+        .collect();
+    for _ in 0..10 {
+        let mut all: Vec<&mut Seq> = std::iter::once(&mut with)
+            .chain(others.iter_mut())
+            .collect();
+        let b = build_batch(&mut all, &mut alloc, 512);
+        s.exec.execute(&b, &mut out).unwrap();
+        append(&mut all, &b, &out.sampled);
+    }
+    assert_eq!(with.tokens, alone.tokens);
+}
+
+#[test]
+fn loader_errors_name_the_problem() {
+    let cfg = config("LlamaForCausalLM", false);
+    let mut w = random_weights(&cfg, 1).unwrap();
+    let opts = ModelOptions::default();
+    let load_err = |name: &str, w: &HashMap<String, Tensor>| {
+        let dir = write_checkpoint(name, &cfg, w, 1);
+        let e = LoadedModel::load(dir.to_str().unwrap(), &opts)
+            .unwrap_err()
+            .to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        e
+    };
+    w.insert(
+        "model.layers.1.mlp.up_proj.weight".into(),
+        Tensor::zeros((7, 64), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let e = load_err("shape", &w);
+    assert!(
+        e.contains("model.layers.1.mlp.up_proj.weight")
+            && e.contains("[7, 64]")
+            && e.contains("[160, 64]"),
+        "{e}"
+    );
+    w.remove("model.norm.weight");
+    w.remove("model.layers.1.mlp.up_proj.weight");
+    let e = load_err("missing", &w);
+    assert!(e.contains("missing tensor") && e.contains("up_proj"), "{e}");
+
+    let dir = std::env::temp_dir().join(format!("inferscope-ref-none-{}", std::process::id()));
+    let e = LoadedModel::load(dir.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("missing file") && e.contains("inferscope-ref-none"),
+        "{e}"
+    );
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        r#"{"architectures":["MambaForCausalLM"]}"#,
+    )
+    .unwrap();
+    let e = LoadedModel::load(dir.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("MambaForCausalLM"), "{e}");
+    std::fs::write(dir.join("config.json"), cfg.to_hf_json()).unwrap();
+    let e = LoadedModel::load(dir.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("tokenizer.json"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn hf_tokenizer_round_trips() {
+    let dir = std::env::temp_dir().join(format!("inferscope-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer_json(300)).unwrap();
+    let t = inferscope_model::HfTokenizer::from_file(&path, vec![2], Some(1)).unwrap();
+    use inferscope_model::Tokenizer;
+    assert_eq!(t.encode("t5 t17 t299", false).unwrap(), vec![5, 17, 299]);
+    assert_eq!(t.vocab_size(), 300);
+    assert_eq!(t.eos_token_ids(), vec![2]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
