@@ -1,1 +1,120 @@
-fn main() {}
+//! Cost of the recording hot paths: the per-token path (one ITL sample
+//! through a resolved engine handle), one `record_step`, and a scrape.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use inferscope_metrics::{
+    FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
+    MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
+};
+
+fn manager() -> StatLoggerManager {
+    StatLoggerManager::new(MetricsConfig {
+        model_name: "bench".into(),
+        engine_indices: vec![0, 1],
+        max_model_len: 8192,
+        ..Default::default()
+    })
+    .expect("valid config")
+}
+
+fn finished() -> FinishedRequestStats {
+    FinishedRequestStats {
+        finish_reason: FinishReason::Stop,
+        num_prompt_tokens: 512,
+        num_generation_tokens: 128,
+        num_cached_tokens: 64,
+        max_tokens_param: 256,
+        n: 1,
+        num_preemptions: 0,
+        queue_time: Duration::from_millis(20),
+        prefill_time: Duration::from_millis(40),
+        decode_time: Duration::from_millis(1500),
+        inference_time: Duration::from_millis(1540),
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let m = manager();
+    let engine = m.engine(1).expect("engine 1");
+
+    let mut g = c.benchmark_group("per_token");
+    g.throughput(Throughput::Elements(1));
+    let mut x = 0.0_f64;
+    g.bench_function("observe_itl", |b| {
+        b.iter(|| {
+            // Vary the value so the bucket search isn't a constant.
+            x = if x > 2.0 { 0.001 } else { x * 1.7 + 0.003 };
+            engine.observe_itl(black_box(x));
+        })
+    });
+    g.bench_function("engine_lookup_and_observe_itl", |b| {
+        b.iter(|| {
+            if let Some(e) = m.engine(black_box(1)) {
+                e.observe_itl(black_box(0.021));
+            }
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("per_request");
+    let fe = FrontendRequestStats {
+        ttft: Some(Duration::from_millis(80)),
+        e2e: Duration::from_millis(1600),
+        num_generation_tokens: 128,
+    };
+    g.bench_function("record_frontend", |b| {
+        b.iter(|| engine.record_frontend(black_box(&fe)))
+    });
+    g.finish();
+
+    let sched = SchedulerStats {
+        num_running: 64,
+        num_waiting: 3,
+        kv_cache_usage: 0.42,
+        prefix_cache_queries: 512,
+        prefix_cache_hits: 64,
+        num_preemptions: 0,
+    };
+    let mut iter = IterationStats {
+        num_prompt_tokens: 512,
+        num_scheduled_tokens: 576,
+        num_generation_tokens: 64,
+        num_prompt_tokens_cached: 64,
+        batch_size: 65,
+        schedule_time: Duration::from_micros(90),
+        execute_time: Duration::from_millis(12),
+        postprocess_time: Duration::from_micros(150),
+        device_time: Duration::from_millis(11),
+        finished_requests: Vec::new(),
+    };
+    let mut g = c.benchmark_group("record_step");
+    g.bench_function("no_finished", |b| {
+        b.iter(|| m.record_step(black_box(0), black_box(&sched), black_box(&iter)))
+    });
+    iter.finished_requests = vec![finished(), finished()];
+    g.bench_function("two_finished", |b| {
+        b.iter(|| m.record_step(black_box(0), black_box(&sched), black_box(&iter)))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("scrape");
+    g.bench_function("render_prometheus_2_engines", |b| {
+        b.iter(|| black_box(m.render(Format::Prometheus)))
+    });
+    g.bench_function("render_openmetrics_2_engines", |b| {
+        b.iter(|| black_box(m.render(Format::OpenMetrics)))
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    targets = bench
+}
+criterion_main!(benches);
