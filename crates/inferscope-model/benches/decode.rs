@@ -1,1 +1,156 @@
-fn main() {}
+//! Decode throughput of the cpu executor (demo model and a generated ~110M
+//! Llama) at batch 1 and 32, next to `candle-transformers`' Llama at batch 1
+//! on the same weights, plus the machine's streaming read bandwidth for the
+//! roofline estimate. Run: `cargo bench -p inferscope-model --bench decode`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::llama;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
+use inferscope_model::config::ModelConfig;
+use inferscope_model::demo::{demo_config, random_weights};
+use inferscope_model::loader::model_from_tensors;
+use inferscope_model::{CpuExecutor, KvBudget};
+use rayon::prelude::*;
+
+/// Tokens already in the cache when the measured decode step runs.
+const CONTEXT: usize = 64;
+const BLOCK_SIZE: usize = 16;
+
+fn model_100m() -> ModelConfig {
+    ModelConfig {
+        architecture: "LlamaForCausalLM".into(),
+        vocab_size: 32_000,
+        hidden_size: 768,
+        intermediate_size: 2048,
+        num_layers: 10,
+        num_heads: 12,
+        num_kv_heads: 4,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10_000.0,
+        rope_scaling: None,
+        rope_interleaved: false,
+        max_position_embeddings: 2048,
+        tie_word_embeddings: false,
+        attention_bias: false,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+    }
+}
+
+/// One decode step of `batch` sequences, each at position `CONTEXT`. The
+/// step rewrites the same KV slot every iteration, so the context stays fixed.
+fn decode_batch(batch: usize) -> ScheduledBatch {
+    let blocks_per_seq = (CONTEXT + 1).div_ceil(BLOCK_SIZE);
+    let params = Arc::new(SamplingParams {
+        temperature: 0.0,
+        ..SamplingParams::default()
+    });
+    let mut b = ScheduledBatch {
+        block_size: BLOCK_SIZE,
+        ..ScheduledBatch::default()
+    };
+    for i in 0..batch {
+        b.seqs.push(ScheduledSeq {
+            seq_id: i as u64,
+            token_offset: i,
+            num_tokens: 1,
+            start_pos: CONTEXT,
+            block_table_offset: i * blocks_per_seq,
+            block_table_len: blocks_per_seq,
+            is_prefill: false,
+            sample: true,
+            num_generated: 1,
+            seed: i as u64,
+            params: params.clone(),
+        });
+        b.token_ids.push((i * 7 + 3) as u32 % 200);
+        b.block_tables
+            .extend((0..blocks_per_seq).map(|k| (i * blocks_per_seq + k) as u32));
+    }
+    b
+}
+
+fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig, reference: bool) {
+    let weights = random_weights(cfg, 7).expect("weights");
+    let model = Arc::new(model_from_tensors(cfg.clone(), weights.clone()).expect("model"));
+    let mut exec = CpuExecutor::new(
+        format!("cpu:{name}"),
+        model,
+        KvBudget::Bytes(64 * ((CONTEXT + BLOCK_SIZE) * cfg.kv_bytes_per_token()) as u64),
+        vec![2],
+        None,
+    )
+    .expect("executor");
+    exec.init_kv_cache(BLOCK_SIZE).expect("kv");
+    let mut g = c.benchmark_group(format!("decode/{name}"));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for batch in [1usize, 32] {
+        let b = decode_batch(batch);
+        let mut out = StepOutput::default();
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_function(BenchmarkId::new("inferscope", batch), |bench| {
+            bench.iter(|| exec.execute(black_box(&b), &mut out).expect("step"))
+        });
+    }
+    if reference {
+        let c2: llama::LlamaConfig = serde_json::from_str(&cfg.to_hf_json()).expect("config");
+        let c2 = c2.into_config(false);
+        let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+        let m = llama::Llama::load(vb, &c2).expect("reference model");
+        let mut cache = llama::Cache::new(true, DType::F32, &c2, &Device::Cpu).expect("cache");
+        let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| i % 200).collect();
+        let input = Tensor::new(prompt.as_slice(), &Device::Cpu)
+            .and_then(|t| t.unsqueeze(0))
+            .expect("input");
+        m.forward(&input, 0, &mut cache).expect("prefill");
+        let next = Tensor::new(&[[5u32]], &Device::Cpu).expect("token");
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("candle-transformers", 1), |bench| {
+            bench.iter_batched(
+                || cache.clone(),
+                |mut cache| {
+                    let logits = m.forward(&next, CONTEXT, &mut cache).expect("step");
+                    // The same greedy pick as the executor's sampler.
+                    logits.argmax(1).expect("argmax")
+                },
+                criterion::BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+}
+
+fn decode(c: &mut Criterion) {
+    bench_model(c, "demo", &demo_config(), true);
+    bench_model(c, "llama-110m", &model_100m(), true);
+}
+
+/// Streaming read of 512 MiB on all cores: what decode at batch 1 is bound by.
+fn memory_bandwidth(c: &mut Criterion) {
+    let data = vec![1u32; 128 << 20];
+    let mut g = c.benchmark_group("memory");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Bytes((data.len() * 4) as u64));
+    g.bench_function("read_bandwidth", |b| {
+        b.iter(|| {
+            data.par_chunks(1 << 16)
+                .map(|c| c.iter().fold(0u32, |a, &x| a.wrapping_add(x)))
+                .reduce(|| 0, u32::wrapping_add)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, memory_bandwidth);
+criterion_main!(benches);
