@@ -170,6 +170,27 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_observations_are_all_counted() {
+        let h = AtomicHistogram::new(&[1.0, 10.0]);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let h = h.clone();
+                s.spawn(move || {
+                    for i in 0..10_000u32 {
+                        h.observe(f64::from((i + t) % 20));
+                    }
+                });
+            }
+        });
+        assert_eq!(h.count(), 40_000);
+        // Integers sum exactly in f64: (0+…+19) * 500 per thread.
+        assert_eq!(h.sum(), 4.0 * 190.0 * 500.0);
+        let snap = h.snapshot();
+        assert_eq!(snap[0], (1.0, 4 * 2 * 500));
+        assert_eq!(snap[2], (f64::INFINITY, 4 * 9 * 500));
+    }
+
+    #[test]
     fn clones_share_state() {
         let h = AtomicHistogram::new(&[1.0]);
         h.clone().observe(3.0);

@@ -8,6 +8,8 @@
 //! [`exposition::negotiate`] + [`StatLoggerManager::render`], and calls
 //! [`StatLoggerManager::log`] every interval.
 
+#![warn(missing_docs)]
+
 pub mod exposition;
 pub mod histogram;
 pub mod http;

@@ -31,6 +31,9 @@ pub struct LogLineSnapshot {
     pub kv_cache_usage: f64,
     /// Prefix-cache hit rate 0..1 over the recent window.
     pub prefix_cache_hit_rate: f64,
+    /// Tokens looked up in the prefix cache within that window (its weight
+    /// when engines are aggregated).
+    pub prefix_cache_window_queries: u64,
 }
 
 /// Formats one line, exactly as specified (pure, for tests).
@@ -47,6 +50,32 @@ pub fn format_log_line(s: &LogLineSnapshot) -> String {
         s.num_waiting,
         s.kv_cache_usage * 100.0,
         s.prefix_cache_hit_rate * 100.0,
+    );
+    out
+}
+
+/// Formats the `N Engines Aggregated: …` line: throughputs and request
+/// counts summed, KV usage averaged, hit rate weighted by window lookups.
+pub fn format_aggregated_line(lines: &[LogLineSnapshot]) -> String {
+    let n = lines.len();
+    let sum = |f: fn(&LogLineSnapshot) -> f64| lines.iter().map(f).sum::<f64>();
+    let queries: u64 = lines.iter().map(|l| l.prefix_cache_window_queries).sum();
+    let hit_rate = if queries == 0 {
+        0.0
+    } else {
+        sum(|l| l.prefix_cache_hit_rate * l.prefix_cache_window_queries as f64) / queries as f64
+    };
+    let mut out = String::with_capacity(220);
+    let _ = write!(
+        out,
+        "{n} Engines Aggregated: Avg prompt throughput: {:.1} tokens/s, Avg generation throughput: {:.1} tokens/s, \
+         Running: {} reqs, Waiting: {} reqs, KV cache usage: {:.1}%, Prefix cache hit rate: {:.1}%",
+        sum(|l| l.prompt_throughput),
+        sum(|l| l.generation_throughput),
+        lines.iter().map(|l| l.num_running).sum::<usize>(),
+        lines.iter().map(|l| l.num_waiting).sum::<usize>(),
+        sum(|l| l.kv_cache_usage) / n.max(1) as f64 * 100.0,
+        hit_rate * 100.0,
     );
     out
 }
@@ -190,6 +219,7 @@ impl LogLineLogger {
                 num_waiting: s.num_waiting,
                 kv_cache_usage: s.kv_cache_usage,
                 prefix_cache_hit_rate: s.window.rate(),
+                prefix_cache_window_queries: s.window.queries,
             },
             debug,
         }
@@ -198,12 +228,16 @@ impl LogLineLogger {
     /// Closes the interval now and emits the line through `tracing`.
     pub fn log(&self) {
         let line = self.take_line(Instant::now());
-        let text = format_log_line(&line.snapshot);
-        if line.debug {
-            tracing::debug!(target: "inferscope::stats", "{text}");
-        } else {
-            tracing::info!(target: "inferscope::stats", "{text}");
-        }
+        emit(&format_log_line(&line.snapshot), line.debug);
+    }
+}
+
+/// Emits a stats line at info level, or debug when the engine(s) idled.
+pub(crate) fn emit(text: &str, debug: bool) {
+    if debug {
+        tracing::debug!(target: "inferscope::stats", "{text}");
+    } else {
+        tracing::info!(target: "inferscope::stats", "{text}");
     }
 }
 
@@ -221,6 +255,7 @@ mod tests {
             num_waiting: 0,
             kv_cache_usage: 0.053,
             prefix_cache_hit_rate: 0.0,
+            prefix_cache_window_queries: 0,
         };
         assert_eq!(
             format_log_line(&s),
@@ -235,6 +270,35 @@ mod tests {
         let line = format_log_line(&s);
         assert!(line.starts_with("Engine 012: "), "{line}");
         assert!(line.ends_with("Prefix cache hit rate: 45.7%"), "{line}");
+    }
+
+    #[test]
+    fn aggregated_line() {
+        let a = LogLineSnapshot {
+            engine: 0,
+            prompt_throughput: 100.0,
+            generation_throughput: 10.0,
+            num_running: 2,
+            num_waiting: 1,
+            kv_cache_usage: 0.1,
+            prefix_cache_hit_rate: 0.5,
+            prefix_cache_window_queries: 300,
+        };
+        let b = LogLineSnapshot {
+            engine: 1,
+            prompt_throughput: 50.5,
+            generation_throughput: 5.0,
+            num_running: 3,
+            num_waiting: 0,
+            kv_cache_usage: 0.3,
+            prefix_cache_hit_rate: 0.0,
+            prefix_cache_window_queries: 100,
+        };
+        assert_eq!(
+            format_aggregated_line(&[a, b]),
+            "2 Engines Aggregated: Avg prompt throughput: 150.5 tokens/s, Avg generation throughput: 15.0 tokens/s, \
+             Running: 5 reqs, Waiting: 1 reqs, KV cache usage: 20.0%, Prefix cache hit rate: 37.5%"
+        );
     }
 
     #[test]
@@ -268,6 +332,7 @@ mod tests {
                 num_waiting: 2,
                 kv_cache_usage: 0.25,
                 prefix_cache_hit_rate: 0.25,
+                prefix_cache_window_queries: 200,
             }
         );
         // The interval restarts: nothing new → zero throughput.

@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use crate::exposition::{self, Format};
 use crate::http::{HttpMetrics, HttpMetricsLayer};
-use crate::log_line::LogLineLogger;
+use crate::log_line::{self, LogLineLogger};
 use crate::prometheus::{CacheConfig, EngineMetrics, PrometheusLogger};
 use crate::schema::{self, BucketOverrides, BucketsError};
 use crate::stats::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
@@ -35,6 +35,8 @@ pub struct MetricsConfig {
     pub enable_prometheus: bool,
     /// Emit the periodic log line.
     pub enable_log_stats: bool,
+    /// One `N Engines Aggregated: …` line instead of one line per engine.
+    pub aggregate_log_lines: bool,
 }
 
 impl Default for MetricsConfig {
@@ -48,6 +50,7 @@ impl Default for MetricsConfig {
             cache_configs: Vec::new(),
             enable_prometheus: true,
             enable_log_stats: true,
+            aggregate_log_lines: false,
         }
     }
 }
@@ -100,6 +103,7 @@ pub struct StatLoggerManager {
     log_lines: Vec<LogLineLogger>,
     http: Arc<HttpMetrics>,
     enable_prometheus: bool,
+    aggregate_log_lines: bool,
 }
 
 impl StatLoggerManager {
@@ -166,6 +170,7 @@ impl StatLoggerManager {
             log_lines,
             http,
             enable_prometheus: config.enable_prometheus,
+            aggregate_log_lines: config.aggregate_log_lines,
         })
     }
 
@@ -189,10 +194,19 @@ impl StatLoggerManager {
         }
     }
 
-    /// Emits one log line per engine (call it every interval, 10 s by default).
+    /// Emits the periodic stats line(s) through `tracing` (call it every
+    /// interval, 10 s by default): one per engine, or one aggregated line.
     pub fn log(&self) {
-        for l in &self.log_lines {
-            l.log();
+        if self.aggregate_log_lines && self.log_lines.len() > 1 {
+            let now = Instant::now();
+            let lines: Vec<_> = self.log_lines.iter().map(|l| l.take_line(now)).collect();
+            let debug = lines.iter().all(|l| l.debug);
+            let snapshots: Vec<_> = lines.into_iter().map(|l| l.snapshot).collect();
+            log_line::emit(&log_line::format_aggregated_line(&snapshots), debug);
+        } else {
+            for l in &self.log_lines {
+                l.log();
+            }
         }
     }
 

@@ -354,3 +354,10 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
     assert!(!body.contains("inferscope:"), "{body}");
     assert!(body.contains("http_request_duration_highr_seconds"));
 }
+
+#[test]
+#[ignore = "prints a sample exposition: cargo test -p inferscope-metrics --test exposition -- --ignored --nocapture"]
+fn print_sample() {
+    let m = busy_manager("vllm", &[0]);
+    println!("{}", m.render(Format::Prometheus).1);
+}

@@ -351,3 +351,43 @@ async fn invented_methods_share_one_label() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn client_disconnect_over_tcp_records() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let m = manager();
+    let (tx, rx) = mpsc::channel(1);
+    let router = app(&m, Some(rx));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+    sock.write_all(b"GET /stream HTTP/1.1\r\nHost: test\r\n\r\n")
+        .await
+        .unwrap();
+    tx.send(Bytes::from_static(b"data: 1\n\n")).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.windows(7).any(|w| w == b"data: 1") {
+        let n = sock.read(&mut buf).await.unwrap();
+        assert!(n > 0, "server closed early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let labels = [("handler", "/stream"), ("method", "GET")];
+    assert_eq!(scrape(&m).0.value("http_requests_total", &labels), None);
+    drop(sock);
+    // Keep the stream producing until the server notices the disconnect and
+    // drops the body (the channel then closes); bounded so it cannot hang.
+    let mut sends = 0;
+    while tx.send(Bytes::from_static(b"data: x\n\n")).await.is_ok() {
+        sends += 1;
+        assert!(sends < 2000, "server never dropped the body");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (e, body) = scrape(&m);
+    assert_eq!(e.value("http_requests_total", &labels), Some(1.0), "{body}");
+    assert_eq!(e.value("http_requests_inprogress", &labels), Some(0.0));
+    server.abort();
+}
