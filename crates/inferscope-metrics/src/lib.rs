@@ -7,6 +7,62 @@
 //! [`StatLoggerManager::http_layer`], serves `/metrics` with
 //! [`exposition::negotiate`] + [`StatLoggerManager::render`], and calls
 //! [`StatLoggerManager::log`] every interval.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use axum::{Router, extract::State, http::HeaderMap, response::IntoResponse, routing::get};
+//! use inferscope_metrics::{
+//!     CacheConfig, FrontendRequestStats, MetricsConfig, StatLoggerManager, StatsRecorder, negotiate,
+//! };
+//!
+//! let manager = Arc::new(StatLoggerManager::new(MetricsConfig {
+//!     namespace: "vllm".into(),
+//!     model_name: "demo".into(),
+//!     engine_indices: vec![0, 1],
+//!     max_model_len: 4096,
+//!     cache_configs: vec![CacheConfig {
+//!         block_size: 16,
+//!         num_gpu_blocks: 4096,
+//!         enable_prefix_caching: true,
+//!         cache_dtype: "auto".into(),
+//!     }],
+//!     ..Default::default()
+//! })?);
+//!
+//! // The engine's recorder.
+//! let _recorder: Arc<dyn StatsRecorder> = manager.clone();
+//!
+//! // Where tokens are handed to the response (no lock, no allocation).
+//! if let Some(engine) = manager.engine(1) {
+//!     engine.observe_ttft(0.080);
+//!     engine.observe_itl(0.012);
+//!     engine.record_frontend(&FrontendRequestStats {
+//!         ttft: Some(Duration::from_millis(80)),
+//!         e2e: Duration::from_millis(500),
+//!         num_generation_tokens: 36,
+//!     });
+//! }
+//!
+//! // `/metrics` with content negotiation.
+//! async fn metrics(State(m): State<Arc<StatLoggerManager>>, headers: HeaderMap) -> impl IntoResponse {
+//!     let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok());
+//!     let (content_type, body) = m.render(negotiate(accept));
+//!     ([(axum::http::header::CONTENT_TYPE, content_type)], body)
+//! }
+//!
+//! let _app: Router = Router::new()
+//!     .route("/v1/models", get(|| async { "[]" }))
+//!     .route("/metrics", get(metrics))
+//!     // After the routes, with `Router::layer`, so the matched route is known.
+//!     .layer(manager.http_layer())
+//!     .with_state(manager.clone());
+//!
+//! // Every 10 s, from a periodic task.
+//! manager.log();
+//! # Ok::<(), inferscope_metrics::ConfigError>(())
+//! ```
 
 #![warn(missing_docs)]
 

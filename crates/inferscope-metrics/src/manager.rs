@@ -122,22 +122,22 @@ impl StatLoggerManager {
         }
         config.buckets.validate()?;
         let engines = config.engine_indices.len();
-        let cache_configs: Vec<(usize, CacheConfig)> = match config.cache_configs.len() {
-            0 => Vec::new(),
-            1 => config
+        let cache_configs: Vec<(usize, CacheConfig)> = match config.cache_configs.as_slice() {
+            [] => Vec::new(),
+            [one] => config
                 .engine_indices
                 .iter()
-                .map(|&i| (i, config.cache_configs[0].clone()))
+                .map(|&i| (i, one.clone()))
                 .collect(),
-            n if n == engines => config
+            per_engine if per_engine.len() == engines => config
                 .engine_indices
                 .iter()
                 .copied()
-                .zip(config.cache_configs.iter().cloned())
+                .zip(per_engine.iter().cloned())
                 .collect(),
-            n => {
+            other => {
                 return Err(ConfigError::CacheConfigCount {
-                    configs: n,
+                    configs: other.len(),
                     engines,
                 });
             }

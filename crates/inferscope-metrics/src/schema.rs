@@ -267,8 +267,15 @@ pub fn one_two_five_buckets(max: usize) -> Vec<f64> {
     out
 }
 
-macro_rules! def {
-    ($id:ident, $name:literal, $ty:ident, $unit:ident, $scope:ident, $labels:expr, $buckets:expr, $help:literal) => {
+/// Declares one `pub const` [`MetricDef`] per entry; brace-delimited so
+/// rustfmt keeps one compact entry per metric.
+macro_rules! metrics {
+    ($(
+        $(#[$meta:meta])*
+        $id:ident: $ty:ident $name:literal, unit $unit:ident, scope $scope:ident,
+        labels $labels:expr, buckets $buckets:expr, $help:literal;
+    )*) => {$(
+        $(#[$meta])*
         #[doc = concat!("`", $name, "`: ", $help, ".")]
         pub const $id: MetricDef = MetricDef {
             name: $name,
@@ -279,409 +286,101 @@ macro_rules! def {
             labels: $labels,
             buckets: $buckets,
         };
-    };
+    )*};
 }
 
 use Buckets::{Fixed, Group};
 const NB: Buckets = Buckets::None;
 
 // Engine gauges.
-def!(
-    NUM_REQUESTS_RUNNING,
-    "num_requests_running",
-    Gauge,
-    Requests,
-    Engine,
-    ENGINE,
-    NB,
-    "Number of requests in model execution batches"
-);
-def!(
-    NUM_REQUESTS_WAITING,
-    "num_requests_waiting",
-    Gauge,
-    Requests,
-    Engine,
-    ENGINE,
-    NB,
-    "Number of requests waiting to be processed, preempted ones included"
-);
-def!(
-    KV_CACHE_USAGE_PERC,
-    "kv_cache_usage_perc",
-    Gauge,
-    Ratio,
-    Engine,
-    ENGINE,
-    NB,
-    "KV-cache usage; 1 means 100 percent usage"
-);
-def!(
-    CACHE_CONFIG_INFO,
-    "cache_config_info",
-    Gauge,
-    Info,
-    Engine,
-    &[
-        "block_size",
-        "cache_dtype",
-        "enable_prefix_caching",
-        "engine",
-        "num_gpu_blocks"
-    ],
-    NB,
-    "Information of the engine's cache configuration; value 1, labels carry the configuration"
-);
+metrics! {
+    NUM_REQUESTS_RUNNING: Gauge "num_requests_running", unit Requests, scope Engine, labels ENGINE, buckets NB,
+        "Number of requests in model execution batches";
+    NUM_REQUESTS_WAITING: Gauge "num_requests_waiting", unit Requests, scope Engine, labels ENGINE, buckets NB,
+        "Number of requests waiting to be processed, preempted ones included";
+    KV_CACHE_USAGE_PERC: Gauge "kv_cache_usage_perc", unit Ratio, scope Engine, labels ENGINE, buckets NB,
+        "KV-cache usage; 1 means 100 percent usage";
+    CACHE_CONFIG_INFO: Gauge "cache_config_info", unit Info, scope Engine, labels &["block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"], buckets NB,
+        "Information of the engine's cache configuration; value 1, labels carry the configuration";
 
-// Engine counters.
-def!(
-    PROMPT_TOKENS,
-    "prompt_tokens",
-    Counter,
-    Tokens,
-    Engine,
-    ENGINE,
-    NB,
-    "Number of prefill tokens processed"
-);
-def!(
-    GENERATION_TOKENS,
-    "generation_tokens",
-    Counter,
-    Tokens,
-    Engine,
-    ENGINE,
-    NB,
-    "Number of generation tokens processed"
-);
-def!(
-    NUM_PREEMPTIONS,
-    "num_preemptions",
-    Counter,
-    Preemptions,
-    Engine,
-    ENGINE,
-    NB,
-    "Cumulative number of preemptions from the engine"
-);
-def!(
-    REQUEST_SUCCESS,
-    "request_success",
-    Counter,
-    Requests,
-    Engine,
-    &["model_name", "engine", "finished_reason"],
-    NB,
-    "Count of finished requests by finished_reason (stop, length, abort, error)"
-);
-def!(
-    PREFIX_CACHE_QUERIES,
-    "prefix_cache_queries",
-    Counter,
-    Tokens,
-    Engine,
-    ENGINE,
-    NB,
-    "Prefix cache queries, in terms of number of queried tokens"
-);
-def!(
-    PREFIX_CACHE_HITS,
-    "prefix_cache_hits",
-    Counter,
-    Tokens,
-    Engine,
-    ENGINE,
-    NB,
-    "Prefix cache hits, in terms of number of cached tokens"
-);
-def!(
-    PROMPT_TOKENS_CACHED,
-    "prompt_tokens_cached",
-    Counter,
-    Tokens,
-    Engine,
-    ENGINE,
-    NB,
-    "Number of prompt tokens served from the prefix cache"
-);
-def!(
-    ADMISSION_REJECTIONS,
-    "admission_rejections",
-    Counter,
-    Requests,
-    Model,
-    &["model_name", "reason"],
-    NB,
-    "Requests refused at admission, by reason"
-);
+    // Engine counters.
+    PROMPT_TOKENS: Counter "prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+        "Number of prefill tokens processed";
+    GENERATION_TOKENS: Counter "generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+        "Number of generation tokens processed";
+    NUM_PREEMPTIONS: Counter "num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets NB,
+        "Cumulative number of preemptions from the engine";
+    REQUEST_SUCCESS: Counter "request_success", unit Requests, scope Engine, labels &["model_name", "engine", "finished_reason"], buckets NB,
+        "Count of finished requests by finished_reason (stop, length, abort, error)";
+    PREFIX_CACHE_QUERIES: Counter "prefix_cache_queries", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+        "Prefix cache queries, in terms of number of queried tokens";
+    PREFIX_CACHE_HITS: Counter "prefix_cache_hits", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+        "Prefix cache hits, in terms of number of cached tokens";
+    PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+        "Number of prompt tokens served from the prefix cache";
+    ADMISSION_REJECTIONS: Counter "admission_rejections", unit Requests, scope Model, labels &["model_name", "reason"], buckets NB,
+        "Requests refused at admission, by reason";
 
-// Engine histograms (seconds).
-def!(
-    TIME_TO_FIRST_TOKEN,
-    "time_to_first_token_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::TimeToFirstToken),
-    "Histogram of time to first token in seconds"
-);
-def!(
-    INTER_TOKEN_LATENCY,
-    "inter_token_latency_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::InterTokenLatency),
-    "Histogram of inter-token latency in seconds, one sample per output delta"
-);
-def!(
-    TIME_PER_OUTPUT_TOKEN,
-    "request_time_per_output_token_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::InterTokenLatency),
-    "Histogram of time per output token in seconds per request: (e2e - TTFT) / (tokens - 1)"
-);
-def!(
-    E2E_REQUEST_LATENCY,
-    "e2e_request_latency_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestLatency),
-    "Histogram of end to end request latency in seconds"
-);
-def!(
-    REQUEST_QUEUE_TIME,
-    "request_queue_time_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestLatency),
-    "Histogram of time spent in WAITING phase for request"
-);
-def!(
-    REQUEST_INFERENCE_TIME,
-    "request_inference_time_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestLatency),
-    "Histogram of time spent in RUNNING phase for request"
-);
-def!(
-    REQUEST_PREFILL_TIME,
-    "request_prefill_time_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestLatency),
-    "Histogram of time spent in PREFILL phase for request"
-);
-def!(
-    REQUEST_DECODE_TIME,
-    "request_decode_time_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestLatency),
-    "Histogram of time spent in DECODE phase for request"
-);
+    // Engine histograms (seconds).
+    TIME_TO_FIRST_TOKEN: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::TimeToFirstToken),
+        "Histogram of time to first token in seconds";
+    INTER_TOKEN_LATENCY: Histogram "inter_token_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
+        "Histogram of inter-token latency in seconds, one sample per output delta";
+    TIME_PER_OUTPUT_TOKEN: Histogram "request_time_per_output_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
+        "Histogram of time per output token in seconds per request: (e2e - TTFT) / (tokens - 1)";
+    E2E_REQUEST_LATENCY: Histogram "e2e_request_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+        "Histogram of end to end request latency in seconds";
+    REQUEST_QUEUE_TIME: Histogram "request_queue_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+        "Histogram of time spent in WAITING phase for request";
+    REQUEST_INFERENCE_TIME: Histogram "request_inference_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+        "Histogram of time spent in RUNNING phase for request";
+    REQUEST_PREFILL_TIME: Histogram "request_prefill_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+        "Histogram of time spent in PREFILL phase for request";
+    REQUEST_DECODE_TIME: Histogram "request_decode_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+        "Histogram of time spent in DECODE phase for request";
 
-// Engine histograms (counts).
-def!(
-    REQUEST_PROMPT_TOKENS,
-    "request_prompt_tokens",
-    Histogram,
-    Tokens,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestTokens),
-    "Number of prefill tokens processed per request"
-);
-def!(
-    REQUEST_GENERATION_TOKENS,
-    "request_generation_tokens",
-    Histogram,
-    Tokens,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestTokens),
-    "Number of generation tokens processed per request"
-);
-def!(
-    REQUEST_PARAMS_MAX_TOKENS,
-    "request_params_max_tokens",
-    Histogram,
-    Tokens,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestTokens),
-    "Histogram of the max_tokens request parameter"
-);
-def!(
-    REQUEST_MAX_NUM_GENERATION_TOKENS,
-    "request_max_num_generation_tokens",
-    Histogram,
-    Tokens,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::RequestTokens),
-    "Histogram of maximum number of requested generation tokens"
-);
-def!(
-    ITERATION_TOKENS,
-    "iteration_tokens_total",
-    Histogram,
-    Tokens,
-    Engine,
-    ENGINE,
-    Group(BucketGroup::IterationTokens),
-    "Histogram of number of tokens per engine step"
-);
-def!(
-    REQUEST_PARAMS_N,
-    "request_params_n",
-    Histogram,
-    Sequences,
-    Engine,
-    ENGINE,
-    Fixed(PARAMS_N_BUCKETS),
-    "Histogram of the n request parameter"
-);
-def!(
-    REQUEST_NUM_PREEMPTIONS,
-    "request_num_preemptions",
-    Histogram,
-    Preemptions,
-    Engine,
-    ENGINE,
-    Fixed(PREEMPTIONS_BUCKETS),
-    "Number of preemptions per finished request"
-);
+    // Engine histograms (counts).
+    REQUEST_PROMPT_TOKENS: Histogram "request_prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+        "Number of prefill tokens processed per request";
+    REQUEST_GENERATION_TOKENS: Histogram "request_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+        "Number of generation tokens processed per request";
+    REQUEST_PARAMS_MAX_TOKENS: Histogram "request_params_max_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+        "Histogram of the max_tokens request parameter";
+    REQUEST_MAX_NUM_GENERATION_TOKENS: Histogram "request_max_num_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+        "Histogram of maximum number of requested generation tokens";
+    ITERATION_TOKENS: Histogram "iteration_tokens_total", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::IterationTokens),
+        "Histogram of number of tokens per engine step";
+    REQUEST_PARAMS_N: Histogram "request_params_n", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(PARAMS_N_BUCKETS),
+        "Histogram of the n request parameter";
+    REQUEST_NUM_PREEMPTIONS: Histogram "request_num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets Fixed(PREEMPTIONS_BUCKETS),
+        "Number of preemptions per finished request";
 
-// Beyond vLLM: device saturation and host overhead.
-def!(
-    ENGINE_STEPS,
-    "engine_steps",
-    Counter,
-    Steps,
-    Engine,
-    ENGINE,
-    NB,
-    "Engine steps executed"
-);
-def!(
-    DEVICE_BUSY_SECONDS,
-    "device_busy_seconds",
-    Counter,
-    Seconds,
-    Engine,
-    ENGINE,
-    NB,
-    "Time the executor spent executing steps; its rate is the device utilisation"
-);
-def!(
-    ENGINE_STEP_DURATION,
-    "engine_step_duration_seconds",
-    Histogram,
-    Seconds,
-    Engine,
-    &["model_name", "engine", "phase"],
-    Fixed(STEP_DURATION_BUCKETS),
-    "Host time per engine step by phase (schedule, execute, postprocess)"
-);
-def!(
-    ENGINE_IDLE_SECONDS,
-    "engine_idle_seconds",
-    Counter,
-    Seconds,
-    Engine,
-    ENGINE,
-    NB,
-    "Time the engine loop waited with nothing to run"
-);
-def!(
-    BATCH_SIZE,
-    "batch_size",
-    Histogram,
-    Sequences,
-    Engine,
-    ENGINE,
-    Fixed(BATCH_SIZE_BUCKETS),
-    "Sequences per engine step"
-);
+    // Beyond vLLM: device saturation and host overhead.
+    ENGINE_STEPS: Counter "engine_steps", unit Steps, scope Engine, labels ENGINE, buckets NB,
+        "Engine steps executed";
+    DEVICE_BUSY_SECONDS: Counter "device_busy_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
+        "Time the executor spent executing steps; its rate is the device utilisation";
+    ENGINE_STEP_DURATION: Histogram "engine_step_duration_seconds", unit Seconds, scope Engine, labels &["model_name", "engine", "phase"], buckets Fixed(STEP_DURATION_BUCKETS),
+        "Host time per engine step by phase (schedule, execute, postprocess)";
+    ENGINE_IDLE_SECONDS: Counter "engine_idle_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
+        "Time the engine loop waited with nothing to run";
+    BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
+        "Sequences per engine step";
 
-// HTTP (prometheus-fastapi-instrumentator's names, no namespace).
-def!(
-    HTTP_REQUESTS,
-    "http_requests",
-    Counter,
-    Requests,
-    Http,
-    &["handler", "method", "status"],
-    NB,
-    "Total number of requests by method, status and handler"
-);
-def!(
-    HTTP_REQUEST_SIZE,
-    "http_request_size_bytes",
-    Histogram,
-    Bytes,
-    Http,
-    &["handler"],
-    Fixed(HTTP_SIZE_BUCKETS),
-    "Size of incoming request bodies by handler (Content-Length, else counted)"
-);
-def!(
-    HTTP_RESPONSE_SIZE,
-    "http_response_size_bytes",
-    Histogram,
-    Bytes,
-    Http,
-    &["handler"],
-    Fixed(HTTP_SIZE_BUCKETS),
-    "Size of outgoing response bodies by handler, counted as the body is sent"
-);
-def!(
-    HTTP_REQUEST_DURATION_HIGHR,
-    "http_request_duration_highr_seconds",
-    Histogram,
-    Seconds,
-    Http,
-    &[],
-    Fixed(HTTP_HIGHR_BUCKETS),
-    "Latency with many buckets but no API specific labels, until the last body byte is sent"
-);
-def!(
-    HTTP_REQUEST_DURATION,
-    "http_request_duration_seconds",
-    Histogram,
-    Seconds,
-    Http,
-    &["method", "handler"],
-    Fixed(HTTP_DURATION_BUCKETS),
-    "Latency with only few buckets by handler, until the last body byte is sent"
-);
-def!(
-    HTTP_REQUESTS_INPROGRESS,
-    "http_requests_inprogress",
-    Gauge,
-    Requests,
-    Http,
-    &["method", "handler"],
-    NB,
-    "Number of HTTP requests in progress"
-);
+    // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
+    HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
+        "Total number of requests by method, status and handler";
+    HTTP_REQUEST_SIZE: Histogram "http_request_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
+        "Size of incoming request bodies by handler (Content-Length, else counted)";
+    HTTP_RESPONSE_SIZE: Histogram "http_response_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
+        "Size of outgoing response bodies by handler, counted as the body is sent";
+    HTTP_REQUEST_DURATION_HIGHR: Histogram "http_request_duration_highr_seconds", unit Seconds, scope Http, labels &[], buckets Fixed(HTTP_HIGHR_BUCKETS),
+        "Latency with many buckets but no API specific labels, until the last body byte is sent";
+    HTTP_REQUEST_DURATION: Histogram "http_request_duration_seconds", unit Seconds, scope Http, labels &["method", "handler"], buckets Fixed(HTTP_DURATION_BUCKETS),
+        "Latency with only few buckets by handler, until the last body byte is sent";
+    HTTP_REQUESTS_INPROGRESS: Gauge "http_requests_inprogress", unit Requests, scope Http, labels &["method", "handler"], buckets NB,
+        "Number of HTTP requests in progress";
+}
 
 /// Every engine- and model-level metric, in exposition order.
 pub const ENGINE_METRICS: &[MetricDef] = &[
