@@ -43,6 +43,9 @@ pub struct RequestOutput {
     pub start: f64,
     /// How late the send was against its schedule, seconds.
     pub send_lag: f64,
+    /// How late the scheduler thread handed the request to the runtime, seconds
+    /// (the part of `send_lag` before the runtime picked the task up).
+    pub dispatch_lag: f64,
     /// Prompt length (from the dataset).
     pub prompt_len: usize,
     /// Why it failed (empty on success).

@@ -5,10 +5,12 @@
 pub mod arrivals;
 pub mod cli;
 pub mod client;
+pub mod compare;
 pub mod dataset;
 pub mod error;
 pub mod metrics;
 pub mod mock;
+pub mod plot;
 pub mod progress;
 pub mod promtext;
 pub mod report;
@@ -18,6 +20,7 @@ pub mod runner;
 pub mod scrape;
 pub mod serve;
 pub mod sse;
+pub mod sweep;
 pub mod tokenizer;
 
 pub use cli::{BenchCommand, CompareArgs, ServeArgs, SweepArgs};
@@ -29,8 +32,10 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Serve(args) => {
             serve::run_serve(&args).await?;
         }
-        BenchCommand::Compare(_args) => anyhow::bail!("compare: not yet"),
-        BenchCommand::Sweep(_args) => anyhow::bail!("sweep: not yet"),
+        BenchCommand::Compare(args) => compare::run(&args)?,
+        BenchCommand::Sweep(args) => {
+            sweep::run(&args).await?;
+        }
     }
     Ok(())
 }

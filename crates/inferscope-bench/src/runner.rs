@@ -55,6 +55,7 @@ pub async fn execute(client: Arc<ApiClient>, plan: Plan) -> RunResult {
             if target > now {
                 std::thread::sleep(target - now);
             }
+            let dispatched = Instant::now();
             let (client, tx, sem, done) = (client.clone(), tx.clone(), sem.clone(), done.clone());
             handle.spawn(async move {
                 // The permit is held until the response has been read.
@@ -68,6 +69,7 @@ pub async fn execute(client: Arc<ApiClient>, plan: Plan) -> RunResult {
                     .await;
                 out.start = sent.duration_since(start).as_secs_f64();
                 out.send_lag = sent.saturating_duration_since(target).as_secs_f64();
+                out.dispatch_lag = dispatched.saturating_duration_since(target).as_secs_f64();
                 done.fetch_add(1, Ordering::Relaxed);
                 let _ = tx.send((i, out));
             });

@@ -232,3 +232,68 @@ async fn scrape_metrics_and_save_result() {
     .expect("run succeeds");
     assert!(out.server_view.is_none());
 }
+
+#[derive(Parser)]
+struct SweepCli {
+    #[command(flatten)]
+    args: inferscope_bench::SweepArgs,
+}
+
+/// A sweep over two rates writes the table JSON and both plots; compare reads two results.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_writes_plots_and_compare_reads_results() {
+    let mock = MockServer::start(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(1),
+        ..Default::default()
+    })
+    .await
+    .expect("mock starts");
+    let dir = std::env::temp_dir().join(format!("isb-sweep-{}", std::process::id()));
+    let base = mock.base_url();
+    let d = dir.to_str().expect("utf-8 path");
+    let argv = [
+        "sweep",
+        "--base-url",
+        &base,
+        "--model",
+        "m",
+        "--disable-tqdm",
+        "--num-prompts",
+        "4",
+        "--random-input-len",
+        "8",
+        "--random-output-len",
+        "4",
+        "--request-rates",
+        "50,inf",
+        "--save-result",
+        "--result-dir",
+        d,
+        "--result-filename",
+        "run.json",
+    ];
+    let args = SweepCli::try_parse_from(argv)
+        .expect("valid arguments")
+        .args;
+    let rows = inferscope_bench::sweep::run(&args)
+        .await
+        .expect("sweep runs");
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|(_, m)| m.completed == 4));
+    for f in [
+        "sweep_ttft.svg",
+        "sweep_ttft.png",
+        "sweep_tpot.svg",
+        "sweep_tpot.png",
+        "sweep.json",
+    ] {
+        let len = std::fs::metadata(dir.join(f)).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 100, "{f}: {len} bytes");
+    }
+    let a = inferscope_bench::compare::load(&dir.join("run-rate50.0.json")).expect("point 1");
+    let b = inferscope_bench::compare::load(&dir.join("run-rateinf.json")).expect("point 2");
+    let text = inferscope_bench::compare::render(&a, &b, "a", "b");
+    assert!(text.contains("request_throughput:"));
+    assert!(text.contains("p99_ttft_ms:"));
+}
