@@ -176,6 +176,36 @@ const WORDS: &[&str] = &[
     "fact",
 ];
 
+/// Where prompt text and token counts come from: a word list without a
+/// tokenizer, or a real tokenizer for exact lengths.
+pub trait PromptSource {
+    /// Tokens in `text`.
+    fn count(&self, text: &str) -> usize;
+    /// `prefix` (of `prefix_len` tokens) followed by random text, about
+    /// `prefix_len + n` tokens in all; returns the prompt and its length.
+    fn extend(&self, prefix: &str, prefix_len: usize, n: usize, rng: &mut Rng) -> (String, usize);
+}
+
+/// Prompts from the built-in word list; counts of real text are ⌈chars/4⌉.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WordSource;
+
+impl PromptSource for WordSource {
+    fn count(&self, text: &str) -> usize {
+        estimate_tokens(text)
+    }
+
+    fn extend(&self, prefix: &str, prefix_len: usize, n: usize, rng: &mut Rng) -> (String, usize) {
+        let body = random_words(n, rng);
+        let prompt = match (prefix.is_empty(), body.is_empty()) {
+            (true, _) => body,
+            (false, true) => prefix.to_string(),
+            (false, false) => format!("{prefix} {body}"),
+        };
+        (prompt, prefix_len + n)
+    }
+}
+
 /// `n` random words joined by spaces (≈ `n` tokens).
 pub fn random_words(n: usize, rng: &mut Rng) -> String {
     let mut s = String::with_capacity(n * 6);
@@ -193,11 +223,21 @@ pub fn estimate_tokens(text: &str) -> usize {
     text.chars().count().div_ceil(4)
 }
 
-/// Draws `num_prompts` requests from the dataset.
+/// Draws `num_prompts` requests from the dataset with the word-list source.
 pub fn sample(
     spec: &DatasetSpec,
     num_prompts: usize,
     rng: &mut Rng,
+) -> Result<Vec<SampleRequest>, BenchError> {
+    sample_with(spec, num_prompts, rng, &WordSource)
+}
+
+/// Draws `num_prompts` requests, with text and counts from `src`.
+pub fn sample_with(
+    spec: &DatasetSpec,
+    num_prompts: usize,
+    rng: &mut Rng,
+    src: &dyn PromptSource,
 ) -> Result<Vec<SampleRequest>, BenchError> {
     match spec {
         DatasetSpec::Random {
@@ -212,12 +252,13 @@ pub fn sample(
             *prefix_len,
             num_prompts,
             rng,
+            src,
         ),
         DatasetSpec::ShareGpt { path, output_len } => {
-            sample_sharegpt(path, *output_len, num_prompts, rng)
+            sample_sharegpt(path, *output_len, num_prompts, rng, src)
         }
         DatasetSpec::Custom { path, output_len } => {
-            sample_custom(path, *output_len, num_prompts, rng)
+            sample_custom(path, *output_len, num_prompts, rng, src)
         }
         DatasetSpec::PrefixRepetition {
             prefix_len,
@@ -231,6 +272,7 @@ pub fn sample(
             *output_len,
             num_prompts,
             rng,
+            src,
         )),
     }
 }
@@ -248,28 +290,24 @@ fn sample_random(
     prefix_len: usize,
     num_prompts: usize,
     rng: &mut Rng,
+    src: &dyn PromptSource,
 ) -> Result<Vec<SampleRequest>, BenchError> {
     if !(0.0..1.0).contains(&range_ratio) {
         return Err(BenchError::InvalidArg(format!(
             "--random-range-ratio must be in [0, 1), got {range_ratio}"
         )));
     }
-    let prefix = random_words(prefix_len, rng);
+    let (prefix, prefix_len) = src.extend("", 0, prefix_len, rng);
     let (in_lo, in_hi) = length_bounds(input_len, range_ratio);
     let (out_lo, out_hi) = length_bounds(output_len, range_ratio);
     Ok((0..num_prompts)
         .map(|_| {
             let n_in = rng.range_inclusive(in_lo, in_hi);
             let n_out = rng.range_inclusive(out_lo, out_hi).max(1);
-            let body = random_words(n_in, rng);
-            let prompt = match (prefix.is_empty(), body.is_empty()) {
-                (true, _) => body,
-                (false, true) => prefix.clone(),
-                (false, false) => format!("{prefix} {body}"),
-            };
+            let (prompt, prompt_len) = src.extend(&prefix, prefix_len, n_in, rng);
             SampleRequest {
                 prompt,
-                prompt_len: prefix_len + n_in,
+                prompt_len,
                 expected_output_len: n_out,
             }
         })
@@ -283,17 +321,18 @@ fn sample_prefix_repetition(
     output_len: usize,
     num_prompts: usize,
     rng: &mut Rng,
+    src: &dyn PromptSource,
 ) -> Vec<SampleRequest> {
-    let prefixes: Vec<String> = (0..num_prefixes.max(1))
-        .map(|_| random_words(prefix_len, rng))
+    let prefixes: Vec<(String, usize)> = (0..num_prefixes.max(1))
+        .map(|_| src.extend("", 0, prefix_len, rng))
         .collect();
     let mut out: Vec<SampleRequest> = (0..num_prompts)
         .map(|i| {
-            let suffix = random_words(suffix_len, rng);
-            let prefix = &prefixes[i % prefixes.len()];
+            let (prefix, plen) = &prefixes[i % prefixes.len()];
+            let (prompt, prompt_len) = src.extend(prefix, *plen, suffix_len, rng);
             SampleRequest {
-                prompt: format!("{prefix} {suffix}").trim().to_string(),
-                prompt_len: prefix_len + suffix_len,
+                prompt,
+                prompt_len,
                 expected_output_len: output_len.max(1),
             }
         })
@@ -323,6 +362,7 @@ fn sample_sharegpt(
     fixed_output_len: Option<usize>,
     num_prompts: usize,
     rng: &mut Rng,
+    src: &dyn PromptSource,
 ) -> Result<Vec<SampleRequest>, BenchError> {
     let text = read_file(path)?;
     let mut entries: Vec<ShareGptEntry> =
@@ -338,9 +378,8 @@ fn sample_sharegpt(
             break;
         }
         let prompt = &e.conversations[0].value;
-        let prompt_len = estimate_tokens(prompt);
-        let output_len =
-            fixed_output_len.unwrap_or_else(|| estimate_tokens(&e.conversations[1].value));
+        let prompt_len = src.count(prompt);
+        let output_len = fixed_output_len.unwrap_or_else(|| src.count(&e.conversations[1].value));
         // Same filter as vLLM: drop very short and very long pairs.
         if fixed_output_len.is_none()
             && (prompt_len < 4
@@ -377,6 +416,7 @@ fn sample_custom(
     output_len: usize,
     num_prompts: usize,
     rng: &mut Rng,
+    src: &dyn PromptSource,
 ) -> Result<Vec<SampleRequest>, BenchError> {
     let file = std::fs::File::open(path).map_err(|e| BenchError::io(path, e))?;
     let mut out = Vec::new();
@@ -391,7 +431,7 @@ fn sample_custom(
                 source,
             })?;
         out.push(SampleRequest {
-            prompt_len: estimate_tokens(&parsed.prompt),
+            prompt_len: src.count(&parsed.prompt),
             prompt: parsed.prompt,
             expected_output_len: parsed.output_tokens.unwrap_or(output_len).max(1),
         });

@@ -189,7 +189,11 @@ async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Respons
         .or_else(|| v.get("max_completion_tokens"))
         .and_then(Value::as_u64)
         .unwrap_or(16);
-    if st.cfg.fail_every.is_some_and(|k| k > 0 && n % k == 0) {
+    if st
+        .cfg
+        .fail_every
+        .is_some_and(|k| k > 0 && n.is_multiple_of(k))
+    {
         let err = json!({"error":{"message":"mock failure","type":"internal_error","param":null,"code":500}});
         return full(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -206,7 +210,7 @@ async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Respons
     let drop_after = st
         .cfg
         .drop_every
-        .filter(|k| *k > 0 && n % k == 0)
+        .filter(|k| *k > 0 && n.is_multiple_of(*k))
         .map(|_| 2u64);
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(stream_tokens(

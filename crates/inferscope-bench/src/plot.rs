@@ -43,7 +43,7 @@ const COLORS: [(u8, u8, u8); 6] = [
 
 /// A tick step of 1, 2 or 5 × 10^k giving about `n` intervals.
 pub fn nice_step(range: f64, n: f64) -> f64 {
-    if !(range > 0.0) || !range.is_finite() {
+    if range.is_nan() || range <= 0.0 || !range.is_finite() {
         return 1.0;
     }
     let raw = range / n;

@@ -3,7 +3,7 @@
 use crate::arrivals;
 use crate::cli::{Backend, DatasetName, ServeArgs};
 use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, discover_model};
-use crate::dataset::{self, DatasetSpec, SampleRequest};
+use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
 use crate::error::BenchError;
 use crate::metrics::{self, BenchmarkMetrics, Slo};
 use crate::progress;
@@ -151,7 +151,7 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
             "--burstiness must be a positive number".into(),
         ));
     }
-    if !(args.request_rate > 0.0) {
+    if args.request_rate.is_nan() || args.request_rate <= 0.0 {
         return Err(BenchError::InvalidArg(
             "--request-rate must be positive (or inf)".into(),
         ));
@@ -241,7 +241,9 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
     };
     let run = runner::execute(client.clone(), plan).await;
 
-    let count_fn = tokenizer.as_ref().map(|t| move |s: &str| t.count(s));
+    let count_fn = tokenizer
+        .as_ref()
+        .map(|t| move |s: &str| PromptSource::count(t, s));
     let count_ref: Option<&dyn Fn(&str) -> usize> =
         count_fn.as_ref().map(|f| f as &dyn Fn(&str) -> usize);
     let m = metrics::compute(

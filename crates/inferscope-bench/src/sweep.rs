@@ -85,11 +85,7 @@ pub fn table(rows: &[(Point, BenchmarkMetrics)]) -> String {
 }
 
 /// Chart of output throughput against a latency metric's median and percentiles.
-pub fn chart(
-    rows: &[(Point, BenchmarkMetrics)],
-    name: &str,
-    pick: fn(&BenchmarkMetrics) -> &Distribution,
-) -> Chart {
+pub fn chart(rows: &[(Point, BenchmarkMetrics)], name: &str, pick: Pick) -> Chart {
     let mut series = vec![Series {
         name: format!("median {name}"),
         points: rows
@@ -132,6 +128,9 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), BenchError> {
     std::fs::write(path, bytes).map_err(|e| BenchError::io(path, e))
 }
 
+/// Picks one latency distribution out of a run's metrics.
+type Pick = fn(&BenchmarkMetrics) -> &Distribution;
+
 /// Writes `sweep_ttft.{svg,png}`, `sweep_tpot.{svg,png}` and `sweep.json` into `dir`.
 pub fn write_outputs(
     dir: &Path,
@@ -139,7 +138,7 @@ pub fn write_outputs(
 ) -> Result<Vec<PathBuf>, BenchError> {
     std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
     let mut written = Vec::new();
-    let charts: [(&str, &str, fn(&BenchmarkMetrics) -> &Distribution); 2] =
+    let charts: [(&str, &str, Pick); 2] =
         [("ttft", "TTFT", |m| &m.ttft), ("tpot", "TPOT", |m| &m.tpot)];
     for (key, name, pick) in charts {
         let c = chart(rows, name, pick);
