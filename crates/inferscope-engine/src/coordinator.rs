@@ -91,8 +91,10 @@ impl RequestHandle {
     /// Ends the request early with `reason` (e.g. `Stop` for a stop string).
     pub fn finish(&mut self, reason: FinishReason) {
         if !self.finished {
-            self.shared
-                .send(self.core, CoreMessage::Finish(self.request_id.clone(), reason));
+            self.shared.send(
+                self.core,
+                CoreMessage::Finish(self.request_id.clone(), reason),
+            );
         }
     }
 

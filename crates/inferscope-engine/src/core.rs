@@ -196,8 +196,12 @@ impl EngineCore {
                     self.state.alive.store(false, Ordering::Release);
                     self.scheduler.finish_all(FinishReason::Error, Some(&msg));
                     self.flush_outside_step();
-                    // Refuse whatever is still queued or arrives later.
+                    // Fail whatever is still queued or arrives later, until
+                    // the coordinator shuts down.
                     while let Ok(m) = self.rx.recv() {
+                        if matches!(m, CoreMessage::Shutdown(_)) {
+                            return;
+                        }
                         self.handle(m);
                         self.scheduler.finish_all(FinishReason::Error, Some(&msg));
                         self.flush_outside_step();
@@ -287,8 +291,12 @@ impl EngineCore {
     }
 
     fn publish(&self, snapshot: &inferscope_metrics::SchedulerStats) {
-        self.state.waiting.store(snapshot.num_waiting, Ordering::Relaxed);
-        self.state.running.store(snapshot.num_running, Ordering::Relaxed);
+        self.state
+            .waiting
+            .store(snapshot.num_waiting, Ordering::Relaxed);
+        self.state
+            .running
+            .store(snapshot.num_running, Ordering::Relaxed);
         self.state
             .kv_usage_bits
             .store(snapshot.kv_cache_usage.to_bits(), Ordering::Relaxed);

@@ -129,8 +129,11 @@ pub trait Executor: Send + 'static {
     fn eos_token_ids(&self) -> Vec<u32>;
 
     /// Runs one step. `out.sampled` must end with one entry per sequence.
-    fn execute(&mut self, batch: &ScheduledBatch, out: &mut StepOutput)
-    -> Result<(), ExecutorError>;
+    fn execute(
+        &mut self,
+        batch: &ScheduledBatch,
+        out: &mut StepOutput,
+    ) -> Result<(), ExecutorError>;
 }
 
 impl Executor for Box<dyn Executor> {

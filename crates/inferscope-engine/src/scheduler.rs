@@ -246,7 +246,11 @@ impl Scheduler {
     /// Ends every request with `reason` (shutdown, or a dead executor).
     pub fn finish_all(&mut self, reason: FinishReason, error: Option<&str>) {
         let now = Instant::now();
-        let seqs: Vec<Sequence> = self.running.drain(..).chain(self.waiting.drain(..)).collect();
+        let seqs: Vec<Sequence> = self
+            .running
+            .drain(..)
+            .chain(self.waiting.drain(..))
+            .collect();
         for seq in seqs {
             self.finish(seq, reason, None, error.map(str::to_owned), now);
         }
@@ -459,8 +463,8 @@ impl Scheduler {
         finishing.sort_unstable_by(|a, b| b.0.cmp(&a.0));
         for &(idx, reason, stop) in &finishing {
             let seq = self.running.remove(idx);
-            let error =
-                (reason == FinishReason::Error).then(|| "the executor returned no token".to_owned());
+            let error = (reason == FinishReason::Error)
+                .then(|| "the executor returned no token".to_owned());
             self.finish(seq, reason, stop, error, now);
         }
         self.finishing = finishing;
@@ -474,7 +478,13 @@ impl Scheduler {
         idx.dedup();
         for i in idx {
             let seq = self.running.remove(i);
-            self.finish(seq, FinishReason::Error, None, Some(message.to_owned()), now);
+            self.finish(
+                seq,
+                FinishReason::Error,
+                None,
+                Some(message.to_owned()),
+                now,
+            );
         }
         self.batch.clear();
         self.batch_running_idx.clear();

@@ -56,17 +56,16 @@ impl SimProfile {
 
     /// A built-in profile by name.
     pub fn builtin(name: &str) -> Option<Self> {
-        PROFILES
-            .iter()
-            .find(|p| p.0 == name)
-            .map(|&(name, t_fixed, t_prefill, t_weights, t_kv, kv)| Self {
+        PROFILES.iter().find(|p| p.0 == name).map(
+            |&(name, t_fixed, t_prefill, t_weights, t_kv, kv)| Self {
                 name: name.to_owned(),
                 t_fixed,
                 t_prefill,
                 t_weights,
                 t_kv,
                 kv_capacity_tokens: kv,
-            })
+            },
+        )
     }
 
     /// The modelled time of one step.
@@ -108,11 +107,16 @@ impl FromStr for SimProfile {
     /// overrides `h100-llama3-8b`. Keys: `t_fixed_ms`, `t_prefill_us`,
     /// `t_weights_ms`, `t_kv_ns`, `kv_tokens`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts = s.split(',').map(str::trim).filter(|p| !p.is_empty()).peekable();
+        let mut parts = s
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .peekable();
         let base = match parts.peek() {
             Some(first) if !first.contains('=') => {
                 let name = parts.next().unwrap_or_default();
-                Self::builtin(name).ok_or_else(|| SimProfileError::UnknownProfile(name.to_owned()))?
+                Self::builtin(name)
+                    .ok_or_else(|| SimProfileError::UnknownProfile(name.to_owned()))?
             }
             _ => {
                 let mut p = Self::builtin("h100-llama3-8b")
@@ -320,7 +324,9 @@ mod tests {
     fn parses_builtin_and_overrides() {
         let p: SimProfile = "h100-llama3-8b".parse().expect("builtin");
         assert_eq!(p.kv_capacity_tokens, 430_000);
-        let p: SimProfile = "tiny,t_weights_ms=2,kv_tokens=1000".parse().expect("override");
+        let p: SimProfile = "tiny,t_weights_ms=2,kv_tokens=1000"
+            .parse()
+            .expect("override");
         assert_eq!(p.name, "tiny");
         assert!((p.t_weights - 2e-3).abs() < 1e-12);
         assert_eq!(p.kv_capacity_tokens, 1000);
@@ -334,13 +340,18 @@ mod tests {
 
     #[test]
     fn sampling_is_repeatable_and_in_range() {
-        let ex = SimExecutor::new(SimProfile::builtin("tiny").expect("tiny"), SimTokens::default());
+        let ex = SimExecutor::new(
+            SimProfile::builtin("tiny").expect("tiny"),
+            SimTokens::default(),
+        );
         for i in 0..1000 {
             let a = ex.sample(42, i, true);
             assert_eq!(a, ex.sample(42, i, true));
             assert!((32..127).contains(&a), "masked EOS never sampled: {a}");
         }
-        let eos = (0..10_000).filter(|&i| ex.sample(7, i, false) == 257).count();
+        let eos = (0..10_000)
+            .filter(|&i| ex.sample(7, i, false) == 257)
+            .count();
         assert!((40..120).contains(&eos), "EOS rate near 1/128: {eos}");
     }
 }

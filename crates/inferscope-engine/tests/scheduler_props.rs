@@ -41,14 +41,16 @@ fn req_strategy() -> impl Strategy<Value = Req> {
         any::<bool>(),
         prop::option::weighted(0.2, 0usize..60),
     )
-        .prop_map(|(prefix, prompt_len, max_tokens, min_tokens, ignore_eos, abort_at_step)| Req {
-            prefix,
-            prompt_len,
-            max_tokens,
-            min_tokens,
-            ignore_eos,
-            abort_at_step,
-        })
+        .prop_map(
+            |(prefix, prompt_len, max_tokens, min_tokens, ignore_eos, abort_at_step)| Req {
+                prefix,
+                prompt_len,
+                max_tokens,
+                min_tokens,
+                ignore_eos,
+                abort_at_step,
+            },
+        )
 }
 
 /// The device stand-in: KV slots hold the token written there.
@@ -90,7 +92,10 @@ impl CheckingDevice {
             for (i, &t) in batch.tokens(s).iter().enumerate() {
                 let pos = s.start_pos + i;
                 if t != all[pos] {
-                    return Err(format!("seq {} token at {pos} is {t}, expected {}", s.seq_id, all[pos]));
+                    return Err(format!(
+                        "seq {} token at {pos} is {t}, expected {}",
+                        s.seq_id, all[pos]
+                    ));
                 }
                 let block = table[pos / bs];
                 if ref_count(block) != 1 {
@@ -104,9 +109,14 @@ impl CheckingDevice {
                 }
             }
             out.sampled.push(s.sample.then(|| {
-                let x = (s.seed ^ (s.num_generated as u64 * 0x9e37_79b9)).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                let x = (s.seed ^ (s.num_generated as u64 * 0x9e37_79b9))
+                    .wrapping_mul(0x2545_f491_4f6c_dd1d);
                 let t = (x >> 40) as u32 % 8;
-                if !s.mask_stop_tokens() && t == 0 { EOS } else { t }
+                if !s.mask_stop_tokens() && t == 0 {
+                    EOS
+                } else {
+                    t
+                }
             }));
         }
         Ok(())
@@ -134,13 +144,21 @@ fn run_workload(
         block_size,
     };
     let prefixes: Vec<Vec<u32>> = (0..3)
-        .map(|p| (0..48).map(|i| 10 + ((i * 7 + p * 13) % 50) as u32).collect())
+        .map(|p| {
+            (0..48)
+                .map(|i| 10 + ((i * 7 + p * 13) % 50) as u32)
+                .collect()
+        })
         .collect();
     let mut rxs: Vec<UnboundedReceiver<RequestOutput>> = Vec::new();
     let mut tokens_of: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut seq_of_req: HashMap<String, u64> = HashMap::new();
     for (i, r) in reqs.iter().enumerate() {
-        let mut prompt: Vec<u32> = prefixes[r.prefix].iter().copied().take(r.prompt_len).collect();
+        let mut prompt: Vec<u32> = prefixes[r.prefix]
+            .iter()
+            .copied()
+            .take(r.prompt_len)
+            .collect();
         while prompt.len() < r.prompt_len {
             prompt.push(60 + (prompt.len() as u32 * 31 + i as u32) % 30);
         }
@@ -188,7 +206,11 @@ fn run_workload(
                         streamed[i] += 1;
                         tokens_of.entry(seq).or_default().push(token_id);
                     }
-                    RequestOutput::Finished { reason, num_generation_tokens, .. } => {
+                    RequestOutput::Finished {
+                        reason,
+                        num_generation_tokens,
+                        ..
+                    } => {
                         finishes[i].push((reason, num_generation_tokens));
                         tokens_of.remove(&seq);
                     }
@@ -209,7 +231,11 @@ fn run_workload(
                 .and_then(|(k, _)| k[1..].parse().ok())
                 .ok_or_else(|| TestCaseError::fail("seq without request"))?;
             let r = &reqs[req_idx];
-            let mut prompt: Vec<u32> = prefixes[r.prefix].iter().copied().take(r.prompt_len).collect();
+            let mut prompt: Vec<u32> = prefixes[r.prefix]
+                .iter()
+                .copied()
+                .take(r.prompt_len)
+                .collect();
             while prompt.len() < r.prompt_len {
                 prompt.push(60 + (prompt.len() as u32 * 31 + req_idx as u32) % 30);
             }
@@ -243,7 +269,11 @@ fn run_workload(
                     prop_assert!(finishes[i].is_empty(), "token after finish for r{}", i);
                     streamed[i] += 1;
                 }
-                RequestOutput::Finished { reason, num_generation_tokens, .. } => {
+                RequestOutput::Finished {
+                    reason,
+                    num_generation_tokens,
+                    ..
+                } => {
                     finishes[i].push((reason, num_generation_tokens));
                 }
             }
@@ -251,7 +281,13 @@ fn run_workload(
     }
     // Every request finished exactly once, with the right reason.
     for (i, r) in reqs.iter().enumerate() {
-        prop_assert_eq!(finishes[i].len(), 1, "r{} finished {} times", i, finishes[i].len());
+        prop_assert_eq!(
+            finishes[i].len(),
+            1,
+            "r{} finished {} times",
+            i,
+            finishes[i].len()
+        );
         let (reason, generated) = finishes[i][0];
         prop_assert_eq!(streamed[i], generated, "r{} streamed a different count", i);
         match reason {
@@ -264,7 +300,11 @@ fn run_workload(
             FinishReason::Error => prop_assert!(false, "unexpected error finish"),
         }
         if r.ignore_eos && reason != FinishReason::Abort {
-            prop_assert_eq!(generated, r.max_tokens, "ignore_eos must give exactly max_tokens");
+            prop_assert_eq!(
+                generated,
+                r.max_tokens,
+                "ignore_eos must give exactly max_tokens"
+            );
         }
     }
     Ok(())
@@ -319,7 +359,11 @@ fn shared_prefixes_hit_the_cache() {
             EngineRequest {
                 request_id: format!("r{i}"),
                 prompt_token_ids: (0..40).map(|t| t as u32 + 1).collect(),
-                params: Arc::new(SamplingParams { max_tokens: 4, ignore_eos: true, ..Default::default() }),
+                params: Arc::new(SamplingParams {
+                    max_tokens: 4,
+                    ignore_eos: true,
+                    ..Default::default()
+                }),
                 arrival: Instant::now(),
             },
             tx,
@@ -329,7 +373,12 @@ fn shared_prefixes_hit_the_cache() {
     let (mut queries, mut hits) = (0, 0);
     while sched.has_work() {
         sched.schedule();
-        out.sampled = sched.batch().seqs.iter().map(|s| s.sample.then_some(7)).collect();
+        out.sampled = sched
+            .batch()
+            .seqs
+            .iter()
+            .map(|s| s.sample.then_some(7))
+            .collect();
         sched.update(&out);
         let snap = sched.snapshot();
         queries += snap.prefix_cache_queries;
@@ -341,7 +390,10 @@ fn shared_prefixes_hit_the_cache() {
     for mut rx in rxs {
         let mut got = None;
         while let Ok(o) = rx.try_recv() {
-            if let RequestOutput::Finished { num_cached_tokens, .. } = o {
+            if let RequestOutput::Finished {
+                num_cached_tokens, ..
+            } = o
+            {
                 got = Some(num_cached_tokens);
             }
         }

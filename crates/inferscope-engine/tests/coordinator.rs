@@ -1,0 +1,379 @@
+//! The engine cores and the data-parallel coordinator, driven end to end with
+//! the simulated accelerator on the fast `tiny` profile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inferscope_engine::sim::{SimFaults, SimTokens};
+use inferscope_engine::{
+    Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
+    RequestHandle, RequestOutput, SamplingParams, SimExecutor, SimProfile,
+};
+use inferscope_metrics::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use parking_lot::Mutex;
+
+/// Collects what the engines report, per engine.
+#[derive(Default)]
+struct Recorded {
+    steps: BTreeMap<usize, u64>,
+    preemptions: u64,
+    finished: Vec<(usize, FinishReason)>,
+    generation_tokens: u64,
+    max_batch: usize,
+    last: BTreeMap<usize, SchedulerStats>,
+}
+
+#[derive(Default)]
+struct TestRecorder(Mutex<Recorded>);
+
+impl TestRecorder {
+    fn finished_with(&self, reason: FinishReason) -> usize {
+        self.0
+            .lock()
+            .finished
+            .iter()
+            .filter(|f| f.1 == reason)
+            .count()
+    }
+}
+
+impl StatsRecorder for TestRecorder {
+    fn record_step(&self, engine: usize, s: &SchedulerStats, it: &IterationStats) {
+        let mut r = self.0.lock();
+        *r.steps.entry(engine).or_default() += 1;
+        r.preemptions += s.num_preemptions;
+        r.generation_tokens += it.num_generation_tokens;
+        r.max_batch = r.max_batch.max(it.batch_size);
+        r.finished.extend(
+            it.finished_requests
+                .iter()
+                .map(|f| (engine, f.finish_reason)),
+        );
+        r.last.insert(engine, s.clone());
+    }
+    fn record_finished(&self, engine: usize, finished: &[FinishedRequestStats]) {
+        let mut r = self.0.lock();
+        r.finished
+            .extend(finished.iter().map(|f| (engine, f.finish_reason)));
+    }
+    fn record_idle(&self, engine: usize, s: &SchedulerStats, _idle: Duration) {
+        self.0.lock().last.insert(engine, s.clone());
+    }
+}
+
+fn tiny(
+    kv_tokens: usize,
+    faults: SimFaults,
+) -> impl FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError> {
+    move |_| {
+        let mut p =
+            SimProfile::builtin("tiny").ok_or_else(|| ExecutorError::Init("no tiny".into()))?;
+        p.kv_capacity_tokens = kv_tokens;
+        Ok(Box::new(
+            SimExecutor::new(p, SimTokens::default()).with_faults(faults.clone()),
+        ))
+    }
+}
+
+fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
+    EngineRequest {
+        request_id: id.to_owned(),
+        prompt_token_ids: (0..prompt_len as u32).map(|t| 40 + t % 50).collect(),
+        params: Arc::new(SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            seed: Some(id.len() as u64 * 7919 + prompt_len as u64),
+            ..Default::default()
+        }),
+        arrival: Instant::now(),
+    }
+}
+
+/// Drains a request to its end: (tokens, finish reason, error).
+fn drain(
+    rt: &tokio::runtime::Runtime,
+    mut h: RequestHandle,
+) -> (Vec<u32>, FinishReason, Option<String>) {
+    rt.block_on(async move {
+        let mut tokens = Vec::new();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(20), h.recv()).await {
+                Ok(Some(RequestOutput::Token { token_id, .. })) => tokens.push(token_id),
+                Ok(Some(RequestOutput::Finished { reason, error, .. })) => {
+                    return (tokens, reason, error);
+                }
+                Ok(None) => panic!("stream ended without a finish event"),
+                Err(_) => panic!("request stuck"),
+            }
+        }
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime")
+}
+
+#[test]
+fn two_cores_spread_load_and_honour_rank_offset() {
+    let rt = runtime();
+    let rec = Arc::new(TestRecorder::default());
+    let mut c = Coordinator::start(
+        EngineConfig::default(),
+        2,
+        4,
+        tiny(65_536, SimFaults::default()),
+        rec.clone(),
+    )
+    .expect("start");
+    assert_eq!(c.engine_indices(), vec![4, 5]);
+    let handles: Vec<RequestHandle> = (0..40)
+        .map(|i| {
+            c.add_request(request(&format!("req-{i}"), 20, 8))
+                .expect("add")
+        })
+        .collect();
+    let mut per_engine: HashMap<usize, usize> = HashMap::new();
+    for h in &handles {
+        *per_engine.entry(h.engine).or_default() += 1;
+    }
+    assert_eq!(
+        per_engine.len(),
+        2,
+        "both engines get requests: {per_engine:?}"
+    );
+    for (&e, &n) in &per_engine {
+        assert!((4..=5).contains(&e));
+        assert!(n >= 10, "load is spread: {per_engine:?}");
+    }
+    for h in handles {
+        let (tokens, reason, _) = drain(&rt, h);
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(tokens.len(), 8, "ignore_eos gives exactly max_tokens");
+    }
+    c.shutdown(Duration::from_secs(5));
+    let r = rec.0.lock();
+    assert_eq!(r.steps.keys().copied().collect::<Vec<_>>(), vec![4, 5]);
+    assert_eq!(r.generation_tokens, 40 * 8);
+    assert_eq!(r.finished.len(), 40);
+}
+
+#[test]
+fn duplicate_ids_are_refused() {
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let _h = c.add_request(request("same", 10, 1000)).expect("first");
+    assert!(matches!(
+        c.add_request(request("same", 10, 4)),
+        Err(EngineError::DuplicateRequestId(_))
+    ));
+}
+
+#[test]
+fn dropping_a_handle_aborts_and_frees_blocks() {
+    let rt = runtime();
+    let rec = Arc::new(TestRecorder::default());
+    let mut c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        rec.clone(),
+    )
+    .expect("start");
+    let mut h = c.add_request(request("long", 100, 100_000)).expect("add");
+    rt.block_on(async {
+        for _ in 0..5 {
+            h.recv().await;
+        }
+    });
+    drop(h);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while rec.finished_with(FinishReason::Abort) == 0 {
+        assert!(Instant::now() < deadline, "abort never recorded");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let state = c.engines().next().expect("engine");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while state.num_running() != 0 || state.kv_usage() != 0.0 {
+        assert!(Instant::now() < deadline, "blocks not freed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let last = rec.0.lock().last.get(&0).cloned().expect("state reported");
+    assert_eq!(last.num_running, 0);
+    assert_eq!(last.kv_cache_usage, 0.0);
+    assert!(!c.abort("long"), "the id is gone once aborted");
+    c.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn preemption_by_recompute_is_transparent() {
+    let rt = runtime();
+    // Room for ~3 of the 6 sequences at full length: forces preemption.
+    let config = EngineConfig {
+        block_size: 16,
+        ..Default::default()
+    };
+    let rec = Arc::new(TestRecorder::default());
+    let mut c = Coordinator::start(
+        config.clone(),
+        1,
+        0,
+        tiny(16 * 30, SimFaults::default()),
+        rec.clone(),
+    )
+    .expect("start");
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            c.add_request(request(&format!("p{i}"), 60, 90))
+                .expect("add")
+        })
+        .collect();
+    let crowded: Vec<Vec<u32>> = handles.into_iter().map(|h| drain(&rt, h).0).collect();
+    c.shutdown(Duration::from_secs(1));
+    assert!(rec.0.lock().preemptions > 0, "the workload must preempt");
+
+    // The same requests alone on a roomy engine give the same tokens.
+    let mut alone = Coordinator::start(
+        config,
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    for (i, want) in crowded.iter().enumerate() {
+        let h = alone
+            .add_request(request(&format!("p{i}"), 60, 90))
+            .expect("add");
+        let (got, reason, _) = drain(&rt, h);
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(&got, want, "request p{i} differs after preemption");
+    }
+    alone.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn step_faults_fail_their_requests_and_the_core_keeps_serving() {
+    let rt = runtime();
+    let rec = Arc::new(TestRecorder::default());
+    let faults = SimFaults {
+        fail_every_n_steps: 7,
+        die_after_steps: 0,
+    };
+    let mut c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, faults),
+        rec.clone(),
+    )
+    .expect("start");
+    let mut errors = 0;
+    let mut ok = 0;
+    for i in 0..12 {
+        let h = c.add_request(request(&format!("f{i}"), 8, 3)).expect("add");
+        let (_, reason, error) = drain(&rt, h);
+        match reason {
+            FinishReason::Error => {
+                errors += 1;
+                assert!(error.is_some_and(|e| e.contains("simulated fault")));
+            }
+            FinishReason::Length => ok += 1,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert!(errors > 0 && ok > 0, "errors {errors}, ok {ok}");
+    assert!(c.is_healthy());
+    let state = c.engines().next().expect("engine");
+    assert_eq!(state.kv_usage(), 0.0);
+    c.shutdown(Duration::from_secs(1));
+}
+
+#[test]
+fn a_dead_core_is_reported_and_skipped() {
+    let rt = runtime();
+    let faults = SimFaults {
+        fail_every_n_steps: 0,
+        die_after_steps: 3,
+    };
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, faults),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let h = c.add_request(request("d", 8, 50)).expect("add");
+    let (_, reason, error) = drain(&rt, h);
+    assert_eq!(reason, FinishReason::Error);
+    assert!(error.is_some_and(|e| e.contains("device lost")));
+    assert!(!c.is_healthy());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.engines().any(|s| s.is_alive()) {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        matches!(c.add_request(request("e", 8, 5)), Err(EngineError::NoEngine(m)) if m.contains("device lost"))
+    );
+}
+
+#[test]
+fn shutdown_drains_in_flight_requests() {
+    let rt = runtime();
+    let mut c = Coordinator::start(
+        EngineConfig::default(),
+        2,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let handles: Vec<_> = (0..10)
+        .map(|i| {
+            c.add_request(request(&format!("s{i}"), 10, 20))
+                .expect("add")
+        })
+        .collect();
+    c.shutdown(Duration::from_secs(10));
+    assert!(matches!(
+        c.add_request(request("late", 4, 4)),
+        Err(EngineError::ShuttingDown)
+    ));
+    for h in handles {
+        let (tokens, reason, _) = drain(&rt, h);
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(tokens.len(), 20);
+    }
+}
+
+#[test]
+fn shutdown_timeout_aborts_the_rest() {
+    let rt = runtime();
+    let mut c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let h = c
+        .add_request(request("endless", 10, 1_000_000))
+        .expect("add");
+    c.shutdown(Duration::from_millis(50));
+    let (_, reason, error) = drain(&rt, h);
+    assert_eq!(reason, FinishReason::Abort);
+    assert!(error.is_some_and(|e| e.contains("shutting down")));
+}
