@@ -95,7 +95,12 @@ impl Body for ChannelBody {
 impl MockServer {
     /// Binds 127.0.0.1 on an ephemeral port and serves until dropped.
     pub async fn start(cfg: MockConfig) -> std::io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_on("127.0.0.1:0", cfg).await
+    }
+
+    /// Binds `addr` (e.g. `127.0.0.1:8000`) and serves until dropped.
+    pub async fn start_on(addr: &str, cfg: MockConfig) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let state = Arc::new(State {
             cfg,
