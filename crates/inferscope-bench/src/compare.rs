@@ -157,7 +157,7 @@ pub fn render(
                         Some(true) if c > 0.0 => " ok",
                         Some(false) if c < 0.0 => " ok",
                         Some(_) => " !!",
-                        None => "",
+                        None => "   ",
                     };
                     format!("{c:+.2}%{verdict}")
                 }

@@ -86,13 +86,20 @@ pub fn table(rows: &[(Point, BenchmarkMetrics)]) -> String {
 
 /// Chart of output throughput against a latency metric's median and percentiles.
 pub fn chart(rows: &[(Point, BenchmarkMetrics)], name: &str, pick: Pick) -> Chart {
-    let mut series = vec![Series {
-        name: format!("median {name}"),
-        points: rows
-            .iter()
-            .map(|(_, m)| (m.output_throughput, pick(m).median_ms))
-            .collect(),
-    }];
+    // The median is drawn unless P50 is among the chosen percentiles already.
+    let has_p50 = rows
+        .first()
+        .is_some_and(|(_, m)| pick(m).percentiles_ms.iter().any(|(p, _)| *p == 50.0));
+    let mut series = Vec::new();
+    if !has_p50 {
+        series.push(Series {
+            name: format!("median {name}"),
+            points: rows
+                .iter()
+                .map(|(_, m)| (m.output_throughput, pick(m).median_ms))
+                .collect(),
+        });
+    }
     let n_pct = rows
         .first()
         .map_or(0, |(_, m)| pick(m).percentiles_ms.len());
