@@ -58,7 +58,7 @@ impl Shared {
 /// N engine cores behind one front door.
 pub struct Coordinator {
     shared: Arc<Shared>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
     config: EngineConfig,
 }
 
@@ -82,7 +82,7 @@ impl RequestHandle {
             return None;
         }
         let out = self.outputs.recv().await;
-        if matches!(out, Some(RequestOutput::Finished { .. }) | None) {
+        if out.as_ref().is_none_or(|o| o.finished.is_some()) {
             self.mark_finished();
         }
         out
@@ -149,7 +149,7 @@ impl Coordinator {
                 routes: Mutex::new(HashMap::new()),
                 shutting_down: AtomicBool::new(false),
             }),
-            threads,
+            threads: Mutex::new(threads),
             config,
         })
     }
@@ -247,13 +247,14 @@ impl Coordinator {
 
     /// Stops taking requests, lets in-flight ones finish for up to
     /// `timeout`, aborts the rest, and joins the cores.
-    pub fn shutdown(&mut self, timeout: Duration) {
+    pub fn shutdown(&self, timeout: Duration) {
         self.shared.shutting_down.store(true, Ordering::Release);
         let deadline = Instant::now() + timeout;
         for i in 0..self.shared.cores.len() {
             self.shared.send(i, CoreMessage::Shutdown(deadline));
         }
-        for t in self.threads.drain(..) {
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
             let _ = t.join();
         }
     }

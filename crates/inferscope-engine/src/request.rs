@@ -102,31 +102,35 @@ impl RequestTimeline {
     }
 }
 
-/// One message on a request's output stream.
+/// One message on a request's output stream: a new token, the end, or both.
+///
+/// The last token and the finish travel together so that a front end can
+/// put the finish reason on the same chunk as the last text.
 #[derive(Debug, Clone, PartialEq)]
-pub enum RequestOutput {
-    /// A newly generated token.
-    Token {
-        /// The token id.
-        token_id: u32,
-        /// When the engine produced it.
-        at: Instant,
-    },
-    /// The request finished; nothing follows.
-    Finished {
-        /// Why it finished.
-        reason: FinishReason,
-        /// The token id that stopped it, when EOS or a stop token did.
-        stop_token_id: Option<u32>,
-        /// Prompt length.
-        num_prompt_tokens: usize,
-        /// Tokens generated.
-        num_generation_tokens: usize,
-        /// Prompt tokens served from the prefix cache.
-        num_cached_tokens: usize,
-        /// The full timeline.
-        timeline: RequestTimeline,
-        /// An error message when `reason` is `Error`.
-        error: Option<String>,
-    },
+pub struct RequestOutput {
+    /// The newly generated token; `None` on a finish without one (abort).
+    pub token_id: Option<u32>,
+    /// When the engine produced this output.
+    pub at: Instant,
+    /// Set on the final output; nothing follows it.
+    pub finished: Option<Box<FinishedOutput>>,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishedOutput {
+    /// Why it finished.
+    pub reason: FinishReason,
+    /// The token id that stopped it, when EOS or a stop token did.
+    pub stop_token_id: Option<u32>,
+    /// Prompt length.
+    pub num_prompt_tokens: usize,
+    /// Tokens generated.
+    pub num_generation_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: usize,
+    /// The full timeline.
+    pub timeline: RequestTimeline,
+    /// An error message when `reason` is `Error`.
+    pub error: Option<String>,
 }

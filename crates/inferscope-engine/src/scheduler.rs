@@ -19,7 +19,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
 use crate::kv_cache::{BlockHash, BlockPool, hash_block};
-use crate::request::{EngineRequest, RequestOutput, RequestTimeline, SamplingParams};
+use crate::request::{
+    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams,
+};
 
 /// Where a request's outputs go.
 pub type OutputSink = UnboundedSender<RequestOutput>;
@@ -435,15 +437,18 @@ impl Scheduler {
                 }
                 seq.timeline.last_token = Some(now);
                 self.stats.num_generation_tokens += 1;
-                // A closed sink means the client left; the abort follows.
-                let _ = seq.sink.send(RequestOutput::Token {
-                    token_id: token,
-                    at: now,
-                });
                 if let Some((reason, stop)) =
                     check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len)
                 {
+                    // The token goes out with the finish.
                     self.finishing.push((idx, reason, stop));
+                } else {
+                    // A closed sink means the client left; the abort follows.
+                    let _ = seq.sink.send(RequestOutput {
+                        token_id: Some(token),
+                        at: now,
+                        finished: None,
+                    });
                 }
             }
             if caching {
@@ -460,12 +465,17 @@ impl Scheduler {
         }
         // Remove from the highest index down so the others stay valid.
         let mut finishing = std::mem::take(&mut self.finishing);
-        finishing.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        finishing.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         for &(idx, reason, stop) in &finishing {
             let seq = self.running.remove(idx);
-            let error = (reason == FinishReason::Error)
-                .then(|| "the executor returned no token".to_owned());
-            self.finish(seq, reason, stop, error, now);
+            if reason == FinishReason::Error {
+                let error = Some("the executor returned no token".to_owned());
+                self.end(seq, reason, None, None, error, now);
+            } else {
+                // Finished by the token just sampled: it travels with the finish.
+                let last = seq.tokens.last().copied();
+                self.end(seq, reason, stop, last, None, now);
+            }
         }
         self.finishing = finishing;
     }
@@ -474,7 +484,7 @@ impl Scheduler {
     pub fn fail_batch(&mut self, message: &str) {
         let now = Instant::now();
         let mut idx: Vec<usize> = self.batch_running_idx.clone();
-        idx.sort_unstable_by(|a, b| b.cmp(a));
+        idx.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
         idx.dedup();
         for i in idx {
             let seq = self.running.remove(i);
@@ -492,9 +502,23 @@ impl Scheduler {
 
     fn finish(
         &mut self,
+        seq: Sequence,
+        reason: FinishReason,
+        stop_token_id: Option<u32>,
+        error: Option<String>,
+        now: Instant,
+    ) {
+        self.end(seq, reason, stop_token_id, None, error, now);
+    }
+
+    /// Frees the request's blocks, records its stats and sends its final
+    /// output, carrying `token` when the last sampled token ended it.
+    fn end(
+        &mut self,
         mut seq: Sequence,
         reason: FinishReason,
         stop_token_id: Option<u32>,
+        token: Option<u32>,
         error: Option<String>,
         now: Instant,
     ) {
@@ -522,14 +546,19 @@ impl Scheduler {
             decode_time: since(t.last_token, t.first_token),
             inference_time: since(t.finished, t.first_scheduled),
         });
-        let _ = seq.sink.send(RequestOutput::Finished {
-            reason,
-            stop_token_id,
-            num_prompt_tokens: seq.num_prompt_tokens,
-            num_generation_tokens: seq.num_generated(),
-            num_cached_tokens: seq.num_cached_tokens,
-            timeline: seq.timeline,
-            error,
+        let num_generation_tokens = seq.num_generated();
+        let _ = seq.sink.send(RequestOutput {
+            token_id: token,
+            at: now,
+            finished: Some(Box::new(FinishedOutput {
+                reason,
+                stop_token_id,
+                num_prompt_tokens: seq.num_prompt_tokens,
+                num_generation_tokens,
+                num_cached_tokens: seq.num_cached_tokens,
+                timeline: seq.timeline,
+                error,
+            })),
         });
     }
 }

@@ -288,7 +288,9 @@ impl Executor for SimExecutor {
                 self.faults.die_after_steps
             )));
         }
-        if self.faults.fail_every_n_steps > 0 && self.steps % self.faults.fail_every_n_steps == 0 {
+        if self.faults.fail_every_n_steps > 0
+            && self.steps.is_multiple_of(self.faults.fail_every_n_steps)
+        {
             return Err(ExecutorError::Step(format!(
                 "simulated fault at step {}",
                 self.steps

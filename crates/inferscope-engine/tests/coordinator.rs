@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use inferscope_engine::sim::{SimFaults, SimTokens};
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
-    RequestHandle, RequestOutput, SamplingParams, SimExecutor, SimProfile,
+    RequestHandle, SamplingParams, SimExecutor, SimProfile,
 };
 use inferscope_metrics::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
 use parking_lot::Mutex;
@@ -99,9 +99,11 @@ fn drain(
         let mut tokens = Vec::new();
         loop {
             match tokio::time::timeout(Duration::from_secs(20), h.recv()).await {
-                Ok(Some(RequestOutput::Token { token_id, .. })) => tokens.push(token_id),
-                Ok(Some(RequestOutput::Finished { reason, error, .. })) => {
-                    return (tokens, reason, error);
+                Ok(Some(o)) => {
+                    tokens.extend(o.token_id);
+                    if let Some(f) = o.finished {
+                        return (tokens, f.reason, f.error);
+                    }
                 }
                 Ok(None) => panic!("stream ended without a finish event"),
                 Err(_) => panic!("request stuck"),

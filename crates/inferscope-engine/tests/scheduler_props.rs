@@ -200,20 +200,14 @@ fn run_workload(
         for (i, rx) in rxs.iter_mut().enumerate() {
             while let Ok(o) = rx.try_recv() {
                 let seq = seq_of_req[&format!("r{i}")];
-                match o {
-                    RequestOutput::Token { token_id, .. } => {
-                        prop_assert!(finishes[i].is_empty(), "token after finish for r{}", i);
-                        streamed[i] += 1;
-                        tokens_of.entry(seq).or_default().push(token_id);
-                    }
-                    RequestOutput::Finished {
-                        reason,
-                        num_generation_tokens,
-                        ..
-                    } => {
-                        finishes[i].push((reason, num_generation_tokens));
-                        tokens_of.remove(&seq);
-                    }
+                prop_assert!(finishes[i].is_empty(), "output after finish for r{}", i);
+                if let Some(t) = o.token_id {
+                    streamed[i] += 1;
+                    tokens_of.entry(seq).or_default().push(t);
+                }
+                if let Some(f) = o.finished {
+                    finishes[i].push((f.reason, f.num_generation_tokens));
+                    tokens_of.remove(&seq);
                 }
             }
         }
@@ -264,18 +258,10 @@ fn run_workload(
     // Drain what the last step sent.
     for (i, rx) in rxs.iter_mut().enumerate() {
         while let Ok(o) = rx.try_recv() {
-            match o {
-                RequestOutput::Token { .. } => {
-                    prop_assert!(finishes[i].is_empty(), "token after finish for r{}", i);
-                    streamed[i] += 1;
-                }
-                RequestOutput::Finished {
-                    reason,
-                    num_generation_tokens,
-                    ..
-                } => {
-                    finishes[i].push((reason, num_generation_tokens));
-                }
+            prop_assert!(finishes[i].is_empty(), "output after finish for r{}", i);
+            streamed[i] += usize::from(o.token_id.is_some());
+            if let Some(f) = o.finished {
+                finishes[i].push((f.reason, f.num_generation_tokens));
             }
         }
     }
@@ -390,11 +376,8 @@ fn shared_prefixes_hit_the_cache() {
     for mut rx in rxs {
         let mut got = None;
         while let Ok(o) = rx.try_recv() {
-            if let RequestOutput::Finished {
-                num_cached_tokens, ..
-            } = o
-            {
-                got = Some(num_cached_tokens);
+            if let Some(f) = o.finished {
+                got = Some(f.num_cached_tokens);
             }
         }
         assert!(got.is_some());
