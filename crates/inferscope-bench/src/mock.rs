@@ -1,5 +1,5 @@
 //! A mock OpenAI-compatible streaming server with fixed delays, for tests and
-//! the client-capacity benchmark. Tokens are the word `tok`; prompt tokens are
+//! the client-capacity benchmark. Each token is sent as `chunk_text`; prompt tokens are
 //! counted as whitespace-separated words (matching the random dataset).
 
 use bytes::Bytes;
@@ -38,6 +38,8 @@ pub struct MockConfig {
     pub model: String,
     /// Metric namespace for `/metrics` (`inferscope`, `vllm`); None → 404.
     pub metrics_namespace: Option<String>,
+    /// Text of each streamed chunk (one chunk per requested token).
+    pub chunk_text: String,
 }
 
 impl Default for MockConfig {
@@ -50,6 +52,7 @@ impl Default for MockConfig {
             drop_every: None,
             model: "mock-model".to_string(),
             metrics_namespace: None,
+            chunk_text: " tok".to_string(),
         }
     }
 }
@@ -267,10 +270,10 @@ async fn stream_tokens(
         }
         let chunk = if chat {
             json!({"id":"x","object":"chat.completion.chunk","created":0,"model":st.cfg.model,
-                   "choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]})
+                   "choices":[{"index":0,"delta":{"content":st.cfg.chunk_text},"finish_reason":null}]})
         } else {
             json!({"id":"x","object":"text_completion","created":0,"model":st.cfg.model,
-                   "choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]})
+                   "choices":[{"index":0,"text":st.cfg.chunk_text,"logprobs":null,"finish_reason":null}]})
         };
         if tx.send(event(&chunk)).await.is_err() {
             ok = false;

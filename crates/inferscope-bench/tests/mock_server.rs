@@ -1,6 +1,6 @@
-//! Acceptance tests against the mock server: measured latencies match the
-//! configured delays, token counts are exact, failures are counted, a dead
-//! server does not hang the run, and the server-side view agrees.
+//! Acceptance tests against the mock server: token counts are exact, failures
+//! are counted, a dead server does not hang the run, the server-side view
+//! agrees, sweeps and comparisons work. (Latency accuracy: `latency.rs`.)
 
 use clap::Parser;
 use inferscope_bench::ServeArgs;
@@ -32,52 +32,6 @@ fn within(got: f64, want: f64, tol: f64, what: &str) {
         (got - want).abs() <= tol,
         "{what}: got {got:.2} ms, want {want} ± {tol} ms"
     );
-}
-
-/// TTFT 50 ms, ITL 10 ms, 10 tokens: medians within a few ms, counts exact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn latencies_match_configured_delays() {
-    for (usage, backend) in [(true, "openai"), (false, "openai-chat")] {
-        let mock = MockServer::start(MockConfig {
-            ttft: Duration::from_millis(50),
-            itl: Duration::from_millis(10),
-            send_usage: usage,
-            ..Default::default()
-        })
-        .await
-        .expect("mock starts");
-        let a = args(
-            &mock.base_url(),
-            &[
-                "--backend",
-                backend,
-                "--num-prompts",
-                "8",
-                "--random-input-len",
-                "32",
-                "--random-output-len",
-                "10",
-                "--ignore-eos",
-                "--percentile-metrics",
-                "ttft,tpot,itl,e2el",
-                "--metric-percentiles",
-                "50,99",
-            ],
-        );
-        let out = run_serve(&a).await.expect("run succeeds");
-        let m = &out.metrics;
-        assert_eq!((m.completed, m.failed), (8, 0));
-        assert_eq!(m.total_output, 80, "usage={usage}");
-        assert_eq!(m.total_input, 8 * 32);
-        assert_eq!(m.output_lens, vec![10; 8]);
-        within(m.ttft.median_ms, 50.0, 8.0, "median TTFT");
-        within(m.tpot.median_ms, 10.0, 2.0, "median TPOT");
-        within(m.itl.median_ms, 10.0, 3.0, "median ITL");
-        within(m.itl.mean_ms, 10.0, 2.0, "mean ITL");
-        within(m.e2el.median_ms, 140.0, 10.0, "median E2EL");
-        assert_eq!(m.max_concurrent_requests, 8.0);
-        assert_eq!(mock.requests(), 9, "initial test + 8");
-    }
 }
 
 /// HTTP 500 and dropped connections are counted as failures with their errors.
@@ -296,4 +250,57 @@ async fn sweep_writes_plots_and_compare_reads_results() {
     let text = inferscope_bench::compare::render(&a, &b, "a", "b");
     assert!(text.contains("request_throughput:"));
     assert!(text.contains("p99_ttft_ms:"));
+}
+
+/// With `--tokenizer`, prompts have exact lengths and, without a usage chunk,
+/// output tokens are the tokenizer's count of the text (not the chunk count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_counts_prompts_and_outputs() {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..200 {
+        vocab.insert(format!("t{i}"), serde_json::json!(i));
+    }
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let dir = std::env::temp_dir().join(format!("isb-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, json.to_string()).expect("write tokenizer");
+    let mock = MockServer::start(MockConfig {
+        send_usage: false,
+        chunk_text: " t5 t6".to_string(),
+        metrics_namespace: Some("inferscope".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("mock starts");
+    let a = args(
+        &mock.base_url(),
+        &[
+            "--tokenizer",
+            path.to_str().expect("utf-8 path"),
+            "--num-prompts",
+            "5",
+            "--random-input-len",
+            "30",
+            "--random-prefix-len",
+            "4",
+            "--random-output-len",
+            "7",
+            "--scrape-metrics",
+        ],
+    );
+    let out = run_serve(&a).await.expect("run succeeds");
+    assert_eq!(out.metrics.total_input, 5 * 34);
+    assert_eq!(out.metrics.total_output, 5 * 14, "two tokens per chunk");
+    let v = out.server_view.expect("server view");
+    assert_eq!(
+        v.prompt_tokens,
+        Some(5.0 * 34.0),
+        "server counts words = tokens"
+    );
 }
