@@ -3,6 +3,9 @@
 use crate::rng::Rng;
 use std::time::Duration;
 
+/// Latest send offset a schedule may hold.
+const MAX_OFFSET: Duration = Duration::from_secs(1_000_000_000);
+
 /// Send offsets from the start of the run for `n` requests.
 ///
 /// The first request goes at 0; the gaps between requests are drawn from a
@@ -20,7 +23,12 @@ pub fn schedule(n: usize, rate: f64, burstiness: f64, rng: &mut Rng) -> Vec<Dura
     }
     for g in gaps {
         t += g;
-        out.push(Duration::from_secs_f64(t));
+        // Clamped: absurd rates must not overflow the schedule (about 30 years).
+        out.push(
+            Duration::try_from_secs_f64(t)
+                .unwrap_or(MAX_OFFSET)
+                .min(MAX_OFFSET),
+        );
     }
     out
 }

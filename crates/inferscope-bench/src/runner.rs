@@ -50,7 +50,7 @@ pub async fn execute(client: Arc<ApiClient>, plan: Plan) -> RunResult {
     offsets.resize(n, offsets.last().copied().unwrap_or_default());
     std::thread::spawn(move || {
         for (i, (req, off)) in requests.into_iter().zip(offsets).enumerate() {
-            let target = start + off;
+            let target = start.checked_add(off).unwrap_or(start);
             let now = Instant::now();
             if target > now {
                 std::thread::sleep(target - now);

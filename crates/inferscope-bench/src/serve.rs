@@ -105,7 +105,10 @@ async fn initial_test(
     req: &SampleRequest,
     ready_secs: u64,
 ) -> Result<(), BenchError> {
-    let deadline = Instant::now() + Duration::from_secs(ready_secs);
+    let now = Instant::now();
+    let deadline = now
+        .checked_add(Duration::from_secs(ready_secs))
+        .unwrap_or(now);
     loop {
         let out = client
             .send(&req.prompt, req.prompt_len, req.expected_output_len)
@@ -165,7 +168,18 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
         Some(p) => Some(TextTokenizer::from_file(p)?),
         None => None,
     };
-    let read_timeout = Duration::from_secs_f64(args.request_timeout.max(0.001));
+    let read_timeout = Duration::try_from_secs_f64(args.request_timeout)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            BenchError::InvalidArg("--request-timeout must be a positive number of seconds".into())
+        })?;
+    let scrape_interval = Duration::try_from_secs_f64(args.scrape_interval)
+        .ok()
+        .filter(|d| *d >= Duration::from_millis(10))
+        .ok_or_else(|| {
+            BenchError::InvalidArg("--scrape-interval must be at least 0.01 s".into())
+        })?;
     let model = match &args.model {
         Some(m) => m.clone(),
         None => discover_model(&base, Duration::from_secs(10)).await?,
@@ -188,12 +202,16 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
     })?);
 
     println!("Starting initial single prompt test run...");
-    initial_test(&client, &requests[0], args.ready_check_timeout_sec).await?;
+    let first = requests
+        .first()
+        .cloned()
+        .ok_or_else(|| BenchError::Dataset("no request to send".into()))?;
+    initial_test(&client, &first, args.ready_check_timeout_sec).await?;
     println!("Initial test run completed.");
     if args.num_warmups > 0 {
         println!("Warming up with {} requests...", args.num_warmups);
         let warm = Plan {
-            requests: vec![requests[0].clone(); args.num_warmups],
+            requests: vec![first.clone(); args.num_warmups],
             offsets: vec![Duration::ZERO; args.num_warmups],
             max_concurrency: args.max_concurrency,
             progress: false,
@@ -210,8 +228,7 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
         match scrape::scrape(&metrics_url).await {
             Ok(before) => match before.namespace() {
                 Some(ns) => {
-                    let interval = Duration::from_secs_f64(args.scrape_interval.max(0.05));
-                    let sampler = GaugeSampler::start(metrics_url.clone(), ns, interval);
+                    let sampler = GaugeSampler::start(metrics_url.clone(), ns, scrape_interval);
                     scrape_state = Some((before, ns, sampler));
                 }
                 None => println!(
