@@ -206,10 +206,11 @@ impl GaugePeaks {
                 *slot = Some(slot.map_or(v, |p: f64| p.max(v)));
             }
         };
-        up(
-            &mut self.kv_cache_usage,
-            s.max(&format!("{ns}:kv_cache_usage_perc")),
-        );
+        // vLLM before V1 called the KV-cache gauge `gpu_cache_usage_perc`.
+        let kv = s
+            .max(&format!("{ns}:kv_cache_usage_perc"))
+            .or_else(|| s.max(&format!("{ns}:gpu_cache_usage_perc")));
+        up(&mut self.kv_cache_usage, kv);
         up(
             &mut self.waiting,
             s.sum(&format!("{ns}:num_requests_waiting")),
@@ -348,7 +349,9 @@ pub fn server_view(before: &Snapshot, after: &Snapshot, ns: &str, peaks: GaugePe
         prompt_tokens: delta("prompt_tokens"),
         preemptions: delta("num_preemptions"),
         ttft: summarize(after, before, ns, "time_to_first_token_seconds"),
-        itl: summarize(after, before, ns, "inter_token_latency_seconds"),
+        // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
+        itl: summarize(after, before, ns, "inter_token_latency_seconds")
+            .or_else(|| summarize(after, before, ns, "time_per_output_token_seconds")),
         e2e: summarize(after, before, ns, "e2e_request_latency_seconds"),
         queue: summarize(after, before, ns, "request_queue_time_seconds"),
         peaks,
@@ -538,6 +541,13 @@ mod tests {
         p.observe(&s, "inferscope");
         assert_eq!(p.kv_cache_usage, Some(0.6));
         assert_eq!(p.waiting, None);
+        let old = Snapshot::from_text(
+            "vllm:gpu_cache_usage_perc{engine=\"0\"} 0.9\nvllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 4\n",
+        );
+        p.observe(&old, "vllm");
+        assert_eq!(p.kv_cache_usage, Some(0.9));
+        assert_eq!(p.waiting, Some(7.0));
+        assert_eq!(p.samples, 2);
         let empty = Snapshot::from_text("# nothing\n");
         assert_eq!(empty.namespace(), None);
         let v = server_view(&empty, &empty, "inferscope", GaugePeaks::default());
