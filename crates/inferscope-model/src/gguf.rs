@@ -220,7 +220,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     } else {
         tensors.linear("output", v, h, false)?
     };
-    let model = LlamaModel::new(cfg.clone(), embed, layers, norm, lm_head);
+    let model = LlamaModel::new(cfg.clone(), embed, layers, norm, lm_head)?;
 
     let sibling = path.with_file_name("tokenizer.json");
     let tokenizer: Arc<dyn Tokenizer> = if sibling.is_file() {

@@ -12,6 +12,7 @@ pub mod llama;
 pub mod loader;
 pub mod model;
 pub mod sampler;
+mod skinny;
 pub mod tokenizer;
 
 pub use config::ModelConfig;

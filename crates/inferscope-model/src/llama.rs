@@ -1,12 +1,13 @@
 //! The Llama-family forward pass over a flattened batch of tokens.
 
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Tensor};
+use candle_core::{Device, Module, Storage, Tensor};
 
 use crate::attention::{AttnShape, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_pool::KvPool;
+use crate::skinny;
 
 /// `y = x Wᵀ + b` with a dense or quantized `W` (`[out, in]`).
 pub struct Linear {
@@ -24,8 +25,22 @@ impl Linear {
     /// `x` is `[rows][in]`; returns `[rows][out]`.
     fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
         let cols = x.len() / rows.max(1);
-        let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-        let mut y = self.w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+        let mut y = match &self.w {
+            QMatMul::Tensor(w) if rows <= skinny::MAX_ROWS => {
+                let (storage, layout) = w.storage_and_layout();
+                match (&*storage, layout.contiguous_offsets()) {
+                    (Storage::Cpu(cpu), Some((start, end))) => {
+                        let w = &cpu.as_slice::<f32>()?[start..end];
+                        skinny::matmul_t(x, w, rows, cols, self.out_dim)
+                    }
+                    _ => {
+                        drop(storage);
+                        self.general(x, rows, cols)?
+                    }
+                }
+            }
+            _ => self.general(x, rows, cols)?,
+        };
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out_dim) {
                 for (yi, bi) in row.iter_mut().zip(b) {
@@ -35,6 +50,87 @@ impl Linear {
         }
         Ok(y)
     }
+}
+
+impl Linear {
+    /// Through candle's matmul (GEMM, or the quantized kernels).
+    fn general(&self, x: &[f32], rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
+        let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+        Ok(self.w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// Projections of the same input, fused into one product when all are
+/// dense: one pass over the input and one GEMM instead of several.
+struct Projection {
+    parts: Vec<Linear>,
+    dims: Vec<usize>,
+}
+
+impl Projection {
+    fn new(parts: Vec<Linear>) -> Result<Self, ModelError> {
+        let dims: Vec<usize> = parts.iter().map(|l| l.out_dim).collect();
+        let dense: Vec<Tensor> = parts
+            .iter()
+            .filter_map(|l| match &l.w {
+                QMatMul::Tensor(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect();
+        if parts.len() < 2 || dense.len() != parts.len() {
+            return Ok(Self { parts, dims });
+        }
+        let w = Tensor::cat(&dense, 0)?;
+        let b = if parts.iter().any(|l| l.b.is_some()) {
+            let mut b = Vec::new();
+            for l in &parts {
+                match &l.b {
+                    Some(x) => b.extend_from_slice(x),
+                    None => b.extend(std::iter::repeat_n(0.0, l.out_dim)),
+                }
+            }
+            Some(b)
+        } else {
+            None
+        };
+        let total = dims.iter().sum();
+        Ok(Self {
+            parts: vec![Linear::new(QMatMul::Tensor(w), b, total)],
+            dims,
+        })
+    }
+
+    /// One `[rows][dim]` output per projection.
+    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
+        if self.parts.len() == self.dims.len() {
+            return self.parts.iter().map(|l| l.forward(x, rows)).collect();
+        }
+        let y = self.parts[0].forward(x, rows)?;
+        let total: usize = self.dims.iter().sum();
+        let mut outs: Vec<Vec<f32>> = self
+            .dims
+            .iter()
+            .map(|d| Vec::with_capacity(rows * d))
+            .collect();
+        for row in y.chunks_exact(total) {
+            let mut off = 0;
+            for (out, d) in outs.iter_mut().zip(&self.dims) {
+                out.extend_from_slice(&row[off..off + d]);
+                off += d;
+            }
+        }
+        Ok(outs)
+    }
+}
+
+/// A layer as the forward pass runs it.
+struct Block {
+    attn_norm: Vec<f32>,
+    qkv: Projection,
+    o: Linear,
+    mlp_norm: Vec<f32>,
+    gate_up: Projection,
+    down: Linear,
 }
 
 /// One decoder layer.
@@ -65,8 +161,7 @@ pub struct LlamaModel {
     pub cfg: ModelConfig,
     /// Token embeddings, `[vocab][hidden]`.
     pub embed: Vec<f32>,
-    /// Decoder layers.
-    pub layers: Vec<Layer>,
+    layers: Vec<Block>,
     /// Final RMSNorm weight.
     pub norm: Vec<f32>,
     /// LM head (`[vocab, hidden]`, the embeddings when tied).
@@ -123,23 +218,37 @@ fn silu(x: f32) -> f32 {
 }
 
 impl LlamaModel {
-    /// Assembles a model; shapes were checked by the loader.
+    /// Assembles a model (shapes were checked by the loader), fusing the
+    /// q/k/v and gate/up projections where the weights are dense.
     pub fn new(
         cfg: ModelConfig,
         embed: Vec<f32>,
         layers: Vec<Layer>,
         norm: Vec<f32>,
         lm_head: Linear,
-    ) -> Self {
+    ) -> Result<Self, ModelError> {
         let inv_freq = cfg.rope_inv_freq();
-        Self {
+        let layers = layers
+            .into_iter()
+            .map(|l| {
+                Ok(Block {
+                    attn_norm: l.attn_norm,
+                    qkv: Projection::new(vec![l.q, l.k, l.v])?,
+                    o: l.o,
+                    mlp_norm: l.mlp_norm,
+                    gate_up: Projection::new(vec![l.gate, l.up])?,
+                    down: l.down,
+                })
+            })
+            .collect::<Result<_, ModelError>>()?;
+        Ok(Self {
             cfg,
             embed,
             layers,
             norm,
             lm_head,
             inv_freq,
-        }
+        })
     }
 
     /// Runs all tokens of a step through the decoder, writing their K/V into
@@ -184,9 +293,10 @@ impl LlamaModel {
         let mut attn = vec![0f32; n * nh * d];
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, eps, &mut normed);
-            let mut q = layer.q.forward(&normed, n)?;
-            let mut k = layer.k.forward(&normed, n)?;
-            let v = layer.v.forward(&normed, n)?;
+            let mut qkv = layer.qkv.forward(&normed, n)?.into_iter();
+            let (Some(mut q), Some(mut k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
+                return Err(ModelError::Config("q/k/v projection lost a part".into()));
+            };
             apply_rope(&mut q, nh, d, &cos, &sin, cfg.rope_interleaved);
             apply_rope(&mut k, nkv, d, &cos, &sin, cfg.rope_interleaved);
             for (t, c) in step.ctx.iter().enumerate() {
@@ -206,8 +316,10 @@ impl LlamaModel {
                 *xi += oi;
             }
             rms_norm(&x, &layer.mlp_norm, eps, &mut normed);
-            let mut g = layer.gate.forward(&normed, n)?;
-            let u = layer.up.forward(&normed, n)?;
+            let mut gu = layer.gate_up.forward(&normed, n)?.into_iter();
+            let (Some(mut g), Some(u)) = (gu.next(), gu.next()) else {
+                return Err(ModelError::Config("gate/up projection lost a part".into()));
+            };
             for (gi, ui) in g.iter_mut().zip(&u) {
                 *gi = silu(*gi) * ui;
             }

@@ -181,5 +181,5 @@ pub fn model_from_tensors(
     } else {
         src.linear("lm_head", v, h, false)?
     };
-    Ok(LlamaModel::new(cfg, embed, layers, norm, lm_head))
+    LlamaModel::new(cfg, embed, layers, norm, lm_head)
 }
