@@ -13,7 +13,7 @@ use candle_core::quantized::{QMatMul, QTensor};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
-use crate::tokenizer::{HfTokenizer, Tokenizer};
+use crate::tokenizer::{ChatTemplate, HfTokenizer, Tokenizer};
 
 fn as_u64(v: &Value) -> Option<u64> {
     match v {
@@ -350,11 +350,17 @@ impl TokenizerMeta {
         };
         let inner = tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes())
             .map_err(|e| err(&e.to_string()))?;
-        Ok(HfTokenizer::from_inner(
-            inner,
-            self.eos.into_iter().collect(),
-            self.bos,
-        ))
+        let template = meta.str("tokenizer.chat_template").map(|t| {
+            let name = |id: Option<u32>| {
+                id.and_then(|i| tokens.get(i as usize).cloned())
+                    .unwrap_or_default()
+            };
+            ChatTemplate::new(t.to_string(), name(self.bos), name(self.eos))
+        });
+        Ok(
+            HfTokenizer::from_inner(inner, self.eos.into_iter().collect(), self.bos)
+                .with_chat_template(template),
+        )
     }
 }
 

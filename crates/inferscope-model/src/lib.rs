@@ -19,4 +19,6 @@ pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuExecutor, KvBudget};
 pub use model::{LoadedModel, ModelOptions};
-pub use tokenizer::{ByteTokenizer, ChatMessage, HfTokenizer, IncrementalDecoder, Tokenizer};
+pub use tokenizer::{
+    ByteTokenizer, ChatMessage, ChatTemplate, HfTokenizer, IncrementalDecoder, Tokenizer,
+};

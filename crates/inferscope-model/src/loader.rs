@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
-use crate::tokenizer::HfTokenizer;
+use crate::tokenizer::{ChatTemplate, HfTokenizer};
 
 fn read_to_string(path: &Path) -> Result<String, ModelError> {
     if !path.is_file() {
@@ -74,7 +74,10 @@ pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> 
     }
     let model = model_from_tensors(cfg.clone(), tensors)?;
     let (eos, bos) = special_ids(dir, &cfg);
-    let tokenizer = HfTokenizer::from_file(&tokenizer_path, eos, bos)?;
+    let template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|text| ChatTemplate::from_tokenizer_config(&text));
+    let tokenizer = HfTokenizer::from_file(&tokenizer_path, eos, bos)?.with_chat_template(template);
     Ok((model, tokenizer))
 }
 

@@ -66,6 +66,9 @@ fn write_checkpoint(
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("config.json"), cfg.to_hf_json()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), tokenizer_json(cfg.vocab_size)).unwrap();
+    let template = "{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    let config = serde_json::json!({"chat_template": template, "eos_token": "t2"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
     if shards == 1 {
         candle_core::safetensors::save(w, dir.join("model.safetensors")).unwrap();
     } else {
@@ -163,6 +166,15 @@ fn setup(name: &str, cfg: ModelConfig, shards: usize) -> Setup {
     };
     let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
     assert_eq!(model.model().cfg, cfg);
+    let chat = [inferscope_model::ChatMessage {
+        role: "user".into(),
+        content: "hi".into(),
+    }];
+    let prompt = model.tokenizer().apply_chat_template(&chat, true).unwrap();
+    assert_eq!(
+        prompt, "<user>HI<assistant>",
+        "the checkpoint's chat template"
+    );
     let mut exec = model.cpu_executor().unwrap();
     exec.init_kv_cache(BLOCK_SIZE).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
