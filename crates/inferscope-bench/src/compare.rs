@@ -119,15 +119,15 @@ pub fn render(
     b_name: &str,
 ) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "{:=^78}", " Benchmark Comparison ");
+    let _ = writeln!(s, "{:=^80}", " Benchmark Comparison ");
     let _ = writeln!(
         s,
-        "{:<34} {:>14} {:>14} {:>13}",
+        "{:<32} {:>16} {:>16} {:>13}",
         "", "A (before)", "B (after)", "change"
     );
     let _ = writeln!(
         s,
-        "{:<34} {:>14} {:>14}",
+        "{:<32} {:>16} {:>16}",
         "file:",
         short(a_name),
         short(b_name)
@@ -137,14 +137,14 @@ pub fn render(
         if va != "-" || vb != "-" {
             let _ = writeln!(
                 s,
-                "{:<34} {:>14} {:>14}",
+                "{:<32} {:>16} {:>16}",
                 format!("{k}:"),
                 short(&va),
                 short(&vb)
             );
         }
     }
-    let _ = writeln!(s, "{:-^78}", "");
+    let _ = writeln!(s, "{:-^80}", "");
     for k in figure_keys(a, b) {
         let va = a.get(&k).and_then(Value::as_f64);
         let vb = b.get(&k).and_then(Value::as_f64);
@@ -168,14 +168,14 @@ pub fn render(
         };
         let _ = writeln!(
             s,
-            "{:<34} {:>14} {:>14} {:>13}",
+            "{:<32} {:>16} {:>16} {:>13}",
             format!("{k}:"),
             fmt(va),
             fmt(vb),
             change
         );
     }
-    let _ = writeln!(s, "{}", "=".repeat(78));
+    let _ = writeln!(s, "{}", "=".repeat(80));
     let _ = writeln!(
         s,
         "change = (B - A) / A; '=' within 1%, 'ok' better, '!!' worse"
@@ -185,10 +185,10 @@ pub fn render(
 
 fn short(s: &str) -> String {
     let n = s.chars().count();
-    if n <= 14 {
+    if n <= 16 {
         s.to_string()
     } else {
-        let tail: String = s.chars().skip(n - 13).collect();
+        let tail: String = s.chars().skip(n - 15).collect();
         format!("…{tail}")
     }
 }
