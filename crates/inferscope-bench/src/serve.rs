@@ -159,6 +159,11 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
             "--request-rate must be positive (or inf)".into(),
         ));
     }
+    if args.max_concurrency == Some(0) {
+        return Err(BenchError::InvalidArg(
+            "--max-concurrency must be at least 1".into(),
+        ));
+    }
     if args.num_prompts == 0 {
         return Err(BenchError::InvalidArg(
             "--num-prompts must be at least 1".into(),
