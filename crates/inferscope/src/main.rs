@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use inferscope_bench::BenchCommand;
+use inferscope_server::ServeArgs;
 
 /// inferscope: an LLM inference server with first-class observability.
 #[derive(Parser)]
@@ -13,6 +14,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve a model over the OpenAI API, with metrics at /metrics.
+    Serve(Box<ServeArgs>),
     /// Serving benchmarks against any OpenAI-compatible server.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -32,6 +35,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
+            Command::Serve(args) => Ok(inferscope_server::run(*args).await?),
             Command::Bench(cmd) => inferscope_bench::run(cmd).await,
         }
     })

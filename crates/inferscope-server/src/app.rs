@@ -1,0 +1,406 @@
+//! Start-up: executors, engine cores, metrics, the router, the listener, the
+//! periodic stats log, and graceful shutdown.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use inferscope_engine::{
+    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile, sim::SimTokens,
+};
+use inferscope_metrics::{
+    BucketOverrides, CacheConfig, MetricsConfig, StatLoggerManager, StatsRecorder,
+};
+use inferscope_model::{ByteTokenizer, LoadedModel, ModelOptions, Tokenizer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::cli::{ExecutorKind, ServeArgs};
+use crate::routes;
+use crate::validation::Limits;
+
+/// A server that cannot start, with the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A flag value is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The model could not be loaded.
+    #[error("cannot load model `{model}`: {source}")]
+    Model {
+        /// The `--model` value.
+        model: String,
+        /// Why.
+        source: inferscope_model::ModelError,
+    },
+    /// The engine could not start.
+    #[error(transparent)]
+    Engine(#[from] inferscope_engine::EngineError),
+    /// The metrics system could not start.
+    #[error("metrics: {0}")]
+    Metrics(#[from] inferscope_metrics::ConfigError),
+    /// The listener could not be bound or served.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Everything a handler needs.
+pub struct AppState {
+    /// The engine cores.
+    pub coordinator: Coordinator,
+    /// Text to tokens and back.
+    pub tokenizer: Arc<dyn Tokenizer>,
+    /// The metrics system.
+    pub metrics: Arc<StatLoggerManager>,
+    /// Whether request-level metrics are recorded and `/metrics` served.
+    pub metrics_enabled: bool,
+    /// Names the model answers to; the first is canonical.
+    pub served_model_names: Vec<String>,
+    /// What `--model` pointed at (`root` in `/v1/models`).
+    pub model_root: String,
+    /// Validation limits.
+    pub limits: Limits,
+    /// Bearer token required on /v1/*.
+    pub api_key: Option<String>,
+    /// Start time, unix seconds (`created` of the model card).
+    pub created: u64,
+    /// Admission limit on waiting requests.
+    pub max_waiting_requests: Option<usize>,
+    /// Source of request ids.
+    pub next_request: AtomicU64,
+    /// A per-process prefix that keeps generated ids unique across restarts.
+    pub id_prefix: String,
+}
+
+/// Unix time in seconds.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Builds the state: loads the model, starts the engine cores and metrics.
+pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
+    let config_err = |m: String| ServerError::Config(m);
+    if args.data_parallel_size == 0 {
+        return Err(config_err("--data-parallel-size must be at least 1".into()));
+    }
+    if !(args.log_stats_interval.is_finite() && args.log_stats_interval > 0.0) {
+        return Err(config_err(
+            "--log-stats-interval must be a positive number of seconds".into(),
+        ));
+    }
+    let mut buckets = BucketOverrides::default();
+    for spec in &args.histogram_buckets {
+        buckets
+            .set_from_str(spec)
+            .map_err(|e| config_err(format!("--histogram-buckets {spec}: {e}")))?;
+    }
+
+    // The model side: a tokenizer, a length limit and an executor factory.
+    type Factory = Box<dyn FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError>>;
+    let (tokenizer, model_max_len, mut factory, served_default): (
+        Arc<dyn Tokenizer>,
+        usize,
+        Factory,
+        String,
+    ) = match args.executor {
+        ExecutorKind::Sim => {
+            let profile: SimProfile = args
+                .sim_profile
+                .parse()
+                .map_err(|e| config_err(format!("--sim-profile: {e}")))?;
+            tracing::info!(profile = %profile, "sim executor");
+            let factory: Factory = Box::new(move |_| {
+                Ok(
+                    Box::new(SimExecutor::new(profile.clone(), SimTokens::default()))
+                        as Box<dyn Executor>,
+                )
+            });
+            (Arc::new(ByteTokenizer), 8192, factory, args.model.clone())
+        }
+        ExecutorKind::Cpu => {
+            let opts = ModelOptions {
+                kv_cache_memory: args.kv_cache_memory,
+                ..ModelOptions::default()
+            };
+            let model =
+                LoadedModel::load(&args.model, &opts).map_err(|source| ServerError::Model {
+                    model: args.model.clone(),
+                    source,
+                })?;
+            if model.is_demo() {
+                tracing::warn!(
+                    "serving the built-in demo model: a tiny Llama with seeded random weights; its text is not meaningful"
+                );
+            }
+            let name = model.name().to_owned();
+            let max_len = model.max_model_len();
+            let tokenizer = model.tokenizer();
+            let factory: Factory = Box::new(move |_| {
+                model
+                    .executor()
+                    .map_err(|e| ExecutorError::Init(e.to_string()))
+            });
+            (tokenizer, max_len, factory, name)
+        }
+    };
+    let max_model_len = match args.max_model_len {
+        Some(0) => return Err(config_err("--max-model-len must be at least 1".into())),
+        Some(l) if l > model_max_len => {
+            return Err(config_err(format!(
+                "--max-model-len {l} exceeds the model's limit of {model_max_len} tokens"
+            )));
+        }
+        Some(l) => l,
+        None => model_max_len,
+    };
+    let served_model_names = if args.served_model_name.is_empty() {
+        vec![served_default]
+    } else {
+        args.served_model_name.clone()
+    };
+
+    let engine_config = EngineConfig {
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        block_size: args.block_size,
+        enable_prefix_caching: args.prefix_caching(),
+        max_model_len,
+    };
+    let engine_indices: Vec<usize> =
+        (args.data_parallel_rank..args.data_parallel_rank + args.data_parallel_size).collect();
+    // The metrics manager needs the block counts, which the executors know
+    // only once started; the recorder forwards to it once it exists.
+    let forward = Arc::new(ForwardingRecorder::default());
+    let coordinator = Coordinator::start(
+        engine_config.clone(),
+        args.data_parallel_size,
+        args.data_parallel_rank,
+        &mut factory,
+        forward.clone(),
+    )?;
+    let cache_configs = coordinator
+        .engines()
+        .map(|e| CacheConfig {
+            block_size: e.block_size,
+            num_gpu_blocks: e.num_blocks,
+            enable_prefix_caching: engine_config.enable_prefix_caching,
+            cache_dtype: "auto".into(),
+        })
+        .collect();
+    let metrics = Arc::new(StatLoggerManager::new(MetricsConfig {
+        namespace: args.metrics_namespace.clone(),
+        model_name: served_model_names[0].clone(),
+        engine_indices,
+        max_model_len,
+        buckets,
+        cache_configs,
+        enable_prometheus: !args.disable_metrics,
+        enable_log_stats: !args.disable_log_stats,
+        aggregate_log_lines: false,
+    })?);
+    forward.set(metrics.clone());
+
+    let limits = Limits {
+        max_model_len: max_model_len.min(coordinator.max_sequence_tokens()),
+        vocab_size: tokenizer.vocab_size(),
+        max_n: 128,
+    };
+    Ok(Arc::new(AppState {
+        coordinator,
+        tokenizer,
+        metrics,
+        metrics_enabled: !args.disable_metrics,
+        served_model_names,
+        model_root: args.model.clone(),
+        limits,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        created: unix_now(),
+        max_waiting_requests: args.max_waiting_requests,
+        next_request: AtomicU64::new(0),
+        id_prefix: format!("{:x}", unix_now() ^ u64::from(std::process::id()) << 32),
+    }))
+}
+
+/// Hands engine stats to the metrics manager once it exists.
+#[derive(Default)]
+struct ForwardingRecorder(std::sync::OnceLock<Arc<StatLoggerManager>>);
+
+impl ForwardingRecorder {
+    fn set(&self, m: Arc<StatLoggerManager>) {
+        let _ = self.0.set(m);
+    }
+}
+
+impl StatsRecorder for ForwardingRecorder {
+    fn record_step(
+        &self,
+        engine: usize,
+        s: &inferscope_metrics::SchedulerStats,
+        i: &inferscope_metrics::IterationStats,
+    ) {
+        if let Some(m) = self.0.get() {
+            m.record_step(engine, s, i);
+        }
+    }
+    fn record_finished(&self, engine: usize, f: &[inferscope_metrics::FinishedRequestStats]) {
+        if let Some(m) = self.0.get() {
+            m.record_finished(engine, f);
+        }
+    }
+    fn record_idle(&self, engine: usize, s: &inferscope_metrics::SchedulerStats, idle: Duration) {
+        if let Some(m) = self.0.get() {
+            m.record_idle(engine, s, idle);
+        }
+    }
+}
+
+/// The router: OpenAI routes (behind the API key), health, version,
+/// metrics, all under the HTTP metrics layer.
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(routes::models))
+        .route("/v1/completions", post(routes::completions))
+        .route("/v1/chat/completions", post(routes::chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            routes::require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(routes::health))
+        .route("/version", get(routes::version))
+        .route("/metrics", get(routes::metrics))
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(state.metrics.http_layer())
+        .with_state(state)
+}
+
+/// A server running in the background (tests, embedding).
+pub struct RunningServer {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The shared state.
+    pub state: Arc<AppState>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningServer {
+    /// Stops accepting, lets requests finish up to `timeout`, and shuts the engines down.
+    pub async fn shutdown(self, timeout: Duration) {
+        let _ = self.stop.send(true);
+        let state = self.state.clone();
+        let _ = tokio::task::spawn_blocking(move || state.coordinator.shutdown(timeout)).await;
+        let _ = tokio::time::timeout(timeout + Duration::from_secs(1), self.task).await;
+    }
+}
+
+/// Builds everything and serves on `args.host:args.port` in the background.
+pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
+    let state = {
+        let args = args.clone();
+        tokio::task::spawn_blocking(move || build_state(&args))
+            .await
+            .map_err(|e| ServerError::Config(format!("start-up panicked: {e}")))??
+    };
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Listen {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ServerError::Listen { addr, source })?;
+    let (stop, mut stopped) = watch::channel(false);
+    let app = router(state.clone(), args.max_request_body_bytes);
+    // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let log_task = (!args.disable_log_stats).then(|| {
+        let metrics = state.metrics.clone();
+        let period = Duration::from_secs_f64(args.log_stats_interval);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                metrics.log();
+            }
+        })
+    });
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "server stopped with an error");
+        }
+        if let Some(t) = log_task {
+            t.abort();
+        }
+    });
+    Ok(RunningServer {
+        addr: local,
+        state,
+        stop,
+        task,
+    })
+}
+
+/// Serves until SIGINT or SIGTERM, then shuts down gracefully.
+pub async fn run(args: ServeArgs) -> Result<(), ServerError> {
+    let server = start(&args).await?;
+    tracing::info!(
+        addr = %server.addr,
+        model = %server.state.served_model_names[0],
+        engines = server.state.coordinator.engine_indices().len(),
+        "inferscope is serving (OpenAI API under /v1, metrics at /metrics)"
+    );
+    shutdown_signal().await;
+    tracing::info!(
+        timeout_s = args.shutdown_timeout,
+        "shutting down: finishing in-flight requests"
+    );
+    server
+        .shutdown(Duration::from_secs_f64(args.shutdown_timeout.max(0.0)))
+        .await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

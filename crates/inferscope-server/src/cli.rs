@@ -1,0 +1,163 @@
+//! `inferscope serve` flags, named as vLLM users know them.
+
+use clap::{Args, Parser, ValueEnum};
+
+/// Which device runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExecutorKind {
+    /// A real Llama-family transformer on the CPU.
+    Cpu,
+    /// A simulated accelerator with a roofline cost model (load tests).
+    Sim,
+}
+
+/// Flags of `inferscope serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+
+    /// Model: `demo` (built in), a Hugging Face model directory, or a `.gguf` file.
+    /// With `--executor sim` it is only the name the model is served under.
+    #[arg(long, default_value = "demo")]
+    pub model: String,
+
+    /// Names the model is served under (default: the model's name). The first one labels the metrics.
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+
+    /// Device that runs the model.
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Cpu)]
+    pub executor: ExecutorKind,
+
+    /// Cost model of the sim executor: a built-in profile (h100-llama3-8b, h200-llama3-8b,
+    /// a100-llama3-8b, tiny), optionally followed by overrides:
+    /// `h100-llama3-8b,t_weights_ms=5,kv_tokens=200000` (keys t_fixed_ms, t_prefill_us,
+    /// t_weights_ms, t_kv_ns, kv_tokens).
+    #[arg(long, default_value = "h100-llama3-8b")]
+    pub sim_profile: String,
+
+    /// Engine cores in this process (data parallelism).
+    #[arg(long, default_value_t = 1)]
+    pub data_parallel_size: usize,
+
+    /// Global rank of this server's first engine, so several servers' engine labels never collide.
+    #[arg(long, default_value_t = 0)]
+    pub data_parallel_rank: usize,
+
+    /// Cap on sequences in one engine's running batch.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+
+    /// Token budget of one engine step (prefill chunks plus decodes).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: usize,
+
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+
+    /// Longest prompt plus output (default: the model's limit; 8192 for sim).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+
+    /// Reuse KV blocks across requests with a common prefix (on by default).
+    #[arg(long, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+
+    /// KV-cache memory per engine core in bytes (cpu executor; default: a fraction of free memory).
+    #[arg(long)]
+    pub kv_cache_memory: Option<u64>,
+
+    /// Require `Authorization: Bearer KEY` on /v1/* routes.
+    #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Seconds between the periodic per-engine stats log lines.
+    #[arg(long, default_value_t = 10.0)]
+    pub log_stats_interval: f64,
+
+    /// Do not log the periodic stats lines.
+    #[arg(long)]
+    pub disable_log_stats: bool,
+
+    /// Do not record or serve engine and request metrics (`/metrics` answers 404).
+    #[arg(long)]
+    pub disable_metrics: bool,
+
+    /// Namespace of the engine metrics; `vllm` gives vLLM's exact names for existing dashboards.
+    #[arg(long, default_value = "inferscope")]
+    pub metrics_namespace: String,
+
+    /// Override a histogram bucket group: `GROUP=b1,b2,...` with GROUP one of
+    /// time_to_first_token, inter_token_latency, request_latency, request_tokens,
+    /// iteration_tokens. Repeatable.
+    #[arg(long = "histogram-buckets", value_name = "GROUP=BUCKETS")]
+    pub histogram_buckets: Vec<String>,
+
+    /// Refuse requests with 429 while this many are already waiting (over all engines).
+    #[arg(long)]
+    pub max_waiting_requests: Option<usize>,
+
+    /// Largest request body in bytes (larger ones get 413).
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    pub max_request_body_bytes: usize,
+
+    /// Seconds in-flight requests may take to finish on shutdown before they are aborted.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
+}
+
+impl ServeArgs {
+    /// Whether prefix caching is on.
+    pub fn prefix_caching(&self) -> bool {
+        !self.no_enable_prefix_caching
+    }
+
+    /// Parses flags as `inferscope serve` would (tests, embedding).
+    pub fn try_parse_flags<I, T>(flags: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        let argv = std::iter::once(std::ffi::OsString::from("serve"))
+            .chain(flags.into_iter().map(Into::into));
+        Wrapper::try_parse_from(argv).map(|w| w.args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_the_ecosystem() {
+        let a = ServeArgs::try_parse_flags::<[&str; 0], &str>([]).expect("defaults");
+        assert_eq!(a.port, 8000);
+        assert_eq!(a.model, "demo");
+        assert_eq!(a.executor, ExecutorKind::Cpu);
+        assert_eq!(
+            (a.max_num_seqs, a.max_num_batched_tokens, a.block_size),
+            (256, 8192, 16)
+        );
+        assert!(a.prefix_caching());
+        let a = ServeArgs::try_parse_flags(["--no-enable-prefix-caching", "--executor", "sim"])
+            .expect("flags");
+        assert!(!a.prefix_caching());
+        assert!(ServeArgs::try_parse_flags(["--executor", "gpu"]).is_err());
+    }
+}

@@ -1,0 +1,99 @@
+//! OpenAI-style error responses.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered as `{"error":{"message","type","param","code"}}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message naming the problem.
+    pub message: String,
+    /// OpenAI error type (`invalid_request_error`, ...).
+    pub kind: &'static str,
+    /// The offending request field, if one.
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or out of range.
+    pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param,
+        }
+    }
+
+    /// 404: the model is not served here.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{model}` does not exist."),
+            kind: "NotFoundError",
+            param: Some("model"),
+        }
+    }
+
+    /// 401: missing or wrong API key.
+    pub fn unauthorized() -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            message: "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
+            kind: "authentication_error",
+            param: None,
+        }
+    }
+
+    /// 429: admission control refused the request.
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            message: message.into(),
+            kind: "rate_limit_error",
+            param: None,
+        }
+    }
+
+    /// 503: the engine cannot take requests (shutting down, dead).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            kind: "service_unavailable",
+            param: None,
+        }
+    }
+
+    /// 500: the engine failed while generating.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: message.into(),
+            kind: "internal_server_error",
+            param: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status.as_u16(),
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}

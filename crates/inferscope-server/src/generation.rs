@@ -1,0 +1,325 @@
+//! From a validated request to text deltas: engine requests per choice,
+//! incremental detokenization, stop strings, and the request-level latency
+//! metrics, taken where each delta is handed to the response.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use inferscope_engine::{FinishReason, RequestHandle};
+use inferscope_metrics::{FrontendRequestStats, StatLoggerManager};
+use inferscope_model::IncrementalDecoder;
+
+/// One piece of a choice's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceDelta {
+    /// Choice index in the response.
+    pub index: usize,
+    /// New text (may be empty on the final delta).
+    pub text: String,
+    /// Set on the final delta.
+    pub finish: Option<ChoiceFinish>,
+}
+
+/// How a choice ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChoiceFinish {
+    /// Why.
+    pub reason: FinishReason,
+    /// The engine's error message, when `reason` is `Error`.
+    pub error: Option<String>,
+    /// Prompt tokens of this choice's prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+}
+
+/// Where latencies are recorded: the engine serving the choice.
+#[derive(Clone)]
+pub struct LatencySink {
+    metrics: Arc<StatLoggerManager>,
+    engine: usize,
+}
+
+impl LatencySink {
+    /// Records into `engine`'s series of `metrics`.
+    pub fn new(metrics: Arc<StatLoggerManager>, engine: usize) -> Self {
+        Self { metrics, engine }
+    }
+}
+
+/// Turns one engine request's outputs into text deltas.
+pub struct ChoiceStream {
+    index: usize,
+    handle: RequestHandle,
+    decoder: IncrementalDecoder,
+    stop: Arc<[String]>,
+    /// Longest stop string in bytes: text that could start one is held back.
+    max_stop_len: usize,
+    held: String,
+    arrival: Instant,
+    first_delta: Option<Instant>,
+    last_delta: Option<Instant>,
+    latency: Option<LatencySink>,
+    done: bool,
+}
+
+impl ChoiceStream {
+    /// A stream over `handle`'s outputs for choice `index`.
+    pub fn new(
+        index: usize,
+        handle: RequestHandle,
+        decoder: IncrementalDecoder,
+        stop: Arc<[String]>,
+        arrival: Instant,
+        latency: Option<LatencySink>,
+    ) -> Self {
+        let max_stop_len = stop.iter().map(String::len).max().unwrap_or(0);
+        Self {
+            index,
+            handle,
+            decoder,
+            stop,
+            max_stop_len,
+            held: String::new(),
+            arrival,
+            first_delta: None,
+            last_delta: None,
+            latency,
+            done: false,
+        }
+    }
+
+    /// The engine serving this choice.
+    pub fn engine(&self) -> usize {
+        self.handle.engine
+    }
+
+    /// The next delta with text or the final one; `None` after the final.
+    pub async fn next(&mut self) -> Option<ChoiceDelta> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let Some(out) = self.handle.recv().await else {
+                // The engine dropped the request without a finish.
+                return Some(self.finish(
+                    String::new(),
+                    FinishReason::Error,
+                    Some("the engine stopped without finishing the request".into()),
+                    0,
+                    0,
+                ));
+            };
+            let mut text = String::new();
+            if let Some(t) = out.token_id {
+                // A token the tokenizer cannot decode is skipped, not fatal.
+                text = self.decoder.push(t).unwrap_or_default();
+            }
+            if let Some(f) = out.finished {
+                text.push_str(&self.decoder.finish());
+                let mut pending = std::mem::take(&mut self.held);
+                pending.push_str(&text);
+                let (emit, reason) = match self.find_stop(&pending) {
+                    Some(pos) => (pending[..pos].to_owned(), FinishReason::Stop),
+                    None => (pending, f.reason),
+                };
+                return Some(self.finish(
+                    emit,
+                    reason,
+                    f.error,
+                    f.num_prompt_tokens,
+                    f.num_generation_tokens,
+                ));
+            }
+            if text.is_empty() {
+                continue;
+            }
+            self.held.push_str(&text);
+            if let Some(pos) = self.find_stop(&self.held) {
+                let emit = self.held[..pos].to_owned();
+                self.held.clear();
+                // Ends the request in the engine as `stop`; the finish it
+                // sends back carries the counts.
+                self.handle.finish(FinishReason::Stop);
+                return self.drain_after_stop(emit).await;
+            }
+            let emit = self.take_safe_text();
+            if emit.is_empty() {
+                continue;
+            }
+            self.observe_delta();
+            return Some(ChoiceDelta {
+                index: self.index,
+                text: emit,
+                finish: None,
+            });
+        }
+    }
+
+    /// After a stop string: waits for the engine's finish to get the counts.
+    async fn drain_after_stop(&mut self, emit: String) -> Option<ChoiceDelta> {
+        while let Some(out) = self.handle.recv().await {
+            if let Some(f) = out.finished {
+                return Some(self.finish(
+                    emit,
+                    FinishReason::Stop,
+                    None,
+                    f.num_prompt_tokens,
+                    f.num_generation_tokens,
+                ));
+            }
+        }
+        Some(self.finish(emit, FinishReason::Stop, None, 0, 0))
+    }
+
+    /// Text that can no longer be the start of a stop string.
+    fn take_safe_text(&mut self) -> String {
+        if self.max_stop_len == 0 {
+            return std::mem::take(&mut self.held);
+        }
+        let keep = self.max_stop_len - 1;
+        if self.held.len() <= keep {
+            return String::new();
+        }
+        let mut cut = self.held.len() - keep;
+        while !self.held.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let rest = self.held.split_off(cut);
+        std::mem::replace(&mut self.held, rest)
+    }
+
+    fn find_stop(&self, text: &str) -> Option<usize> {
+        self.stop.iter().filter_map(|s| text.find(s.as_str())).min()
+    }
+
+    fn observe_delta(&mut self) {
+        let now = Instant::now();
+        if let Some(sink) = &self.latency
+            && let Some(m) = sink.metrics.engine(sink.engine)
+        {
+            match self.last_delta {
+                None => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
+                Some(prev) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
+            }
+        }
+        self.first_delta.get_or_insert(now);
+        self.last_delta = Some(now);
+    }
+
+    fn finish(
+        &mut self,
+        text: String,
+        reason: FinishReason,
+        error: Option<String>,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    ) -> ChoiceDelta {
+        self.done = true;
+        if reason != FinishReason::Abort && reason != FinishReason::Error {
+            self.observe_delta();
+        }
+        if let Some(sink) = &self.latency
+            && let Some(m) = sink.metrics.engine(sink.engine)
+        {
+            m.record_frontend(&FrontendRequestStats {
+                ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
+                e2e: self.arrival.elapsed(),
+                num_generation_tokens: completion_tokens,
+            });
+        }
+        ChoiceDelta {
+            index: self.index,
+            text,
+            finish: Some(ChoiceFinish {
+                reason,
+                error,
+                prompt_tokens,
+                completion_tokens,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use inferscope_engine::{
+        Coordinator, EngineConfig, EngineRequest, Executor, SamplingParams, SimExecutor,
+        SimProfile, sim::SimTokens,
+    };
+    use inferscope_metrics::NoopRecorder;
+    use inferscope_model::{ByteTokenizer, Tokenizer};
+
+    use super::*;
+
+    fn coordinator() -> Coordinator {
+        Coordinator::start(
+            EngineConfig::default(),
+            1,
+            0,
+            |_| {
+                let p = SimProfile::builtin("tiny").expect("tiny");
+                Ok(Box::new(SimExecutor::new(p, SimTokens::default())) as Box<dyn Executor>)
+            },
+            Arc::new(NoopRecorder),
+        )
+        .expect("coordinator")
+    }
+
+    async fn collect(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> (String, ChoiceFinish) {
+        let tok: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let prompt = tok.encode("hello", false).expect("encode");
+        let h = c
+            .add_request(EngineRequest {
+                request_id: format!("t{max_tokens}-{}", stop.len()),
+                prompt_token_ids: prompt.clone(),
+                params: Arc::new(SamplingParams {
+                    max_tokens,
+                    ignore_eos: true,
+                    seed: Some(3),
+                    ..Default::default()
+                }),
+                arrival: Instant::now(),
+            })
+            .expect("add");
+        let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();
+        let mut s = ChoiceStream::new(
+            0,
+            h,
+            IncrementalDecoder::new(tok, &prompt),
+            stops,
+            Instant::now(),
+            None,
+        );
+        let mut text = String::new();
+        loop {
+            let d = tokio::time::timeout(Duration::from_secs(10), s.next())
+                .await
+                .expect("not stuck")
+                .expect("a delta");
+            text.push_str(&d.text);
+            if let Some(f) = d.finish {
+                assert!(s.next().await.is_none(), "nothing after the final delta");
+                return (text, f);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn stop_strings_cut_the_text_and_end_as_stop() {
+        let c = coordinator();
+        let (full, f) = collect(&c, 200, &[]).await;
+        assert_eq!(f.reason, FinishReason::Length);
+        assert_eq!(full.len(), 200, "byte tokenizer: one char per token");
+        // Pick a stop string from the middle of the known output.
+        let stop = &full[50..53];
+        let first = full.find(stop).expect("present");
+        let (cut, f) = collect(&c, 200, &[stop]).await;
+        assert_eq!(f.reason, FinishReason::Stop);
+        assert_eq!(cut, full[..first], "text ends right before the stop string");
+        assert!(f.completion_tokens >= first + stop.len());
+    }
+}

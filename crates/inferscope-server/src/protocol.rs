@@ -1,0 +1,231 @@
+//! The OpenAI request and response shapes this server reads and writes.
+//!
+//! Requests tolerate unknown fields and `null` for every optional one (the
+//! official clients send both). Numbers that must be positive are read as
+//! signed so that a negative value gets a message naming the field rather
+//! than a type error.
+
+use serde::{Deserialize, Serialize};
+
+/// `prompt` of a completion request.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// One text prompt.
+    Text(String),
+    /// Several text prompts (a batch).
+    Texts(Vec<String>),
+    /// One tokenized prompt.
+    Tokens(Vec<i64>),
+    /// Several tokenized prompts.
+    TokenLists(Vec<Vec<i64>>),
+}
+
+/// `stop`: one string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopInput {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl StopInput {
+    /// The stop strings, empty ones dropped.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect()
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a final chunk with usage and empty `choices`.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+/// Sampling fields shared by completions and chat.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    /// Softmax temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus mass.
+    pub top_p: Option<f64>,
+    /// Top-k (-1 or 0: off).
+    pub top_k: Option<i64>,
+    /// Seed.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<StopInput>,
+    /// Stop token ids (vLLM extension).
+    pub stop_token_ids: Option<Vec<i64>>,
+    /// Choices per prompt.
+    pub n: Option<i64>,
+    /// Stream over SSE.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+    /// Keep going past EOS (vLLM extension).
+    pub ignore_eos: Option<bool>,
+    /// Minimum tokens before EOS may stop (vLLM extension).
+    pub min_tokens: Option<i64>,
+    /// Log-probabilities (not supported beyond `null`).
+    pub logprobs: Option<serde_json::Value>,
+    /// Accepted for compatibility; the engine does not apply it.
+    pub repetition_penalty: Option<f64>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    /// The served model name.
+    pub model: Option<String>,
+    /// The prompt(s).
+    pub prompt: Option<PromptInput>,
+    /// Tokens to generate (default 16).
+    pub max_tokens: Option<i64>,
+    /// Sampling and streaming fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// A chat message's content: a string or a list of parts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ChatContent {
+    /// Plain text.
+    Text(String),
+    /// `[{type: "text", text}]` parts.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a multi-part message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// Part type; only `text` is supported.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessageIn {
+    /// `system`, `user`, `assistant`, `tool`, ...
+    pub role: String,
+    /// The content (may be null for assistant tool calls).
+    pub content: Option<ChatContent>,
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    /// The served model name.
+    pub model: Option<String>,
+    /// The conversation.
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Tokens to generate (newer name).
+    pub max_completion_tokens: Option<i64>,
+    /// Tokens to generate (older name).
+    pub max_tokens: Option<i64>,
+    /// Sampling and streaming fields.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// Token counts of a response.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens (over all prompts).
+    pub prompt_tokens: usize,
+    /// Generated tokens (over all choices).
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+/// A completion choice (full response) or chunk choice (stream).
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice<'a> {
+    /// Choice index.
+    pub index: usize,
+    /// Text (the delta, in a stream).
+    pub text: &'a str,
+    /// Always null: log-probabilities are not produced.
+    pub logprobs: Option<()>,
+    /// Set on the last chunk of a choice.
+    pub finish_reason: Option<&'a str>,
+}
+
+/// A completion response or stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionBody<'a> {
+    /// Response id.
+    pub id: &'a str,
+    /// `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: &'a str,
+    /// Choices (empty in the usage chunk).
+    pub choices: Vec<CompletionChoice<'a>>,
+    /// Token counts (full response, usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// An assistant message or a stream delta.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatDelta<'a> {
+    /// `assistant` on the full message and the first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// Text, when there is some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<&'a str>,
+}
+
+/// A chat choice: `message` in a full response, `delta` in a stream.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice<'a> {
+    /// Choice index.
+    pub index: usize,
+    /// Full response: the message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<ChatDelta<'a>>,
+    /// Stream: the delta (always present in chunks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<ChatDelta<'a>>,
+    /// Always null.
+    pub logprobs: Option<()>,
+    /// Set on the last chunk of a choice.
+    pub finish_reason: Option<&'a str>,
+}
+
+/// A chat response or stream chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatBody<'a> {
+    /// Response id.
+    pub id: &'a str,
+    /// `chat.completion` or `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: &'a str,
+    /// Choices (empty in the usage chunk).
+    pub choices: Vec<ChatChoice<'a>>,
+    /// Token counts (full response, usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}

@@ -1,0 +1,619 @@
+//! HTTP handlers: the OpenAI routes (full responses and SSE streams),
+//! models, health, version, metrics, and the API-key check.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
+use inferscope_engine::{EngineError, EngineRequest, FinishReason};
+use inferscope_metrics::negotiate;
+use inferscope_model::{ChatMessage, IncrementalDecoder};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::app::{AppState, unix_now};
+use crate::error::ApiError;
+use crate::generation::{ChoiceDelta, ChoiceStream, LatencySink};
+use crate::protocol::{
+    ChatBody, ChatChoice, ChatContent, ChatDelta, ChatRequest, CompletionBody, CompletionChoice,
+    CompletionRequest, Usage,
+};
+use crate::validation::{self, Plan};
+
+type AppStateRef = State<Arc<AppState>>;
+
+/// Which API a request came in on: decides the response shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Completions,
+    Chat,
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(s): AppStateRef) -> Json<serde_json::Value> {
+    let data: Vec<_> = s
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": s.created,
+                "owned_by": "inferscope",
+                "root": s.model_root,
+                "parent": null,
+                "max_model_len": s.limits.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /health`: 200 while every engine core can serve.
+pub async fn health(State(s): AppStateRef) -> Response {
+    if s.coordinator.is_healthy() {
+        return StatusCode::OK.into_response();
+    }
+    let why: Vec<String> = s
+        .coordinator
+        .engines()
+        .filter(|e| !e.is_alive())
+        .map(|e| {
+            format!(
+                "engine {}: {}",
+                e.engine_index,
+                e.dead_reason().unwrap_or_else(|| "stopped".into())
+            )
+        })
+        .collect();
+    let msg = if why.is_empty() {
+        "the server is shutting down".to_owned()
+    } else {
+        why.join("; ")
+    };
+    ApiError::unavailable(msg).into_response()
+}
+
+/// `GET /version`.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// `GET /metrics`: Prometheus text 0.0.4 or OpenMetrics, by `Accept`.
+pub async fn metrics(State(s): AppStateRef, headers: HeaderMap) -> Response {
+    if !s.metrics_enabled {
+        return ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: "metrics are disabled (--disable-metrics)".into(),
+            kind: "NotFoundError",
+            param: None,
+        }
+        .into_response();
+    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = s.metrics.render(negotiate(accept));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// Any path no route matches.
+pub async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: "no such route".into(),
+        kind: "NotFoundError",
+        param: None,
+    }
+}
+
+/// Rejects /v1/* requests without the right bearer token.
+pub async fn require_api_key(State(s): AppStateRef, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so the time taken does not reveal how
+/// much of the key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): AppStateRef,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let result = async {
+        let req: CompletionRequest = parse_body(body)?;
+        let model = check_model(&s, req.model.as_deref())?;
+        let prompts = validation::completion_prompts(req.prompt, s.tokenizer.as_ref(), &s.limits)?;
+        let plan = validation::plan(
+            prompts,
+            req.max_tokens,
+            |_| 16,
+            req.sampling,
+            &s.limits,
+            "max_tokens",
+        )?;
+        Ok::<_, ApiError>((model, plan))
+    }
+    .await;
+    match result {
+        Ok((model, plan)) => generate(s, Api::Completions, model, plan, &headers, arrival).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(s): AppStateRef,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let result = async {
+        let req: ChatRequest = parse_body(body)?;
+        let model = check_model(&s, req.model.as_deref())?;
+        let messages = req
+            .messages
+            .ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
+        if messages.is_empty() {
+            return Err(ApiError::invalid("`messages` must not be empty", Some("messages")));
+        }
+        let messages = messages
+            .into_iter()
+            .map(|m| {
+                let content = match m.content {
+                    None => String::new(),
+                    Some(ChatContent::Text(t)) => t,
+                    Some(ChatContent::Parts(parts)) => {
+                        let mut text = String::new();
+                        for p in parts {
+                            match (p.kind.as_str(), p.text) {
+                                ("text", Some(t)) => text.push_str(&t),
+                                (kind, _) => {
+                                    return Err(ApiError::invalid(
+                                        format!("content part type `{kind}` is not supported (only `text`)"),
+                                        Some("messages"),
+                                    ));
+                                }
+                            }
+                        }
+                        text
+                    }
+                };
+                Ok(ChatMessage { role: m.role, content })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let prompt = s
+            .tokenizer
+            .apply_chat_template(&messages, true)
+            .and_then(|text| s.tokenizer.encode(&text, true))
+            .map_err(|e| ApiError::invalid(format!("cannot render the conversation: {e}"), Some("messages")))?;
+        let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
+            (Some(v), _) => (Some(v), "max_completion_tokens"),
+            (None, v) => (v, "max_tokens"),
+        };
+        let max_len = s.limits.max_model_len;
+        let plan = validation::plan(
+            vec![prompt],
+            max_tokens,
+            |prompt_len| max_len.saturating_sub(prompt_len),
+            req.sampling,
+            &s.limits,
+            param,
+        )?;
+        Ok::<_, ApiError>((model, plan))
+    }
+    .await;
+    match result {
+        Ok((model, plan)) => generate(s, Api::Chat, model, plan, &headers, arrival).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        message: rejection.body_text(),
+        kind: "invalid_request_error",
+        param: None,
+    })?;
+    serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}"), None))
+}
+
+/// The served name the request asked for (404 for another model).
+fn check_model(s: &AppState, model: Option<&str>) -> Result<String, ApiError> {
+    match model {
+        None => Ok(s.served_model_names[0].clone()),
+        Some(m) if s.served_model_names.iter().any(|n| n == m) => Ok(m.to_owned()),
+        Some(m) => Err(ApiError::model_not_found(m)),
+    }
+}
+
+/// The client's `x-request-id` when usable, else a fresh id.
+fn request_id(s: &AppState, headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            let n = s.next_request.fetch_add(1, Ordering::Relaxed);
+            format!("{}-{n:x}", s.id_prefix)
+        })
+}
+
+/// Admits the request, starts one engine request per prompt and choice,
+/// and answers with a full response or an SSE stream.
+async fn generate(
+    s: Arc<AppState>,
+    api: Api,
+    model: String,
+    plan: Plan,
+    headers: &HeaderMap,
+    arrival: Instant,
+) -> Response {
+    let request_id = request_id(&s, headers);
+    if let Some(limit) = s.max_waiting_requests
+        && s.coordinator.num_waiting() >= limit
+    {
+        s.metrics.record_admission_rejection("max_waiting_requests");
+        return with_request_id(
+            ApiError::overloaded(format!(
+                "the server is overloaded: {limit} requests are already waiting; retry later"
+            ))
+            .into_response(),
+            &request_id,
+        );
+    }
+    let n = plan.params.n;
+    let total = plan.prompts.len() * n;
+    let stop: Arc<[String]> = plan.stop.into();
+    let prompt_tokens: usize = plan.prompts.iter().map(Vec::len).sum();
+    let mut choices = Vec::with_capacity(total);
+    for (p, prompt) in plan.prompts.iter().enumerate() {
+        for i in 0..n {
+            let index = p * n + i;
+            let mut params = plan.params.clone();
+            params.seed = params.seed.map(|seed| seed.wrapping_add(i as u64));
+            let engine_id = if total == 1 {
+                request_id.clone()
+            } else {
+                format!("{request_id}-{index}")
+            };
+            let handle = match s.coordinator.add_request(EngineRequest {
+                request_id: engine_id,
+                prompt_token_ids: prompt.clone(),
+                params: Arc::new(params),
+                arrival,
+            }) {
+                Ok(h) => h,
+                Err(e) => {
+                    // Handles already made abort themselves when dropped.
+                    let err = match e {
+                        EngineError::DuplicateRequestId(id) => ApiError::invalid(
+                            format!(
+                                "request id `{id}` is already in flight (x-request-id must be unique)"
+                            ),
+                            None,
+                        ),
+                        other => ApiError::unavailable(other.to_string()),
+                    };
+                    return with_request_id(err.into_response(), &request_id);
+                }
+            };
+            let latency = s
+                .metrics_enabled
+                .then(|| LatencySink::new(s.metrics.clone(), handle.engine));
+            let decoder = IncrementalDecoder::new(s.tokenizer.clone(), prompt);
+            choices.push(ChoiceStream::new(
+                index,
+                handle,
+                decoder,
+                stop.clone(),
+                arrival,
+                latency,
+            ));
+        }
+    }
+    let response_id = match api {
+        Api::Completions => format!("cmpl-{request_id}"),
+        Api::Chat => format!("chatcmpl-{request_id}"),
+    };
+    let shape = Shape {
+        api,
+        id: response_id,
+        model,
+        created: unix_now(),
+    };
+    let response = if plan.stream {
+        stream_response(shape, choices, prompt_tokens, plan.include_usage)
+    } else {
+        full_response(shape, choices, prompt_tokens).await
+    };
+    with_request_id(response, &request_id)
+}
+
+fn with_request_id(mut r: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        r.headers_mut().insert("x-request-id", v);
+    }
+    r
+}
+
+/// What every chunk of a response shares.
+struct Shape {
+    api: Api,
+    id: String,
+    model: String,
+    created: u64,
+}
+
+impl Shape {
+    /// One SSE event carrying `delta` (the first of its choice when `first`).
+    fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
+        let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
+        let json = match self.api {
+            Api::Completions => serde_json::to_vec(&CompletionBody {
+                id: &self.id,
+                object: "text_completion",
+                created: self.created,
+                model: &self.model,
+                choices: vec![CompletionChoice {
+                    index: d.index,
+                    text: &d.text,
+                    logprobs: None,
+                    finish_reason,
+                }],
+                usage: None,
+            }),
+            Api::Chat => serde_json::to_vec(&ChatBody {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: vec![ChatChoice {
+                    index: d.index,
+                    message: None,
+                    delta: Some(ChatDelta {
+                        role: first.then_some("assistant"),
+                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
+                    }),
+                    logprobs: None,
+                    finish_reason,
+                }],
+                usage: None,
+            }),
+        };
+        sse_event(json.unwrap_or_default())
+    }
+
+    /// The final usage chunk: empty `choices`.
+    fn usage_chunk(&self, usage: Usage) -> Bytes {
+        let json = match self.api {
+            Api::Completions => serde_json::to_vec(&CompletionBody {
+                id: &self.id,
+                object: "text_completion",
+                created: self.created,
+                model: &self.model,
+                choices: Vec::new(),
+                usage: Some(usage),
+            }),
+            Api::Chat => serde_json::to_vec(&ChatBody {
+                id: &self.id,
+                object: "chat.completion.chunk",
+                created: self.created,
+                model: &self.model,
+                choices: Vec::new(),
+                usage: Some(usage),
+            }),
+        };
+        sse_event(json.unwrap_or_default())
+    }
+}
+
+fn sse_event(json: Vec<u8>) -> Bytes {
+    let mut out = Vec::with_capacity(json.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(&json);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
+}
+
+/// Streams the choices as SSE. A task drives the engine requests and feeds
+/// the body; when the client goes away the body is dropped, the task sees
+/// the channel close and drops the requests, which aborts them.
+fn stream_response(
+    shape: Shape,
+    choices: Vec<ChoiceStream>,
+    prompt_tokens: usize,
+    include_usage: bool,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let num_choices = choices.len();
+        let mut started = vec![false; num_choices];
+        let mut merged = futures::stream::select_all(choices.into_iter().map(|c| {
+            Box::pin(futures::stream::unfold(c, |mut c| async move {
+                c.next().await.map(|d| (d, c))
+            }))
+        }));
+        let mut completion_tokens = 0;
+        loop {
+            let delta = tokio::select! {
+                _ = tx.closed() => return,
+                d = merged.next() => d,
+            };
+            let Some(d) = delta else { break };
+            if let Some(f) = &d.finish
+                && f.reason == FinishReason::Error
+            {
+                let err = ApiError::internal(
+                    f.error
+                        .clone()
+                        .unwrap_or_else(|| "generation failed".into()),
+                );
+                let event = sse_event(serde_json::to_vec(&err.body()).unwrap_or_default());
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+                completion_tokens += f.completion_tokens;
+                continue;
+            }
+            let first = !std::mem::replace(&mut started[d.index % num_choices.max(1)], true);
+            if let Some(f) = &d.finish {
+                completion_tokens += f.completion_tokens;
+            }
+            if tx.send(shape.chunk(&d, first)).await.is_err() {
+                return;
+            }
+        }
+        if include_usage {
+            let usage = Usage {
+                prompt_tokens,
+                completion_tokens,
+                total_tokens: prompt_tokens + completion_tokens,
+            };
+            if tx.send(shape.usage_chunk(usage)).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+    });
+    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<Bytes, Infallible>));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| ApiError::internal("cannot build the stream").into_response())
+}
+
+/// Waits for every choice and answers with one JSON body.
+async fn full_response(shape: Shape, choices: Vec<ChoiceStream>, prompt_tokens: usize) -> Response {
+    let results = futures::future::join_all(choices.into_iter().map(|mut c| async move {
+        let mut text = String::new();
+        while let Some(d) = c.next().await {
+            text.push_str(&d.text);
+            if let Some(f) = d.finish {
+                return (d.index, text, f);
+            }
+        }
+        unreachable_finish(c)
+    }))
+    .await;
+    if let Some((_, _, f)) = results.iter().find(|r| r.2.reason == FinishReason::Error) {
+        return ApiError::internal(
+            f.error
+                .clone()
+                .unwrap_or_else(|| "generation failed".into()),
+        )
+        .into_response();
+    }
+    let completion_tokens: usize = results.iter().map(|r| r.2.completion_tokens).sum();
+    let usage = Usage {
+        prompt_tokens,
+        completion_tokens,
+        total_tokens: prompt_tokens + completion_tokens,
+    };
+    let body = match shape.api {
+        Api::Completions => serde_json::to_value(CompletionBody {
+            id: &shape.id,
+            object: "text_completion",
+            created: shape.created,
+            model: &shape.model,
+            choices: results
+                .iter()
+                .map(|(index, text, f)| CompletionChoice {
+                    index: *index,
+                    text,
+                    logprobs: None,
+                    finish_reason: Some(f.reason.as_str()),
+                })
+                .collect(),
+            usage: Some(usage),
+        }),
+        Api::Chat => serde_json::to_value(ChatBody {
+            id: &shape.id,
+            object: "chat.completion",
+            created: shape.created,
+            model: &shape.model,
+            choices: results
+                .iter()
+                .map(|(index, text, f)| ChatChoice {
+                    index: *index,
+                    message: Some(ChatDelta {
+                        role: Some("assistant"),
+                        content: Some(text),
+                    }),
+                    delta: None,
+                    logprobs: None,
+                    finish_reason: Some(f.reason.as_str()),
+                })
+                .collect(),
+            usage: Some(usage),
+        }),
+    };
+    match body {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => ApiError::internal(format!("cannot encode the response: {e}")).into_response(),
+    }
+}
+
+/// A choice stream that ended without a final delta cannot happen (the
+/// stream always yields one); answer it as an error rather than panic.
+fn unreachable_finish(c: ChoiceStream) -> (usize, String, crate::generation::ChoiceFinish) {
+    let _ = c;
+    (
+        0,
+        String::new(),
+        crate::generation::ChoiceFinish {
+            reason: FinishReason::Error,
+            error: Some("the request ended without a result".into()),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn key_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret-longer", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}
