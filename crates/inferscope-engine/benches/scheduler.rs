@@ -1,1 +1,363 @@
-fn main() {}
+//! Cost of one engine step on the host with 256 running decode sequences:
+//! what the engine-core loop does around the executor call.
+//!
+//! - `decode_step/*`: `schedule()` + `update(&out)` (one sampled token per
+//!   sequence) + `snapshot()` + `clear_stats()`, with prefix caching on and off;
+//! - `schedule/*`: `schedule()` alone;
+//! - `update/*`: `update(&out)` + `snapshot()` + `clear_stats()` alone;
+//! - `decode_step/long_context`: the full step with 4096-token prompts.
+//!
+//! Steady state: every sequence has a distinct 512-token prompt that is
+//! prefilled before any timing, then decodes with `ignore_eos` and no length
+//! limit. Two things would otherwise drift as criterion runs millions of
+//! steps, and both are handled outside the timed region:
+//!
+//! - the output receivers, which grow by one message per sequence per step,
+//!   are drained with `try_recv` after every step (as the server's per-request
+//!   tasks would drain them), so the channels recycle their blocks;
+//! - the context grows by one token per step, and the block tables the batch
+//!   copies grow with it, so after [`DECODE_WINDOW`] steps the scheduler is
+//!   rebuilt and re-prefilled: every timed step has a context between 513 and
+//!   1024 tokens (32–64 blocks per sequence).
+//!
+//! Each step is timed on its own with `iter_custom` (two `Instant::now()`
+//! calls, ~tens of ns, against a step of tens of µs) so that draining and
+//! rebuilding stay out of the figure.
+//!
+//! After criterion, a second pass prints the per-step distribution (p50,
+//! p90, p99) of the full step, `schedule` and `update` measured on the same
+//! steps: on a shared machine the median is the robust figure.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group};
+use inferscope_engine::scheduler::Scheduler;
+use inferscope_engine::{EngineConfig, EngineRequest, RequestOutput, SamplingParams, StepOutput};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+/// Running decode sequences (the default `max_num_seqs`).
+const NUM_SEQS: usize = 256;
+/// Prompt tokens per sequence.
+const PROMPT_LEN: usize = 512;
+/// Prompt tokens per sequence in the long-context variant.
+const LONG_PROMPT_LEN: usize = 4096;
+/// Decode steps before the scheduler is rebuilt, bounding the context.
+const DECODE_WINDOW: usize = 512;
+/// The EOS token id; the sampled tokens never equal it.
+const EOS: u32 = 2;
+
+/// A scheduler with [`NUM_SEQS`] prefilled sequences and their receivers.
+struct Fixture {
+    prefix_caching: bool,
+    prompt_len: usize,
+    scheduler: Scheduler,
+    receivers: Vec<UnboundedReceiver<RequestOutput>>,
+    /// What the executor returns for a full decode batch.
+    out: StepOutput,
+    /// Decode steps since the last rebuild.
+    steps: usize,
+    /// Distinguishes the prompts of successive rebuilds, so no rebuild is
+    /// ever served from an earlier one's prefix cache (each is a new pool
+    /// anyway, but this keeps the prompts honest if that changes).
+    generation: u32,
+}
+
+impl Fixture {
+    fn new(prefix_caching: bool, prompt_len: usize) -> Self {
+        let mut f = Self {
+            prefix_caching,
+            prompt_len,
+            scheduler: Scheduler::new(EngineConfig::default(), 1, vec![EOS]),
+            receivers: Vec::new(),
+            out: StepOutput::default(),
+            steps: 0,
+            generation: 0,
+        };
+        f.rebuild();
+        f
+    }
+
+    /// A fresh scheduler whose sequences have all finished their prefill and
+    /// sampled their first token, so the next step is a pure decode step.
+    fn rebuild(&mut self) {
+        let config = EngineConfig {
+            enable_prefix_caching: self.prefix_caching,
+            // No sequence may stop on length while it is measured.
+            max_model_len: 1 << 20,
+            ..EngineConfig::default()
+        };
+        // Room for every sequence at its longest (prompt plus the window)
+        // several times over, so nothing is ever preempted.
+        let blocks_per_seq = (self.prompt_len + DECODE_WINDOW + 1).div_ceil(config.block_size);
+        let num_blocks = (NUM_SEQS * blocks_per_seq * 4).max(1 << 17);
+        let mut scheduler = Scheduler::new(config, num_blocks, vec![EOS]);
+        let now = Instant::now();
+        self.generation += 1;
+        self.receivers.clear();
+        for i in 0..NUM_SEQS {
+            let (tx, rx) = unbounded_channel();
+            // Distinct prompts: no prefix is shared between sequences.
+            let base = (self.generation << 22) | ((i as u32) << 13);
+            let prompt = (0..self.prompt_len as u32)
+                .map(|t| 1000 + base + t)
+                .collect();
+            scheduler.add_request(
+                EngineRequest {
+                    request_id: format!("bench-{}-{i}", self.generation),
+                    prompt_token_ids: prompt,
+                    // One allocation per request, as the server makes:
+                    // the batch clones each sequence's `Arc` every step, and
+                    // a single shared one would serialise those atomic
+                    // increments on one cache line.
+                    params: Arc::new(SamplingParams {
+                        max_tokens: 1 << 19,
+                        ignore_eos: true,
+                        ..SamplingParams::default()
+                    }),
+                    arrival: now,
+                },
+                tx,
+            );
+            self.receivers.push(rx);
+        }
+        // Prefill in chunks under the token budget until every sequence has
+        // its first token.
+        let mut out = StepOutput::default();
+        while scheduler.num_waiting() > 0
+            || scheduler.batch().seqs.iter().any(|s| s.is_prefill)
+            || scheduler.batch().seqs.is_empty()
+        {
+            scheduler.schedule();
+            fill_output(&scheduler, &mut out);
+            scheduler.update(&out);
+            scheduler.snapshot();
+            scheduler.clear_stats();
+        }
+        self.scheduler = scheduler;
+        self.drain();
+        // Check once, outside timing, that the next step is what we mean to
+        // measure: all sequences decoding, one token each.
+        self.scheduler.schedule();
+        let batch = self.scheduler.batch();
+        assert_eq!(batch.seqs.len(), NUM_SEQS, "all sequences scheduled");
+        assert!(
+            batch
+                .seqs
+                .iter()
+                .all(|s| !s.is_prefill && s.num_tokens == 1),
+            "pure decode batch"
+        );
+        fill_output(&self.scheduler, &mut self.out);
+        self.scheduler.update(&self.out);
+        self.scheduler.snapshot();
+        self.scheduler.clear_stats();
+        self.drain();
+        self.steps = 0;
+    }
+
+    /// Empties the output channels (untimed), as the server's tasks would.
+    fn drain(&mut self) {
+        for rx in &mut self.receivers {
+            while rx.try_recv().is_ok() {}
+        }
+    }
+
+    /// Keeps the context bounded: rebuilds after [`DECODE_WINDOW`] steps.
+    fn maybe_rebuild(&mut self) {
+        self.steps += 1;
+        if self.steps >= DECODE_WINDOW {
+            self.rebuild();
+        }
+    }
+}
+
+/// One sampled token per scheduled sequence, as an executor would return.
+/// The tokens never equal EOS and depend on the step, so block hashes vary.
+fn fill_output(scheduler: &Scheduler, out: &mut StepOutput) {
+    let batch = scheduler.batch();
+    out.sampled.clear();
+    out.sampled.extend(batch.seqs.iter().map(|s| {
+        s.sample
+            .then_some(100 + (s.seq_id as u32 + s.num_generated as u32) % 30_000)
+    }));
+    out.device_time = Duration::ZERO;
+}
+
+/// Which part of the step is timed.
+#[derive(Clone, Copy)]
+enum Timed {
+    /// schedule + update + snapshot + clear_stats.
+    FullStep,
+    /// schedule alone.
+    Schedule,
+    /// update + snapshot + clear_stats.
+    Update,
+}
+
+/// Runs `iters` decode steps, timing only the `timed` part of each.
+fn run_steps(f: &mut Fixture, iters: u64, timed: Timed) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        // Between the two timed parts, untimed, the executor's part: one
+        // sampled token per sequence of the batch just built.
+        let t0 = Instant::now();
+        f.scheduler.schedule();
+        let t1 = Instant::now();
+        fill_output(&f.scheduler, &mut f.out);
+        let t2 = Instant::now();
+        f.scheduler.update(black_box(&f.out));
+        black_box(f.scheduler.snapshot());
+        f.scheduler.clear_stats();
+        let t3 = Instant::now();
+        total += match timed {
+            Timed::FullStep => (t1 - t0) + (t3 - t2),
+            Timed::Schedule => t1 - t0,
+            Timed::Update => t3 - t2,
+        };
+        f.drain();
+        f.maybe_rebuild();
+    }
+    total
+}
+
+fn bench(c: &mut Criterion) {
+    let mut g = c.benchmark_group(format!("scheduler_{NUM_SEQS}_decodes"));
+    // One element = one sequence's decode: ns/elem is the per-sequence cost.
+    g.throughput(Throughput::Elements(NUM_SEQS as u64));
+    g.measurement_time(Duration::from_secs(5));
+
+    for (name, caching, prompt_len, timed) in [
+        (
+            "decode_step/prefix_caching_on",
+            true,
+            PROMPT_LEN,
+            Timed::FullStep,
+        ),
+        (
+            "decode_step/prefix_caching_off",
+            false,
+            PROMPT_LEN,
+            Timed::FullStep,
+        ),
+        (
+            "schedule/prefix_caching_on",
+            true,
+            PROMPT_LEN,
+            Timed::Schedule,
+        ),
+        ("update/prefix_caching_on", true, PROMPT_LEN, Timed::Update),
+        // Context 4097–4608 tokens: how the per-step block-table copy scales.
+        (
+            "decode_step/long_context",
+            true,
+            LONG_PROMPT_LEN,
+            Timed::FullStep,
+        ),
+    ] {
+        let mut f = Fixture::new(caching, prompt_len);
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| run_steps(&mut f, iters, timed))
+        });
+    }
+    g.finish();
+}
+
+/// Steps in the per-step distribution pass.
+const DISTRIBUTION_STEPS: usize = 20_000;
+
+/// The per-step cost distribution, from one run per configuration, with the
+/// schedule and update parts of the same steps side by side. Criterion's
+/// figures are means over samples of many steps, which one preemption of the
+/// bench thread by another process inflates; the median step is robust to
+/// that on a shared machine.
+fn print_distributions() {
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let q = |v: &mut Vec<Duration>, p: f64| {
+        v.sort_unstable();
+        v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+    };
+    println!();
+    println!(
+        "per-step distribution over {DISTRIBUTION_STEPS} steps, {NUM_SEQS} decoding sequences \
+         (µs; full = schedule + update + snapshot + clear_stats)"
+    );
+    println!(
+        "{:<16} | {:>9} | {:>9} {:>9} {:>9} {:>9} {:>7} | {:>9} {:>9} | {:>9} {:>9}",
+        "config",
+        "context",
+        "full mean",
+        "full p50",
+        "full p90",
+        "full p99",
+        ">1 ms",
+        "sched p50",
+        "sched p90",
+        "upd p50",
+        "upd p90"
+    );
+    for (name, caching, prompt_len) in [
+        ("caching on", true, PROMPT_LEN),
+        ("caching off", false, PROMPT_LEN),
+        ("long context", true, LONG_PROMPT_LEN),
+    ] {
+        let mut f = Fixture::new(caching, prompt_len);
+        let mut sched = Vec::with_capacity(DISTRIBUTION_STEPS);
+        let mut upd = Vec::with_capacity(DISTRIBUTION_STEPS);
+        let mut full = Vec::with_capacity(DISTRIBUTION_STEPS);
+        for _ in 0..DISTRIBUTION_STEPS {
+            let t0 = Instant::now();
+            f.scheduler.schedule();
+            let t1 = Instant::now();
+            fill_output(&f.scheduler, &mut f.out);
+            let t2 = Instant::now();
+            f.scheduler.update(black_box(&f.out));
+            black_box(f.scheduler.snapshot());
+            f.scheduler.clear_stats();
+            let t3 = Instant::now();
+            sched.push(t1 - t0);
+            upd.push(t3 - t2);
+            full.push((t1 - t0) + (t3 - t2));
+            f.drain();
+            f.maybe_rebuild();
+        }
+        // The mean carries the tail: steps during which another process
+        // took the CPU. `>1 ms` counts them.
+        let mean = full.iter().sum::<Duration>() / DISTRIBUTION_STEPS as u32;
+        let slow = full
+            .iter()
+            .filter(|d| **d > Duration::from_millis(1))
+            .count();
+        println!(
+            "{:<16} | {:>9} | {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7} | {:>9.1} {:>9.1} | {:>9.1} {:>9.1}",
+            name,
+            format!("{}-{}", prompt_len + 1, prompt_len + DECODE_WINDOW),
+            us(mean),
+            us(q(&mut full, 0.5)),
+            us(q(&mut full, 0.9)),
+            us(q(&mut full, 0.99)),
+            slow,
+            us(q(&mut sched, 0.5)),
+            us(q(&mut sched, 0.9)),
+            us(q(&mut upd, 0.5)),
+            us(q(&mut upd, 0.9)),
+        );
+    }
+    println!();
+}
+
+criterion_group!(benches, bench);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // Only under `cargo bench`, which passes `--bench`: `cargo test
+    // --benches` (or `--all-targets`) runs each benchmark once as a smoke
+    // test, in a debug build, and `--list` only lists them.
+    let args: Vec<String> = std::env::args().collect();
+    let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list");
+    if measuring {
+        print_distributions();
+    }
+}
