@@ -14,7 +14,7 @@ pub(crate) struct TokenCtx {
 }
 
 /// Dot product with several accumulators so that it vectorises.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let ca = a.chunks_exact(8);
@@ -58,46 +58,86 @@ pub(crate) fn paged_attention(
         head_dim: d,
     } = shape;
     let group = num_heads / num_kv_heads;
-    let bs = pool.block_size();
     let scale = 1.0 / (d as f32).sqrt();
+    #[cfg(target_arch = "x86_64")]
+    let avx2 =
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     out.par_chunks_mut(d)
         .enumerate()
         .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
             let (t, h) = (idx / num_heads, idx % num_heads);
             let ctx = tokens[t];
-            let qv = &q[idx * d..(idx + 1) * d];
-            let kvh = h / group;
-            let n = ctx.pos + 1;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            let n_blocks = n.div_ceil(bs);
-            for bi in 0..n_blocks {
-                let block = block_tables[ctx.table_offset + bi] as usize;
-                let keys = pool.keys(layer, block, kvh);
-                let in_block = (n - bi * bs).min(bs);
-                for key in keys.chunks_exact(d).take(in_block) {
-                    let s = dot(qv, key) * scale;
-                    max = max.max(s);
-                    scores.push(s);
-                }
+            let head = Head {
+                q: &q[idx * d..(idx + 1) * d],
+                kv_head: h / group,
+                ctx,
+                block_tables,
+                pool,
+                layer,
+                scale,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if avx2 {
+                // SAFETY: the CPU supports the features the function is compiled for.
+                unsafe { attend_avx2(&head, scores, o) };
+                return;
             }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for bi in 0..n_blocks {
-                let block = block_tables[ctx.table_offset + bi] as usize;
-                let vals = pool.values(layer, block, kvh);
-                let in_block = (n - bi * bs).min(bs);
-                for (j, val) in vals.chunks_exact(d).take(in_block).enumerate() {
-                    let p = scores[bi * bs + j] * inv;
-                    for (oi, vi) in o.iter_mut().zip(val) {
-                        *oi += p * vi;
-                    }
-                }
-            }
+            attend(&head, scores, o);
         });
+}
+
+/// One (token, query head) pair's inputs.
+struct Head<'a> {
+    q: &'a [f32],
+    kv_head: usize,
+    ctx: TokenCtx,
+    block_tables: &'a [u32],
+    pool: &'a KvPool,
+    layer: usize,
+    scale: f32,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(h: &Head<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    // The same code, compiled so that the dot products vectorise 8-wide.
+    attend(h, scores, o)
+}
+
+#[inline(always)]
+fn attend(h: &Head<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let d = h.q.len();
+    let bs = h.pool.block_size();
+    let n = h.ctx.pos + 1;
+    scores.clear();
+    let mut max = f32::NEG_INFINITY;
+    let n_blocks = n.div_ceil(bs);
+    for bi in 0..n_blocks {
+        let block = h.block_tables[h.ctx.table_offset + bi] as usize;
+        let keys = h.pool.keys(h.layer, block, h.kv_head);
+        let in_block = (n - bi * bs).min(bs);
+        for key in keys.chunks_exact(d).take(in_block) {
+            let s = dot(h.q, key) * h.scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+    }
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    let inv = 1.0 / sum;
+    o.fill(0.0);
+    for bi in 0..n_blocks {
+        let block = h.block_tables[h.ctx.table_offset + bi] as usize;
+        let vals = h.pool.values(h.layer, block, h.kv_head);
+        let in_block = (n - bi * bs).min(bs);
+        for (j, val) in vals.chunks_exact(d).take(in_block).enumerate() {
+            let p = scores[bi * bs + j] * inv;
+            for (oi, vi) in o.iter_mut().zip(val) {
+                *oi += p * vi;
+            }
+        }
+    }
 }
