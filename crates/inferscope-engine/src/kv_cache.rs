@@ -8,7 +8,7 @@
 //! makes allocation evict cached blocks in LRU order.
 
 use std::collections::HashMap;
-use std::hash::Hasher;
+use std::hash::{BuildHasher, Hasher};
 
 /// Marks "no block" in the intrusive free list.
 const NIL: u32 = u32::MAX;
@@ -18,9 +18,14 @@ pub type BlockHash = u64;
 
 /// Hash of a full block, chained over the parent block's hash.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
-    // DefaultHasher::new() has fixed keys: the same content hashes the same
-    // in every engine core of the process.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // SipHash keyed at random once per process: the same content hashes the
+    // same in every engine core, but nobody can craft prompts offline whose
+    // blocks collide with another tenant's cached blocks.
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut h = KEYS
+        .get_or_init(std::collections::hash_map::RandomState::new)
+        .build_hasher();
     h.write_u64(parent.unwrap_or(0x9e37_79b9_7f4a_7c15));
     for &t in tokens {
         h.write_u32(t);

@@ -123,7 +123,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn two_cores_spread_load_and_honour_rank_offset() {
     let rt = runtime();
     let rec = Arc::new(TestRecorder::default());
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         EngineConfig::default(),
         2,
         4,
@@ -184,7 +184,7 @@ fn duplicate_ids_are_refused() {
 fn dropping_a_handle_aborts_and_frees_blocks() {
     let rt = runtime();
     let rec = Arc::new(TestRecorder::default());
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         EngineConfig::default(),
         1,
         0,
@@ -226,7 +226,7 @@ fn preemption_by_recompute_is_transparent() {
         ..Default::default()
     };
     let rec = Arc::new(TestRecorder::default());
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         config.clone(),
         1,
         0,
@@ -245,7 +245,7 @@ fn preemption_by_recompute_is_transparent() {
     assert!(rec.0.lock().preemptions > 0, "the workload must preempt");
 
     // The same requests alone on a roomy engine give the same tokens.
-    let mut alone = Coordinator::start(
+    let alone = Coordinator::start(
         config,
         1,
         0,
@@ -272,7 +272,7 @@ fn step_faults_fail_their_requests_and_the_core_keeps_serving() {
         fail_every_n_steps: 7,
         die_after_steps: 0,
     };
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         EngineConfig::default(),
         1,
         0,
@@ -334,7 +334,7 @@ fn a_dead_core_is_reported_and_skipped() {
 #[test]
 fn shutdown_drains_in_flight_requests() {
     let rt = runtime();
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         EngineConfig::default(),
         2,
         0,
@@ -363,7 +363,7 @@ fn shutdown_drains_in_flight_requests() {
 #[test]
 fn shutdown_timeout_aborts_the_rest() {
     let rt = runtime();
-    let mut c = Coordinator::start(
+    let c = Coordinator::start(
         EngineConfig::default(),
         1,
         0,

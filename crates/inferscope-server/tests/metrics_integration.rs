@@ -1,0 +1,267 @@
+//! The metrics a known workload must produce, read back from `/metrics` and
+//! parsed (not grepped).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::*;
+use http_body_util::BodyExt;
+use serde_json::json;
+
+const NS: &str = "inferscope:";
+
+fn m(name: &str) -> String {
+    format!("{NS}{name}")
+}
+
+/// 20 requests, `ignore_eos`, `max_tokens` 16, half streaming, on two engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_workload_counts_exactly_per_engine() {
+    let server = start(&["--data-parallel-size", "2"]).await;
+    let addr = server.addr;
+    let mut tasks = Vec::new();
+    for i in 0..20 {
+        tasks.push(tokio::spawn(async move {
+            let stream = i % 2 == 0;
+            let r = post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": format!("request number {i}"), "max_tokens": 16, "ignore_eos": true, "stream": stream}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            if stream {
+                let events = sse_events(&r.body);
+                assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+            } else {
+                assert_eq!(r.json()["usage"]["completion_tokens"], 16);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("request task");
+    }
+    // A path no route matches.
+    assert_eq!(
+        call(addr, "GET", "/no/such/path", "", &[]).await.status,
+        404
+    );
+
+    let samples = scrape(addr).await;
+    assert_eq!(sum(&samples, &m("request_success_total"), &[]), 20.0);
+    assert_eq!(
+        sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", "length")]
+        ),
+        20.0
+    );
+    assert_eq!(sum(&samples, &m("generation_tokens_total"), &[]), 320.0);
+    let e0 = sum(&samples, &m("generation_tokens_total"), &[("engine", "0")]);
+    let e1 = sum(&samples, &m("generation_tokens_total"), &[("engine", "1")]);
+    assert!(e0 > 0.0 && e1 > 0.0, "both engines served: {e0} {e1}");
+    assert_eq!(e0 + e1, 320.0);
+    let s0 = sum(&samples, &m("request_success_total"), &[("engine", "0")]);
+    let s1 = sum(&samples, &m("request_success_total"), &[("engine", "1")]);
+    assert_eq!(s0 + s1, 20.0);
+    assert_eq!(
+        sum(&samples, &m("time_to_first_token_seconds_count"), &[]),
+        20.0
+    );
+    assert_eq!(
+        sum(&samples, &m("e2e_request_latency_seconds_count"), &[]),
+        20.0
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "http_requests_total",
+            &[
+                ("handler", "/v1/completions"),
+                ("method", "POST"),
+                ("status", "2xx")
+            ]
+        ),
+        20.0
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            "http_requests_total",
+            &[("handler", "none"), ("status", "4xx")]
+        ),
+        1.0
+    );
+    assert_histograms_well_formed(&samples);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_paths_add_no_series() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    assert_eq!(call(addr, "GET", "/warm-up", "", &[]).await.status, 404);
+    let before: BTreeSet<String> = series_keys(&scrape(addr).await);
+    for i in 0..1000 {
+        let r = call(addr, "GET", &format!("/scan/{i}/{}", i * 7919), "", &[]).await;
+        assert_eq!(r.status, 404);
+    }
+    let after = series_keys(&scrape(addr).await);
+    assert_eq!(before, after, "a path scan must not create series");
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+fn series_keys(samples: &[Sample]) -> BTreeSet<String> {
+    samples
+        .iter()
+        .map(|s| format!("{}{:?}", s.name, s.labels))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_duration_covers_the_whole_stream() {
+    // 5 ms per decode step: 40 tokens (39 decode steps) take at least 195 ms.
+    let server = start(&["--sim-profile", "tiny,t_weights_ms=5"]).await;
+    let addr = server.addr;
+    let t0 = Instant::now();
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "time me", "max_tokens": 40, "ignore_eos": true, "stream": true}),
+    )
+    .await;
+    let client_seen = t0.elapsed().as_secs_f64();
+    assert_eq!(r.status, 200);
+    assert!(
+        client_seen >= 0.195,
+        "the stream itself took {client_seen}s"
+    );
+    let samples = scrape(addr).await;
+    let recorded = sum(
+        &samples,
+        "http_request_duration_seconds_sum",
+        &[("handler", "/v1/completions")],
+    );
+    assert!(
+        recorded >= 0.195 && recorded <= client_seen + 0.05,
+        "recorded {recorded}s, client saw {client_seen}s"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_stream_is_counted_and_frees_its_blocks() {
+    let server = start(&["--sim-profile", "tiny,t_weights_ms=2"]).await;
+    let addr = server.addr;
+    let resp = send(
+        addr,
+        "POST",
+        "/v1/completions",
+        &json!({"prompt": "never mind", "max_tokens": 5000, "ignore_eos": true, "stream": true})
+            .to_string(),
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut body = resp.into_body();
+    let mut got = 0;
+    while got < 3 {
+        let frame = body.frame().await.expect("a frame").expect("ok frame");
+        if frame.data_ref().is_some() {
+            got += 1;
+        }
+    }
+    let samples = scrape(addr).await;
+    assert_eq!(sum(&samples, &m("num_requests_running"), &[]), 1.0);
+    assert!(sum(&samples, &m("kv_cache_usage_perc"), &[]) > 0.0);
+    drop(body);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let samples = scrape(addr).await;
+        let aborted = sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", "abort")],
+        );
+        let running = sum(&samples, &m("num_requests_running"), &[]);
+        let kv = sum(&samples, &m("kv_cache_usage_perc"), &[]);
+        if aborted == 1.0 && running == 0.0 && kv == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "abort not reflected: aborted {aborted}, running {running}, kv {kv}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_namespace_and_openmetrics() {
+    let server = start(&["--metrics-namespace", "vllm"]).await;
+    let addr = server.addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let samples = scrape(addr).await;
+    for name in [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:cache_config_info",
+        "vllm:request_success_total",
+        "vllm:generation_tokens_total",
+        "vllm:time_to_first_token_seconds_count",
+    ] {
+        assert!(samples.iter().any(|s| s.name == name), "missing {name}");
+    }
+    assert!(!samples.iter().any(|s| s.name.starts_with("inferscope:")));
+    let om = call(
+        addr,
+        "GET",
+        "/metrics",
+        "",
+        &[("accept", "application/openmetrics-text; version=1.0.0")],
+    )
+    .await;
+    assert!(
+        om.headers["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .starts_with("application/openmetrics-text"),
+        "{:?}",
+        om.headers
+    );
+    assert!(om.body.trim_end().ends_with("# EOF"));
+    let text = call(addr, "GET", "/metrics", "", &[]).await;
+    assert!(
+        text.headers["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .starts_with("text/plain; version=0.0.4")
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disable_metrics_hides_the_endpoint() {
+    let server = start(&["--disable-metrics"]).await;
+    let r = call(server.addr, "GET", "/metrics", "", &[]).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("disabled")
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
