@@ -11,7 +11,7 @@ use inferscope_metrics::{FinishReason, StatsRecorder};
 
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::request::EngineRequest;
+use crate::request::{EngineRequest, RequestOutput};
 use crate::scheduler::{OutputSink, Scheduler};
 
 /// A message to an engine core.
@@ -116,13 +116,29 @@ pub(crate) fn spawn_core(
         dead_reason: parking_lot::Mutex::new(None),
     });
     let (tx, rx) = channel();
-    let scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
+    let mut scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
+    scheduler.defer_outputs();
+    // Delivering outputs wakes one task per request: done on its own thread,
+    // it overlaps the next device step instead of delaying it.
+    let (out_tx, out_rx) = channel::<Vec<(OutputSink, RequestOutput)>>();
+    std::thread::Builder::new()
+        .name(format!("engine-output-{engine_index}"))
+        .spawn(move || {
+            for batch in out_rx {
+                for (sink, out) in batch {
+                    // A closed sink means the client left; the abort follows.
+                    let _ = sink.send(out);
+                }
+            }
+        })
+        .map_err(|e| ExecutorError::Init(format!("cannot start the output thread: {e}")))?;
     let core = EngineCore {
         state: Arc::clone(&state),
         scheduler,
         executor,
         recorder,
         rx,
+        outputs: out_tx,
         shutdown_deadline: None,
     };
     let thread = std::thread::Builder::new()
@@ -138,6 +154,7 @@ struct EngineCore {
     executor: Box<dyn Executor>,
     recorder: Arc<dyn StatsRecorder>,
     rx: Receiver<CoreMessage>,
+    outputs: Sender<Vec<(OutputSink, RequestOutput)>>,
     shutdown_deadline: Option<Instant>,
 }
 
@@ -215,6 +232,7 @@ impl EngineCore {
             stats.execute_time = t2 - t1;
             stats.postprocess_time = t3 - t2;
             stats.device_time = out.device_time;
+            self.ship_outputs();
             let snapshot = self.scheduler.snapshot();
             self.publish(&snapshot);
             self.recorder
@@ -253,8 +271,18 @@ impl EngineCore {
         }
     }
 
+    /// Hands the outputs collected so far to the output thread.
+    fn ship_outputs(&mut self) {
+        let batch = self.scheduler.take_outputs();
+        if !batch.is_empty() {
+            // The output thread lives as long as this sender.
+            let _ = self.outputs.send(batch);
+        }
+    }
+
     /// Reports requests that ended between steps and the resulting state.
     fn flush_outside_step(&mut self) {
+        self.ship_outputs();
         let engine = self.state.engine_index;
         let snapshot = self.scheduler.snapshot();
         self.publish(&snapshot);
@@ -285,6 +313,8 @@ impl EngineCore {
                 self.shutdown_deadline = Some(deadline);
             }
         }
+        // Aborts and refusals produce final outputs: deliver them now.
+        self.ship_outputs();
         self.state
             .waiting
             .store(self.scheduler.num_waiting(), Ordering::Relaxed);

@@ -102,6 +102,9 @@ pub struct Scheduler {
     stats: IterationStats,
     /// Sequences that ended since the last batch was built.
     ended_seq_ids: Vec<u64>,
+    /// When set, outputs are collected here instead of sent (see
+    /// [`Scheduler::defer_outputs`]).
+    outbox: Option<Vec<(OutputSink, RequestOutput)>>,
 }
 
 impl Scheduler {
@@ -125,7 +128,20 @@ impl Scheduler {
             preemptions_since_snapshot: 0,
             stats: IterationStats::default(),
             ended_seq_ids: Vec::new(),
+            outbox: None,
         }
+    }
+
+    /// Collects outputs for [`Scheduler::take_outputs`] instead of sending
+    /// them, so that the engine thread hands a whole step's outputs to
+    /// another thread in one message.
+    pub fn defer_outputs(&mut self) {
+        self.outbox.get_or_insert_with(Vec::new);
+    }
+
+    /// The outputs collected since the last call, in order, with their sinks.
+    pub fn take_outputs(&mut self) -> Vec<(OutputSink, RequestOutput)> {
+        self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The configuration.
@@ -443,12 +459,21 @@ impl Scheduler {
                     // The token goes out with the finish.
                     self.finishing.push((idx, reason, stop));
                 } else {
-                    // A closed sink means the client left; the abort follows.
-                    let _ = seq.sink.send(RequestOutput {
+                    let out = RequestOutput {
                         token_id: Some(token),
                         at: now,
                         finished: None,
-                    });
+                    };
+                    match &mut self.outbox {
+                        // The sink is cloned (two uncontended atomics) so the
+                        // send, and the wake-up of the task behind it, happen
+                        // on the output thread instead of this one.
+                        Some(outbox) => outbox.push((seq.sink.clone(), out)),
+                        // A closed sink means the client left; the abort follows.
+                        None => {
+                            let _ = seq.sink.send(out);
+                        }
+                    }
                 }
             }
             if caching {
@@ -547,7 +572,7 @@ impl Scheduler {
             inference_time: since(t.finished, t.first_scheduled),
         });
         let num_generation_tokens = seq.num_generated();
-        let _ = seq.sink.send(RequestOutput {
+        let out = RequestOutput {
             token_id: token,
             at: now,
             finished: Some(Box::new(FinishedOutput {
@@ -559,7 +584,13 @@ impl Scheduler {
                 timeline: seq.timeline,
                 error,
             })),
-        });
+        };
+        match &mut self.outbox {
+            Some(outbox) => outbox.push((seq.sink, out)),
+            None => {
+                let _ = seq.sink.send(out);
+            }
+        }
     }
 }
 
