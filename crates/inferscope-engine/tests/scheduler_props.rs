@@ -123,6 +123,19 @@ impl CheckingDevice {
     }
 }
 
+/// Request `i`'s prompt: a shared prefix, then tokens of its own.
+fn prompt_of(r: &Req, i: usize, prefixes: &[Vec<u32>]) -> Vec<u32> {
+    let mut prompt: Vec<u32> = prefixes[r.prefix]
+        .iter()
+        .copied()
+        .take(r.prompt_len)
+        .collect();
+    while prompt.len() < r.prompt_len {
+        prompt.push(60 + (prompt.len() as u32 * 31 + i as u32) % 30);
+    }
+    prompt
+}
+
 fn run_workload(
     reqs: &[Req],
     num_blocks: usize,
@@ -154,14 +167,7 @@ fn run_workload(
     let mut tokens_of: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut seq_of_req: HashMap<String, u64> = HashMap::new();
     for (i, r) in reqs.iter().enumerate() {
-        let mut prompt: Vec<u32> = prefixes[r.prefix]
-            .iter()
-            .copied()
-            .take(r.prompt_len)
-            .collect();
-        while prompt.len() < r.prompt_len {
-            prompt.push(60 + (prompt.len() as u32 * 31 + i as u32) % 30);
-        }
+        let prompt = prompt_of(r, i, &prefixes);
         let (tx, rx) = unbounded_channel();
         rxs.push(rx);
         sched.add_request(
@@ -224,15 +230,7 @@ fn run_workload(
                 .find(|(_, v)| **v == s.seq_id)
                 .and_then(|(k, _)| k[1..].parse().ok())
                 .ok_or_else(|| TestCaseError::fail("seq without request"))?;
-            let r = &reqs[req_idx];
-            let mut prompt: Vec<u32> = prefixes[r.prefix]
-                .iter()
-                .copied()
-                .take(r.prompt_len)
-                .collect();
-            while prompt.len() < r.prompt_len {
-                prompt.push(60 + (prompt.len() as u32 * 31 + req_idx as u32) % 30);
-            }
+            let mut prompt = prompt_of(&reqs[req_idx], req_idx, &prefixes);
             prompt.extend(tokens_of.get(&s.seq_id).cloned().unwrap_or_default());
             full.insert(s.seq_id, prompt);
         }
