@@ -85,6 +85,39 @@ fn write_gguf(
     quantize: bool,
     name: &str,
 ) -> PathBuf {
+    write_gguf_with(cfg, w, quantize, name, spm_metadata())
+}
+
+/// The SentencePiece (`llama`) tokenizer metadata of [`vocab`].
+fn spm_metadata() -> Vec<(&'static str, Value)> {
+    let (tokens, types, scores) = vocab();
+    vec![
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(tokens.into_iter().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            Value::Array(scores.into_iter().map(Value::F32).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
+        ("tokenizer.ggml.unknown_token_id", Value::U32(0)),
+    ]
+}
+
+fn write_gguf_with(
+    cfg: &ModelConfig,
+    w: &HashMap<String, Tensor>,
+    quantize: bool,
+    name: &str,
+    tokenizer: Vec<(&'static str, Value)>,
+) -> PathBuf {
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     let mut put = |name: String, t: Tensor, dtype: GgmlDType| {
         tensors.push((
@@ -133,9 +166,8 @@ fn write_gguf(
         put(g("ffn_up"), hf("mlp.up_proj"), lin);
         put(g("ffn_down"), hf("mlp.down_proj"), down);
     }
-    let (tokens, types, scores) = vocab();
     let u = |x: usize| Value::U32(x as u32);
-    let meta: Vec<(&str, Value)> = vec![
+    let mut meta: Vec<(&str, Value)> = vec![
         ("general.architecture", Value::String("llama".into())),
         ("llama.embedding_length", u(cfg.hidden_size)),
         ("llama.block_count", u(cfg.num_layers)),
@@ -148,23 +180,8 @@ fn write_gguf(
         ),
         ("llama.rope.freq_base", Value::F32(cfg.rope_theta)),
         ("llama.context_length", u(cfg.max_position_embeddings)),
-        ("tokenizer.ggml.model", Value::String("llama".into())),
-        (
-            "tokenizer.ggml.tokens",
-            Value::Array(tokens.into_iter().map(Value::String).collect()),
-        ),
-        (
-            "tokenizer.ggml.token_type",
-            Value::Array(types.into_iter().map(Value::I32).collect()),
-        ),
-        (
-            "tokenizer.ggml.scores",
-            Value::Array(scores.into_iter().map(Value::F32).collect()),
-        ),
-        ("tokenizer.ggml.bos_token_id", u(1)),
-        ("tokenizer.ggml.eos_token_id", u(2)),
-        ("tokenizer.ggml.unknown_token_id", u(0)),
     ];
+    meta.extend(tokenizer);
     let path = std::env::temp_dir().join(format!("inferscope-{name}-{}.gguf", std::process::id()));
     let mut f = std::fs::File::create(&path).unwrap();
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
@@ -273,4 +290,44 @@ fn gguf_errors_are_clear() {
         .to_string();
     assert!(e.contains("not a valid GGUF"), "{e}");
     let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
+    let tokens = ["a", "b", "\u{120}", "ab", "\u{120}a", "<|endoftext|>"];
+    let cfg = config(tokens.len());
+    let w = random_weights(&cfg, 5).unwrap();
+    let strings = |v: &[&str]| Value::Array(v.iter().map(|t| Value::String((*t).into())).collect());
+    let meta = vec![
+        ("tokenizer.ggml.model", Value::String("gpt2".into())),
+        ("tokenizer.ggml.tokens", strings(&tokens)),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array([1, 1, 1, 1, 1, 3].map(Value::I32).to_vec()),
+        ),
+        ("tokenizer.ggml.merges", strings(&["a b", "\u{120} a"])),
+        ("tokenizer.ggml.eos_token_id", Value::U32(5)),
+        (
+            "tokenizer.chat_template",
+            Value::String(
+                "{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}".into(),
+            ),
+        ),
+    ];
+    let path = write_gguf_with(&cfg, &w, false, "gpt2", meta);
+    let m = LoadedModel::load(path.to_str().unwrap(), &ModelOptions::default()).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let t = m.tokenizer();
+    assert_eq!(t.encode("ab a", true).unwrap(), vec![3, 4]);
+    assert_eq!(t.decode(&[3, 4, 5], true).unwrap(), "ab a");
+    assert_eq!(t.eos_token_ids(), vec![5]);
+    let chat = [inferscope_model::ChatMessage {
+        role: "user".into(),
+        content: "ab".into(),
+    }];
+    assert_eq!(
+        t.apply_chat_template(&chat, true).unwrap(),
+        "ab<|endoftext|>"
+    );
+    assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5]);
 }
