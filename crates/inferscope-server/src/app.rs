@@ -11,7 +11,8 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile, sim::SimTokens,
+    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile,
+    sim::{SimFaults, SimTokens},
 };
 use inferscope_metrics::{
     BucketOverrides, CacheConfig, MetricsConfig, StatLoggerManager, StatsRecorder,
@@ -20,9 +21,10 @@ use inferscope_model::{ByteTokenizer, LoadedModel, ModelOptions, Tokenizer};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::admission::Admission;
 use crate::cli::{ExecutorKind, ServeArgs};
 use crate::routes;
-use crate::validation::Limits;
+use crate::validation::{Limits, Validator};
 
 /// A server that cannot start, with the reason.
 #[derive(Debug, thiserror::Error)]
@@ -74,12 +76,23 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// Start time, unix seconds (`created` of the model card).
     pub created: u64,
-    /// Admission limit on waiting requests.
-    pub max_waiting_requests: Option<usize>,
+    /// Admission control (waiting requests, queued prompt tokens).
+    pub admission: Admission,
     /// Source of request ids.
     pub next_request: AtomicU64,
     /// A per-process prefix that keeps generated ids unique across restarts.
     pub id_prefix: String,
+}
+
+impl AppState {
+    /// What requests are validated against.
+    pub fn validator(&self) -> Validator<'_> {
+        Validator {
+            served_model_names: &self.served_model_names,
+            limits: &self.limits,
+            tokenizer: self.tokenizer.as_ref(),
+        }
+    }
 }
 
 /// Unix time in seconds.
@@ -122,11 +135,20 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 .parse()
                 .map_err(|e| config_err(format!("--sim-profile: {e}")))?;
             tracing::info!(profile = %profile, "sim executor");
-            let factory: Factory = Box::new(move |_| {
-                Ok(
-                    Box::new(SimExecutor::new(profile.clone(), SimTokens::default()))
-                        as Box<dyn Executor>,
-                )
+            let faults = SimFaults {
+                fail_every_n_steps: args.sim_fail_every_n_steps,
+                die_after_steps: args.sim_die_after_steps,
+            };
+            if faults != SimFaults::default() {
+                tracing::warn!(?faults, engine = ?args.sim_fault_engine, "injecting sim executor faults (test only)");
+            }
+            let fault_engine = args.sim_fault_engine;
+            let factory: Factory = Box::new(move |engine| {
+                let mut sim = SimExecutor::new(profile.clone(), SimTokens::default());
+                if fault_engine.is_none_or(|e| e == engine) {
+                    sim = sim.with_faults(faults.clone());
+                }
+                Ok(Box::new(sim) as Box<dyn Executor>)
             });
             (Arc::new(ByteTokenizer), 8192, factory, args.model.clone())
         }
@@ -217,6 +239,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_model_len: max_model_len.min(coordinator.max_sequence_tokens()),
         vocab_size: tokenizer.vocab_size(),
         max_n: 128,
+        max_choices: 256,
     };
     Ok(Arc::new(AppState {
         coordinator,
@@ -228,7 +251,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         limits,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         created: unix_now(),
-        max_waiting_requests: args.max_waiting_requests,
+        admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
         next_request: AtomicU64::new(0),
         id_prefix: format!("{:x}", unix_now() ^ u64::from(std::process::id()) << 32),
     }))
@@ -267,9 +290,10 @@ impl StatsRecorder for ForwardingRecorder {
     }
 }
 
-/// The router: OpenAI routes (behind the API key), health, version,
-/// metrics, all under the HTTP metrics layer.
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+/// The router: OpenAI routes (behind the API key), health, version, and
+/// `/metrics` when `serve_metrics` (else it answers 404: it is served on a
+/// separate listener), all under the HTTP metrics layer.
+pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(routes::models))
         .route("/v1/completions", post(routes::completions))
@@ -278,46 +302,68 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
             state.clone(),
             routes::require_api_key,
         ));
-    Router::new()
+    let mut app = Router::new()
         .merge(v1)
         .route("/health", get(routes::health))
-        .route("/version", get(routes::version))
-        .route("/metrics", get(routes::metrics))
-        .fallback(routes::not_found)
+        .route("/version", get(routes::version));
+    if serve_metrics {
+        app = app.route("/metrics", get(routes::metrics));
+    }
+    app.fallback(routes::not_found)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(state.metrics.http_layer())
+        .with_state(state)
+}
+
+/// The router of the separate metrics listener: `/metrics` alone (plus
+/// `/health`, which probes on that network may want), no request bodies.
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(routes::metrics))
+        .route("/health", get(routes::health))
+        .fallback(routes::not_found)
+        .layer(DefaultBodyLimit::max(0))
         .layer(state.metrics.http_layer())
         .with_state(state)
 }
 
 /// A server running in the background (tests, embedding).
 pub struct RunningServer {
-    /// The bound address.
+    /// The bound address of the API.
     pub addr: SocketAddr,
+    /// The bound address of the separate metrics listener, when configured.
+    pub metrics_addr: Option<SocketAddr>,
     /// The shared state.
     pub state: Arc<AppState>,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    metrics_task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningServer {
-    /// Stops accepting, lets requests finish up to `timeout`, and shuts the engines down.
+    /// Stops accepting, lets requests finish up to `timeout`, aborts the
+    /// rest (their streams end with an explicit abort and error event), and
+    /// shuts the engines down. The metrics listener, if separate, stays up
+    /// until the API has drained, so the drain can be watched.
     pub async fn shutdown(self, timeout: Duration) {
         let _ = self.stop.send(true);
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.coordinator.shutdown(timeout)).await;
+        // The cores are gone, so every stream has its final event; give the
+        // connections a moment to deliver it.
         let _ = tokio::time::timeout(timeout + Duration::from_secs(1), self.task).await;
+        if let Some(t) = self.metrics_task {
+            t.abort();
+        }
     }
 }
 
-/// Builds everything and serves on `args.host:args.port` in the background.
-pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
-    let state = {
-        let args = args.clone();
-        tokio::task::spawn_blocking(move || build_state(&args))
-            .await
-            .map_err(|e| ServerError::Config(format!("start-up panicked: {e}")))??
-    };
-    let addr = format!("{}:{}", args.host, args.port);
+/// Binds `host:port` with TCP_NODELAY on accepted sockets.
+async fn bind(
+    host: &str,
+    port: u16,
+) -> Result<(impl axum::serve::Listener<Addr = SocketAddr>, SocketAddr), ServerError> {
+    let addr = format!("{host}:{port}");
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(|source| ServerError::Listen {
@@ -327,12 +373,49 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
     let local = listener
         .local_addr()
         .map_err(|source| ServerError::Listen { addr, source })?;
-    let (stop, mut stopped) = watch::channel(false);
-    let app = router(state.clone(), args.max_request_body_bytes);
     // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
+    Ok((listener, local))
+}
+
+/// Builds everything and serves on `args.host:args.port` in the background
+/// (and `/metrics` on `--metrics-host:--metrics-port` when set).
+pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
+    let state = {
+        let args = args.clone();
+        tokio::task::spawn_blocking(move || build_state(&args))
+            .await
+            .map_err(|e| ServerError::Config(format!("start-up panicked: {e}")))??
+    };
+    let (listener, local) = bind(&args.host, args.port).await?;
+    let separate_metrics = match args.metrics_port {
+        Some(port) => {
+            let host = args.metrics_host.as_deref().unwrap_or(&args.host);
+            Some(bind(host, port).await?)
+        }
+        None => None,
+    };
+    let (stop, mut stopped) = watch::channel(false);
+    let app = router(
+        state.clone(),
+        args.max_request_body_bytes,
+        separate_metrics.is_none(),
+    );
+    let (metrics_addr, metrics_task) = match separate_metrics {
+        Some((listener, addr)) => {
+            let app = metrics_router(state.clone());
+            let task = tokio::spawn(async move {
+                if let Err(e) = axum::serve(listener, app).await {
+                    tracing::error!(error = %e, "metrics listener stopped with an error");
+                }
+            });
+            tracing::info!(%addr, "serving /metrics on a separate listener");
+            (Some(addr), Some(task))
+        }
+        None => (None, None),
+    };
     let log_task = (!args.disable_log_stats).then(|| {
         let metrics = state.metrics.clone();
         let period = Duration::from_secs_f64(args.log_stats_interval);
@@ -358,9 +441,11 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
     });
     Ok(RunningServer {
         addr: local,
+        metrics_addr,
         state,
         stop,
         task,
+        metrics_task,
     })
 }
 

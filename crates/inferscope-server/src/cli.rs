@@ -108,6 +108,12 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_waiting_requests: Option<usize>,
 
+    /// Refuse requests with 429 while this many prompt tokens are admitted but not yet
+    /// started (no first token yet), over all engines. A request is always admitted
+    /// when nothing is queued, so one long prompt cannot be locked out for ever.
+    #[arg(long)]
+    pub max_queued_tokens: Option<usize>,
+
     /// Largest request body in bytes (larger ones get 413).
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     pub max_request_body_bytes: usize,
@@ -115,6 +121,28 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish on shutdown before they are aborted.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+
+    /// Serve `/metrics` on a separate listener at this address (default: `--host`) instead
+    /// of the API port, so the metrics need not face the public. Needs `--metrics-port`.
+    #[arg(long, requires = "metrics_port")]
+    pub metrics_host: Option<String>,
+
+    /// Port of the separate `/metrics` listener (0 picks a free one). When set, the API
+    /// port answers 404 on `/metrics`.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
+
+    /// Test only: every Nth step of each sim executor fails (its requests end with `error`).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub sim_fail_every_n_steps: u64,
+
+    /// Test only: each sim executor dies after this many steps (its engine core stops).
+    #[arg(long, hide = true, default_value_t = 0)]
+    pub sim_die_after_steps: u64,
+
+    /// Test only: inject the sim faults into this engine (global index) alone.
+    #[arg(long, hide = true)]
+    pub sim_fault_engine: Option<usize>,
 }
 
 impl ServeArgs {

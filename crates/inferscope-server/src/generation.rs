@@ -9,6 +9,8 @@ use inferscope_engine::{FinishReason, RequestHandle};
 use inferscope_metrics::{FrontendRequestStats, StatLoggerManager};
 use inferscope_model::IncrementalDecoder;
 
+use crate::admission::Reservation;
+
 /// One piece of a choice's output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ChoiceDelta {
@@ -60,6 +62,8 @@ pub struct ChoiceStream {
     first_delta: Option<Instant>,
     last_delta: Option<Instant>,
     latency: Option<LatencySink>,
+    /// The prompt tokens counted as queued, released at the first output.
+    reservation: Option<Reservation>,
     done: bool,
 }
 
@@ -85,8 +89,15 @@ impl ChoiceStream {
             first_delta: None,
             last_delta: None,
             latency,
+            reservation: None,
             done: false,
         }
+    }
+
+    /// Holds `r` until the first output arrives (or the stream is dropped).
+    pub fn with_reservation(mut self, r: Reservation) -> Self {
+        self.reservation = Some(r);
+        self
     }
 
     /// The engine serving this choice.
@@ -100,7 +111,11 @@ impl ChoiceStream {
             return None;
         }
         loop {
-            let Some(out) = self.handle.recv().await else {
+            let out = self.handle.recv().await;
+            // The first output (a token or the finish) means the prompt is no
+            // longer queued.
+            self.reservation = None;
+            let Some(out) = out else {
                 // The engine dropped the request without a finish.
                 return Some(self.finish(
                     String::new(),

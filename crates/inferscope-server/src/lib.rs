@@ -2,6 +2,7 @@
 //! streaming, validation and errors, `/metrics`, `/health`, and the wiring of
 //! engine cores, executors and metrics.
 
+pub mod admission;
 pub mod app;
 pub mod cli;
 pub mod error;

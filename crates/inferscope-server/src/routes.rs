@@ -16,8 +16,7 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use inferscope_engine::{EngineError, EngineRequest, FinishReason};
 use inferscope_metrics::negotiate;
-use inferscope_model::{ChatMessage, IncrementalDecoder};
-use serde::de::DeserializeOwned;
+use inferscope_model::IncrementalDecoder;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,10 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::app::{AppState, unix_now};
 use crate::error::ApiError;
 use crate::generation::{ChoiceDelta, ChoiceStream, LatencySink};
-use crate::protocol::{
-    ChatBody, ChatChoice, ChatContent, ChatDelta, ChatRequest, CompletionBody, CompletionChoice,
-    CompletionRequest, Usage,
-};
+use crate::protocol::{ChatBody, ChatChoice, ChatDelta, CompletionBody, CompletionChoice, Usage};
 use crate::validation::{self, Plan};
 
 type AppStateRef = State<Arc<AppState>>;
@@ -149,23 +145,10 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
-    let result = async {
-        let req: CompletionRequest = parse_body(body)?;
-        let model = check_model(&s, req.model.as_deref())?;
-        let prompts = validation::completion_prompts(req.prompt, s.tokenizer.as_ref(), &s.limits)?;
-        let plan = validation::plan(
-            prompts,
-            req.max_tokens,
-            |_| 16,
-            req.sampling,
-            &s.limits,
-            "max_tokens",
-        )?;
-        Ok::<_, ApiError>((model, plan))
-    }
-    .await;
+    let result = body_bytes(body)
+        .and_then(|b| validation::parse_and_validate_completion(&b, &s.validator()));
     match result {
-        Ok((model, plan)) => generate(s, Api::Completions, model, plan, &headers, arrival).await,
+        Ok(v) => generate(s, Api::Completions, v.model, v.plan, &headers, arrival).await,
         Err(e) => e.into_response(),
     }
 }
@@ -177,85 +160,22 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
-    let result = async {
-        let req: ChatRequest = parse_body(body)?;
-        let model = check_model(&s, req.model.as_deref())?;
-        let messages = req
-            .messages
-            .ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
-        if messages.is_empty() {
-            return Err(ApiError::invalid("`messages` must not be empty", Some("messages")));
-        }
-        let messages = messages
-            .into_iter()
-            .map(|m| {
-                let content = match m.content {
-                    None => String::new(),
-                    Some(ChatContent::Text(t)) => t,
-                    Some(ChatContent::Parts(parts)) => {
-                        let mut text = String::new();
-                        for p in parts {
-                            match (p.kind.as_str(), p.text) {
-                                ("text", Some(t)) => text.push_str(&t),
-                                (kind, _) => {
-                                    return Err(ApiError::invalid(
-                                        format!("content part type `{kind}` is not supported (only `text`)"),
-                                        Some("messages"),
-                                    ));
-                                }
-                            }
-                        }
-                        text
-                    }
-                };
-                Ok(ChatMessage { role: m.role, content })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let prompt = s
-            .tokenizer
-            .apply_chat_template(&messages, true)
-            .and_then(|text| s.tokenizer.encode(&text, true))
-            .map_err(|e| ApiError::invalid(format!("cannot render the conversation: {e}"), Some("messages")))?;
-        let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
-            (Some(v), _) => (Some(v), "max_completion_tokens"),
-            (None, v) => (v, "max_tokens"),
-        };
-        let max_len = s.limits.max_model_len;
-        let plan = validation::plan(
-            vec![prompt],
-            max_tokens,
-            |prompt_len| max_len.saturating_sub(prompt_len),
-            req.sampling,
-            &s.limits,
-            param,
-        )?;
-        Ok::<_, ApiError>((model, plan))
-    }
-    .await;
+    let result =
+        body_bytes(body).and_then(|b| validation::parse_and_validate_chat(&b, &s.validator()));
     match result {
-        Ok((model, plan)) => generate(s, Api::Chat, model, plan, &headers, arrival).await,
+        Ok(v) => generate(s, Api::Chat, v.model, v.plan, &headers, arrival).await,
         Err(e) => e.into_response(),
     }
 }
 
-fn parse_body<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
-    let body = body.map_err(|rejection| ApiError {
+/// The body, or the extractor's rejection (413 over the limit) as an OpenAI error.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| ApiError {
         status: rejection.status(),
         message: rejection.body_text(),
         kind: "invalid_request_error",
         param: None,
-    })?;
-    serde_json::from_slice(&body)
-        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}"), None))
-}
-
-/// The served name the request asked for (404 for another model).
-fn check_model(s: &AppState, model: Option<&str>) -> Result<String, ApiError> {
-    match model {
-        None => Ok(s.served_model_names[0].clone()),
-        Some(m) if s.served_model_names.iter().any(|n| n == m) => Ok(m.to_owned()),
-        Some(m) => Err(ApiError::model_not_found(m)),
-    }
+    })
 }
 
 /// The client's `x-request-id` when usable, else a fresh id.
@@ -283,20 +203,20 @@ async fn generate(
     arrival: Instant,
 ) -> Response {
     let request_id = request_id(&s, headers);
-    if let Some(limit) = s.max_waiting_requests
-        && s.coordinator.num_waiting() >= limit
-    {
-        s.metrics.record_admission_rejection("max_waiting_requests");
-        return with_request_id(
-            ApiError::overloaded(format!(
-                "the server is overloaded: {limit} requests are already waiting; retry later"
-            ))
-            .into_response(),
-            &request_id,
-        );
-    }
     let n = plan.params.n;
     let total = plan.prompts.len() * n;
+    let per_choice: Vec<usize> = plan
+        .prompts
+        .iter()
+        .flat_map(|p| std::iter::repeat_n(p.len(), n))
+        .collect();
+    let mut reservations = match s.admission.admit(&per_choice, s.coordinator.num_waiting()) {
+        Ok(r) => r.into_iter(),
+        Err(rejection) => {
+            s.metrics.record_admission_rejection(rejection.reason());
+            return with_request_id(rejection.to_api_error().into_response(), &request_id);
+        }
+    };
     let stop: Arc<[String]> = plan.stop.into();
     let prompt_tokens: usize = plan.prompts.iter().map(Vec::len).sum();
     let mut choices = Vec::with_capacity(total);
@@ -335,14 +255,12 @@ async fn generate(
                 .metrics_enabled
                 .then(|| LatencySink::new(s.metrics.clone(), handle.engine));
             let decoder = IncrementalDecoder::new(s.tokenizer.clone(), prompt);
-            choices.push(ChoiceStream::new(
-                index,
-                handle,
-                decoder,
-                stop.clone(),
-                arrival,
-                latency,
-            ));
+            let mut choice =
+                ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency);
+            if let Some(r) = reservations.next() {
+                choice = choice.with_reservation(r);
+            }
+            choices.push(choice);
         }
     }
     let response_id = match api {
@@ -496,6 +414,17 @@ fn stream_response(
             if tx.send(shape.chunk(&d, first)).await.is_err() {
                 return;
             }
+            // A client still reading did not abort this choice: the server
+            // did (shutdown). Say why, so the stream does not just stop.
+            if let Some(f) = &d.finish
+                && f.reason == FinishReason::Abort
+            {
+                let err = ApiError::unavailable(server_abort_message(f));
+                let event = sse_event(serde_json::to_vec(&err.body()).unwrap_or_default());
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
         }
         if include_usage {
             let usage = Usage {
@@ -515,6 +444,17 @@ fn stream_response(
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
         .unwrap_or_else(|_| ApiError::internal("cannot build the stream").into_response())
+}
+
+/// Why the server aborted a choice, with how far it got.
+fn server_abort_message(f: &crate::generation::ChoiceFinish) -> String {
+    format!(
+        "{}; the request was aborted after {} generated tokens",
+        f.error
+            .as_deref()
+            .unwrap_or("the request was aborted by the server"),
+        f.completion_tokens
+    )
 }
 
 /// Waits for every choice and answers with one JSON body.
@@ -537,6 +477,10 @@ async fn full_response(shape: Shape, choices: Vec<ChoiceStream>, prompt_tokens: 
                 .unwrap_or_else(|| "generation failed".into()),
         )
         .into_response();
+    }
+    // The client is still waiting, so it did not abort: the server did.
+    if let Some((_, _, f)) = results.iter().find(|r| r.2.reason == FinishReason::Abort) {
+        return ApiError::unavailable(server_abort_message(f)).into_response();
     }
     let completion_tokens: usize = results.iter().map(|r| r.2.completion_tokens).sum();
     let usage = Usage {

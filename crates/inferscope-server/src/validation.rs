@@ -2,10 +2,10 @@
 //! message naming the field, before anything reaches the engine.
 
 use inferscope_engine::SamplingParams;
-use inferscope_model::Tokenizer;
+use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
-use crate::protocol::{PromptInput, SamplingFields};
+use crate::protocol::{ChatContent, ChatRequest, CompletionRequest, PromptInput, SamplingFields};
 
 /// Limits the server validates against.
 #[derive(Debug, Clone, Copy)]
@@ -16,6 +16,153 @@ pub struct Limits {
     pub vocab_size: usize,
     /// Largest `n`.
     pub max_n: usize,
+    /// Largest number of choices in one request (prompts in a batch times `n`):
+    /// each is an engine request, so an unbounded batch would let one request
+    /// occupy the whole engine and the server's memory.
+    pub max_choices: usize,
+}
+
+/// What a request is checked against.
+#[derive(Clone, Copy)]
+pub struct Validator<'a> {
+    /// Names the model answers to; the first is the default.
+    pub served_model_names: &'a [String],
+    /// Length and range limits.
+    pub limits: &'a Limits,
+    /// Text to tokens.
+    pub tokenizer: &'a dyn Tokenizer,
+}
+
+/// A request that passed every check: the served name it asked for and the plan.
+#[derive(Debug, Clone)]
+pub struct Validated {
+    /// The served model name (one of `served_model_names`, never the raw input
+    /// when it differs).
+    pub model: String,
+    /// What to run.
+    pub plan: Plan,
+}
+
+/// Parses and validates a `/v1/completions` body. Never panics, whatever the
+/// bytes (the fuzz target and the proptests call it directly).
+pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
+    let req: CompletionRequest = parse_json(body)?;
+    let model = check_model(v.served_model_names, req.model.as_deref())?;
+    let prompts = completion_prompts(req.prompt, v.tokenizer, v.limits)?;
+    let plan = plan(
+        prompts,
+        req.max_tokens,
+        |_| 16,
+        req.sampling,
+        v.limits,
+        "max_tokens",
+    )?;
+    Ok(Validated { model, plan })
+}
+
+/// Parses and validates a `/v1/chat/completions` body: messages rendered with
+/// the chat template and tokenized. Never panics, whatever the bytes.
+pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
+    let req: ChatRequest = parse_json(body)?;
+    let model = check_model(v.served_model_names, req.model.as_deref())?;
+    let messages = req
+        .messages
+        .ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid(
+            "`messages` must not be empty",
+            Some("messages"),
+        ));
+    }
+    let messages = messages
+        .into_iter()
+        .map(|m| {
+            let content = match m.content {
+                None => String::new(),
+                Some(ChatContent::Text(t)) => t,
+                Some(ChatContent::Parts(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.kind.as_str(), p.text) {
+                            ("text", Some(t)) => text.push_str(&t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    format!(
+                                        "content part type `{}` is not supported (only `text`)",
+                                        truncate(kind, 64)
+                                    ),
+                                    Some("messages"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage {
+                role: m.role,
+                content,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let prompt = v
+        .tokenizer
+        .apply_chat_template(&messages, true)
+        .and_then(|text| v.tokenizer.encode(&text, true))
+        .map_err(|e| {
+            ApiError::invalid(
+                format!("cannot render the conversation: {e}"),
+                Some("messages"),
+            )
+        })?;
+    let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(v), _) => (Some(v), "max_completion_tokens"),
+        (None, v) => (v, "max_tokens"),
+    };
+    let max_len = v.limits.max_model_len;
+    let plan = plan(
+        vec![prompt],
+        max_tokens,
+        |prompt_len| max_len.saturating_sub(prompt_len),
+        req.sampling,
+        v.limits,
+        param,
+    )?;
+    Ok(Validated { model, plan })
+}
+
+fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON body: {e}"), None))
+}
+
+/// The served name the request asked for (404 for another model). The name
+/// returned is always one of `served`, so it is safe wherever it goes.
+pub fn check_model(served: &[String], model: Option<&str>) -> Result<String, ApiError> {
+    match model {
+        None => served
+            .first()
+            .cloned()
+            .ok_or_else(|| ApiError::unavailable("no model is served")),
+        Some(m) => served
+            .iter()
+            .find(|n| n.as_str() == m)
+            .cloned()
+            .ok_or_else(|| ApiError::model_not_found(&truncate(m, 256))),
+    }
+}
+
+/// At most `max` bytes of `s` (on a char boundary), marked when cut: echoing a
+/// megabyte of user input back in an error message helps no one.
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut cut = max;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
 }
 
 /// A request ready for the engine.
@@ -150,6 +297,17 @@ pub fn plan(
             Some("n"),
         ));
     }
+    let choices = prompts.len().saturating_mul(n as usize);
+    if choices > limits.max_choices {
+        return Err(ApiError::invalid(
+            format!(
+                "{} prompts with `n` = {n} make {choices} choices; at most {} are allowed in one request",
+                prompts.len(),
+                limits.max_choices
+            ),
+            Some(if prompts.len() > 1 { "prompt" } else { "n" }),
+        ));
+    }
     let min_tokens = f.min_tokens.unwrap_or(0);
     if min_tokens < 0 || min_tokens as u64 > max_tokens as u64 {
         return Err(ApiError::invalid(
@@ -222,6 +380,7 @@ mod tests {
         max_model_len: 100,
         vocab_size: 258,
         max_n: 16,
+        max_choices: 32,
     };
 
     fn fields(json: &str) -> SamplingFields {
