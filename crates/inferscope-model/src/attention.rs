@@ -62,29 +62,44 @@ pub(crate) fn paged_attention(
     #[cfg(target_arch = "x86_64")]
     let avx2 =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
-    out.par_chunks_mut(d)
-        .enumerate()
-        .for_each_init(Vec::new, |scores: &mut Vec<f32>, (idx, o)| {
-            let (t, h) = (idx / num_heads, idx % num_heads);
-            let ctx = tokens[t];
-            let head = Head {
-                q: &q[idx * d..(idx + 1) * d],
-                kv_head: h / group,
-                ctx,
-                block_tables,
-                pool,
-                layer,
-                scale,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if avx2 {
-                // SAFETY: the CPU supports the features the function is compiled for.
-                unsafe { attend_avx2(&head, scores, o) };
-                return;
-            }
-            attend(&head, scores, o);
-        });
+    let work = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
+        let (t, h) = (idx / num_heads, idx % num_heads);
+        let ctx = tokens[t];
+        let head = Head {
+            q: &q[idx * d..(idx + 1) * d],
+            kv_head: h / group,
+            ctx,
+            block_tables,
+            pool,
+            layer,
+            scale,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: the CPU supports the features the function is compiled for.
+            unsafe { attend_avx2(&head, scores, o) };
+            return;
+        }
+        attend(&head, scores, o);
+    };
+    // Small steps (decode at low batch) run on one thread: a parallel
+    // section's synchronisation costs more than the work, and far more when
+    // other processes hold the cores.
+    let macs: usize = tokens.iter().map(|t| t.pos + 1).sum::<usize>() * num_heads * d;
+    if macs < PARALLEL_MIN_MACS {
+        let mut scores = Vec::new();
+        out.chunks_mut(d)
+            .enumerate()
+            .for_each(|item| work(&mut scores, item));
+    } else {
+        out.par_chunks_mut(d)
+            .enumerate()
+            .for_each_init(Vec::new, work);
+    }
 }
+
+/// Multiply-adds below which attention runs on one thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 /// One (token, query head) pair's inputs.
 struct Head<'a> {

@@ -13,6 +13,11 @@ pub(crate) const MAX_ROWS: usize = 4;
 /// Output rows per parallel task (a few hundred KiB of weights).
 const ROWS_PER_TASK: usize = 64;
 
+/// Below this many multiply-adds one thread does the product: a parallel
+/// section costs a synchronisation, and on a loaded machine waiting for a
+/// descheduled worker costs far more than the work.
+const PARALLEL_MIN_MACS: usize = 1 << 20;
+
 #[inline(always)]
 fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     // 32 independent accumulators: enough parallel chains for the vector
@@ -66,9 +71,13 @@ fn block(w: &[f32], x: &[f32], rows: usize, inp: usize, out: &mut [f32]) {
 /// `x` is `[rows][inp]`, `w` is `[out][inp]`; returns `[rows][out]`.
 pub(crate) fn matmul_t(x: &[f32], w: &[f32], rows: usize, inp: usize, out: usize) -> Vec<f32> {
     let mut yt = vec![0f32; out * rows];
-    yt.par_chunks_mut(ROWS_PER_TASK * rows)
-        .zip(w.par_chunks(ROWS_PER_TASK * inp))
-        .for_each(|(o, wc)| block(wc, x, rows, inp, o));
+    if out * inp * rows < PARALLEL_MIN_MACS {
+        block(w, x, rows, inp, &mut yt);
+    } else {
+        yt.par_chunks_mut(ROWS_PER_TASK * rows)
+            .zip(w.par_chunks(ROWS_PER_TASK * inp))
+            .for_each(|(o, wc)| block(wc, x, rows, inp, o));
+    }
     if rows == 1 {
         return yt;
     }
@@ -87,7 +96,12 @@ mod tests {
 
     #[test]
     fn matches_naive_product() {
-        let (rows, inp, out) = (3, 70, 130);
+        // Single-threaded and parallel sizes.
+        check(3, 70, 130);
+        check(2, 600, 1000);
+    }
+
+    fn check(rows: usize, inp: usize, out: usize) {
         let x: Vec<f32> = (0..rows * inp)
             .map(|i| ((i * 7) % 13) as f32 - 6.0)
             .collect();
