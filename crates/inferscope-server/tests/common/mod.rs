@@ -208,10 +208,13 @@ pub fn sum(samples: &[Sample], name: &str, filter: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// A series: its name and its labels (without `le`).
+type SeriesKey = (String, Vec<(String, String)>);
+
 /// Checks every histogram: buckets cumulative, `+Inf` equal to `_count`.
 pub fn assert_histograms_well_formed(samples: &[Sample]) {
-    let mut series: BTreeMap<(String, Vec<(String, String)>), Vec<(f64, f64)>> = BTreeMap::new();
-    let mut counts: BTreeMap<(String, Vec<(String, String)>), f64> = BTreeMap::new();
+    let mut series: BTreeMap<SeriesKey, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut counts: BTreeMap<SeriesKey, f64> = BTreeMap::new();
     for s in samples {
         if let Some(base) = s.name.strip_suffix("_bucket") {
             let le = s.labels.get("le").expect("bucket has le");

@@ -1,0 +1,724 @@
+//! Reliability and security under faults, load and hostile input: engine
+//! faults injected into the sim executor, admission control, a disconnect
+//! storm, an overload burst, the separate metrics listener and label safety.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use inferscope_server::RunningServer;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+const NS: &str = "inferscope:";
+
+fn m(name: &str) -> String {
+    format!("{NS}{name}")
+}
+
+fn assert_openai_error(r: &Reply, status: u16) -> Value {
+    assert_eq!(r.status, status, "{}", r.body);
+    let err = r.json()["error"].clone();
+    assert!(
+        err["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{}",
+        r.body
+    );
+    assert!(
+        err["type"].is_string() && err.get("param").is_some(),
+        "{}",
+        r.body
+    );
+    assert_eq!(err["code"], status, "{}", r.body);
+    err
+}
+
+/// Polls `/metrics` until no request is running or waiting.
+async fn wait_idle(addr: SocketAddr) -> Vec<Sample> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let samples = scrape(addr).await;
+        let running = sum(&samples, &m("num_requests_running"), &[]);
+        let waiting = sum(&samples, &m("num_requests_waiting"), &[]);
+        if running == 0.0 && waiting == 0.0 {
+            return samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engine not idle: {running} running, {waiting} waiting"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Same-length sequential requests against a sim executor that fails every
+/// 4th step: some fail (500 / an error event), the rest complete, every
+/// failure is counted as `error`, blocks are freed and the core keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_faults_fail_their_requests_and_the_engine_keeps_serving() {
+    let server = start(&["--sim-fail-every-n-steps", "4"]).await;
+    let addr = server.addr;
+    let (mut ok, mut failed) = (0, 0);
+    for i in 0..12 {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": format!("fault {i}"), "max_tokens": 3, "ignore_eos": true}),
+        )
+        .await;
+        if r.status == 200 {
+            assert_eq!(r.json()["usage"]["completion_tokens"], 3, "{}", r.body);
+            ok += 1;
+        } else {
+            let err = assert_openai_error(&r, 500);
+            assert!(
+                err["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("simulated fault"),
+                "{err}"
+            );
+            failed += 1;
+        }
+    }
+    assert!(ok > 0 && failed > 0, "ok {ok}, failed {failed}");
+
+    // A stream hit by a fault: an error event, then [DONE]; never a silent cut.
+    let mut stream_failures = 0;
+    for i in 0..12 {
+        let r = post(
+            addr,
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": format!("s{i}")}],
+                    "max_tokens": 6, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let events = sse_events(&r.body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+        let errors: Vec<Value> = events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter(|v| v.get("error").is_some())
+            .collect();
+        if let Some(e) = errors.first() {
+            assert_eq!(e["error"]["code"], 500, "{e}");
+            assert_eq!(e["error"]["type"], "internal_server_error", "{e}");
+            stream_failures += 1;
+        } else {
+            assert!(
+                events
+                    .iter()
+                    .any(|e| e.contains(r#""finish_reason":"length""#)),
+                "{events:?}"
+            );
+        }
+    }
+    assert!(stream_failures > 0, "no stream was hit by a fault");
+
+    let samples = wait_idle(addr).await;
+    assert_eq!(
+        sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", "error")]
+        ),
+        f64::from(failed + stream_failures)
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", "length")]
+        ),
+        f64::from(24 - failed - stream_failures)
+    );
+    assert_eq!(
+        sum(&samples, &m("kv_cache_usage_perc"), &[]),
+        0.0,
+        "blocks freed"
+    );
+    assert_eq!(call(addr, "GET", "/health", "", &[]).await.status, 200);
+    assert_eq!(server.state.admission.queued_tokens(), 0);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// One of two cores dies: its request fails, `/health` names it, and the
+/// coordinator routes new requests to the survivor. When the last core dies,
+/// new requests get 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_core_is_reported_and_skipped() {
+    let server = start(&[
+        "--data-parallel-size",
+        "2",
+        "--sim-die-after-steps",
+        "3",
+        "--sim-fault-engine",
+        "0",
+    ])
+    .await;
+    let addr = server.addr;
+    // Sequential requests go to engine 0 (ties pick the first) until it dies.
+    let mut failures = 0;
+    for i in 0..4 {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": format!("d{i}"), "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await;
+        if r.status != 200 {
+            let err = assert_openai_error(&r, 500);
+            assert!(
+                err["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("device lost"),
+                "{err}"
+            );
+            failures += 1;
+        }
+    }
+    assert_eq!(failures, 1, "exactly the request in flight when it died");
+    let health = call(addr, "GET", "/health", "", &[]).await;
+    let err = assert_openai_error(&health, 503);
+    assert!(
+        err["message"].as_str().unwrap_or("").contains("engine 0"),
+        "{err}"
+    );
+    for i in 0..5 {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": format!("after {i}"), "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "the live core serves: {}", r.body);
+    }
+    let samples = wait_idle(addr).await;
+    let count = |filter: &[(&str, &str)]| sum(&samples, &m("request_success_total"), filter);
+    assert_eq!(count(&[("finished_reason", "error"), ("engine", "0")]), 1.0);
+    assert_eq!(count(&[("finished_reason", "length")]), 8.0);
+    assert!(count(&[("finished_reason", "length"), ("engine", "1")]) >= 5.0);
+    server.shutdown(Duration::from_secs(5)).await;
+
+    let server = start(&["--sim-die-after-steps", "1"]).await;
+    let addr = server.addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "a", "max_tokens": 4}),
+    )
+    .await;
+    assert_openai_error(&r, 500);
+    assert_openai_error(&call(addr, "GET", "/health", "", &[]).await, 503);
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "b", "max_tokens": 4}),
+    )
+    .await;
+    let err = assert_openai_error(&r, 503);
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("device lost"),
+        "{err}"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Prompt tokens admitted but not started are bounded: with one running
+/// slot, a queued 30-token prompt leaves no room for another under a limit
+/// of 50, which gets 429 and is counted as `max_queued_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_tokens_limit_answers_429() {
+    let server = start(&[
+        "--max-num-seqs",
+        "1",
+        "--max-queued-tokens",
+        "50",
+        "--sim-profile",
+        "tiny,t_weights_ms=3",
+    ])
+    .await;
+    let addr = server.addr;
+    let prompt = "p".repeat(30);
+    let body = json!({"prompt": prompt, "max_tokens": 60, "ignore_eos": true});
+    let first = tokio::spawn({
+        let body = body.clone();
+        async move { post(addr, "/v1/completions", &body).await }
+    });
+    let state = server.state.clone();
+    let wait_for = |what: &'static str, cond: Box<dyn Fn() -> bool + Send>| async move {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    {
+        // Its first token releases its queued tokens.
+        let s = state.clone();
+        wait_for(
+            "the first request to start",
+            Box::new(move || {
+                s.coordinator.engines().any(|e| e.num_running() == 1)
+                    && s.admission.queued_tokens() == 0
+            }),
+        )
+        .await;
+    }
+    let second = tokio::spawn({
+        let body = body.clone();
+        async move { post(addr, "/v1/completions", &body).await }
+    });
+    {
+        let s = state.clone();
+        wait_for(
+            "the second request to queue",
+            Box::new(move || s.admission.queued_tokens() > 0),
+        )
+        .await;
+    }
+    let third = post(addr, "/v1/completions", &body).await;
+    let err = assert_openai_error(&third, 429);
+    assert_eq!(err["type"], "rate_limit_error");
+    assert!(
+        err["message"].as_str().unwrap_or("").contains("50"),
+        "{err}"
+    );
+    for t in [first, second] {
+        let r = t.await.expect("task");
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["usage"]["completion_tokens"], 60);
+    }
+    let samples = scrape(addr).await;
+    assert_eq!(
+        sum(
+            &samples,
+            &m("admission_rejections_total"),
+            &[("reason", "max_queued_tokens")]
+        ),
+        1.0
+    );
+    assert_eq!(state.admission.queued_tokens(), 0);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// How far a streaming client got before it went away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamEnd {
+    /// Saw the finish and `[DONE]`.
+    Complete,
+    /// Dropped the connection before the finish.
+    Dropped,
+}
+
+/// Reads up to `keep` SSE events (all when `None`), then drops the body.
+async fn stream_and_drop(addr: SocketAddr, body: Value, keep: Option<usize>) -> StreamEnd {
+    let resp = send(addr, "POST", "/v1/completions", &body.to_string(), &[]).await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut body = resp.into_body();
+    let mut buf = Vec::new();
+    let mut events = 0;
+    let mut finished = false;
+    loop {
+        if keep.is_some_and(|k| events >= k) {
+            break;
+        }
+        let frame = tokio::time::timeout(Duration::from_secs(30), body.frame())
+            .await
+            .expect("a frame in time");
+        let Some(frame) = frame else { break };
+        let Ok(data) = frame.expect("frame").into_data() else {
+            continue;
+        };
+        buf.extend_from_slice(&data);
+        while let Some(pos) = buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buf.drain(..pos + 2).collect();
+            events += 1;
+            if event.starts_with(b"data: [DONE]") {
+                assert!(finished, "[DONE] without a finish");
+                return StreamEnd::Complete;
+            }
+            if event
+                .windows(br#""finish_reason":"#.len() + 1)
+                .any(|w| w == br#""finish_reason":""#)
+            {
+                finished = true;
+            }
+        }
+    }
+    assert!(!finished, "stopped reading after the finish");
+    drop(body);
+    StreamEnd::Dropped
+}
+
+/// A small deterministic generator (xorshift) so the storm is reproducible.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// 2000 streams at 200 at a time; half read to the end, half are dropped
+/// after 0..15 events (0: right after the headers). The dropped ones ask for
+/// thousands of tokens, so they cannot have finished when dropped: each must
+/// be counted as `abort`, each complete one as `length`, and nothing may stay
+/// running or hold KV blocks afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_storm_leaks_nothing() {
+    const TOTAL: usize = 2000;
+    let server = start(&["--sim-profile", "tiny,t_weights_ms=0.5"]).await;
+    let addr = server.addr;
+    let limit = Arc::new(Semaphore::new(200));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut tasks = Vec::with_capacity(TOTAL);
+    for i in 0..TOTAL {
+        let drop_it = rng.below(2) == 0;
+        // Shared prefixes, so the prefix cache holds blocks afterwards.
+        let prompt = format!(
+            "{} storm {i}",
+            "shared prefix ".repeat(rng.below(8) as usize)
+        );
+        let (max_tokens, keep) = if drop_it {
+            (3000 + rng.below(3000), Some(rng.below(16) as usize))
+        } else {
+            (1 + rng.below(40), None)
+        };
+        let body =
+            json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true, "stream": true});
+        let permit = limit.clone().acquire_owned().await.expect("semaphore");
+        tasks.push(tokio::spawn(async move {
+            let end = stream_and_drop(addr, body, keep).await;
+            drop(permit);
+            end
+        }));
+    }
+    let mut dropped = 0;
+    for t in tasks {
+        if t.await.expect("task") == StreamEnd::Dropped {
+            dropped += 1;
+        }
+    }
+    let complete = TOTAL - dropped;
+    assert!(dropped > 0 && complete > 0);
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let samples = loop {
+        let samples = wait_idle(addr).await;
+        let counted = sum(&samples, &m("request_success_total"), &[]);
+        if counted as usize == TOTAL {
+            break samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {counted} of {TOTAL} requests counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let by = |reason: &str| {
+        sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", reason)],
+        ) as usize
+    };
+    assert_eq!(by("abort"), dropped, "every dropped request is an abort");
+    assert_eq!(by("length"), complete);
+    // Freed blocks that still hold cached prefixes count as free, not used:
+    // usage must be exactly 0 even though the prefix cache is warm.
+    assert_eq!(sum(&samples, &m("kv_cache_usage_perc"), &[]), 0.0);
+    assert!(
+        sum(&samples, &m("prefix_cache_hits_total"), &[]) > 0.0,
+        "the prefix cache was used, so cached blocks remain"
+    );
+    assert_eq!(server.state.admission.queued_tokens(), 0);
+    assert_eq!(server.state.coordinator.num_waiting(), 0);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Resident memory of this process (the server runs in it), in KiB.
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// 500 requests at once against room for 8 running and 20 waiting: the
+/// surplus gets 429 (each counted), everything admitted completes in full,
+/// and memory stays bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_burst_gets_429s_and_admitted_requests_complete() {
+    let server = start(&[
+        "--max-waiting-requests",
+        "20",
+        "--max-num-seqs",
+        "8",
+        "--sim-profile",
+        "tiny,t_weights_ms=1",
+    ])
+    .await;
+    let addr = server.addr;
+    assert_eq!(call(addr, "GET", "/health", "", &[]).await.status, 200);
+    let rss_before = rss_kib();
+    let mut tasks = Vec::new();
+    for i in 0..500u64 {
+        let max_tokens = 8 + i % 25;
+        tasks.push(tokio::spawn(async move {
+            let r = post(
+                addr,
+                "/v1/completions",
+                &json!({"prompt": format!("burst {i}"), "max_tokens": max_tokens, "ignore_eos": true}),
+            )
+            .await;
+            (max_tokens, r)
+        }));
+    }
+    let (mut ok, mut rejected) = (0, 0);
+    for t in tasks {
+        let (max_tokens, r) = t.await.expect("task");
+        match r.status {
+            200 => {
+                let v = r.json();
+                assert_eq!(v["usage"]["completion_tokens"], max_tokens, "{}", r.body);
+                assert_eq!(v["choices"][0]["finish_reason"], "length");
+                ok += 1;
+            }
+            429 => {
+                assert_openai_error(&r, 429);
+                rejected += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    let rss_after = rss_kib();
+    assert!(ok >= 28 && rejected > 0, "ok {ok}, rejected {rejected}");
+    let samples = wait_idle(addr).await;
+    assert_eq!(
+        sum(
+            &samples,
+            &m("admission_rejections_total"),
+            &[("reason", "max_waiting_requests")]
+        ),
+        f64::from(rejected)
+    );
+    assert_eq!(
+        sum(
+            &samples,
+            &m("request_success_total"),
+            &[("finished_reason", "length")]
+        ),
+        f64::from(ok)
+    );
+    // 500 connections, their buffers and responses: a few MiB. An unbounded
+    // queue would not show here, but a leak per request of more than ~100 KiB would.
+    let grown_mib = rss_after.saturating_sub(rss_before) / 1024;
+    assert!(
+        grown_mib < 64,
+        "RSS grew {grown_mib} MiB ({rss_before} -> {rss_after} KiB)"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// With `--metrics-port`, `/metrics` lives on its own listener (no API key
+/// there) and the API port answers 404 for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_a_separate_listener() {
+    let server = start(&["--metrics-port", "0", "--api-key", "k3y"]).await;
+    let addr = server.addr;
+    let maddr = server.metrics_addr.expect("a metrics listener");
+    assert_ne!(addr, maddr);
+    let r = call(addr, "GET", "/metrics", "", &[]).await;
+    assert_openai_error(&r, 404);
+    let r = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        &json!({"prompt": "x", "max_tokens": 2}).to_string(),
+        &[("authorization", "Bearer k3y")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let samples = scrape(maddr).await;
+    assert_eq!(sum(&samples, &m("request_success_total"), &[]), 1.0);
+    assert_eq!(call(maddr, "GET", "/health", "", &[]).await.status, 200);
+    assert_eq!(
+        call(maddr, "POST", "/v1/completions", "{}", &[])
+            .await
+            .status,
+        404,
+        "no API on the metrics listener"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+fn series_keys(samples: &[Sample]) -> BTreeSet<String> {
+    samples
+        .iter()
+        .map(|s| format!("{}{:?}", s.name, s.labels))
+        .collect()
+}
+
+/// A request with an arbitrary method and raw headers.
+async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: String,
+    headers: &[(&str, &str)],
+) -> u16 {
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).expect("request");
+    let resp = tokio::time::timeout(Duration::from_secs(30), client().request(req))
+        .await
+        .expect("in time")
+        .expect("response");
+    let status = resp.status().as_u16();
+    let _ = resp.into_body().collect().await;
+    status
+}
+
+/// Sends hostile values everywhere a client controls something.
+async fn hostile_round(server: &RunningServer, marker: &str) {
+    let addr = server.addr;
+    let long = format!("{marker}{}", "L".repeat(20_000));
+    let ids = [
+        format!("{marker}\"}},evil=\"1"),
+        format!("{marker}{{le=\"+Inf\"}} 1e308"),
+        format!("{marker}\\\\\\"),
+        format!("{marker} # {{trace_id=\"x\"}}"),
+        long.clone(),
+    ];
+    for (i, id) in ids.iter().enumerate() {
+        // Valid requests carrying the id, streaming and not.
+        let stream = i % 2 == 0;
+        let r = call(
+            addr,
+            "POST",
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 2, "stream": stream}).to_string(),
+            &[("x-request-id", id)],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let models = [
+        format!("{marker}\"}}\n# HELP fake x\nfake 1"),
+        format!("{marker}{{a=\"b\"}}"),
+        long.clone(),
+        format!("{marker}\u{0}\u{7f}ünïcode"),
+    ];
+    for model in &models {
+        for path in ["/v1/completions", "/v1/chat/completions"] {
+            let body = json!({"model": model, "prompt": "x", "messages": [{"role": "user", "content": "x"}]});
+            let r = call(
+                addr,
+                "POST",
+                path,
+                &body.to_string(),
+                &[("x-request-id", &ids[0])],
+            )
+            .await;
+            assert_eq!(r.status, 404, "{}", r.body);
+        }
+    }
+    let paths = [
+        format!("/{marker}%22%7D%0A"),
+        format!("/v1/{marker}/completions"),
+        format!("/metrics/{marker}"),
+        format!("/{}", &long[..4000]),
+    ];
+    for path in &paths {
+        assert_eq!(raw(addr, "GET", path, String::new(), &[]).await, 404);
+    }
+    for method in ["BREW", "PROPFIND", "M-SEARCH", "DELETE", "PATCH"] {
+        for path in ["/v1/completions", "/metrics", "/x"] {
+            let status = raw(
+                addr,
+                method,
+                path,
+                "{}".into(),
+                &[("x-request-id", &ids[1])],
+            )
+            .await;
+            assert!((400..500).contains(&status), "{method} {path}: {status}");
+        }
+    }
+    // Bad JSON, wrong content types, oversized numbers.
+    for body in [
+        format!("{{\"prompt\": \"{marker}\", \"max_tokens\": 1e400}}"),
+        format!("{{\"{marker}\": [[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]}}"),
+        marker.to_owned(),
+    ] {
+        let status = raw(
+            addr,
+            "POST",
+            "/v1/completions",
+            body,
+            &[("content-type", "text/evil")],
+        )
+        .await;
+        assert_eq!(status, 400);
+    }
+}
+
+/// No label value comes from request data: two rounds of hostile requests
+/// with different markers leave the same series set, no label value contains
+/// a marker, and the exposition still parses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_never_reaches_a_label() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    hostile_round(&server, "hostileA").await;
+    let samples_a = wait_idle(addr).await;
+    let after_a = series_keys(&samples_a);
+    hostile_round(&server, "hostileB").await;
+    let samples_b = wait_idle(addr).await;
+    let after_b = series_keys(&samples_b);
+    assert_eq!(after_a, after_b, "hostile input created series");
+    for s in samples_a.iter().chain(&samples_b) {
+        for (k, v) in &s.labels {
+            assert!(
+                !v.contains("hostile") && !k.contains("hostile") && v.len() < 200,
+                "request data in a label: {} {k}={v:?}",
+                s.name
+            );
+        }
+    }
+    // The OpenMetrics rendering parses the same way and ends properly.
+    let om = call(
+        addr,
+        "GET",
+        "/metrics",
+        "",
+        &[("accept", "application/openmetrics-text; version=1.0.0")],
+    )
+    .await;
+    assert!(om.body.trim_end().ends_with("# EOF"));
+    assert!(!om.body.contains("hostile"));
+    server.shutdown(Duration::from_secs(5)).await;
+}
