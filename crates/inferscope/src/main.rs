@@ -2,6 +2,7 @@
 
 use clap::{Parser, Subcommand};
 use inferscope_bench::BenchCommand;
+use inferscope_doctor::{DoctorArgs, TopArgs};
 use inferscope_server::ServeArgs;
 
 /// inferscope: an LLM inference server with first-class observability.
@@ -19,6 +20,10 @@ enum Command {
     /// Serving benchmarks against any OpenAI-compatible server.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Diagnose a running server from its /metrics: ranked findings with evidence and actions.
+    Doctor(DoctorArgs),
+    /// Live terminal view of a server's /metrics.
+    Top(TopArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -33,10 +38,21 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => Ok(inferscope_server::run(*args).await?),
-            Command::Bench(cmd) => inferscope_bench::run(cmd).await,
+            Command::Serve(args) => {
+                inferscope_server::run(*args).await?;
+                Ok(0)
+            }
+            Command::Bench(cmd) => inferscope_bench::run(cmd).await.map(|()| 0),
+            Command::Doctor(args) => inferscope_doctor::run_doctor(args).await,
+            Command::Top(args) => inferscope_doctor::run_top(args).await.map(|()| 0),
         }
-    })
+    })?;
+    // Exit only after the runtime is gone, so nothing is cut off mid-write.
+    drop(runtime);
+    if code != 0 {
+        std::process::exit(code);
+    }
+    Ok(())
 }

@@ -1,0 +1,688 @@
+//! The rules: each a small function from a window's [`Summary`] to an
+//! [`Outcome`], with its thresholds as named constants. A finding says what
+//! is wrong, the figures it used, and one concrete action.
+
+use crate::snapshot::Summary;
+use serde::Serialize;
+
+/// How bad a finding is; the report sorts the worst first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Nothing wrong (the healthy verdict).
+    Ok,
+    /// Worth knowing; an opportunity rather than a problem.
+    Info,
+    /// Costs latency or throughput now.
+    Warning,
+    /// Users see failures or severe degradation; `doctor` exits non-zero.
+    Critical,
+}
+
+/// One figure a finding rests on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evidence {
+    /// What it is, e.g. `queue_time_mean`.
+    pub name: String,
+    /// The value, in `unit`.
+    pub value: f64,
+    /// `s`, `ratio` (0..1), `tokens`, `requests`, `per_s`, …
+    pub unit: String,
+}
+
+/// A diagnosis with its evidence and the action to take.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    /// Stable identifier for automation, e.g. `queue_bound`.
+    pub id: &'static str,
+    /// How bad it is.
+    pub severity: Severity,
+    /// What is wrong, in one sentence.
+    pub title: String,
+    /// The figures used.
+    pub evidence: Vec<Evidence>,
+    /// What to change, and in which direction, or where to look.
+    pub action: String,
+}
+
+impl Finding {
+    /// The evidence named `name`.
+    pub fn evidence(&self, name: &str) -> Option<f64> {
+        self.evidence
+            .iter()
+            .find(|e| e.name == name)
+            .map(|e| e.value)
+    }
+}
+
+/// A rule that could not be evaluated, and why.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Skipped {
+    /// The rule's id.
+    pub rule: &'static str,
+    /// Why (usually: metrics the server does not expose).
+    pub reason: String,
+}
+
+/// What a rule concluded.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The condition holds.
+    Fired(Finding),
+    /// The condition does not hold.
+    Clear,
+    /// The rule lacks the metrics it needs.
+    Skipped(String),
+}
+
+/// Findings, worst first, and the rules that could not run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diagnosis {
+    /// Ranked findings: by severity, then by rule priority.
+    pub findings: Vec<Finding>,
+    /// Rules skipped for want of metrics.
+    pub skipped: Vec<Skipped>,
+}
+
+/// Fewest finished requests in the window for latency rules to judge.
+pub const MIN_REQUESTS: f64 = 3.0;
+/// Error and rejection share of requests that warns.
+pub const ERROR_SHARE_WARN: f64 = 0.01;
+/// Error and rejection share of requests that is critical.
+pub const ERROR_SHARE_CRITICAL: f64 = 0.05;
+/// Preemptions per finished request above which preemption is critical.
+pub const PREEMPTIONS_PER_REQUEST_CRITICAL: f64 = 0.05;
+/// KV usage at which the cache counts as full.
+pub const KV_FULL: f64 = 0.95;
+/// KV usage below which the cache "has room" for a larger batch.
+pub const KV_ROOM: f64 = 0.8;
+/// Share of mean end-to-end latency spent queued that warns.
+pub const QUEUE_SHARE_WARN: f64 = 0.3;
+/// Share of mean end-to-end latency spent queued that is critical.
+pub const QUEUE_SHARE_CRITICAL: f64 = 0.5;
+/// Mean queue time below which queueing is noise, seconds.
+pub const QUEUE_MIN_MEAN_S: f64 = 0.01;
+/// Device utilisation below which the device counts as under-used.
+pub const HOST_BOUND_UTILISATION: f64 = 0.5;
+/// Idle fraction of the engine loop above which the engine is not busy.
+pub const HOST_BOUND_MAX_IDLE: f64 = 0.2;
+/// Mean running requests that count as load.
+pub const LOAD_MIN_RUNNING: f64 = 1.0;
+/// Mean TTFT above which a slow first token is worth explaining, seconds.
+pub const TTFT_SLOW_S: f64 = 0.2;
+/// Share of mean TTFT spent in prefill that makes prefill the cause.
+pub const PREFILL_SHARE: f64 = 0.5;
+/// Mean prompt length that counts as long, tokens.
+pub const LONG_PROMPT_TOKENS: f64 = 512.0;
+/// Prefix-cache hit rate below which the cache is not earning its keep.
+pub const PREFIX_HIT_LOW: f64 = 0.1;
+/// Mean prompt length from which a prefix hit saves real work, tokens.
+pub const PREFIX_PAYOFF_PROMPT_TOKENS: f64 = 256.0;
+/// Share of tokens that are prompt tokens for prefix caching to pay off.
+pub const PREFIX_PAYOFF_PROMPT_SHARE: f64 = 0.5;
+/// Busiest engine's load over the mean engine load that counts as imbalance.
+pub const IMBALANCE_RATIO: f64 = 1.5;
+/// Busiest engine's device utilisation below which imbalance does not matter.
+pub const IMBALANCE_MIN_BUSY: f64 = 0.2;
+/// Late-half over early-half error rate that counts as rising.
+pub const RISING_RATIO: f64 = 1.5;
+
+fn ev(name: &str, value: f64, unit: &str) -> Evidence {
+    Evidence {
+        name: name.to_string(),
+        value,
+        unit: unit.to_string(),
+    }
+}
+
+fn fire(
+    id: &'static str,
+    severity: Severity,
+    title: String,
+    evidence: Vec<Evidence>,
+    action: String,
+) -> Outcome {
+    Outcome::Fired(Finding {
+        id,
+        severity,
+        title,
+        evidence,
+        action,
+    })
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", x * 100.0)
+}
+
+fn ms(x: f64) -> String {
+    format!("{:.0} ms", x * 1000.0)
+}
+
+/// Requests the server saw: finished plus refused at admission.
+fn attempts(s: &Summary) -> f64 {
+    s.finished_total() + s.admission_rejections.unwrap_or(0.0)
+}
+
+/// Errors and admission rejections as a share of requests; rising when the
+/// window's later half had clearly more of them than the earlier half.
+pub fn errors_and_rejections(s: &Summary, trend: Option<(f64, f64)>) -> Outcome {
+    let errors = s.finished_by_reason.get("error").copied().unwrap_or(0.0);
+    let http_5xx = s.http_by_status.get("5xx").copied().unwrap_or(0.0);
+    let rejected = s.admission_rejections.unwrap_or(0.0);
+    // A 5xx and an errored request are usually the same failure: count the larger.
+    let failures = errors.max(http_5xx);
+    let total = attempts(s).max(s.http_by_status.values().sum());
+    if total <= 0.0 || failures + rejected <= 0.0 {
+        return Outcome::Clear;
+    }
+    let share = (failures + rejected) / total;
+    if share < ERROR_SHARE_WARN {
+        return Outcome::Clear;
+    }
+    let severity = if share >= ERROR_SHARE_CRITICAL {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    let mut evidence = vec![
+        ev("failure_share", share, "ratio"),
+        ev("admission_rejections", rejected, "requests"),
+        ev("errored_requests", errors, "requests"),
+        ev("http_5xx", http_5xx, "responses"),
+        ev("requests", total, "requests"),
+        ev("waiting_peak", s.waiting_peak.unwrap_or(0.0), "requests"),
+    ];
+    let rising = match trend {
+        Some((early, late)) => {
+            evidence.push(ev("failures_early_half", early, "requests"));
+            evidence.push(ev("failures_late_half", late, "requests"));
+            late > early * RISING_RATIO && late > 0.0
+        }
+        None => false,
+    };
+    let trend_word = if rising { ", and rising" } else { "" };
+    if rejected >= failures {
+        fire(
+            "admission_rejections",
+            severity,
+            format!(
+                "{} of requests are refused at admission (HTTP 429: the waiting queue is full){trend_word}",
+                pct(share)
+            ),
+            evidence,
+            "Add capacity: more replicas or data-parallel engines (--data-parallel-size), or raise \
+             --max-num-seqs if the KV cache has room so the queue drains faster; raising \
+             --max-waiting-requests only trades 429s for queue time."
+                .to_string(),
+        )
+    } else {
+        fire(
+            "errors",
+            severity,
+            format!("{} of requests fail with errors{trend_word}", pct(share)),
+            evidence,
+            "Look at the server log for failed engine steps and 5xx responses \
+             (finished_reason=\"error\"); check the executor and the device."
+                .to_string(),
+        )
+    }
+}
+
+/// Preemptions (KV cache too small for the batch), or a full KV cache that
+/// makes requests wait for blocks.
+pub fn kv_saturated(s: &Summary) -> Outcome {
+    let preemptions = s.preemptions.unwrap_or(0.0);
+    let kv_peak = s.kv_usage_peak;
+    let full = kv_peak.is_some_and(|k| k >= KV_FULL) && s.waiting_mean.unwrap_or(0.0) > 0.0;
+    if preemptions < 1.0 && !full {
+        return if kv_peak.is_none() && s.preemptions.is_none() {
+            Outcome::Skipped("no KV-cache usage gauge and no preemption counter".into())
+        } else {
+            Outcome::Clear
+        };
+    }
+    let finished = s.finished_total();
+    let per_request = preemptions / finished.max(1.0);
+    let severity = if preemptions >= 1.0 && per_request >= PREEMPTIONS_PER_REQUEST_CRITICAL {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    let mut evidence = vec![
+        ev("preemptions", preemptions, "preemptions"),
+        ev("preemptions_per_request", per_request, "ratio"),
+        ev("kv_usage_peak", kv_peak.unwrap_or(0.0), "ratio"),
+        ev("kv_usage_mean", s.kv_usage_mean.unwrap_or(0.0), "ratio"),
+        ev("waiting_mean", s.waiting_mean.unwrap_or(0.0), "requests"),
+        ev("running_peak", s.running_peak.unwrap_or(0.0), "requests"),
+    ];
+    if let Some(blocks) = s
+        .engines
+        .iter()
+        .filter_map(|e| e.num_gpu_blocks)
+        .reduce(f64::min)
+    {
+        evidence.push(ev("num_gpu_blocks", blocks, "blocks"));
+    }
+    let title = if preemptions >= 1.0 {
+        format!(
+            "KV cache saturated: {preemptions:.0} preemptions in the window ({:.2} per finished request), KV usage peaked at {}",
+            per_request,
+            pct(kv_peak.unwrap_or(0.0))
+        )
+    } else {
+        format!(
+            "KV cache full ({}) while requests wait for blocks",
+            pct(kv_peak.unwrap_or(0.0))
+        )
+    };
+    fire(
+        "kv_saturated",
+        severity,
+        title,
+        evidence,
+        "Give the KV cache more memory (a larger --kv-cache-memory / GPU memory share, a smaller \
+         model or KV dtype), lower --max-model-len or --max-num-seqs so fewer long sequences \
+         compete for blocks, or add replicas."
+            .to_string(),
+    )
+}
+
+/// Latency dominated by queue time while the KV cache has room: the batch cap
+/// holds requests back, not memory.
+pub fn queue_bound(s: &Summary) -> Outcome {
+    let (Some(queue), Some(e2e)) = (s.queue, s.e2e) else {
+        return Outcome::Skipped("no request_queue_time or e2e_request_latency histogram".into());
+    };
+    if e2e.count < MIN_REQUESTS || e2e.mean <= 0.0 {
+        return Outcome::Clear;
+    }
+    let share = queue.mean / e2e.mean;
+    let kv_peak = s.kv_usage_peak.unwrap_or(0.0);
+    if share < QUEUE_SHARE_WARN
+        || queue.mean < QUEUE_MIN_MEAN_S
+        || kv_peak >= KV_ROOM
+        || s.preemptions.unwrap_or(0.0) >= 1.0
+    {
+        return Outcome::Clear;
+    }
+    if prefill_dominated(s) {
+        // Requests queue behind long prefills that use up the step's token
+        // budget, not behind the batch cap: `long_prompts` says what to do.
+        return Outcome::Clear;
+    }
+    let severity = if share >= QUEUE_SHARE_CRITICAL {
+        Severity::Critical
+    } else {
+        Severity::Warning
+    };
+    let running_peak_engine = s
+        .engines
+        .iter()
+        .filter_map(|e| e.running_peak)
+        .reduce(f64::max)
+        .unwrap_or(0.0);
+    let mut evidence = vec![
+        ev("queue_share_of_e2e", share, "ratio"),
+        ev("queue_time_mean", queue.mean, "s"),
+        ev("e2e_latency_mean", e2e.mean, "s"),
+        ev("waiting_mean", s.waiting_mean.unwrap_or(0.0), "requests"),
+        ev("running_peak_per_engine", running_peak_engine, "requests"),
+        ev("kv_usage_peak", kv_peak, "ratio"),
+    ];
+    if let Some(u) = s.device_utilisation {
+        evidence.push(ev("device_utilisation", u, "ratio"));
+    }
+    fire(
+        "queue_bound",
+        severity,
+        format!(
+            "Latency is dominated by queueing: {} of the mean end-to-end latency ({} of {}) is spent waiting, while the KV cache peaked at only {}",
+            pct(share),
+            ms(queue.mean),
+            ms(e2e.mean),
+            pct(kv_peak)
+        ),
+        evidence,
+        format!(
+            "Raise --max-num-seqs (the running batch peaked at {running_peak_engine:.0} per engine) \
+             and, if prefills queue too, --max-num-batched-tokens: the KV cache has room for a larger batch."
+        ),
+    )
+}
+
+/// The device idles while the engine loop is busy: host work (schedule,
+/// executor overhead, postprocess) is the bottleneck.
+pub fn host_bound(s: &Summary) -> Outcome {
+    let (Some(util), Some(idle), Some(ph)) = (s.device_utilisation, s.idle_fraction, s.phases)
+    else {
+        return Outcome::Skipped(
+            "needs device_busy_seconds, engine_idle_seconds and engine_step_duration_seconds \
+             (inferscope only; vLLM does not export them)"
+                .into(),
+        );
+    };
+    let running = s.running_mean.unwrap_or(0.0);
+    if util >= HOST_BOUND_UTILISATION || idle > HOST_BOUND_MAX_IDLE || running < LOAD_MIN_RUNNING {
+        return Outcome::Clear;
+    }
+    let device = ph.device.unwrap_or(0.0);
+    // The executor phase includes the device time; only the rest is host overhead.
+    let executor_overhead = (ph.execute - device).max(0.0);
+    let phases = [
+        ("schedule", ph.schedule),
+        (
+            "execute (executor overhead beyond device time)",
+            executor_overhead,
+        ),
+        ("postprocess", ph.postprocess),
+    ];
+    let (dominant, dominant_s) = phases
+        .iter()
+        .copied()
+        .fold(("schedule", f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
+    let engines = s.engines.len().max(1) as f64;
+    let where_to_look = match dominant {
+        "schedule" => "the scheduler (batch building, KV block allocation, prefix-cache lookups)",
+        "postprocess" => {
+            "output processing (token appends, stop checks, detokenisation and streaming)"
+        }
+        _ => "the executor's host side (input preparation, launches, copies)",
+    };
+    fire(
+        "host_bound",
+        Severity::Warning,
+        format!(
+            "The device is under-used ({} busy) while the engine loop is busy ({} idle) with {running:.1} requests running: the host is the bottleneck, mostly in {dominant}",
+            pct(util),
+            pct(idle)
+        ),
+        vec![
+            ev("device_utilisation", util, "ratio"),
+            ev("engine_idle_fraction", idle, "ratio"),
+            ev("running_mean", running, "requests"),
+            ev("waiting_mean", s.waiting_mean.unwrap_or(0.0), "requests"),
+            ev("schedule_fraction", ph.schedule / engines, "ratio"),
+            ev(
+                "executor_overhead_fraction",
+                executor_overhead / engines,
+                "ratio",
+            ),
+            ev("postprocess_fraction", ph.postprocess / engines, "ratio"),
+            ev("dominant_phase_fraction", dominant_s / engines, "ratio"),
+        ],
+        format!(
+            "Profile {where_to_look}; larger batches (--max-num-seqs, --max-num-batched-tokens) \
+             amortise per-step host cost, and more data-parallel engines spread it over cores."
+        ),
+    )
+}
+
+/// Engines of one server doing very different amounts of work.
+pub fn dp_imbalance(s: &Summary) -> Outcome {
+    if s.engines.len() < 2 {
+        return Outcome::Clear;
+    }
+    // Device time is the truest load; without it, tokens processed.
+    let by_util: Option<Vec<f64>> = s.engines.iter().map(|e| e.device_utilisation).collect();
+    let (loads, what, unit) = match by_util {
+        Some(u) => (u, "device_utilisation", "ratio"),
+        None => (
+            s.engines
+                .iter()
+                .map(|e| {
+                    e.prompt_tokens_per_s.unwrap_or(0.0) + e.generation_tokens_per_s.unwrap_or(0.0)
+                })
+                .collect(),
+            "tokens_per_s",
+            "tokens/s",
+        ),
+    };
+    let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+    let (busiest, max) = loads
+        .iter()
+        .copied()
+        .enumerate()
+        .fold((0, f64::MIN), |a, b| if b.1 > a.1 { b } else { a });
+    let min = loads.iter().copied().fold(f64::MAX, f64::min);
+    if mean <= 0.0 || max / mean < IMBALANCE_RATIO {
+        return Outcome::Clear;
+    }
+    if what == "device_utilisation" && max < IMBALANCE_MIN_BUSY {
+        return Outcome::Clear;
+    }
+    let mut evidence = vec![
+        ev("max_over_mean", max / mean, "ratio"),
+        ev(&format!("{what}_max"), max, unit),
+        ev(&format!("{what}_min"), min, unit),
+    ];
+    for (e, l) in s.engines.iter().zip(&loads) {
+        evidence.push(ev(&format!("{what}_engine_{}", e.engine), *l, unit));
+    }
+    fire(
+        "dp_imbalance",
+        Severity::Warning,
+        format!(
+            "Data-parallel engines are unbalanced: engine {} does {:.1}× the mean load ({what})",
+            s.engines[busiest].engine,
+            max / mean
+        ),
+        evidence,
+        "Requests differ greatly in length and the router balances request counts, not work: \
+         route by KV-cache usage and queue depth (e.g. the Gateway API Inference Extension), \
+         or serve long and short requests from separate pools."
+            .to_string(),
+    )
+}
+
+/// Whether prompts are long and prefill is most of the time to first token.
+fn prefill_dominated(s: &Summary) -> bool {
+    match (s.ttft, s.prefill, s.prompt_len) {
+        (Some(t), Some(p), Some(len)) => {
+            t.mean > 0.0 && p.mean / t.mean >= PREFILL_SHARE && len.mean >= LONG_PROMPT_TOKENS
+        }
+        _ => false,
+    }
+}
+
+/// Slow first tokens caused by prefill of long prompts rather than by queueing.
+pub fn long_prompts(s: &Summary) -> Outcome {
+    let (Some(ttft), Some(prefill), Some(prompt)) = (s.ttft, s.prefill, s.prompt_len) else {
+        return Outcome::Skipped(
+            "needs time_to_first_token, request_prefill_time and request_prompt_tokens histograms"
+                .into(),
+        );
+    };
+    if ttft.count < MIN_REQUESTS || ttft.mean < TTFT_SLOW_S || ttft.mean <= 0.0 {
+        return Outcome::Clear;
+    }
+    let share = prefill.mean / ttft.mean;
+    if share < PREFILL_SHARE || prompt.mean < LONG_PROMPT_TOKENS {
+        return Outcome::Clear;
+    }
+    let mut evidence = vec![
+        ev("prefill_share_of_ttft", share, "ratio"),
+        ev("ttft_mean", ttft.mean, "s"),
+        ev("prefill_time_mean", prefill.mean, "s"),
+        ev("prompt_tokens_mean", prompt.mean, "tokens"),
+    ];
+    if let Some(p99) = ttft.p99 {
+        evidence.push(ev("ttft_p99", p99, "s"));
+    }
+    if let Some(p99) = prompt.p99 {
+        evidence.push(ev("prompt_tokens_p99", p99, "tokens"));
+    }
+    let step_tokens = s.iteration_tokens.and_then(|d| d.p99);
+    if let Some(t) = step_tokens {
+        evidence.push(ev("tokens_per_step_p99", t, "tokens"));
+    }
+    fire(
+        "long_prompts",
+        Severity::Warning,
+        format!(
+            "Long prompts dominate time to first token: prefill takes {} of the mean TTFT ({}), prompts average {:.0} tokens",
+            pct(share),
+            ms(ttft.mean),
+            prompt.mean
+        ),
+        evidence,
+        format!(
+            "Raise the prefill budget --max-num-batched-tokens{} so a prompt prefills in fewer \
+             chunks (at some cost to the inter-token latency of running requests), or shorten \
+             prompts / reuse shared prefixes through the prefix cache.",
+            step_tokens.map_or(String::new(), |t| format!(
+                " (steps carry up to ~{t:.0} tokens now)"
+            ))
+        ),
+    )
+}
+
+/// The prefix cache rarely hits although prompts are long enough to gain.
+pub fn prefix_cache(s: &Summary) -> Outcome {
+    let Some(prompt) = s.prompt_len else {
+        return Outcome::Skipped("no request_prompt_tokens histogram".into());
+    };
+    let prompt_tps = s.prompt_tokens_per_s.unwrap_or(0.0);
+    let total_tps = prompt_tps + s.generation_tokens_per_s.unwrap_or(0.0);
+    if prompt.count < MIN_REQUESTS
+        || prompt.mean < PREFIX_PAYOFF_PROMPT_TOKENS
+        || total_tps <= 0.0
+        || prompt_tps / total_tps < PREFIX_PAYOFF_PROMPT_SHARE
+    {
+        return Outcome::Clear;
+    }
+    let evidence = |hit: Option<f64>| {
+        let mut v = vec![
+            ev("prompt_tokens_mean", prompt.mean, "tokens"),
+            ev("prompt_token_share", prompt_tps / total_tps, "ratio"),
+        ];
+        if let Some(h) = hit {
+            v.insert(0, ev("prefix_hit_rate", h, "ratio"));
+            v.push(ev(
+                "prefix_cache_queries",
+                s.prefix_cache_queries.unwrap_or(0.0),
+                "tokens",
+            ));
+        }
+        v
+    };
+    if s.prefix_caching_enabled == Some(false) {
+        return fire(
+            "prefix_cache",
+            Severity::Info,
+            format!(
+                "Prefix caching is off while prompts average {:.0} tokens and are {} of the tokens processed",
+                prompt.mean,
+                pct(prompt_tps / total_tps)
+            ),
+            evidence(None),
+            "Enable it (--enable-prefix-caching) if requests share prefixes (system prompts, \
+             few-shot examples, multi-turn history): hits skip their prefill."
+                .to_string(),
+        );
+    }
+    let (Some(q), Some(h)) = (s.prefix_cache_queries, s.prefix_cache_hits) else {
+        return Outcome::Skipped("no prefix_cache_queries / prefix_cache_hits counters".into());
+    };
+    if q <= 0.0 {
+        return Outcome::Clear;
+    }
+    let rate = h / q;
+    if rate >= PREFIX_HIT_LOW {
+        return Outcome::Clear;
+    }
+    fire(
+        "prefix_cache",
+        Severity::Info,
+        format!(
+            "Prefix-cache hit rate is {} while prompts average {:.0} tokens: prefill work could be saved",
+            pct(rate),
+            prompt.mean
+        ),
+        evidence(Some(rate)),
+        "Put the shared part of prompts (system prompt, instructions, documents) first and \
+         byte-identical across requests; with several replicas, route requests with the same \
+         prefix to the same one (session or prefix affinity)."
+            .to_string(),
+    )
+}
+
+/// Runs every rule and ranks the findings; adds the healthy verdict (with the
+/// headroom left) when nothing is wrong, or says there was no traffic.
+/// `trend` is the failures in the window's earlier and later halves, when known.
+pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
+    // The order is the priority among findings of equal severity.
+    let outcomes = [
+        ("errors", errors_and_rejections(s, trend)),
+        ("kv_saturated", kv_saturated(s)),
+        ("queue_bound", queue_bound(s)),
+        ("host_bound", host_bound(s)),
+        ("dp_imbalance", dp_imbalance(s)),
+        ("long_prompts", long_prompts(s)),
+        ("prefix_cache", prefix_cache(s)),
+    ];
+    let mut findings = Vec::new();
+    let mut skipped = Vec::new();
+    for (rule, o) in outcomes {
+        match o {
+            Outcome::Fired(f) => findings.push(f),
+            Outcome::Clear => {}
+            Outcome::Skipped(reason) => skipped.push(Skipped { rule, reason }),
+        }
+    }
+    if !findings.iter().any(|f| f.severity >= Severity::Warning) {
+        findings.push(verdict(s));
+    }
+    // Stable: equal severities keep the rule order above.
+    findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+    Diagnosis { findings, skipped }
+}
+
+/// The verdict when no rule found a problem: healthy with headroom, or idle.
+fn verdict(s: &Summary) -> Finding {
+    let traffic = attempts(s) > 0.0 || s.running_peak.unwrap_or(0.0) > 0.0;
+    if !traffic {
+        return Finding {
+            id: "no_traffic",
+            severity: Severity::Info,
+            title: format!(
+                "No requests during the {:.1} s window: nothing to judge",
+                s.window_s
+            ),
+            evidence: vec![ev("window", s.window_s, "s")],
+            action: "Run doctor while the server takes its usual load, or widen --window.".into(),
+        };
+    }
+    let mut evidence = vec![
+        ev("requests_per_s", s.requests_per_s.unwrap_or(0.0), "per_s"),
+        ev("kv_usage_peak", s.kv_usage_peak.unwrap_or(0.0), "ratio"),
+        ev("kv_headroom", 1.0 - s.kv_usage_peak.unwrap_or(0.0), "ratio"),
+        ev("waiting_peak", s.waiting_peak.unwrap_or(0.0), "requests"),
+    ];
+    let mut headroom = vec![format!(
+        "KV cache peaked at {}",
+        pct(s.kv_usage_peak.unwrap_or(0.0))
+    )];
+    if let Some(u) = s.device_utilisation {
+        evidence.push(ev("device_utilisation", u, "ratio"));
+        headroom.push(format!("device {} busy", pct(u)));
+    }
+    if let Some(p99) = s.ttft.and_then(|d| d.p99) {
+        evidence.push(ev("ttft_p99", p99, "s"));
+        headroom.push(format!("TTFT p99 {}", ms(p99)));
+    }
+    if let Some(p99) = s.itl.and_then(|d| d.p99) {
+        evidence.push(ev("itl_p99", p99, "s"));
+        headroom.push(format!("ITL p99 {}", ms(p99)));
+    }
+    Finding {
+        id: "healthy",
+        severity: Severity::Ok,
+        title: format!("Healthy: no problem found ({})", headroom.join(", ")),
+        evidence,
+        action: "Nothing to change. The headroom left is the KV cache not in use and the device \
+                 time not busy; load beyond it will first show as queueing."
+            .into(),
+    }
+}

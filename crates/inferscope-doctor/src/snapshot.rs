@@ -1,0 +1,669 @@
+//! Scrapes of `/metrics` turned into a window: counter and histogram deltas
+//! between the first and the last scrape, rates, gauge means and peaks over
+//! every scrape, and quantiles estimated from bucket deltas — per engine and
+//! in total. Everything the rules and the live view read is in [`Summary`].
+
+use inferscope_bench::promtext::{self, Sample};
+use inferscope_bench::scrape::Histogram;
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// One parsed exposition of `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct Scrape {
+    /// Every sample, as exposed.
+    pub samples: Vec<Sample>,
+}
+
+fn matches(s: &Sample, name: &str, filter: &[(&str, &str)]) -> bool {
+    s.name == name && filter.iter().all(|(k, v)| s.label(k) == Some(*v))
+}
+
+impl Scrape {
+    /// Parses Prometheus text (0.0.4) or OpenMetrics; bad lines are skipped.
+    pub fn parse(text: &str) -> Self {
+        Scrape {
+            samples: promtext::parse(text).samples,
+        }
+    }
+
+    /// The metric namespace found: `inferscope` or `vllm`, whichever has more
+    /// series; `None` when neither appears.
+    pub fn detect_namespace(&self) -> Option<&'static str> {
+        let count = |p: &str| {
+            self.samples
+                .iter()
+                .filter(|s| s.name.starts_with(p))
+                .count()
+        };
+        match (count("inferscope:"), count("vllm:")) {
+            (0, 0) => None,
+            (a, b) if a >= b => Some("inferscope"),
+            _ => Some("vllm"),
+        }
+    }
+
+    /// Sum over the label sets of `name` that carry every label in `filter`.
+    pub fn sum(&self, name: &str, filter: &[(&str, &str)]) -> Option<f64> {
+        let mut it = self
+            .samples
+            .iter()
+            .filter(|s| matches(s, name, filter))
+            .peekable();
+        it.peek()?;
+        Some(it.map(|s| s.value).sum())
+    }
+
+    /// Whether any sample is named `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.samples.iter().any(|s| s.name == name)
+    }
+
+    /// Distinct values of `label` on the series `name`.
+    pub fn label_values(&self, name: &str, label: &str) -> BTreeSet<String> {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name)
+            .filter_map(|s| s.label(label).map(str::to_string))
+            .collect()
+    }
+
+    /// Label value of the first series `name` matching `filter`.
+    pub fn label_of(&self, name: &str, filter: &[(&str, &str)], label: &str) -> Option<String> {
+        self.samples
+            .iter()
+            .find(|s| matches(s, name, filter))
+            .and_then(|s| s.label(label).map(str::to_string))
+    }
+
+    /// The histogram `base` (without `_bucket`), summed over the label sets
+    /// that match `filter`.
+    pub fn histogram(&self, base: &str, filter: &[(&str, &str)]) -> Option<Histogram> {
+        let bucket = format!("{base}_bucket");
+        let mut by_le: Vec<(f64, f64)> = Vec::new();
+        for s in self.samples.iter().filter(|s| matches(s, &bucket, filter)) {
+            let Some(le) = s.label("le").and_then(promtext::parse_value) else {
+                continue;
+            };
+            match by_le.iter_mut().find(|(l, _)| *l == le) {
+                Some(slot) => slot.1 += s.value,
+                None => by_le.push((le, s.value)),
+            }
+        }
+        if by_le.is_empty() {
+            return None;
+        }
+        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Some(Histogram {
+            buckets: by_le,
+            sum: self.sum(&format!("{base}_sum"), filter).unwrap_or(0.0),
+            count: self.sum(&format!("{base}_count"), filter).unwrap_or(0.0),
+        })
+    }
+}
+
+/// Mean and quantiles of the observations made in the window.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Dist {
+    /// Observations in the window.
+    pub count: f64,
+    /// Mean (exact: from `_sum` and `_count`).
+    pub mean: f64,
+    /// Median, estimated from buckets as `histogram_quantile` does.
+    pub p50: Option<f64>,
+    /// 99th percentile, estimated from buckets.
+    pub p99: Option<f64>,
+}
+
+/// Host time spent per phase of the engine step, and device time, in seconds
+/// per second of wall time summed over engines.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Phases {
+    /// Building the batch.
+    pub schedule: f64,
+    /// The executor call, device time included.
+    pub execute: f64,
+    /// Appending tokens, stop checks, shipping outputs.
+    pub postprocess: f64,
+    /// Device time (part of `execute`), when known.
+    pub device: Option<f64>,
+}
+
+/// What one engine did in the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EngineStats {
+    /// The `engine` label (`""` when the server does not label engines).
+    pub engine: String,
+    /// Mean of the running-requests gauge over the scrapes.
+    pub running_mean: Option<f64>,
+    /// Largest value of the running-requests gauge.
+    pub running_peak: Option<f64>,
+    /// Last value of the running-requests gauge.
+    pub running_now: Option<f64>,
+    /// Mean of the waiting-requests gauge.
+    pub waiting_mean: Option<f64>,
+    /// Largest value of the waiting-requests gauge.
+    pub waiting_peak: Option<f64>,
+    /// Last value of the waiting-requests gauge.
+    pub waiting_now: Option<f64>,
+    /// Mean KV-cache usage, fraction 0..1.
+    pub kv_usage_mean: Option<f64>,
+    /// Largest KV-cache usage seen.
+    pub kv_usage_peak: Option<f64>,
+    /// Last KV-cache usage.
+    pub kv_usage_now: Option<f64>,
+    /// Prompt (prefill) tokens per second.
+    pub prompt_tokens_per_s: Option<f64>,
+    /// Generated tokens per second.
+    pub generation_tokens_per_s: Option<f64>,
+    /// Requests finished in the window (all reasons).
+    pub finished: Option<f64>,
+    /// Preemptions in the window.
+    pub preemptions: Option<f64>,
+    /// Device busy time per second of wall time, fraction 0..1.
+    pub device_utilisation: Option<f64>,
+    /// Time the engine loop waited with nothing to run, fraction 0..1.
+    pub idle_fraction: Option<f64>,
+    /// KV blocks of the engine (`cache_config_info`).
+    pub num_gpu_blocks: Option<f64>,
+}
+
+/// Everything measured over one window, in total and per engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Summary {
+    /// Metric namespace read (`inferscope`, `vllm`).
+    pub namespace: String,
+    /// Seconds between the first and the last scrape.
+    pub window_s: f64,
+    /// Scrapes used for the gauges.
+    pub scrapes: usize,
+    /// Per engine, sorted by engine label.
+    pub engines: Vec<EngineStats>,
+    /// Mean over scrapes of running requests summed over engines.
+    pub running_mean: Option<f64>,
+    /// Peak of running requests summed over engines.
+    pub running_peak: Option<f64>,
+    /// Mean over scrapes of waiting requests summed over engines.
+    pub waiting_mean: Option<f64>,
+    /// Peak of waiting requests summed over engines.
+    pub waiting_peak: Option<f64>,
+    /// Largest KV-cache usage of any engine.
+    pub kv_usage_peak: Option<f64>,
+    /// Mean KV-cache usage over engines and scrapes.
+    pub kv_usage_mean: Option<f64>,
+    /// Prompt tokens per second, all engines.
+    pub prompt_tokens_per_s: Option<f64>,
+    /// Generated tokens per second, all engines.
+    pub generation_tokens_per_s: Option<f64>,
+    /// Finished requests in the window by `finished_reason`.
+    pub finished_by_reason: BTreeMap<String, f64>,
+    /// Finished requests per second (all reasons).
+    pub requests_per_s: Option<f64>,
+    /// Preemptions in the window.
+    pub preemptions: Option<f64>,
+    /// Requests refused at admission in the window.
+    pub admission_rejections: Option<f64>,
+    /// HTTP responses in the window by status class.
+    pub http_by_status: BTreeMap<String, f64>,
+    /// Prompt tokens looked up in the prefix cache in the window.
+    pub prefix_cache_queries: Option<f64>,
+    /// Of those, tokens found.
+    pub prefix_cache_hits: Option<f64>,
+    /// `enable_prefix_caching` from `cache_config_info`.
+    pub prefix_caching_enabled: Option<bool>,
+    /// Time to first token, seconds.
+    pub ttft: Option<Dist>,
+    /// Inter-token latency, seconds.
+    pub itl: Option<Dist>,
+    /// End-to-end request latency, seconds.
+    pub e2e: Option<Dist>,
+    /// Time spent waiting before the first schedule, seconds.
+    pub queue: Option<Dist>,
+    /// Time from first schedule to first token, seconds.
+    pub prefill: Option<Dist>,
+    /// Prompt length per request, tokens.
+    pub prompt_len: Option<Dist>,
+    /// Tokens per engine step.
+    pub iteration_tokens: Option<Dist>,
+    /// Mean device utilisation over engines, fraction.
+    pub device_utilisation: Option<f64>,
+    /// Mean idle fraction of the engine loops.
+    pub idle_fraction: Option<f64>,
+    /// Host time per phase (seconds per second, summed over engines).
+    pub phases: Option<Phases>,
+    /// Families the rules would read that the server does not expose.
+    pub missing: Vec<String>,
+}
+
+/// Families only inferscope exposes: the device and host view.
+pub const HOST_FAMILIES: [&str; 3] = [
+    "device_busy_seconds",
+    "engine_step_duration_seconds",
+    "engine_idle_seconds",
+];
+
+/// A series of scrapes of one server, oldest first, with their times.
+#[derive(Debug, Clone)]
+pub struct Window {
+    /// Namespace the names are read under.
+    pub namespace: String,
+    /// `(seconds since the first scrape, scrape)`, oldest first; at least one.
+    pub scrapes: Vec<(f64, Scrape)>,
+}
+
+/// `after − before`, or `after` when the counter went down (the server restarted).
+fn counter_delta(after: f64, before: Option<f64>) -> f64 {
+    match before {
+        Some(b) if after >= b => after - b,
+        _ => after,
+    }
+}
+
+fn hist_delta(after: &Histogram, before: Option<&Histogram>) -> Histogram {
+    match before {
+        // A reset (restart) makes the counts go down: the after value is the delta.
+        Some(b) if after.count >= b.count => after.delta(Some(b)),
+        _ => after.clone(),
+    }
+}
+
+/// `None` only when the histogram is absent: an empty one has count 0 (and
+/// mean 0), so rules can tell "no traffic" from "not exported".
+fn dist(h: &Histogram) -> Option<Dist> {
+    Some(Dist {
+        count: h.count,
+        mean: h.mean().unwrap_or(0.0),
+        p50: h.quantile(0.5),
+        p99: h.quantile(0.99),
+    })
+}
+
+fn mean(v: &[f64]) -> Option<f64> {
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+fn peak(v: &[f64]) -> Option<f64> {
+    v.iter().copied().reduce(f64::max)
+}
+
+impl Window {
+    /// A window over `scrapes`; the namespace is `forced` or detected from
+    /// the last scrape (`inferscope` when nothing is recognisable).
+    pub fn new(scrapes: Vec<(f64, Scrape)>, forced: Option<&str>) -> Self {
+        let namespace = forced
+            .map(str::to_string)
+            .or_else(|| {
+                scrapes
+                    .last()
+                    .and_then(|(_, s)| s.detect_namespace())
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| "inferscope".to_string());
+        Window { namespace, scrapes }
+    }
+
+    fn first(&self) -> Option<&Scrape> {
+        self.scrapes.first().map(|(_, s)| s)
+    }
+
+    fn last(&self) -> Option<&Scrape> {
+        self.scrapes.last().map(|(_, s)| s)
+    }
+
+    fn seconds(&self) -> f64 {
+        match (self.scrapes.first(), self.scrapes.last()) {
+            (Some((a, _)), Some((b, _))) => b - a,
+            _ => 0.0,
+        }
+    }
+
+    fn name(&self, base: &str) -> String {
+        format!("{}:{base}", self.namespace)
+    }
+
+    /// The exposed name of counter `base`: with `_total`, else bare.
+    fn counter_name(&self, base: &str) -> String {
+        let with = format!("{}:{base}_total", self.namespace);
+        match self.last() {
+            Some(s) if !s.has(&with) && s.has(&self.name(base)) => self.name(base),
+            _ => with,
+        }
+    }
+
+    /// Delta of a counter over the window, for the label sets matching `filter`.
+    pub fn delta(&self, full_name: &str, filter: &[(&str, &str)]) -> Option<f64> {
+        let after = self.last()?.sum(full_name, filter)?;
+        let before = self.first().and_then(|s| s.sum(full_name, filter));
+        Some(counter_delta(after, before))
+    }
+
+    fn ns_delta(&self, base: &str, filter: &[(&str, &str)]) -> Option<f64> {
+        self.delta(&self.counter_name(base), filter)
+    }
+
+    /// Delta of a counter per value of `label`.
+    fn delta_by(&self, full_name: &str, label: &str) -> BTreeMap<String, f64> {
+        let Some(last) = self.last() else {
+            return BTreeMap::new();
+        };
+        last.label_values(full_name, label)
+            .into_iter()
+            .filter_map(|v| {
+                let d = self.delta(full_name, &[(label, v.as_str())])?;
+                Some((v, d))
+            })
+            .collect()
+    }
+
+    /// Histogram of the observations made in the window.
+    pub fn hist(&self, base: &str, filter: &[(&str, &str)]) -> Option<Histogram> {
+        let name = self.name(base);
+        let after = self.last()?.histogram(&name, filter)?;
+        let before = self.first().and_then(|s| s.histogram(&name, filter));
+        Some(hist_delta(&after, before.as_ref()))
+    }
+
+    fn hist_dist(&self, base: &str, filter: &[(&str, &str)]) -> Option<Dist> {
+        self.hist(base, filter).as_ref().and_then(dist)
+    }
+
+    /// Values of a gauge over the scrapes (summed over matching label sets).
+    fn gauge_series(&self, full_name: &str, filter: &[(&str, &str)]) -> Vec<f64> {
+        self.scrapes
+            .iter()
+            .filter_map(|(_, s)| s.sum(full_name, filter))
+            .collect()
+    }
+
+    fn kv_name(&self) -> String {
+        // vLLM before V1 called the KV-cache gauge `gpu_cache_usage_perc`.
+        let v1 = self.name("kv_cache_usage_perc");
+        match self.last() {
+            Some(s) if !s.has(&v1) && s.has(&self.name("gpu_cache_usage_perc")) => {
+                self.name("gpu_cache_usage_perc")
+            }
+            _ => v1,
+        }
+    }
+
+    fn engine_ids(&self) -> Vec<String> {
+        let Some(last) = self.last() else {
+            return Vec::new();
+        };
+        let mut ids = BTreeSet::new();
+        for base in ["num_requests_running", "num_requests_waiting"] {
+            ids.extend(last.label_values(&self.name(base), "engine"));
+        }
+        ids.extend(last.label_values(&self.kv_name(), "engine"));
+        if ids.is_empty() && last.has(&self.name("num_requests_running")) {
+            // A server without an engine label: one anonymous engine.
+            ids.insert(String::new());
+        }
+        // Numeric ranks sort numerically ("2" before "10").
+        let mut ids: Vec<String> = ids.into_iter().collect();
+        ids.sort_by_key(|e| (e.parse::<u64>().unwrap_or(u64::MAX), e.clone()));
+        ids
+    }
+
+    fn engine_stats(&self, engine: &str) -> EngineStats {
+        let secs = self.seconds();
+        let f: Vec<(&str, &str)> = if engine.is_empty() {
+            Vec::new()
+        } else {
+            vec![("engine", engine)]
+        };
+        let rate = |d: Option<f64>| d.filter(|_| secs > 0.0).map(|d| d / secs);
+        let gauge = |base: &str| self.gauge_series(&self.name(base), &f);
+        let (running, waiting) = (gauge("num_requests_running"), gauge("num_requests_waiting"));
+        let kv: Vec<f64> = self
+            .scrapes
+            .iter()
+            .filter_map(|(_, s)| {
+                // Per engine the gauge is one series; take the max, not a sum,
+                // in case a server repeats it under other labels.
+                s.samples
+                    .iter()
+                    .filter(|x| matches(x, &self.kv_name(), &f))
+                    .map(|x| x.value)
+                    .reduce(f64::max)
+            })
+            .collect();
+        let finished = self.ns_delta("request_success", &f);
+        let num_gpu_blocks = self.last().and_then(|s| {
+            s.label_of(&self.name("cache_config_info"), &f, "num_gpu_blocks")
+                .and_then(|v| v.parse().ok())
+        });
+        EngineStats {
+            engine: engine.to_string(),
+            running_mean: mean(&running),
+            running_peak: peak(&running),
+            running_now: running.last().copied(),
+            waiting_mean: mean(&waiting),
+            waiting_peak: peak(&waiting),
+            waiting_now: waiting.last().copied(),
+            kv_usage_mean: mean(&kv),
+            kv_usage_peak: peak(&kv),
+            kv_usage_now: kv.last().copied(),
+            prompt_tokens_per_s: rate(self.ns_delta("prompt_tokens", &f)),
+            generation_tokens_per_s: rate(self.ns_delta("generation_tokens", &f)),
+            finished,
+            preemptions: self.ns_delta("num_preemptions", &f),
+            device_utilisation: rate(self.ns_delta("device_busy_seconds", &f)),
+            idle_fraction: rate(self.ns_delta("engine_idle_seconds", &f)),
+            num_gpu_blocks,
+        }
+    }
+
+    /// Failed plus refused requests in the window's earlier and later halves
+    /// (needs three scrapes or more), to tell a rising failure rate.
+    pub fn failure_trend(&self) -> Option<(f64, f64)> {
+        if self.scrapes.len() < 3 {
+            return None;
+        }
+        let failures = |s: &Scrape| {
+            s.sum(
+                &self.counter_name("request_success"),
+                &[("finished_reason", "error")],
+            )
+            .unwrap_or(0.0)
+                + s.sum(&self.counter_name("admission_rejections"), &[])
+                    .unwrap_or(0.0)
+        };
+        let mid = &self.scrapes[self.scrapes.len() / 2].1;
+        let (a, m, z) = (
+            failures(self.first()?),
+            failures(mid),
+            failures(self.last()?),
+        );
+        Some((counter_delta(m, Some(a)), counter_delta(z, Some(m))))
+    }
+
+    /// Computes the summary of the window.
+    pub fn summary(&self) -> Summary {
+        let secs = self.seconds();
+        let rate = |d: Option<f64>| d.filter(|_| secs > 0.0).map(|d| d / secs);
+        let engines: Vec<EngineStats> = self
+            .engine_ids()
+            .iter()
+            .map(|e| self.engine_stats(e))
+            .collect();
+        let running = self.gauge_series(&self.name("num_requests_running"), &[]);
+        let waiting = self.gauge_series(&self.name("num_requests_waiting"), &[]);
+        let kv_means: Vec<f64> = engines.iter().filter_map(|e| e.kv_usage_mean).collect();
+        let finished_by_reason =
+            self.delta_by(&self.counter_name("request_success"), "finished_reason");
+        let finished_total =
+            (!finished_by_reason.is_empty()).then(|| finished_by_reason.values().sum::<f64>());
+        let prefix_caching_enabled = self.last().and_then(|s| {
+            s.label_of(
+                &self.name("cache_config_info"),
+                &[],
+                "enable_prefix_caching",
+            )
+            .map(|v| v.eq_ignore_ascii_case("true"))
+        });
+        let engines_n = engines.len().max(1) as f64;
+        let device_utilisation =
+            rate(self.ns_delta("device_busy_seconds", &[])).map(|u| u / engines_n);
+        let idle_fraction = rate(self.ns_delta("engine_idle_seconds", &[])).map(|u| u / engines_n);
+        let phase = |p: &str| {
+            self.hist("engine_step_duration_seconds", &[("phase", p)])
+                .filter(|_| secs > 0.0)
+                .map(|h| h.sum / secs)
+        };
+        let phases = match (phase("schedule"), phase("execute"), phase("postprocess")) {
+            (Some(schedule), Some(execute), Some(postprocess)) => Some(Phases {
+                schedule,
+                execute,
+                postprocess,
+                device: rate(self.ns_delta("device_busy_seconds", &[])),
+            }),
+            _ => None,
+        };
+        let missing = match self.last() {
+            Some(last) => HOST_FAMILIES
+                .iter()
+                .filter(|b| {
+                    let n = self.name(b);
+                    !last.has(&format!("{n}_total"))
+                        && !last.has(&n)
+                        && !last.has(&format!("{n}_count"))
+                })
+                .map(|b| self.name(b))
+                .collect(),
+            None => Vec::new(),
+        };
+        Summary {
+            namespace: self.namespace.clone(),
+            window_s: secs,
+            scrapes: self.scrapes.len(),
+            running_mean: mean(&running),
+            running_peak: peak(&running),
+            waiting_mean: mean(&waiting),
+            waiting_peak: peak(&waiting),
+            kv_usage_peak: engines
+                .iter()
+                .filter_map(|e| e.kv_usage_peak)
+                .reduce(f64::max),
+            kv_usage_mean: mean(&kv_means),
+            prompt_tokens_per_s: rate(self.ns_delta("prompt_tokens", &[])),
+            generation_tokens_per_s: rate(self.ns_delta("generation_tokens", &[])),
+            requests_per_s: rate(finished_total),
+            finished_by_reason,
+            preemptions: self.ns_delta("num_preemptions", &[]),
+            admission_rejections: self.ns_delta("admission_rejections", &[]),
+            http_by_status: self.delta_by("http_requests_total", "status"),
+            prefix_cache_queries: self.ns_delta("prefix_cache_queries", &[]),
+            prefix_cache_hits: self.ns_delta("prefix_cache_hits", &[]),
+            prefix_caching_enabled,
+            ttft: self.hist_dist("time_to_first_token_seconds", &[]),
+            // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
+            itl: self
+                .hist_dist("inter_token_latency_seconds", &[])
+                .or_else(|| self.hist_dist("time_per_output_token_seconds", &[])),
+            e2e: self.hist_dist("e2e_request_latency_seconds", &[]),
+            queue: self.hist_dist("request_queue_time_seconds", &[]),
+            prefill: self.hist_dist("request_prefill_time_seconds", &[]),
+            prompt_len: self.hist_dist("request_prompt_tokens", &[]),
+            iteration_tokens: self.hist_dist("iteration_tokens_total", &[]),
+            device_utilisation,
+            idle_fraction,
+            phases,
+            missing,
+            engines,
+        }
+    }
+}
+
+impl Summary {
+    /// Waiting requests at the last scrape, summed over engines.
+    pub fn waiting_now_total(&self) -> Option<f64> {
+        let v: Vec<f64> = self.engines.iter().filter_map(|e| e.waiting_now).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    }
+
+    /// Finished requests in the window, all reasons.
+    pub fn finished_total(&self) -> f64 {
+        self.finished_by_reason.values().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(k: f64, waiting: f64) -> String {
+        format!(
+            "inferscope:num_requests_running{{engine=\"0\"}} 2\n\
+             inferscope:num_requests_running{{engine=\"1\"}} 1\n\
+             inferscope:num_requests_waiting{{engine=\"0\"}} {waiting}\n\
+             inferscope:num_requests_waiting{{engine=\"1\"}} 0\n\
+             inferscope:kv_cache_usage_perc{{engine=\"0\"}} 0.5\n\
+             inferscope:kv_cache_usage_perc{{engine=\"1\"}} 0.25\n\
+             inferscope:generation_tokens_total{{engine=\"0\"}} {}\n\
+             inferscope:generation_tokens_total{{engine=\"1\"}} {}\n\
+             inferscope:request_success_total{{engine=\"0\",finished_reason=\"length\"}} {}\n\
+             inferscope:device_busy_seconds_total{{engine=\"0\"}} {}\n\
+             inferscope:device_busy_seconds_total{{engine=\"1\"}} 0\n\
+             inferscope:e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"1\"}} {}\n\
+             inferscope:e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {}\n\
+             inferscope:e2e_request_latency_seconds_sum{{engine=\"0\"}} {}\n\
+             inferscope:e2e_request_latency_seconds_count{{engine=\"0\"}} {}\n",
+            100.0 * k,
+            10.0 * k,
+            5.0 * k,
+            0.8 * k,
+            4.0 * k,
+            5.0 * k,
+            2.0 * k,
+            5.0 * k
+        )
+    }
+
+    #[test]
+    fn deltas_rates_gauges_and_resets() {
+        let w = Window::new(
+            vec![
+                (0.0, Scrape::parse(&text(1.0, 0.0))),
+                (1.0, Scrape::parse(&text(1.5, 4.0))),
+                (2.0, Scrape::parse(&text(2.0, 2.0))),
+            ],
+            None,
+        );
+        let s = w.summary();
+        assert_eq!(s.namespace, "inferscope");
+        assert_eq!(s.window_s, 2.0);
+        assert_eq!(s.engines.len(), 2);
+        assert_eq!(s.generation_tokens_per_s, Some(55.0));
+        assert_eq!(s.engines[0].generation_tokens_per_s, Some(50.0));
+        assert_eq!(s.engines[0].waiting_mean, Some(2.0));
+        assert_eq!(s.engines[0].waiting_peak, Some(4.0));
+        assert_eq!(s.waiting_now_total(), Some(2.0));
+        assert_eq!(s.engines[0].device_utilisation, Some(0.4));
+        assert_eq!(s.device_utilisation, Some(0.2));
+        assert_eq!(s.kv_usage_peak, Some(0.5));
+        assert_eq!(s.finished_by_reason.get("length"), Some(&5.0));
+        let e2e = s.e2e.expect("e2e");
+        assert_eq!(e2e.count, 5.0);
+        assert!((e2e.mean - 0.4).abs() < 1e-12);
+        // Only the host families the fixture lacks are reported missing.
+        assert_eq!(
+            s.missing,
+            vec![
+                "inferscope:engine_step_duration_seconds",
+                "inferscope:engine_idle_seconds"
+            ]
+        );
+        // A restart between scrapes: counters go down, the after value is the delta.
+        let r = Window::new(
+            vec![
+                (0.0, Scrape::parse(&text(3.0, 0.0))),
+                (1.0, Scrape::parse(&text(1.0, 0.0))),
+            ],
+            None,
+        )
+        .summary();
+        assert_eq!(r.generation_tokens_per_s, Some(110.0));
+        assert_eq!(r.e2e.map(|d| d.count), Some(5.0));
+    }
+}

@@ -1,0 +1,336 @@
+//! Scenario tests: drive an in-process server (sim executor) into each
+//! condition and check that the doctor ranks the expected finding first,
+//! with its evidence. Timings are never asserted exactly: the machine may be
+//! loaded, so figures are checked for presence and plausibility.
+
+mod common;
+
+use common::{Load, SERIAL, Shape, doctor, evidence, first};
+use inferscope_doctor::findings::Severity;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+const WARMUP: Duration = Duration::from_millis(400);
+const WINDOW: Duration = Duration::from_millis(1500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_num_seqs_1_is_queue_bound() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=5",
+        "--max-num-seqs",
+        "1",
+    ])
+    .await;
+    let load = Load::start(
+        srv.addr,
+        6,
+        Shape {
+            prompt_len: 24,
+            max_tokens: 8,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "queue_bound");
+    assert!(f.severity >= Severity::Warning);
+    assert!(evidence(f, "queue_share_of_e2e") >= 0.3);
+    assert!(evidence(f, "queue_time_mean") > 0.0);
+    assert_eq!(evidence(f, "running_peak_per_engine"), 1.0);
+    assert!(evidence(f, "kv_usage_peak") < 0.8);
+    assert!(f.action.contains("--max-num-seqs"), "{}", f.action);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_kv_pool_preempts() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=2,kv_tokens=2000",
+        "--max-model-len",
+        "1024",
+    ])
+    .await;
+    let load = Load::start(
+        srv.addr,
+        8,
+        Shape {
+            prompt_len: 100,
+            max_tokens: 300,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "kv_saturated");
+    assert!(evidence(f, "preemptions") >= 1.0);
+    assert!(evidence(f, "kv_usage_peak") > 0.8);
+    // 2000 tokens in blocks of 16.
+    assert_eq!(evidence(f, "num_gpu_blocks"), 125.0);
+    assert!(f.action.contains("--max-model-len"), "{}", f.action);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instant_device_is_host_bound() {
+    let _serial = SERIAL.lock().await;
+    // A device that takes no time: every step is host work.
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0",
+    ])
+    .await;
+    // Many long generations keep the batch full, so the engine loop never
+    // idles and each step's host work grows with the batch; 24 × 2016 tokens
+    // stay within the 65536-token KV pool, so nothing is preempted.
+    let load = Load::start(
+        srv.addr,
+        24,
+        Shape {
+            prompt_len: 16,
+            max_tokens: 2000,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "host_bound");
+    assert!(evidence(f, "device_utilisation") < 0.5);
+    assert!(evidence(f, "engine_idle_fraction") <= 0.2);
+    assert!(evidence(f, "dominant_phase_fraction") > 0.0);
+    assert!(
+        ["schedule", "execute", "postprocess"]
+            .iter()
+            .any(|p| f.title.contains(&format!("mostly in {p}"))),
+        "{}",
+        f.title
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_and_short_requests_unbalance_engines() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=2",
+        "--data-parallel-size",
+        "2",
+    ])
+    .await;
+    // The router picks the least-loaded engine by request count, ties to the
+    // lowest rank. Sending a long request while both are idle, then a short
+    // one while the long one is queued, puts every long request on engine 0
+    // and every short one on engine 1: equal counts, very unequal work.
+    let addr = srv.addr;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let task = tokio::spawn(async move {
+        let c = common::client();
+        let mut n = 0;
+        while !s.load(Ordering::Relaxed) {
+            n += 1;
+            let long_prompt = common::prompt(&format!("long{n}"), 16);
+            let long = common::complete(&c, addr, &long_prompt, 150);
+            let short = async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                common::complete(&c, addr, &common::prompt(&format!("short{n}"), 16), 2).await
+            };
+            let _ = tokio::join!(long, short);
+        }
+    });
+    let load = Load::from_task(stop, task);
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "dp_imbalance");
+    assert!(evidence(f, "max_over_mean") >= 1.5);
+    let (e0, e1) = (
+        evidence(f, "device_utilisation_engine_0"),
+        evidence(f, "device_utilisation_engine_1"),
+    );
+    assert!(e0 > e1 * 2.0, "engine 0 {e0} vs engine 1 {e1}");
+    assert!(f.title.contains("engine 0"), "{}", f.title);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_dominate_ttft() {
+    let _serial = SERIAL.lock().await;
+    // 300 µs per prompt token and a 256-token prefill budget: a 1000-token
+    // prompt needs four steps and about 0.3 s of prefill.
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_prefill_us=300,t_weights_ms=1",
+        "--max-num-batched-tokens",
+        "256",
+    ])
+    .await;
+    // One client: nothing queues, so the first token waits only for prefill.
+    let load = Load::start(
+        srv.addr,
+        1,
+        Shape {
+            prompt_len: 1000,
+            max_tokens: 4,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, Duration::from_secs(2)).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "long_prompts");
+    assert!(evidence(f, "prefill_share_of_ttft") >= 0.5);
+    assert!(evidence(f, "ttft_mean") >= 0.2);
+    let mean_prompt = evidence(f, "prompt_tokens_mean");
+    assert!((900.0..=1100.0).contains(&mean_prompt), "{mean_prompt}");
+    assert!(
+        f.action.contains("--max-num-batched-tokens"),
+        "{}",
+        f.action
+    );
+    // Distinct long prompts also make the prefix cache useless: ranked lower.
+    assert!(r.diagnosis.findings.iter().any(|f| f.id == "prefix_cache"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_long_prompts_miss_the_prefix_cache() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=1"]).await;
+    let load = Load::start(
+        srv.addr,
+        2,
+        Shape {
+            prompt_len: 600,
+            max_tokens: 4,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "prefix_cache");
+    assert_eq!(f.severity, Severity::Info);
+    assert!(evidence(f, "prefix_hit_rate") < 0.1);
+    assert!(evidence(f, "prefix_cache_queries") > 0.0);
+    assert!(evidence(f, "prompt_tokens_mean") >= 256.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_rejects_at_admission() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=5",
+        "--max-num-seqs",
+        "1",
+        "--max-waiting-requests",
+        "1",
+    ])
+    .await;
+    let load = Load::start(
+        srv.addr,
+        6,
+        Shape {
+            prompt_len: 24,
+            max_tokens: 8,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    let rejected = load.counts[1].load(Ordering::Relaxed);
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    assert!(rejected > 0, "the load saw no 429");
+    let f = first(&r);
+    assert_eq!(f.id, "admission_rejections");
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(r.exit_code(), 2);
+    assert!(evidence(f, "admission_rejections") >= 1.0);
+    assert!(evidence(f, "failure_share") >= 0.05);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn light_load_is_healthy() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=2"]).await;
+    let load = Load::start(
+        srv.addr,
+        2,
+        Shape {
+            prompt_len: 32,
+            max_tokens: 16,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, WINDOW).await;
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let f = first(&r);
+    assert_eq!(f.id, "healthy");
+    assert_eq!(r.diagnosis.findings.len(), 1);
+    assert_eq!(r.exit_code(), 0);
+    assert!(evidence(f, "requests_per_s") > 0.0);
+    let headroom = evidence(f, "kv_headroom");
+    assert!(headroom > 0.5 && headroom <= 1.0, "{headroom}");
+    assert!(f.title.contains("KV cache peaked at"), "{}", f.title);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_namespace_is_detected_and_run_doctor_exits_zero_when_healthy() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=2",
+        "--metrics-namespace",
+        "vllm",
+    ])
+    .await;
+    let load = Load::start(
+        srv.addr,
+        2,
+        Shape {
+            prompt_len: 32,
+            max_tokens: 16,
+        },
+    );
+    tokio::time::sleep(WARMUP).await;
+    let args = inferscope_doctor::DoctorArgs {
+        url: format!("http://{}", srv.addr),
+        window: Duration::from_millis(800),
+        prometheus: None,
+        selector: String::new(),
+        metrics_namespace: None,
+        json: true,
+    };
+    let code = inferscope_doctor::run_doctor(args)
+        .await
+        .expect("doctor runs");
+    let w = inferscope_doctor::collect(
+        &format!("http://{}/metrics", srv.addr),
+        Duration::from_millis(500),
+        None,
+    )
+    .await
+    .expect("collect");
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    assert_eq!(code, 0);
+    assert_eq!(w.namespace, "vllm");
+    let s = w.summary();
+    assert!(s.generation_tokens_per_s.unwrap_or(0.0) > 0.0, "{s:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_server_is_an_error_not_a_panic() {
+    // Port 9 (discard) on localhost is closed in test environments.
+    let r = inferscope_doctor::collect(
+        "http://127.0.0.1:9/metrics",
+        Duration::from_millis(100),
+        None,
+    )
+    .await;
+    assert!(r.is_err());
+}
