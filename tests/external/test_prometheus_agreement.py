@@ -48,7 +48,7 @@ from conftest import INFERSCOPE_BIN, MODEL, REPO, Prometheus, Server
 
 NUM_PROMPTS = 300
 RATE = 50
-INPUT_LEN = 256
+INPUT_LEN = 128
 OUTPUT_LEN = 64
 ENGINES = 2
 NS = "inferscope"
@@ -68,7 +68,9 @@ def run(workdir):
         # Two scrapes before the run: every counter's first sample is its initial 0.
         prom.wait_scrape_after(time.time())
         prom.wait_scrape_after(time.time())
+        # Prometheus negotiates OpenMetrics; the scrape must parse completely.
         assert prom.scalar('up{job="inferscope"}') == 1.0
+        assert prom.scalar('scrape_samples_scraped{job="inferscope"}') > 100
 
         result_dir = workdir / "bench"
         result_dir.mkdir(exist_ok=True)
