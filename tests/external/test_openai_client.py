@@ -220,3 +220,44 @@ def test_admission_control_is_rate_limit_error(make_server):
     with cf.ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(one, range(8)))
     assert "429" in outcomes and "ok" in outcomes, outcomes
+
+
+def test_completion_prompt_forms(client):
+    # A list of strings: one choice per prompt, indexed in order.
+    r = client.completions.create(model=MODEL, prompt=["first", "second", "third"], max_tokens=3,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 9
+    # Token ids, and a list of token-id lists.
+    r = client.completions.create(model=MODEL, prompt=[72, 105, 33], max_tokens=2, extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == 3 and r.usage.completion_tokens == 2
+    r = client.completions.create(model=MODEL, prompt=[[72, 105], [33, 33, 33]], max_tokens=2,
+                                  extra_body={"ignore_eos": True})
+    assert len(r.choices) == 2 and r.usage.prompt_tokens == 5 and r.usage.completion_tokens == 4
+
+
+def test_n_choices(client):
+    r = client.completions.create(model=MODEL, prompt="n test", max_tokens=4, n=2, seed=1,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert r.usage.completion_tokens == 8
+
+
+def test_chat_stream_first_chunk_carries_content(client):
+    # Benchmark clients time TTFT at the first chunk with choices: it must carry content.
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=5, stream=True, extra_body={"ignore_eos": True})
+    first = next(c for c in stream if c.choices)
+    assert first.choices[0].delta.content, first
+    for _ in stream:
+        pass
+
+
+def test_min_tokens_and_eos(client):
+    # Without ignore_eos the sim may stop early (EOS): finish_reason is then "stop",
+    # never more tokens than max_tokens, never fewer than min_tokens.
+    for seed in range(8):
+        r = client.completions.create(model=MODEL, prompt="eos", max_tokens=50, seed=seed,
+                                      extra_body={"min_tokens": 10})
+        assert 10 <= r.usage.completion_tokens <= 50
+        assert r.choices[0].finish_reason == ("length" if r.usage.completion_tokens == 50 else "stop")

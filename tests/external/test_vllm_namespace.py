@@ -1,0 +1,57 @@
+"""`--metrics-namespace vllm`: the shipped dashboard, with its `namespace`
+variable set to `vllm`, works unchanged on a real Prometheus, and the series
+routers read (Gateway API Inference Extension) are there under vLLM's names."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import time
+
+import requests
+
+from conftest import MODEL, REPO
+
+
+def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
+    server = make_server(["--sim-profile", "tiny", "--data-parallel-size", "2", "--metrics-namespace", "vllm"])
+    prom = make_prometheus([f"127.0.0.1:{server.port}"])
+    prom.wait_scrape_after(time.time())
+
+    def one(i):
+        r = requests.post(server.base + "/v1/completions", timeout=60, json={
+            "model": MODEL, "prompt": f"request {i}", "max_tokens": 16, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+
+    with cf.ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(40)))
+    t = prom.wait_scrape_after(time.time() + 1.0)
+
+    for name in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                 "vllm:cache_config_info"):
+        res = prom.query(name, t)
+        assert sorted(s["metric"]["engine"] for s in res) == ["0", "1"], (name, res)
+    cfg = prom.query("vllm:cache_config_info", t)[0]["metric"]
+    assert int(cfg["block_size"]) > 0 and int(cfg["num_gpu_blocks"]) > 0
+    assert prom.query('{__name__=~"inferscope:.+"}', t) == []
+    assert prom.scalar('sum(vllm:request_success_total{finished_reason="length"})', t) == 40
+
+    dash = json.loads((REPO / "deploy/grafana/inferscope-dashboard.json").read_text())
+    subst = {"${namespace}": "vllm", "$model_name": MODEL, "$engine": "0|1", "$__rate_interval": "1m"}
+    empty = []
+    for p in dash["panels"]:
+        for target in p.get("targets", []):
+            expr = target["expr"]
+            for k, v in subst.items():
+                expr = expr.replace(k, v)
+            if not prom.query(expr, t) and "admission" not in expr and "preemptions" not in expr:
+                empty.append((p["title"], expr))
+    assert not empty, empty
+    # The variables' own queries resolve too.
+    for v in dash["templating"]["list"]:
+        if v["type"] == "query":
+            q = v["query"]["query"].replace("${namespace}", "vllm").replace("$model_name", MODEL)
+            metric = q[len("label_values("):q.rindex(",")]
+            label = q[q.rindex(",") + 1:-1].strip()
+            values = {s["metric"].get(label) for s in prom.query(metric, t)}
+            assert values and None not in values, (v["name"], q, values)
