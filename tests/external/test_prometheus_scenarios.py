@@ -1,6 +1,7 @@
-"""`--metrics-namespace vllm`: the shipped dashboard, with its `namespace`
-variable set to `vllm`, works unchanged on a real Prometheus, and the series
-routers read (Gateway API Inference Extension) are there under vLLM's names."""
+"""Scenarios seen through a real Prometheus: `--metrics-namespace vllm` (the
+shipped dashboard, with its `namespace` variable set to `vllm`, works
+unchanged, and the series routers read are there under vLLM's names); client
+aborts and invalid requests."""
 
 from __future__ import annotations
 
@@ -55,3 +56,39 @@ def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
             label = q[q.rindex(",") + 1:-1].strip()
             values = {s["metric"].get(label) for s in prom.query(metric, t)}
             assert values and None not in values, (v["name"], q, values)
+
+
+def test_aborts_and_errors_as_prometheus_sees_them(make_server, make_prometheus):
+    """A client that disconnects mid-stream is counted once as `abort`, its
+    blocks are freed; invalid requests are 4xx in the HTTP metrics and never
+    reach the engine."""
+    server = make_server(["--sim-profile", "tiny,t_fixed_ms=20"])
+    prom = make_prometheus([f"127.0.0.1:{server.port}"])
+    prom.wait_scrape_after(time.time())
+
+    with requests.post(server.base + "/v1/completions", stream=True, timeout=60, json={
+            "model": MODEL, "prompt": "abort me", "max_tokens": 500, "ignore_eos": True, "stream": True}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                break  # first token seen: hang up
+    for body in ({"model": MODEL, "prompt": "x", "max_tokens": -1},
+                 {"model": MODEL, "prompt": "x", "temperature": -2},
+                 {"model": "nope", "prompt": "x"}):
+        assert requests.post(server.base + "/v1/completions", json=body, timeout=10).status_code in (400, 404)
+
+    deadline = time.time() + 20
+    while True:
+        t = prom.wait_scrape_after(time.time())
+        aborted = prom.scalar('sum(inferscope:request_success_total{finished_reason="abort"})', t)
+        if aborted >= 1 or time.time() > deadline:
+            break
+    print(f"\nabort test: request_success{{abort}}={aborted}")
+    assert aborted == 1
+    assert prom.scalar('sum(inferscope:request_success_total{finished_reason!="abort"})', t) == 0
+    assert prom.scalar("sum(inferscope:num_requests_running) + sum(inferscope:num_requests_waiting)", t) == 0
+    assert prom.scalar("max(inferscope:kv_cache_usage_perc)", t) == 0
+    assert prom.scalar('sum(http_requests_total{handler="/v1/completions",status="4xx"})', t) == 3
+    assert prom.scalar('sum(http_requests_total{handler="/v1/completions",status="2xx"})', t) == 1
+    # The aborted request produced some tokens, far fewer than asked.
+    assert 1 <= prom.scalar("sum(inferscope:generation_tokens_total)", t) < 500
