@@ -251,7 +251,7 @@ pub fn kv_saturated(s: &Summary) -> Outcome {
     };
     let mut evidence = vec![
         ev("preemptions", preemptions, "preemptions"),
-        ev("preemptions_per_request", per_request, "ratio"),
+        ev("preemptions_per_request", per_request, "per request"),
         ev("kv_usage_peak", kv_peak.unwrap_or(0.0), "ratio"),
         ev("kv_usage_mean", s.kv_usage_mean.unwrap_or(0.0), "ratio"),
         ev("waiting_mean", s.waiting_mean.unwrap_or(0.0), "requests"),
@@ -635,7 +635,7 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
         findings.push(verdict(s));
     }
     // Stable: equal severities keep the rule order above.
-    findings.sort_by(|a, b| b.severity.cmp(&a.severity));
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     Diagnosis { findings, skipped }
 }
 
