@@ -140,11 +140,14 @@ class Prometheus:
         return float(res[0]["value"][1])
 
     def last_scrape(self) -> float | None:
-        """Timestamp (seconds, ms precision) of the latest scrape of the job, if any."""
-        res = self.query('timestamp(up{job="inferscope"})')
-        if not res:
+        """Timestamp (seconds, ms precision) of the latest scrape of the job if
+        it succeeded (`up` == 1), else None."""
+        now = f"{time.time():.3f}"
+        ts = self.query('timestamp(up{job="inferscope"})', now)
+        up = self.query('up{job="inferscope"}', now)
+        if not ts or not up or any(float(s["value"][1]) != 1.0 for s in up):
             return None
-        return min(float(s["value"][1]) for s in res)
+        return min(float(s["value"][1]) for s in ts)
 
     def wait_scrape_after(self, t: float, timeout: float = 30.0) -> float:
         """Waits for a scrape that started after wall-clock time `t`; returns its timestamp."""

@@ -47,8 +47,8 @@ import pytest
 from conftest import INFERSCOPE_BIN, MODEL, REPO, Prometheus, Server
 
 NUM_PROMPTS = 300
-RATE = 50
-INPUT_LEN = 128
+RATE = 40
+INPUT_LEN = 112
 OUTPUT_LEN = 64
 ENGINES = 2
 NS = "inferscope"
