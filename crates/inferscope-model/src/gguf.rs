@@ -220,7 +220,11 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     } else {
         tensors.linear("output", v, h, false)?
     };
-    let model = LlamaModel::new(cfg.clone(), embed, layers, norm, lm_head)?;
+    let mut model = LlamaModel::new(cfg.clone(), embed, layers, norm, lm_head)?;
+    if tensors.has("rope_freqs.weight") {
+        let factors = tensors.vec("rope_freqs.weight", cfg.head_dim / 2)?;
+        model = model.with_rope_freq_factors(&factors)?;
+    }
 
     let sibling = path.with_file_name("tokenizer.json");
     let tokenizer: Arc<dyn Tokenizer> = if sibling.is_file() {

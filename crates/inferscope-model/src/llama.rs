@@ -251,6 +251,22 @@ impl LlamaModel {
         })
     }
 
+    /// Divides the RoPE frequencies by per-frequency factors (GGUF's
+    /// `rope_freqs.weight`, how llama.cpp stores Llama-3 rope scaling).
+    pub fn with_rope_freq_factors(mut self, factors: &[f32]) -> Result<Self, ModelError> {
+        if factors.len() != self.inv_freq.len() {
+            return Err(ModelError::ShapeMismatch {
+                name: "rope_freqs.weight".into(),
+                expected: vec![self.inv_freq.len()],
+                actual: vec![factors.len()],
+            });
+        }
+        for (f, d) in self.inv_freq.iter_mut().zip(factors) {
+            *f /= d;
+        }
+        Ok(self)
+    }
+
     /// Runs all tokens of a step through the decoder, writing their K/V into
     /// `pool`, and returns the logits of the tokens in `logit_rows`
     /// (`[logit_rows.len()][vocab]`).

@@ -85,7 +85,7 @@ fn write_gguf(
     quantize: bool,
     name: &str,
 ) -> PathBuf {
-    write_gguf_with(cfg, w, quantize, name, spm_metadata())
+    write_gguf_with(cfg, w, quantize, name, spm_metadata(), Vec::new())
 }
 
 /// The SentencePiece (`llama`) tokenizer metadata of [`vocab`].
@@ -117,6 +117,7 @@ fn write_gguf_with(
     quantize: bool,
     name: &str,
     tokenizer: Vec<(&'static str, Value)>,
+    extra: Vec<(String, Tensor)>,
 ) -> PathBuf {
     let mut tensors: Vec<(String, QTensor)> = Vec::new();
     let mut put = |name: String, t: Tensor, dtype: GgmlDType| {
@@ -130,6 +131,9 @@ fn write_gguf_with(
     } else {
         (GgmlDType::F32, GgmlDType::F32, GgmlDType::F32)
     };
+    for (n, t) in extra {
+        put(n, t, GgmlDType::F32);
+    }
     put(
         "token_embd.weight".into(),
         w["model.embed_tokens.weight"].clone(),
@@ -314,7 +318,7 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
             ),
         ),
     ];
-    let path = write_gguf_with(&cfg, &w, false, "gpt2", meta);
+    let path = write_gguf_with(&cfg, &w, false, "gpt2", meta, Vec::new());
     let m = LoadedModel::load(path.to_str().unwrap(), &ModelOptions::default()).unwrap();
     let _ = std::fs::remove_file(&path);
     let t = m.tokenizer();
@@ -330,4 +334,65 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
         "ab<|endoftext|>"
     );
     assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5]);
+}
+
+#[test]
+fn gguf_rope_freqs_carry_llama3_scaling() {
+    // llama.cpp stores Llama-3 rope scaling as per-frequency divisors in
+    // `rope_freqs.weight`; with them the GGUF equals the HF model with
+    // `rope_scaling` (and differs without them).
+    let (tokens, _, _) = vocab();
+    let mut scaled = config(tokens.len());
+    scaled.rope_theta = 500_000.0;
+    scaled.rope_scaling = Some(inferscope_model::config::Llama3RopeScaling {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 16,
+    });
+    let mut plain = scaled.clone();
+    plain.rope_scaling = None;
+    let factors: Vec<f32> = plain
+        .rope_inv_freq()
+        .iter()
+        .zip(scaled.rope_inv_freq())
+        .map(|(base, s)| base / s)
+        .collect();
+    assert!(
+        factors.iter().any(|f| *f > 1.5),
+        "the scaling must matter: {factors:?}"
+    );
+    let w = random_weights(&scaled, 11).unwrap();
+    let hf = std::sync::Arc::new(model_from_tensors(scaled.clone(), w.clone()).unwrap());
+    let mut hf_exec =
+        CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 3 + i * 6).collect();
+    let expected = logits(&mut hf_exec, &prompt);
+
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        ..ModelOptions::default()
+    };
+    let n = factors.len();
+    let freqs = Tensor::from_vec(factors, n, &candle_core::Device::Cpu).unwrap();
+    let extra = vec![("rope_freqs.weight".to_string(), freqs)];
+    let path = write_gguf_with(&plain, &w, false, "ropefreqs", spm_metadata(), extra);
+    let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut exec = m.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let diff = max_rel_diff(&logits(&mut exec, &prompt), &expected);
+    assert!(diff < 1e-4, "with rope_freqs: relative difference {diff}");
+
+    let path = write_gguf(&plain, &w, false, "noropefreqs");
+    let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut exec = m.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let diff = max_rel_diff(&logits(&mut exec, &prompt), &expected);
+    assert!(
+        diff > 1e-3,
+        "without rope_freqs the logits should differ ({diff})"
+    );
 }
