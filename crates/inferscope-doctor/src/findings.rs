@@ -686,3 +686,126 @@ fn verdict(s: &Summary) -> Finding {
             .into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::Dist;
+
+    fn d(count: f64, mean: f64) -> Option<Dist> {
+        Some(Dist {
+            count,
+            mean,
+            p50: Some(mean),
+            p99: Some(mean * 2.0),
+        })
+    }
+
+    fn busy() -> Summary {
+        Summary {
+            namespace: "inferscope".into(),
+            window_s: 10.0,
+            scrapes: 9,
+            finished_by_reason: [("length".to_string(), 100.0)].into_iter().collect(),
+            requests_per_s: Some(10.0),
+            running_mean: Some(4.0),
+            running_peak: Some(8.0),
+            waiting_mean: Some(0.0),
+            waiting_peak: Some(0.0),
+            kv_usage_peak: Some(0.3),
+            kv_usage_mean: Some(0.2),
+            preemptions: Some(0.0),
+            ttft: d(100.0, 0.05),
+            itl: d(1000.0, 0.01),
+            e2e: d(100.0, 0.5),
+            queue: d(100.0, 0.0),
+            prefill: d(100.0, 0.04),
+            prompt_len: d(100.0, 64.0),
+            prompt_tokens_per_s: Some(640.0),
+            generation_tokens_per_s: Some(1000.0),
+            ..Summary::default()
+        }
+    }
+
+    #[test]
+    fn a_busy_unremarkable_server_is_healthy() {
+        let dg = diagnose(&busy(), None);
+        assert_eq!(dg.findings.len(), 1);
+        assert_eq!(dg.findings[0].id, "healthy");
+        assert_eq!(dg.findings[0].evidence("kv_headroom"), Some(0.7));
+        // Without device metrics the host rule says why it did not run.
+        assert!(dg.skipped.iter().any(|s| s.rule == "host_bound"));
+    }
+
+    #[test]
+    fn rising_errors_are_critical_and_outrank_everything() {
+        let mut s = busy();
+        s.finished_by_reason.insert("error".into(), 10.0);
+        s.preemptions = Some(50.0);
+        let dg = diagnose(&s, Some((1.0, 9.0)));
+        let f = &dg.findings[0];
+        assert_eq!(f.id, "errors");
+        assert_eq!(f.severity, Severity::Critical);
+        assert!(f.title.contains("rising"), "{}", f.title);
+        assert_eq!(f.evidence("errored_requests"), Some(10.0));
+        assert_eq!(dg.findings[1].id, "kv_saturated");
+        // Below one percent: clear.
+        let mut s = busy();
+        s.finished_by_reason.insert("error".into(), 0.5);
+        assert_eq!(errors_and_rejections(&s, None), Outcome::Clear);
+    }
+
+    #[test]
+    fn full_kv_without_preemption_warns() {
+        let mut s = busy();
+        s.kv_usage_peak = Some(0.97);
+        s.waiting_mean = Some(3.0);
+        let Outcome::Fired(f) = kv_saturated(&s) else {
+            panic!("expected a finding");
+        };
+        assert_eq!(f.severity, Severity::Warning);
+        assert!(f.title.contains("wait for blocks"));
+    }
+
+    #[test]
+    fn queueing_needs_room_in_the_kv_cache() {
+        let mut s = busy();
+        s.queue = d(100.0, 0.3);
+        assert!(matches!(queue_bound(&s), Outcome::Fired(f) if f.severity == Severity::Critical));
+        s.kv_usage_peak = Some(0.85);
+        assert_eq!(queue_bound(&s), Outcome::Clear);
+        // Too few requests to judge.
+        let mut s = busy();
+        s.queue = d(2.0, 0.3);
+        s.e2e = d(2.0, 0.5);
+        assert_eq!(queue_bound(&s), Outcome::Clear);
+    }
+
+    #[test]
+    fn prefix_caching_off_with_long_prompts_is_an_opportunity() {
+        let mut s = busy();
+        s.prompt_len = d(100.0, 2000.0);
+        s.prompt_tokens_per_s = Some(20000.0);
+        s.prefix_caching_enabled = Some(false);
+        let Outcome::Fired(f) = prefix_cache(&s) else {
+            panic!("expected a finding");
+        };
+        assert_eq!(f.severity, Severity::Info);
+        assert!(f.action.contains("--enable-prefix-caching"));
+        // On, with a good hit rate: clear.
+        s.prefix_caching_enabled = Some(true);
+        s.prefix_cache_queries = Some(1000.0);
+        s.prefix_cache_hits = Some(600.0);
+        assert_eq!(prefix_cache(&s), Outcome::Clear);
+    }
+
+    #[test]
+    fn idle_window_says_so() {
+        let s = Summary {
+            window_s: 5.0,
+            ..Summary::default()
+        };
+        let dg = diagnose(&s, None);
+        assert_eq!(dg.findings[0].id, "no_traffic");
+    }
+}

@@ -152,6 +152,19 @@ pub async fn run_doctor(args: DoctorArgs) -> anyhow::Result<i32> {
             (url, w)
         }
     };
+    let prefix = format!("{}:", window.namespace);
+    let found = window
+        .scrapes
+        .last()
+        .is_some_and(|(_, s)| s.samples.iter().any(|x| x.name.starts_with(&prefix)));
+    if !found {
+        // Most likely the wrong port or a different server: say so rather
+        // than report an idle "no traffic".
+        anyhow::bail!(
+            "{source} has no `{prefix}` metrics: is it an inferscope or vLLM server? \
+             (pass --metrics-namespace if it uses another namespace)"
+        );
+    }
     let report = diagnose_window(&source, &window);
     let text = if args.json {
         report.to_json() + "\n"

@@ -400,17 +400,36 @@ pub async fn run_top(args: TopArgs) -> anyhow::Result<()> {
             }
         }
     });
-    let start = Instant::now();
-    let mut tick = tokio::time::interval(args.interval);
+    // Scrapes run on their own task, so a slow or hung server never delays `q`.
+    let (scrape_tx, mut scrapes) = tokio::sync::mpsc::channel(4);
+    let scraper = {
+        let (url, interval) = (url.clone(), args.interval);
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let r = crate::fetch(&url).await.map_err(|e| format!("{e:#}"));
+                if scrape_tx
+                    .send((start.elapsed().as_secs_f64(), r))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        })
+    };
     let result: anyhow::Result<()> = async {
+        terminal.draw(|f| render(f, &model.state))?;
         loop {
             tokio::select! {
-                _ = tick.tick() => {
-                    match crate::fetch(&url).await {
-                        Ok(s) => model.on_scrape(start.elapsed().as_secs_f64(), s),
-                        Err(e) => model.on_error(format!("{e:#}")),
-                    }
-                }
+                got = scrapes.recv() => match got {
+                    Some((at, Ok(s))) => model.on_scrape(at, s),
+                    Some((_, Err(e))) => model.on_error(e),
+                    None => return Ok(()),
+                },
                 ev = rx.recv() => match ev {
                     Some(Event::Key(k)) if k.kind == KeyEventKind::Press => {
                         let ctrl_c = k.code == KeyCode::Char('c')
@@ -427,6 +446,7 @@ pub async fn run_top(args: TopArgs) -> anyhow::Result<()> {
         }
     }
     .await;
+    scraper.abort();
     drop(rx);
     ratatui::restore();
     result

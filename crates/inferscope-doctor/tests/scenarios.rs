@@ -420,3 +420,21 @@ async fn record_fixtures() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_namespace_is_an_error() {
+    let _serial = SERIAL.lock().await;
+    let srv = common::start(&["--sim-profile", "tiny"]).await;
+    let args = inferscope_doctor::DoctorArgs {
+        url: format!("http://{}", srv.addr),
+        window: Duration::from_millis(100),
+        prometheus: None,
+        selector: String::new(),
+        metrics_namespace: Some("sglang".into()),
+        json: true,
+    };
+    let r = inferscope_doctor::run_doctor(args).await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    let e = r.expect_err("no sglang: metrics");
+    assert!(format!("{e:#}").contains("no `sglang:` metrics"), "{e:#}");
+}
