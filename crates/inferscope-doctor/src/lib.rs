@@ -69,7 +69,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !v.is_finite() || v <= 0.0 {
         return Err(format!("`{s}`: the duration must be positive"));
     }
-    Ok(Duration::from_secs_f64(v * scale))
+    Duration::try_from_secs_f64(v * scale).map_err(|_| format!("`{s}`: the duration is too long"))
 }
 
 /// The metrics URL for `--url`: `/metrics` is appended when no path is given.
@@ -189,6 +189,7 @@ mod tests {
         assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("1e300h").is_err());
         assert_eq!(metrics_url("http://h:8000"), "http://h:8000/metrics");
         assert_eq!(metrics_url("http://h:8000/"), "http://h:8000/metrics");
         assert_eq!(metrics_url("http://h:8000/m"), "http://h:8000/m");

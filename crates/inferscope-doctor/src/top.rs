@@ -403,7 +403,8 @@ pub async fn run_top(args: TopArgs) -> anyhow::Result<()> {
     // Scrapes run on their own task, so a slow or hung server never delays `q`.
     let (scrape_tx, mut scrapes) = tokio::sync::mpsc::channel(4);
     let scraper = {
-        let (url, interval) = (url.clone(), args.interval);
+        // A zero period would make `interval` panic; faster than 10 Hz is pointless.
+        let (url, interval) = (url.clone(), args.interval.max(Duration::from_millis(100)));
         tokio::spawn(async move {
             let start = Instant::now();
             let mut tick = tokio::time::interval(interval);

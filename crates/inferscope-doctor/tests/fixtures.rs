@@ -154,3 +154,74 @@ fn top_survives_the_server_going_away_and_coming_back() {
     // Device utilisation shown as a bar for inferscope.
     assert!(text.contains("device utilisation: █"), "{text}");
 }
+
+/// A Prometheus `query_range` answer holding the two scrapes of a fixture.
+fn matrix(name: &str) -> serde_json::Value {
+    use std::collections::BTreeMap;
+    let mut series: BTreeMap<Vec<(String, String)>, Vec<serde_json::Value>> = BTreeMap::new();
+    for (t, which) in [(1_700_000_000.0, "before"), (1_700_000_002.0, "after")] {
+        for s in fixture(&format!("{name}_{which}")).samples {
+            let mut key = vec![("__name__".to_string(), s.name.clone())];
+            key.extend(s.labels.iter().cloned());
+            series
+                .entry(key)
+                .or_default()
+                .push(serde_json::json!([t, s.value.to_string()]));
+        }
+    }
+    let result: Vec<serde_json::Value> = series
+        .into_iter()
+        .map(|(k, values)| {
+            let metric: serde_json::Map<String, serde_json::Value> =
+                k.into_iter().map(|(a, b)| (a, b.into())).collect();
+            serde_json::json!({"metric": metric, "values": values})
+        })
+        .collect();
+    serde_json::json!({"status": "success", "data": {"resultType": "matrix", "result": result}})
+}
+
+#[tokio::test]
+async fn prometheus_range_query_mode() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let body = matrix("vllm_kv").to_string();
+    let server = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.expect("accept");
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = sock.read(&mut buf).await.expect("read");
+            if n == 0 {
+                break;
+            }
+            req.extend_from_slice(&buf[..n]);
+        }
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        sock.write_all(head.as_bytes()).await.expect("write");
+        sock.write_all(body.as_bytes()).await.expect("write");
+        String::from_utf8_lossy(&req).into_owned()
+    });
+    let w = inferscope_doctor::prometheus_api::collect(
+        &format!("http://{addr}"),
+        "job=\"llm\"",
+        std::time::Duration::from_secs(60),
+        None,
+    )
+    .await
+    .expect("range query");
+    let request = server.await.expect("server");
+    let line = request.lines().next().unwrap_or_default();
+    assert!(line.starts_with("GET /api/v1/query_range?query="), "{line}");
+    assert!(line.contains("job%3D%22llm%22"), "{line}");
+    assert!(line.contains("&step=7.500"), "{line}");
+    let r = inferscope_doctor::diagnose_window("prom", &w);
+    assert_eq!(r.namespace, "vllm");
+    assert_eq!(r.window_s, 2.0);
+    assert_eq!(r.diagnosis.findings[0].id, "kv_saturated");
+}
