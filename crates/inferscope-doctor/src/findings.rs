@@ -453,7 +453,7 @@ pub fn dp_imbalance(s: &Summary) -> Outcome {
         return Outcome::Clear;
     }
     let mut evidence = vec![
-        ev("max_over_mean", max / mean, "ratio"),
+        ev("max_over_mean", max / mean, "times"),
         ev(&format!("{what}_max"), max, unit),
         ev(&format!("{what}_min"), min, unit),
     ];

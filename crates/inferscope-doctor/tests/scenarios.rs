@@ -134,6 +134,9 @@ async fn long_and_short_requests_unbalance_engines() {
         let mut n = 0;
         while !s.load(Ordering::Relaxed) {
             n += 1;
+            // Let the engines publish that the last pair finished, so that
+            // both count as idle and the tie goes to engine 0.
+            tokio::time::sleep(Duration::from_millis(30)).await;
             let long_prompt = common::prompt(&format!("long{n}"), 16);
             let long = common::complete(&c, addr, &long_prompt, 150);
             let short = async {
@@ -200,7 +203,8 @@ async fn long_prompts_dominate_ttft() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_long_prompts_miss_the_prefix_cache() {
     let _serial = SERIAL.lock().await;
-    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=1"]).await;
+    // Slow decode steps keep the device busy, so only the cache is remarkable.
+    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=4"]).await;
     let load = Load::start(
         srv.addr,
         2,
