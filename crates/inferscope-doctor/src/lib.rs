@@ -4,6 +4,8 @@
 //! Prometheus server), so they work against any server exporting this schema
 //! — vLLM's included, under the `vllm:` namespace.
 
+#![warn(missing_docs)]
+
 pub mod findings;
 pub mod prometheus_api;
 pub mod report;
