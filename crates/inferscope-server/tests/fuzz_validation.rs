@@ -130,7 +130,8 @@ fn limits(tok: &dyn Tokenizer) -> Limits {
 }
 
 /// What every accepted plan must satisfy; every refusal must be a 4xx.
-fn check(result: Result<Validated, inferscope_server::ApiError>, limits: &Limits) {
+/// Returns whether the request was accepted.
+fn check(result: Result<Validated, inferscope_server::ApiError>, limits: &Limits) -> bool {
     match result {
         Ok(v) => {
             assert_eq!(v.model, "demo");
@@ -144,10 +145,12 @@ fn check(result: Result<Validated, inferscope_server::ApiError>, limits: &Limits
                 assert!(p.len() + plan.params.max_tokens <= limits.max_model_len);
                 assert!(p.iter().all(|&t| (t as usize) < limits.vocab_size));
             }
+            true
         }
         Err(e) => {
             assert!(e.status.is_client_error(), "{} {}", e.status, e.message);
             assert!(!e.message.is_empty());
+            false
         }
     }
 }
@@ -170,14 +173,19 @@ fn validation_never_panics_and_refuses_with_4xx() {
         limits: &limits,
         tokenizer: &tok,
     };
+    let accepted = std::cell::Cell::new(0usize);
     let mut runner = TestRunner::new(config());
     runner
         .run(&body(), |bytes| {
-            check(parse_and_validate_completion(&bytes, &v), &limits);
-            check(parse_and_validate_chat(&bytes, &v), &limits);
+            let a = check(parse_and_validate_completion(&bytes, &v), &limits);
+            let b = check(parse_and_validate_chat(&bytes, &v), &limits);
+            accepted.set(accepted.get() + usize::from(a) + usize::from(b));
             Ok(())
         })
         .expect("no failing input");
+    // The generator must also reach the end of validation, not only its
+    // first refusals.
+    assert!(accepted.get() > 0, "no generated request was valid");
 }
 
 #[test]
