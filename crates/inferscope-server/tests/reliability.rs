@@ -39,19 +39,22 @@ fn assert_openai_error(r: &Reply, status: u16) -> Value {
     err
 }
 
-/// Polls `/metrics` until no request is running or waiting.
-async fn wait_idle(addr: SocketAddr) -> Vec<Sample> {
+/// Polls `/metrics` until no request is running or waiting and `finished`
+/// requests have been counted (the engine records a finish after it sends
+/// it, so a client can see its response before the count moves).
+async fn wait_finished(addr: SocketAddr, finished: usize) -> Vec<Sample> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let samples = scrape(addr).await;
         let running = sum(&samples, &m("num_requests_running"), &[]);
         let waiting = sum(&samples, &m("num_requests_waiting"), &[]);
-        if running == 0.0 && waiting == 0.0 {
+        let counted = sum(&samples, &m("request_success_total"), &[]);
+        if running == 0.0 && waiting == 0.0 && counted as usize >= finished {
             return samples;
         }
         assert!(
             Instant::now() < deadline,
-            "engine not idle: {running} running, {waiting} waiting"
+            "engine not idle: {running} running, {waiting} waiting, {counted} of {finished} counted"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -122,7 +125,7 @@ async fn step_faults_fail_their_requests_and_the_engine_keeps_serving() {
     }
     assert!(stream_failures > 0, "no stream was hit by a fault");
 
-    let samples = wait_idle(addr).await;
+    let samples = wait_finished(addr, 24).await;
     assert_eq!(
         sum(
             &samples,
@@ -201,7 +204,7 @@ async fn a_dead_core_is_reported_and_skipped() {
         .await;
         assert_eq!(r.status, 200, "the live core serves: {}", r.body);
     }
-    let samples = wait_idle(addr).await;
+    let samples = wait_finished(addr, 9).await;
     let count = |filter: &[(&str, &str)]| sum(&samples, &m("request_success_total"), filter);
     assert_eq!(count(&[("finished_reason", "error"), ("engine", "0")]), 1.0);
     assert_eq!(count(&[("finished_reason", "length")]), 8.0);
@@ -417,19 +420,7 @@ async fn disconnect_storm_leaks_nothing() {
     let complete = TOTAL - dropped;
     assert!(dropped > 0 && complete > 0);
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let samples = loop {
-        let samples = wait_idle(addr).await;
-        let counted = sum(&samples, &m("request_success_total"), &[]);
-        if counted as usize == TOTAL {
-            break samples;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "only {counted} of {TOTAL} requests counted"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let samples = wait_finished(addr, TOTAL).await;
     let by = |reason: &str| {
         sum(
             &samples,
@@ -512,7 +503,7 @@ async fn overload_burst_gets_429s_and_admitted_requests_complete() {
     }
     let rss_after = rss_kib();
     assert!(ok >= 28 && rejected > 0, "ok {ok}, rejected {rejected}");
-    let samples = wait_idle(addr).await;
+    let samples = wait_finished(addr, ok as usize).await;
     assert_eq!(
         sum(
             &samples,
@@ -558,7 +549,7 @@ async fn metrics_on_a_separate_listener() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
-    let samples = scrape(maddr).await;
+    let samples = wait_finished(maddr, 1).await;
     assert_eq!(sum(&samples, &m("request_success_total"), &[]), 1.0);
     assert_eq!(call(maddr, "GET", "/health", "", &[]).await.status, 200);
     assert_eq!(
@@ -694,10 +685,10 @@ async fn hostile_input_never_reaches_a_label() {
     let server = start(&[]).await;
     let addr = server.addr;
     hostile_round(&server, "hostileA").await;
-    let samples_a = wait_idle(addr).await;
+    let samples_a = wait_finished(addr, 5).await;
     let after_a = series_keys(&samples_a);
     hostile_round(&server, "hostileB").await;
-    let samples_b = wait_idle(addr).await;
+    let samples_b = wait_finished(addr, 10).await;
     let after_b = series_keys(&samples_b);
     assert_eq!(after_a, after_b, "hostile input created series");
     for s in samples_a.iter().chain(&samples_b) {
