@@ -218,7 +218,7 @@ async fn stop_strings_and_min_tokens() {
     assert_eq!(streamed, text[..cut]);
     assert_eq!(last_finish, "stop");
 
-    let samples = scrape(addr).await;
+    let samples = scrape_when(addr, "inferscope:request_success_total", 2.0).await;
     assert_eq!(
         sum(
             &samples,

@@ -49,7 +49,7 @@ async fn known_workload_counts_exactly_per_engine() {
         404
     );
 
-    let samples = scrape(addr).await;
+    let samples = scrape_when(addr, &m("request_success_total"), 20.0).await;
     assert_eq!(sum(&samples, &m("request_success_total"), &[]), 20.0);
     assert_eq!(
         sum(
@@ -212,7 +212,7 @@ async fn vllm_namespace_and_openmetrics() {
     )
     .await;
     assert_eq!(r.status, 200);
-    let samples = scrape(addr).await;
+    let samples = scrape_when(addr, "vllm:request_success_total", 1.0).await;
     for name in [
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",

@@ -266,3 +266,22 @@ pub async fn scrape(addr: SocketAddr) -> Vec<Sample> {
     assert_eq!(r.status, 200, "{}", r.body);
     parse_exposition(&r.body)
 }
+
+/// Scrapes until the samples named `name` sum to at least `at_least`: the
+/// engine counts a finish just after it delivers it, so a client can see its
+/// response before the counters move.
+pub async fn scrape_when(addr: SocketAddr, name: &str, at_least: f64) -> Vec<Sample> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let samples = scrape(addr).await;
+        let value = sum(&samples, name, &[]);
+        if value >= at_least {
+            return samples;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} stayed at {value}, expected {at_least}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
