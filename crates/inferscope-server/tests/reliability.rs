@@ -713,3 +713,30 @@ async fn hostile_input_never_reaches_a_label() {
     assert!(!om.body.contains("hostile"));
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The one label value an operator chooses, the served model name, is
+/// escaped in the exposition: quotes, backslashes and newlines round-trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn label_values_are_escaped() {
+    let name = "we\"ird\\model\nname";
+    let server = start(&["--served-model-name", name]).await;
+    let addr = server.addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": name, "prompt": "x", "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = call(addr, "GET", "/metrics", "", &[]).await.body;
+    let samples = parse_exposition(&text);
+    let labelled: Vec<_> = samples
+        .iter()
+        .filter(|s| s.labels.contains_key("model_name"))
+        .collect();
+    assert!(!labelled.is_empty());
+    for s in labelled {
+        assert_eq!(s.labels["model_name"], name, "{}", s.name);
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+}
