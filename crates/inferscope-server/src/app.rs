@@ -459,33 +459,52 @@ pub async fn run(args: ServeArgs) -> Result<(), ServerError> {
         "inferscope is serving (OpenAI API under /v1, metrics at /metrics)"
     );
     shutdown_signal().await;
+    // Listen for a second signal before saying we are draining.
+    let second_signal = shutdown_signal();
     tracing::info!(
         timeout_s = args.shutdown_timeout,
         "shutting down: finishing in-flight requests"
     );
-    server
-        .shutdown(Duration::from_secs_f64(args.shutdown_timeout.max(0.0)))
-        .await;
+    let state = server.state.clone();
+    let drain = server.shutdown(Duration::from_secs_f64(args.shutdown_timeout.max(0.0)));
+    tokio::pin!(drain);
+    tokio::select! {
+        _ = &mut drain => return Ok(()),
+        _ = second_signal => {}
+    }
+    // A second signal: the operator will not wait. Abort what is left now —
+    // still with an explicit final event per request — and finish the drain.
+    tracing::warn!("second signal: aborting the remaining requests now");
+    let _ = tokio::task::spawn_blocking(move || state.coordinator.shutdown(Duration::ZERO)).await;
+    drain.await;
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Registers for SIGINT and SIGTERM now (so a signal that arrives before the
+/// future is first polled is not lost) and resolves on the next one.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+    {
+        use tokio::signal::unix::{Signal, SignalKind, signal};
+        let interrupt = signal(SignalKind::interrupt()).ok();
+        let terminate = signal(SignalKind::terminate()).ok();
+        async fn next(s: Option<Signal>) {
+            match s {
+                Some(mut s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
         }
-    };
+        async move {
+            tokio::select! {
+                _ = next(interrupt) => {},
+                _ = next(terminate) => {},
+            }
+        }
+    }
     #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
+    async {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

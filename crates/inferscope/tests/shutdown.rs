@@ -42,9 +42,10 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Starts `inferscope serve` on a free port; returns it and its address,
-/// read from the start-up log line.
-fn start_server() -> (Server, SocketAddr) {
+/// Starts `inferscope serve` on a free port with `--shutdown-timeout
+/// timeout`; returns it, its address (read from the start-up log line) and
+/// the rest of its log lines.
+fn start_server(timeout: &str) -> (Server, SocketAddr, mpsc::Receiver<String>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
         .args([
             "serve",
@@ -59,7 +60,7 @@ fn start_server() -> (Server, SocketAddr) {
             "--max-num-seqs",
             "32",
             "--shutdown-timeout",
-            "2",
+            timeout,
             "--disable-log-stats",
         ])
         .env("NO_COLOR", "1")
@@ -72,21 +73,84 @@ fn start_server() -> (Server, SocketAddr) {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         // Keep draining so the server never blocks on a full pipe.
-        let mut sent = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             let line = strip_ansi(&line);
             eprintln!("server: {line}");
-            if !sent && let Some(rest) = line.split("addr=").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap_or("").to_owned();
-                sent = tx.send(addr).is_ok();
-            }
+            let _ = tx.send(line);
         }
     });
     let server = Server(child);
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("the server logs its address");
-    (server, addr.parse().expect("an address"))
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the server logs its address");
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap_or("").to_owned();
+        }
+    };
+    (server, addr.parse().expect("an address"), rx)
+}
+
+/// Sends SIGTERM to the server.
+fn sigterm(server: &Server) {
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.0.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+}
+
+/// Waits until the engine holds `n` requests (running, waiting or done).
+fn wait_admitted(addr: SocketAddr, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metrics_sum(
+        addr,
+        &[
+            "inferscope:num_requests_running{",
+            "inferscope:num_requests_waiting{",
+            "inferscope:request_success_total{",
+        ],
+    ) < n
+    {
+        assert!(Instant::now() < deadline, "requests were not admitted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for the process to exit by itself; its exit status.
+fn wait_exit(server: &mut Server, within: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = server.0.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(start.elapsed() < within, "the server did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Checks a stream ended with an explicit abort: the abort chunk, an error
+/// event naming the shutdown, `[DONE]`.
+fn assert_explicit_abort(o: &Outcome) {
+    assert!(o.terminated, "response cut silently: {o:?}");
+    assert_eq!(o.status, 200, "{o:?}");
+    let events: Vec<&str> = o
+        .body
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or(e))
+        .collect();
+    let n = events.len();
+    assert!(n >= 3, "{o:?}");
+    assert!(
+        events[n - 3].contains(r#""finish_reason":"abort""#),
+        "{o:?}"
+    );
+    assert!(
+        events[n - 2].starts_with(r#"{"error":"#) && events[n - 2].contains("shutting down"),
+        "{o:?}"
+    );
+    assert_eq!(events[n - 1], "[DONE]", "{o:?}");
 }
 
 /// What the client got.
@@ -189,7 +253,7 @@ fn request(addr: SocketAddr, stream: bool, max_tokens: u32) -> Outcome {
 
 #[test]
 fn sigterm_under_load_ends_every_request_explicitly() {
-    let (mut server, addr) = start_server();
+    let (mut server, addr, _log) = start_server("2");
     // 40 streams and 10 full responses; a third ask for far more tokens than
     // 2 s of 2 ms steps can produce, so they must be cut by the timeout.
     let mut clients = Vec::new();
@@ -202,41 +266,15 @@ fn sigterm_under_load_ends_every_request_explicitly() {
     }
     // SIGTERM once the engine has every request: running, waiting (32
     // sequences at most run at once) or already finished.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metrics_sum(
-        addr,
-        &[
-            "inferscope:num_requests_running{",
-            "inferscope:num_requests_waiting{",
-            "inferscope:request_success_total{",
-        ],
-    ) < 50.0
-    {
-        assert!(Instant::now() < deadline, "requests were not admitted");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let sigterm = Instant::now();
-    let killed = Command::new("kill")
-        .args(["-TERM", &server.0.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
+    wait_admitted(addr, 50.0);
+    sigterm(&server);
 
     let outcomes: Vec<Outcome> = clients
         .into_iter()
         .map(|c| c.join().expect("client thread"))
         .collect();
     // The process exits by itself once drained.
-    let exit = loop {
-        if let Some(status) = server.0.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            sigterm.elapsed() < Duration::from_secs(20),
-            "the server did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = wait_exit(&mut server, Duration::from_secs(20));
     assert!(exit.success(), "exit status {exit:?}");
 
     let (mut complete, mut aborted) = (0, 0);
@@ -265,8 +303,14 @@ fn sigterm_under_load_ends_every_request_explicitly() {
                 );
                 aborted += 1;
             } else {
-                assert!(events[finish].contains(r#""finish_reason":"length""#), "{o:?}");
-                assert!(o.max_tokens < 5000, "5000 tokens cannot finish in time: {o:?}");
+                assert!(
+                    events[finish].contains(r#""finish_reason":"length""#),
+                    "{o:?}"
+                );
+                assert!(
+                    o.max_tokens < 5000,
+                    "5000 tokens cannot finish in time: {o:?}"
+                );
                 complete += 1;
             }
         } else if o.status == 200 {
@@ -281,4 +325,32 @@ fn sigterm_under_load_ends_every_request_explicitly() {
     assert!(complete > 0, "short requests finish during the drain");
     assert!(aborted > 0, "long requests are aborted at the timeout");
     assert_eq!(complete + aborted, outcomes.len());
+}
+
+/// A second SIGTERM during a long drain aborts the rest at once — still
+/// with an explicit final event for every stream.
+#[test]
+fn a_second_sigterm_aborts_the_drain_explicitly() {
+    let (mut server, addr, log) = start_server("600");
+    let clients: Vec<_> = (0..10)
+        .map(|_| std::thread::spawn(move || request(addr, true, 5000)))
+        .collect();
+    wait_admitted(addr, 10.0);
+    sigterm(&server);
+    // The first signal has been handled once the drain is logged.
+    loop {
+        let line = log
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the drain is logged");
+        if line.contains("shutting down") {
+            break;
+        }
+    }
+    sigterm(&server);
+    for c in clients {
+        assert_explicit_abort(&c.join().expect("client thread"));
+    }
+    // Far sooner than the 600 s drain.
+    let exit = wait_exit(&mut server, Duration::from_secs(20));
+    assert!(exit.success(), "exit status {exit:?}");
 }
