@@ -168,6 +168,8 @@ impl EngineCore {
             }
             if !self.scheduler.has_work() {
                 if self.shutdown_deadline.is_some() {
+                    // Requests refused during shutdown still get their finish.
+                    self.flush_outside_step();
                     break;
                 }
                 if !self.wait_idle() {
@@ -232,12 +234,14 @@ impl EngineCore {
             stats.execute_time = t2 - t1;
             stats.postprocess_time = t3 - t2;
             stats.device_time = out.device_time;
-            self.ship_outputs();
             let snapshot = self.scheduler.snapshot();
             self.publish(&snapshot);
             self.recorder
                 .record_step(engine, &snapshot, self.scheduler.stats());
             self.scheduler.clear_stats();
+            // Recorded first, delivered second: a client that has its final
+            // output already finds it counted in /metrics.
+            self.ship_outputs();
         }
         self.state.alive.store(false, Ordering::Release);
     }
@@ -282,7 +286,6 @@ impl EngineCore {
 
     /// Reports requests that ended between steps and the resulting state.
     fn flush_outside_step(&mut self) {
-        self.ship_outputs();
         let engine = self.state.engine_index;
         let snapshot = self.scheduler.snapshot();
         self.publish(&snapshot);
@@ -292,6 +295,7 @@ impl EngineCore {
         }
         self.recorder.record_idle(engine, &snapshot, Duration::ZERO);
         self.scheduler.clear_stats();
+        self.ship_outputs();
     }
 
     fn handle(&mut self, msg: CoreMessage) {
@@ -313,8 +317,8 @@ impl EngineCore {
                 self.shutdown_deadline = Some(deadline);
             }
         }
-        // Aborts and refusals produce final outputs: deliver them now.
-        self.ship_outputs();
+        // Final outputs of aborts and refusals go out after the next step
+        // (or idle flush) has recorded them.
         self.state
             .waiting
             .store(self.scheduler.num_waiting(), Ordering::Relaxed);
