@@ -209,6 +209,8 @@ struct Row {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
+    // As `inferscope serve` does.
+    inferscope_server::limit_allocator_arenas();
     let total = flag("--requests", 100_000) as u64;
     let concurrency = flag("--concurrency", 256);
     // The allocator's working set grows until the peak mix of concurrent

@@ -449,6 +449,23 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
     })
 }
 
+/// Caps glibc's malloc arenas at two, unless `MALLOC_ARENA_MAX` is set.
+///
+/// With one arena per thread by default, a server with many runtime threads
+/// keeps growing its resident memory for a long while as each thread's arena
+/// fills to its own peak (measured: +35% over a 100k-request soak, flat with
+/// two arenas; see docs/reliability.md). Call it before starting threads.
+pub fn limit_allocator_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only changes allocator tuning; it is called before
+        // the server's threads start.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
+}
+
 /// Serves until SIGINT or SIGTERM, then shuts down gracefully.
 pub async fn run(args: ServeArgs) -> Result<(), ServerError> {
     let server = start(&args).await?;

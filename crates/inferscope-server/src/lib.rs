@@ -11,6 +11,8 @@ pub mod protocol;
 pub mod routes;
 pub mod validation;
 
-pub use app::{AppState, RunningServer, ServerError, build_state, run, start};
+pub use app::{
+    AppState, RunningServer, ServerError, build_state, limit_allocator_arenas, run, start,
+};
 pub use cli::{ExecutorKind, ServeArgs};
 pub use error::ApiError;

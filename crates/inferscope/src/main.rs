@@ -35,6 +35,9 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    if matches!(cli.command, Command::Serve(_)) {
+        inferscope_server::limit_allocator_arenas();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
