@@ -31,6 +31,34 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// Adds up `_bucket` samples of any label sets, bound by bound, into one
+    /// histogram with the given `_sum` and `_count`; `None` without buckets.
+    pub fn from_buckets<'a>(
+        buckets: impl IntoIterator<Item = &'a Sample>,
+        sum: f64,
+        count: f64,
+    ) -> Option<Histogram> {
+        let mut by_le: Vec<(f64, f64)> = Vec::new();
+        for s in buckets {
+            let Some(le) = s.label("le").and_then(promtext::parse_value) else {
+                continue;
+            };
+            match by_le.iter_mut().find(|(l, _)| *l == le) {
+                Some(slot) => slot.1 += s.value,
+                None => by_le.push((le, s.value)),
+            }
+        }
+        if by_le.is_empty() {
+            return None;
+        }
+        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Some(Histogram {
+            buckets: by_le,
+            sum,
+            count,
+        })
+    }
+
     /// This histogram minus an earlier one (missing earlier buckets count as 0).
     pub fn delta(&self, before: Option<&Histogram>) -> Histogram {
         let Some(b) = before else {
@@ -157,26 +185,11 @@ impl Snapshot {
 
     /// A histogram summed over label sets.
     pub fn histogram(&self, ns: &str, name: &str) -> Option<Histogram> {
-        let bucket = format!("{ns}:{name}_bucket");
-        let mut by_le: Vec<(f64, f64)> = Vec::new();
-        for s in self.series(&bucket) {
-            let Some(le) = s.label("le").and_then(promtext::parse_value) else {
-                continue;
-            };
-            match by_le.iter_mut().find(|(l, _)| *l == le) {
-                Some(slot) => slot.1 += s.value,
-                None => by_le.push((le, s.value)),
-            }
-        }
-        if by_le.is_empty() {
-            return None;
-        }
-        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some(Histogram {
-            buckets: by_le,
-            sum: self.sum(&format!("{ns}:{name}_sum")).unwrap_or(0.0),
-            count: self.sum(&format!("{ns}:{name}_count")).unwrap_or(0.0),
-        })
+        Histogram::from_buckets(
+            self.series(&format!("{ns}:{name}_bucket")),
+            self.sum(&format!("{ns}:{name}_sum")).unwrap_or(0.0),
+            self.sum(&format!("{ns}:{name}_count")).unwrap_or(0.0),
+        )
     }
 }
 

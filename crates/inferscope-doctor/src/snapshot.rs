@@ -80,25 +80,11 @@ impl Scrape {
     /// that match `filter`.
     pub fn histogram(&self, base: &str, filter: &[(&str, &str)]) -> Option<Histogram> {
         let bucket = format!("{base}_bucket");
-        let mut by_le: Vec<(f64, f64)> = Vec::new();
-        for s in self.samples.iter().filter(|s| matches(s, &bucket, filter)) {
-            let Some(le) = s.label("le").and_then(promtext::parse_value) else {
-                continue;
-            };
-            match by_le.iter_mut().find(|(l, _)| *l == le) {
-                Some(slot) => slot.1 += s.value,
-                None => by_le.push((le, s.value)),
-            }
-        }
-        if by_le.is_empty() {
-            return None;
-        }
-        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some(Histogram {
-            buckets: by_le,
-            sum: self.sum(&format!("{base}_sum"), filter).unwrap_or(0.0),
-            count: self.sum(&format!("{base}_count"), filter).unwrap_or(0.0),
-        })
+        Histogram::from_buckets(
+            self.samples.iter().filter(|s| matches(s, &bucket, filter)),
+            self.sum(&format!("{base}_sum"), filter).unwrap_or(0.0),
+            self.sum(&format!("{base}_count"), filter).unwrap_or(0.0),
+        )
     }
 }
 
