@@ -194,20 +194,7 @@ pub fn completion_prompts(
     };
     let ids = |v: Vec<i64>| -> Result<Vec<u32>, ApiError> {
         v.into_iter()
-            .map(|t| {
-                u32::try_from(t)
-                    .ok()
-                    .filter(|&t| (t as usize) < limits.vocab_size)
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            format!(
-                                "token id {t} in `prompt` is out of range (vocabulary size {})",
-                                limits.vocab_size
-                            ),
-                            Some("prompt"),
-                        )
-                    })
-            })
+            .map(|t| token_id(t, limits, "token id", "prompt"))
             .collect()
     };
     let prompts = match prompt.ok_or_else(missing)? {
@@ -330,20 +317,7 @@ pub fn plan(
         .stop_token_ids
         .unwrap_or_default()
         .into_iter()
-        .map(|t| {
-            u32::try_from(t)
-                .ok()
-                .filter(|&t| (t as usize) < limits.vocab_size)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        format!(
-                            "stop token id {t} is out of range (vocabulary size {})",
-                            limits.vocab_size
-                        ),
-                        Some("stop_token_ids"),
-                    )
-                })
-        })
+        .map(|t| token_id(t, limits, "stop token id", "stop_token_ids"))
         .collect::<Result<Vec<u32>, _>>()?;
     let stream = f.stream.unwrap_or(false);
     let include_usage = f
@@ -370,6 +344,22 @@ pub fn plan(
     })
 }
 
+/// A token id from the request, checked against the vocabulary.
+fn token_id(t: i64, limits: &Limits, what: &str, param: &'static str) -> Result<u32, ApiError> {
+    u32::try_from(t)
+        .ok()
+        .filter(|&id| (id as usize) < limits.vocab_size)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                format!(
+                    "{what} {t} in `{param}` is out of range (vocabulary size {})",
+                    limits.vocab_size
+                ),
+                Some(param),
+            )
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use inferscope_model::ByteTokenizer;
@@ -389,48 +379,17 @@ mod tests {
 
     #[test]
     fn lengths_are_checked_and_named() {
-        let err = plan(
-            vec![vec![1; 90]],
-            Some(20),
-            |_| 16,
-            fields("{}"),
-            &LIMITS,
-            "max_tokens",
-        )
-        .expect_err("too long");
+        let check = |prompt, max| plan(prompt, max, |_| 16, fields("{}"), &LIMITS, "max_tokens");
+        let err = check(vec![vec![1; 90]], Some(20)).expect_err("too long");
         assert_eq!(err.status.as_u16(), 400);
         assert!(
             err.message.contains("100") && err.message.contains("90") && err.message.contains("20")
         );
-        let err = plan(
-            vec![vec![1; 5]],
-            Some(0),
-            |_| 16,
-            fields("{}"),
-            &LIMITS,
-            "max_tokens",
-        )
-        .expect_err("zero");
+        let err = check(vec![vec![1; 5]], Some(0)).expect_err("zero");
         assert!(err.message.contains("max_tokens"));
-        let err = plan(
-            vec![vec![1; 5]],
-            Some(-3),
-            |_| 16,
-            fields("{}"),
-            &LIMITS,
-            "max_tokens",
-        )
-        .expect_err("negative");
+        let err = check(vec![vec![1; 5]], Some(-3)).expect_err("negative");
         assert!(err.message.contains("-3"));
-        let err = plan(
-            vec![vec![]],
-            Some(3),
-            |_| 16,
-            fields("{}"),
-            &LIMITS,
-            "max_tokens",
-        )
-        .expect_err("empty");
+        let err = check(vec![vec![]], Some(3)).expect_err("empty");
         assert!(err.message.contains("empty"));
         let ok = plan(
             vec![vec![1; 5]],
