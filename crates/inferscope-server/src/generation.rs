@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use inferscope_engine::{FinishReason, RequestHandle};
-use inferscope_metrics::{FrontendRequestStats, StatLoggerManager};
+use inferscope_metrics::{EngineMetrics, FrontendRequestStats, StatLoggerManager};
 use inferscope_model::IncrementalDecoder;
 
 use crate::admission::Reservation;
@@ -35,17 +35,25 @@ pub struct ChoiceFinish {
     pub completion_tokens: usize,
 }
 
-/// Where latencies are recorded: the engine serving the choice.
+/// Where latencies are recorded: the handles of the engine serving the
+/// choice, found once per request, not per token.
 #[derive(Clone)]
 pub struct LatencySink {
     metrics: Arc<StatLoggerManager>,
-    engine: usize,
+    /// Position of the engine's handles in `metrics.engines()`.
+    position: usize,
 }
 
 impl LatencySink {
-    /// Records into `engine`'s series of `metrics`.
-    pub fn new(metrics: Arc<StatLoggerManager>, engine: usize) -> Self {
-        Self { metrics, engine }
+    /// Records into `engine`'s series of `metrics`; `None` for an engine the
+    /// metrics do not know.
+    pub fn new(metrics: Arc<StatLoggerManager>, engine: usize) -> Option<Self> {
+        let position = metrics.engines().iter().position(|e| e.index() == engine)?;
+        Some(Self { metrics, position })
+    }
+
+    fn handles(&self) -> &EngineMetrics {
+        &self.metrics.engines()[self.position]
     }
 }
 
@@ -210,9 +218,8 @@ impl ChoiceStream {
 
     fn observe_delta(&mut self) {
         let now = Instant::now();
-        if let Some(sink) = &self.latency
-            && let Some(m) = sink.metrics.engine(sink.engine)
-        {
+        if let Some(sink) = &self.latency {
+            let m = sink.handles();
             match self.last_delta {
                 None => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
                 Some(prev) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
@@ -234,10 +241,8 @@ impl ChoiceStream {
         if reason != FinishReason::Abort && reason != FinishReason::Error {
             self.observe_delta();
         }
-        if let Some(sink) = &self.latency
-            && let Some(m) = sink.metrics.engine(sink.engine)
-        {
-            m.record_frontend(&FrontendRequestStats {
+        if let Some(sink) = &self.latency {
+            sink.handles().record_frontend(&FrontendRequestStats {
                 ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
                 e2e: self.arrival.elapsed(),
                 num_generation_tokens: completion_tokens,

@@ -253,7 +253,8 @@ async fn generate(
             };
             let latency = s
                 .metrics_enabled
-                .then(|| LatencySink::new(s.metrics.clone(), handle.engine));
+                .then(|| LatencySink::new(s.metrics.clone(), handle.engine))
+                .flatten();
             let decoder = IncrementalDecoder::new(s.tokenizer.clone(), prompt);
             let mut choice =
                 ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency);
