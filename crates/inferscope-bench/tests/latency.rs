@@ -2,30 +2,13 @@
 //! tokens). Its own test binary, so no other test competes for the CPU; two
 //! requests in flight at a time; medians with tolerances of a few ms.
 
-use clap::Parser;
-use inferscope_bench::ServeArgs;
 use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::serve::run_serve;
 use std::time::Duration;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
+mod common;
 
-fn args(base: &str, extra: &[&str]) -> ServeArgs {
-    let mut argv = vec![
-        "bench",
-        "--base-url",
-        base,
-        "--model",
-        "mock-model",
-        "--disable-tqdm",
-    ];
-    argv.extend_from_slice(extra);
-    Cli::try_parse_from(argv).expect("valid arguments").args
-}
+use common::args;
 
 /// `Err` with a message when `got` is not within `tol` of `want`.
 fn within(got: f64, want: f64, tol: f64, what: &str) -> Result<(), String> {

@@ -3,29 +3,13 @@
 //! agrees, sweeps and comparisons work. (Latency accuracy: `latency.rs`.)
 
 use clap::Parser;
-use inferscope_bench::ServeArgs;
 use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::serve::run_serve;
 use std::time::{Duration, Instant};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: ServeArgs,
-}
+mod common;
 
-fn args(base: &str, extra: &[&str]) -> ServeArgs {
-    let mut argv = vec![
-        "bench",
-        "--base-url",
-        base,
-        "--model",
-        "mock-model",
-        "--disable-tqdm",
-    ];
-    argv.extend_from_slice(extra);
-    Cli::try_parse_from(argv).expect("valid arguments").args
-}
+use common::args;
 
 fn within(got: f64, want: f64, tol: f64, what: &str) {
     assert!(
