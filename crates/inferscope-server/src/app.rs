@@ -33,7 +33,7 @@ pub enum ServerError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// The model could not be loaded.
-    #[error("cannot load model `{model}`: {source}")]
+    #[error("cannot load model `{model}`")]
     Model {
         /// The `--model` value.
         model: String,
@@ -47,7 +47,7 @@ pub enum ServerError {
     #[error("metrics: {0}")]
     Metrics(#[from] inferscope_metrics::ConfigError),
     /// The listener could not be bound or served.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// The address.
         addr: String,
