@@ -50,7 +50,9 @@ async fn models_health_version() {
 async fn completion_stream_shape_usage_and_request_id() {
     let server = start(&[]).await;
     let addr = server.addr;
-    let body = json!({"model": "demo", "prompt": "Hello", "max_tokens": 7, "ignore_eos": true,
+    // `ignore_eos` only keeps going past an EOS (as in vLLM), which then
+    // decodes to nothing; `min_tokens` masks it, so every token is a byte.
+    let body = json!({"model": "demo", "prompt": "Hello", "max_tokens": 7, "min_tokens": 7, "ignore_eos": true,
                       "stream": true, "stream_options": {"include_usage": true}});
     let r = call(
         addr,
@@ -109,10 +111,11 @@ async fn chat_full_and_stream() {
     let r = post(
         addr,
         "/v1/chat/completions",
-        &json!({"messages": messages, "max_completion_tokens": 5, "ignore_eos": true}),
+        &json!({"messages": messages, "max_completion_tokens": 5, "min_tokens": 5, "ignore_eos": true}),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
+    // With `min_tokens` masking EOS, each of the 5 tokens is one printable byte.
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
@@ -126,7 +129,7 @@ async fn chat_full_and_stream() {
     let r = post(
         addr,
         "/v1/chat/completions",
-        &json!({"messages": messages, "max_tokens": 4, "ignore_eos": true, "stream": true}),
+        &json!({"messages": messages, "max_tokens": 4, "min_tokens": 4, "ignore_eos": true, "stream": true}),
     )
     .await;
     let events = sse_events(&r.body);
