@@ -111,7 +111,7 @@ impl Tensors<'_> {
         } else {
             None
         };
-        Ok(Linear::new(QMatMul::from_qtensor(w)?, b, out))
+        Linear::new(QMatMul::from_qtensor(w)?, b, out)
     }
 }
 
@@ -216,7 +216,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     }
     let norm = tensors.vec("output_norm.weight", h)?;
     let lm_head = if cfg.tie_word_embeddings {
-        Linear::new(QMatMul::from_qtensor(embd)?, None, v)
+        Linear::new(QMatMul::from_qtensor(embd)?, None, v)?
     } else {
         tensors.linear("output", v, h, false)?
     };

@@ -13,8 +13,8 @@ pub mod kv_pool;
 pub mod llama;
 pub mod loader;
 pub mod model;
+pub mod packed;
 pub mod sampler;
-mod skinny;
 pub mod tokenizer;
 
 pub use config::ModelConfig;

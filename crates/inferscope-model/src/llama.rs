@@ -1,45 +1,52 @@
 //! The Llama-family forward pass over a flattened batch of tokens.
 
 use candle_core::quantized::QMatMul;
-use candle_core::{Device, Module, Storage, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attention::{AttnShape, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_pool::KvPool;
-use crate::skinny;
+use crate::packed::PackedWeight;
+
+/// A layer's weight: dense f32 in panel layout, or quantized.
+enum Weight {
+    Packed(PackedWeight),
+    Quantized(QMatMul),
+}
 
 /// `y = x Wᵀ + b` with a dense or quantized `W` (`[out, in]`).
 pub struct Linear {
-    w: QMatMul,
+    w: Weight,
     b: Option<Vec<f32>>,
     out_dim: usize,
 }
 
 impl Linear {
-    /// A layer from its weight (and bias), which must already have the right shape.
-    pub fn new(w: QMatMul, b: Option<Vec<f32>>, out_dim: usize) -> Self {
-        Self { w, b, out_dim }
+    /// A layer from its weight (and bias), which must already have the right
+    /// shape; dense f32 weights are repacked for the decode kernels.
+    pub fn new(w: QMatMul, b: Option<Vec<f32>>, out_dim: usize) -> Result<Self, ModelError> {
+        let w = match w {
+            QMatMul::Tensor(t) if t.dtype() == DType::F32 && t.rank() == 2 => {
+                let (out, inp) = t.dims2()?;
+                let data = t.flatten_all()?.to_vec1::<f32>()?;
+                Weight::Packed(PackedWeight::pack(&data, out, inp))
+            }
+            other => Weight::Quantized(other),
+        };
+        Ok(Self { w, b, out_dim })
     }
 
     /// `x` is `[rows][in]`; returns `[rows][out]`.
     fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
-        let cols = x.len() / rows.max(1);
         let mut y = match &self.w {
-            QMatMul::Tensor(w) if rows <= skinny::MAX_ROWS => {
-                let (storage, layout) = w.storage_and_layout();
-                match (&*storage, layout.contiguous_offsets()) {
-                    (Storage::Cpu(cpu), Some((start, end))) => {
-                        let w = &cpu.as_slice::<f32>()?[start..end];
-                        skinny::matmul_t(x, w, rows, cols, self.out_dim)
-                    }
-                    _ => {
-                        drop(storage);
-                        self.general(x, rows, cols)?
-                    }
-                }
+            Weight::Packed(w) => w.matmul(x, rows),
+            Weight::Quantized(w) => {
+                // Candle's quantized kernels.
+                let cols = x.len() / rows.max(1);
+                let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
+                w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?
             }
-            _ => self.general(x, rows, cols)?,
         };
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out_dim) {
@@ -52,52 +59,50 @@ impl Linear {
     }
 }
 
-impl Linear {
-    /// Through candle's matmul (GEMM, or the quantized kernels).
-    fn general(&self, x: &[f32], rows: usize, cols: usize) -> Result<Vec<f32>, ModelError> {
-        let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-        Ok(self.w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?)
-    }
-}
-
 /// Projections of the same input, fused into one product when all are
-/// dense: one pass over the input and one GEMM instead of several.
+/// dense: one pass over the input and one product instead of several.
 struct Projection {
     parts: Vec<Linear>,
     dims: Vec<usize>,
 }
 
 impl Projection {
-    fn new(parts: Vec<Linear>) -> Result<Self, ModelError> {
+    fn new(parts: Vec<Linear>) -> Self {
         let dims: Vec<usize> = parts.iter().map(|l| l.out_dim).collect();
-        let dense: Vec<Tensor> = parts
+        let dense: Vec<&PackedWeight> = parts
             .iter()
             .filter_map(|l| match &l.w {
-                QMatMul::Tensor(t) => Some(t.clone()),
-                _ => None,
+                Weight::Packed(w) => Some(w),
+                Weight::Quantized(_) => None,
             })
             .collect();
-        if parts.len() < 2 || dense.len() != parts.len() {
-            return Ok(Self { parts, dims });
+        let inp = dense.first().map(|w| w.in_dim());
+        if parts.len() < 2
+            || dense.len() != parts.len()
+            || dense.iter().any(|w| Some(w.in_dim()) != inp)
+        {
+            return Self { parts, dims };
         }
-        let w = Tensor::cat(&dense, 0)?;
-        let b = if parts.iter().any(|l| l.b.is_some()) {
-            let mut b = Vec::new();
-            for l in &parts {
-                match &l.b {
-                    Some(x) => b.extend_from_slice(x),
-                    None => b.extend(std::iter::repeat_n(0.0, l.out_dim)),
-                }
-            }
-            Some(b)
-        } else {
-            None
-        };
-        let total = dims.iter().sum();
-        Ok(Self {
-            parts: vec![Linear::new(QMatMul::Tensor(w), b, total)],
+        let total: usize = dims.iter().sum();
+        let rows: Vec<f32> = dense.iter().flat_map(|w| w.unpack()).collect();
+        let w = PackedWeight::pack(&rows, total, inp.unwrap_or(0));
+        let b = parts.iter().any(|l| l.b.is_some()).then(|| {
+            parts
+                .iter()
+                .flat_map(|l| match &l.b {
+                    Some(x) => x.clone(),
+                    None => vec![0.0; l.out_dim],
+                })
+                .collect()
+        });
+        Self {
+            parts: vec![Linear {
+                w: Weight::Packed(w),
+                b,
+                out_dim: total,
+            }],
             dims,
-        })
+        }
     }
 
     /// One `[rows][dim]` output per projection.
@@ -230,17 +235,15 @@ impl LlamaModel {
         let inv_freq = cfg.rope_inv_freq();
         let layers = layers
             .into_iter()
-            .map(|l| {
-                Ok(Block {
-                    attn_norm: l.attn_norm,
-                    qkv: Projection::new(vec![l.q, l.k, l.v])?,
-                    o: l.o,
-                    mlp_norm: l.mlp_norm,
-                    gate_up: Projection::new(vec![l.gate, l.up])?,
-                    down: l.down,
-                })
+            .map(|l| Block {
+                attn_norm: l.attn_norm,
+                qkv: Projection::new(vec![l.q, l.k, l.v]),
+                o: l.o,
+                mlp_norm: l.mlp_norm,
+                gate_up: Projection::new(vec![l.gate, l.up]),
+                down: l.down,
             })
-            .collect::<Result<_, ModelError>>()?;
+            .collect();
         Ok(Self {
             cfg,
             embed,

@@ -146,7 +146,7 @@ impl TensorSource {
         } else {
             None
         };
-        Ok(Linear::new(QMatMul::Tensor(w), b, out))
+        Linear::new(QMatMul::Tensor(w), b, out)
     }
 }
 
@@ -180,7 +180,7 @@ pub fn model_from_tensors(
     }
     let norm = src.vec("model.norm.weight", h)?;
     let lm_head = if cfg.tie_word_embeddings {
-        Linear::new(QMatMul::Tensor(embed_t), None, v)
+        Linear::new(QMatMul::Tensor(embed_t), None, v)?
     } else {
         src.linear("lm_head", v, h, false)?
     };

@@ -1,0 +1,58 @@
+//! The products of a decode step, `y = x Wᵀ`: the packed-panel kernel
+//! against candle's matmul (the `gemm` crate) on the same matrices, at the
+//! row counts of decode (1, 4, 32) and of a prefill chunk (256). Run:
+//! `cargo bench -p inferscope-model --bench matmul`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use candle_core::{Device, Tensor};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use inferscope_model::packed::PackedWeight;
+
+fn matmul(c: &mut Criterion) {
+    // (name, out, in): the demo model's fused q/k/v, gate/up and down, and
+    // the generated 110M model's gate/up.
+    let shapes = [
+        ("demo-qkv", 512, 256),
+        ("demo-gate-up", 1376, 256),
+        ("demo-down", 256, 688),
+        ("110m-gate-up", 4096, 768),
+    ];
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let packed = PackedWeight::pack(&w, out, inp);
+        let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+        let mut g = c.benchmark_group(format!("matmul/{name}"));
+        g.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for rows in [1usize, 4, 32, 256] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            g.bench_function(BenchmarkId::new("packed", rows), |b| {
+                b.iter(|| packed.matmul(black_box(&x), rows))
+            });
+            g.bench_function(BenchmarkId::new("candle", rows), |b| {
+                b.iter(|| {
+                    let xt =
+                        Tensor::from_slice(black_box(&x), (rows, inp), &Device::Cpu).expect("x");
+                    xt.matmul(&wt.t().expect("t"))
+                        .expect("mm")
+                        .flatten_all()
+                        .expect("f")
+                        .to_vec1::<f32>()
+                        .expect("v")
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, matmul);
+criterion_main!(benches);
