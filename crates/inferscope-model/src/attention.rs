@@ -13,25 +13,6 @@ pub(crate) struct TokenCtx {
     pub table_offset: usize,
 }
 
-/// Dot product with several accumulators so that it vectorises.
-#[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let ca = a.chunks_exact(8);
-    let cb = b.chunks_exact(8);
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s: f32 = acc.iter().sum();
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
 /// Attention shapes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttnShape {
@@ -40,11 +21,21 @@ pub(crate) struct AttnShape {
     pub head_dim: usize,
 }
 
+/// The queries of a step: token `t`'s head `h` is `d` floats at
+/// `t * stride + h * d` (the q part of the fused q/k/v rows).
+#[derive(Clone, Copy)]
+pub(crate) struct Queries<'a> {
+    pub data: &'a [f32],
+    pub stride: usize,
+}
+
 /// `out[t, h, :] = softmax(q[t, h] · K[0..=pos]ᵀ / √d) · V[0..=pos]` for every
-/// token and query head; K/V rows come from the pool through the block table.
-/// `q` and `out` are `[tokens][num_heads * head_dim]`.
+/// token and query head; K/V come from the pool through the block table.
+/// `out` is `[tokens][num_heads * head_dim]`. One unit of work is a token's
+/// KV head with all the query heads that share it, so each key and value is
+/// read once for the group.
 pub(crate) fn paged_attention(
-    q: &[f32],
+    q: Queries<'_>,
     out: &mut [f32],
     tokens: &[TokenCtx],
     block_tables: &[u32],
@@ -63,12 +54,13 @@ pub(crate) fn paged_attention(
     let avx2 =
         std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
     let work = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
-        let (t, h) = (idx / num_heads, idx % num_heads);
-        let ctx = tokens[t];
-        let head = Head {
-            q: &q[idx * d..(idx + 1) * d],
-            kv_head: h / group,
-            ctx,
+        let (t, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
+        let q0 = t * q.stride + kv_head * group * d;
+        let g = Group {
+            q: &q.data[q0..q0 + group * d],
+            heads: group,
+            kv_head,
+            ctx: tokens[t],
             block_tables,
             pool,
             layer,
@@ -77,22 +69,23 @@ pub(crate) fn paged_attention(
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: the CPU supports the features the function is compiled for.
-            unsafe { attend_avx2(&head, scores, o) };
+            unsafe { attend_avx2(&g, scores, o) };
             return;
         }
-        attend(&head, scores, o);
+        attend(&g, scores, o);
     };
     // Small steps (decode at low batch) run on one thread: a parallel
     // section's synchronisation costs more than the work, and far more when
     // other processes hold the cores.
     let macs: usize = tokens.iter().map(|t| t.pos + 1).sum::<usize>() * num_heads * d;
+    let unit = group * d;
     if macs < PARALLEL_MIN_MACS {
         let mut scores = Vec::new();
-        out.chunks_mut(d)
+        out.chunks_mut(unit)
             .enumerate()
             .for_each(|item| work(&mut scores, item));
     } else {
-        out.par_chunks_mut(d)
+        out.par_chunks_mut(unit)
             .enumerate()
             .for_each_init(Vec::new, work);
     }
@@ -101,9 +94,11 @@ pub(crate) fn paged_attention(
 /// Multiply-adds below which attention runs on one thread.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
-/// One (token, query head) pair's inputs.
-struct Head<'a> {
+/// One token's KV head and the query heads that share it.
+struct Group<'a> {
+    /// `[heads][head_dim]`.
     q: &'a [f32],
+    heads: usize,
     kv_head: usize,
     ctx: TokenCtx,
     block_tables: &'a [u32],
@@ -114,44 +109,78 @@ struct Head<'a> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn attend_avx2(h: &Head<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    // The same code, compiled so that the dot products vectorise 8-wide.
-    attend(h, scores, o)
+fn attend_avx2(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    // The same code, compiled so that the loops along the slots and along
+    // `head_dim` vectorise 8-wide.
+    attend(g, scores, o)
+}
+
+/// `s[j] += Σ_i q[i] · kt[i][j]` for one block of transposed keys.
+#[inline(always)]
+fn score_block(q: &[f32], kt: &[f32], s: &mut [f32]) {
+    let bs = s.len();
+    if bs == 16 {
+        // The default block size: the accumulators stay in registers.
+        let mut acc = [0f32; 16];
+        for (qi, row) in q.iter().zip(kt.chunks_exact(16)) {
+            for (a, k) in acc.iter_mut().zip(row) {
+                *a += qi * k;
+            }
+        }
+        s.copy_from_slice(&acc);
+        return;
+    }
+    s.fill(0.0);
+    for (qi, row) in q.iter().zip(kt.chunks_exact(bs)) {
+        for (a, k) in s.iter_mut().zip(row) {
+            *a += qi * k;
+        }
+    }
 }
 
 #[inline(always)]
-fn attend(h: &Head<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
-    let d = h.q.len();
-    let bs = h.pool.block_size();
-    let n = h.ctx.pos + 1;
-    scores.clear();
-    let mut max = f32::NEG_INFINITY;
+fn attend(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+    let d = g.q.len() / g.heads;
+    let bs = g.pool.block_size();
+    let n = g.ctx.pos + 1;
     let n_blocks = n.div_ceil(bs);
-    for bi in 0..n_blocks {
-        let block = h.block_tables[h.ctx.table_offset + bi] as usize;
-        let keys = h.pool.keys(h.layer, block, h.kv_head);
-        let in_block = (n - bi * bs).min(bs);
-        for key in keys.chunks_exact(d).take(in_block) {
-            let s = dot(h.q, key) * h.scale;
-            max = max.max(s);
-            scores.push(s);
+    // Scores of head i at `[i * stride + position]`; the slots past `n` in
+    // the last block are computed and ignored.
+    let stride = n_blocks * bs;
+    scores.clear();
+    scores.resize(g.heads * stride, 0.0);
+    let table = &g.block_tables[g.ctx.table_offset..g.ctx.table_offset + n_blocks];
+    for (bi, &block) in table.iter().enumerate() {
+        let kt = g.pool.keys(g.layer, block as usize, g.kv_head);
+        for (h, q) in g.q.chunks_exact(d).enumerate() {
+            score_block(q, kt, &mut scores[h * stride + bi * bs..][..bs]);
         }
     }
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    for h in 0..g.heads {
+        let s = &mut scores[h * stride..h * stride + n];
+        let mut max = f32::NEG_INFINITY;
+        for x in s.iter_mut() {
+            *x *= g.scale;
+            max = max.max(*x);
+        }
+        let mut sum = 0f32;
+        for x in s.iter_mut() {
+            *x = (*x - max).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        s.iter_mut().for_each(|x| *x *= inv);
     }
-    let inv = 1.0 / sum;
     o.fill(0.0);
-    for bi in 0..n_blocks {
-        let block = h.block_tables[h.ctx.table_offset + bi] as usize;
-        let vals = h.pool.values(h.layer, block, h.kv_head);
+    for (bi, &block) in table.iter().enumerate() {
+        let vals = g.pool.values(g.layer, block as usize, g.kv_head);
         let in_block = (n - bi * bs).min(bs);
         for (j, val) in vals.chunks_exact(d).take(in_block).enumerate() {
-            let p = scores[bi * bs + j] * inv;
-            for (oi, vi) in o.iter_mut().zip(val) {
-                *oi += p * vi;
+            for (h, oh) in o.chunks_exact_mut(d).enumerate() {
+                let p = scores[h * stride + bi * bs + j];
+                for (oi, vi) in oh.iter_mut().zip(val) {
+                    *oi += p * vi;
+                }
             }
         }
     }

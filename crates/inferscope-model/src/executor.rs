@@ -8,7 +8,7 @@ use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepOutput};
 
 use crate::attention::TokenCtx;
 use crate::kv_pool::KvPool;
-use crate::llama::{LlamaModel, StepTokens};
+use crate::llama::{LlamaModel, Scratch, StepTokens};
 use crate::sampler::{sample, token_rng};
 
 /// Where the KV pool's size comes from.
@@ -31,6 +31,8 @@ pub struct CpuExecutor {
     // Reused between steps.
     ctx: Vec<TokenCtx>,
     rows: Vec<usize>,
+    scratch: Scratch,
+    masked: Vec<u32>,
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -68,6 +70,8 @@ impl CpuExecutor {
             threads,
             ctx: Vec::new(),
             rows: Vec::new(),
+            scratch: Scratch::default(),
+            masked: Vec::new(),
         })
     }
 
@@ -128,6 +132,18 @@ impl CpuExecutor {
         &mut self,
         batch: &ScheduledBatch,
     ) -> Result<Vec<Vec<f32>>, ExecutorError> {
+        self.forward(batch)?;
+        let vocab = self.model.cfg.vocab_size;
+        Ok(self
+            .scratch
+            .logits
+            .chunks_exact(vocab)
+            .map(<[f32]>::to_vec)
+            .collect())
+    }
+
+    /// Runs the step, leaving the logits in `self.scratch.logits`.
+    fn forward(&mut self, batch: &ScheduledBatch) -> Result<(), ExecutorError> {
         let mut pool = self
             .pool
             .take()
@@ -141,7 +157,7 @@ impl CpuExecutor {
         &mut self,
         batch: &ScheduledBatch,
         pool: &mut KvPool,
-    ) -> Result<Vec<Vec<f32>>, ExecutorError> {
+    ) -> Result<(), ExecutorError> {
         self.check(batch, pool)?;
         self.ctx.clear();
         self.rows.clear();
@@ -172,14 +188,13 @@ impl CpuExecutor {
         }
         let model = &self.model;
         let rows = &self.rows;
-        let mut run = || model.forward(&step, pool, rows);
-        let logits = match &self.threads {
+        let scratch = &mut self.scratch;
+        let mut run = || model.forward(&step, pool, rows, scratch);
+        match &self.threads {
             Some(tp) => tp.install(run),
             None => run(),
         }
-        .map_err(|e| ExecutorError::Step(e.to_string()))?;
-        let vocab = model.cfg.vocab_size;
-        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        .map_err(|e| ExecutorError::Step(e.to_string()))
     }
 }
 
@@ -238,16 +253,17 @@ impl Executor for CpuExecutor {
         out: &mut StepOutput,
     ) -> Result<(), ExecutorError> {
         let start = Instant::now();
-        let logits = self.forward_logits(batch)?;
+        self.forward(batch)?;
         out.sampled.clear();
-        let mut rows = logits.into_iter();
-        let mut masked = Vec::new();
+        let vocab = self.model.cfg.vocab_size;
+        let mut rows = self.scratch.logits.chunks_exact_mut(vocab);
+        let masked = &mut self.masked;
         for s in &batch.seqs {
             if !s.sample {
                 out.sampled.push(None);
                 continue;
             }
-            let Some(mut l) = rows.next() else {
+            let Some(l) = rows.next() else {
                 return Err(ExecutorError::Step("missing logits row".into()));
             };
             masked.clear();
@@ -257,7 +273,7 @@ impl Executor for CpuExecutor {
             }
             let mut rng = token_rng(s.seed, s.num_generated);
             out.sampled
-                .push(Some(sample(&mut l, &s.params, &masked, &mut rng)));
+                .push(Some(sample(l, &s.params, masked, &mut rng)));
         }
         out.device_time = start.elapsed();
         Ok(())

@@ -3,7 +3,7 @@
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Module, Tensor};
 
-use crate::attention::{AttnShape, TokenCtx, paged_attention};
+use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::kv_pool::KvPool;
@@ -37,17 +37,18 @@ impl Linear {
         Ok(Self { w, b, out_dim })
     }
 
-    /// `x` is `[rows][in]`; returns `[rows][out]`.
-    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>, ModelError> {
-        let mut y = match &self.w {
-            Weight::Packed(w) => w.matmul(x, rows),
+    /// `x` is `[rows][in]`; writes `[rows][out]` into `y`.
+    fn forward_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) -> Result<(), ModelError> {
+        match &self.w {
+            Weight::Packed(w) => w.matmul_into(x, rows, y),
             Weight::Quantized(w) => {
                 // Candle's quantized kernels.
                 let cols = x.len() / rows.max(1);
                 let xt = Tensor::from_slice(x, (rows, cols), &Device::Cpu)?;
-                w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?
+                y.clear();
+                y.extend(w.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?);
             }
-        };
+        }
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out_dim) {
                 for (yi, bi) in row.iter_mut().zip(b) {
@@ -55,7 +56,7 @@ impl Linear {
                 }
             }
         }
-        Ok(y)
+        Ok(())
     }
 }
 
@@ -105,26 +106,29 @@ impl Projection {
         }
     }
 
-    /// One `[rows][dim]` output per projection.
-    fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<Vec<f32>>, ModelError> {
-        if self.parts.len() == self.dims.len() {
-            return self.parts.iter().map(|l| l.forward(x, rows)).collect();
+    /// Writes the projections side by side, `[rows][dim₀ + dim₁ + …]`, into
+    /// `y` (`part` is scratch for the unfused case).
+    fn forward_into(
+        &self,
+        x: &[f32],
+        rows: usize,
+        y: &mut Vec<f32>,
+        part: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        if let [fused] = self.parts.as_slice() {
+            return fused.forward_into(x, rows, y);
         }
-        let y = self.parts[0].forward(x, rows)?;
         let total: usize = self.dims.iter().sum();
-        let mut outs: Vec<Vec<f32>> = self
-            .dims
-            .iter()
-            .map(|d| Vec::with_capacity(rows * d))
-            .collect();
-        for row in y.chunks_exact(total) {
-            let mut off = 0;
-            for (out, d) in outs.iter_mut().zip(&self.dims) {
-                out.extend_from_slice(&row[off..off + d]);
-                off += d;
+        y.resize(rows * total, 0.0);
+        let mut off = 0;
+        for (l, &d) in self.parts.iter().zip(&self.dims) {
+            l.forward_into(x, rows, part)?;
+            for (dst, src) in y.chunks_exact_mut(total).zip(part.chunks_exact(d)) {
+                dst[off..off + d].copy_from_slice(src);
             }
+            off += d;
         }
-        Ok(outs)
+        Ok(())
     }
 }
 
@@ -192,16 +196,17 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Rotates each head of `x` (`[tokens][heads * d]`) by its token's angles.
-fn apply_rope(x: &mut [f32], heads: usize, d: usize, cos: &[f32], sin: &[f32], interleaved: bool) {
+/// Rotates each of the `heads` heads (`d` floats each, from `offset` in
+/// each row of `stride` floats) of every token by that token's angles.
+fn apply_rope(x: &mut [f32], rows: Span, heads: usize, d: usize, angles: &Angles) {
     let half = d / 2;
-    for (t, row) in x.chunks_exact_mut(heads * d).enumerate() {
+    for (t, row) in x.chunks_exact_mut(rows.stride).enumerate() {
         let (c, s) = (
-            &cos[t * half..(t + 1) * half],
-            &sin[t * half..(t + 1) * half],
+            &angles.cos[t * half..(t + 1) * half],
+            &angles.sin[t * half..(t + 1) * half],
         );
-        for head in row.chunks_exact_mut(d) {
-            if interleaved {
+        for head in row[rows.offset..rows.offset + heads * d].chunks_exact_mut(d) {
+            if angles.interleaved {
                 for i in 0..half {
                     let (a, b) = (head[2 * i], head[2 * i + 1]);
                     head[2 * i] = a * c[i] - b * s[i];
@@ -271,36 +276,40 @@ impl LlamaModel {
     }
 
     /// Runs all tokens of a step through the decoder, writing their K/V into
-    /// `pool`, and returns the logits of the tokens in `logit_rows`
-    /// (`[logit_rows.len()][vocab]`).
+    /// `pool`, and leaves the logits of the tokens in `logit_rows` in
+    /// `scratch.logits` (`[logit_rows.len()][vocab]`).
     pub(crate) fn forward(
         &self,
         step: &StepTokens<'_>,
         pool: &mut KvPool,
         logit_rows: &[usize],
-    ) -> Result<Vec<f32>, ModelError> {
+        scratch: &mut Scratch,
+    ) -> Result<(), ModelError> {
         let cfg = &self.cfg;
-        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let (h, d, inter) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
         let (nh, nkv) = (cfg.num_heads, cfg.num_kv_heads);
+        let (q_dim, kv_dim) = (nh * d, nkv * d);
+        let qkv_dim = q_dim + 2 * kv_dim;
         let n = step.ids.len();
         let eps = cfg.rms_norm_eps as f32;
         let bs = pool.block_size();
+        let sc = scratch;
 
-        let mut x = Vec::with_capacity(n * h);
+        sc.x.clear();
         for &id in step.ids {
             let id = id as usize;
-            x.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
+            sc.x.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
         }
         // The angles depend on the position only: computed once per step.
-        let half = d / 2;
-        let mut cos = Vec::with_capacity(n * half);
-        let mut sin = Vec::with_capacity(n * half);
+        sc.angles.cos.clear();
+        sc.angles.sin.clear();
+        sc.angles.interleaved = cfg.rope_interleaved;
         for c in step.ctx {
             let p = c.pos as f32;
             for &f in &self.inv_freq {
                 let a = p * f;
-                cos.push(a.cos());
-                sin.push(a.sin());
+                sc.angles.cos.push(a.cos());
+                sc.angles.sin.push(a.sin());
             }
         }
         let shape = AttnShape {
@@ -308,55 +317,127 @@ impl LlamaModel {
             num_kv_heads: nkv,
             head_dim: d,
         };
-        let mut normed = vec![0f32; n * h];
-        let mut attn = vec![0f32; n * nh * d];
+        sc.normed.resize(n * h, 0.0);
+        sc.attn.resize(n * q_dim, 0.0);
+        sc.act.resize(n * inter, 0.0);
         for (li, layer) in self.layers.iter().enumerate() {
-            rms_norm(&x, &layer.attn_norm, eps, &mut normed);
-            let mut qkv = layer.qkv.forward(&normed, n)?.into_iter();
-            let (Some(mut q), Some(mut k), Some(v)) = (qkv.next(), qkv.next(), qkv.next()) else {
-                return Err(ModelError::Config("q/k/v projection lost a part".into()));
-            };
-            apply_rope(&mut q, nh, d, &cos, &sin, cfg.rope_interleaved);
-            apply_rope(&mut k, nkv, d, &cos, &sin, cfg.rope_interleaved);
-            for (t, c) in step.ctx.iter().enumerate() {
+            rms_norm(&sc.x, &layer.attn_norm, eps, &mut sc.normed);
+            // q, k and v of a token side by side in one row.
+            layer
+                .qkv
+                .forward_into(&sc.normed, n, &mut sc.fused, &mut sc.part)?;
+            if sc.fused.len() != n * qkv_dim {
+                return Err(ModelError::Config(
+                    "q/k/v projection has the wrong size".into(),
+                ));
+            }
+            let q_rows = Span::new(qkv_dim, 0);
+            apply_rope(&mut sc.fused, q_rows, nh, d, &sc.angles);
+            apply_rope(&mut sc.fused, Span::new(qkv_dim, q_dim), nkv, d, &sc.angles);
+            for (c, row) in step.ctx.iter().zip(sc.fused.chunks_exact(qkv_dim)) {
                 let block = step.block_tables[c.table_offset + c.pos / bs] as usize;
-                let kv = nkv * d;
-                pool.write(
-                    li,
-                    block,
-                    c.pos % bs,
-                    &k[t * kv..(t + 1) * kv],
-                    &v[t * kv..(t + 1) * kv],
-                );
+                let (k, v) = row[q_dim..].split_at(kv_dim);
+                pool.write(li, block, c.pos % bs, k, v);
             }
-            paged_attention(&q, &mut attn, step.ctx, step.block_tables, pool, li, shape);
-            let o = layer.o.forward(&attn, n)?;
-            for (xi, oi) in x.iter_mut().zip(&o) {
-                *xi += oi;
-            }
-            rms_norm(&x, &layer.mlp_norm, eps, &mut normed);
-            let mut gu = layer.gate_up.forward(&normed, n)?.into_iter();
-            let (Some(mut g), Some(u)) = (gu.next(), gu.next()) else {
-                return Err(ModelError::Config("gate/up projection lost a part".into()));
+            let q = Queries {
+                data: &sc.fused,
+                stride: qkv_dim,
             };
-            for (gi, ui) in g.iter_mut().zip(&u) {
-                *gi = silu(*gi) * ui;
+            paged_attention(
+                q,
+                &mut sc.attn,
+                step.ctx,
+                step.block_tables,
+                pool,
+                li,
+                shape,
+            );
+            layer.o.forward_into(&sc.attn, n, &mut sc.out)?;
+            add(&mut sc.x, &sc.out);
+            rms_norm(&sc.x, &layer.mlp_norm, eps, &mut sc.normed);
+            // gate and up side by side; SwiGLU reads both halves of a row.
+            layer
+                .gate_up
+                .forward_into(&sc.normed, n, &mut sc.fused, &mut sc.part)?;
+            if sc.fused.len() != n * 2 * inter {
+                return Err(ModelError::Config(
+                    "gate/up projection has the wrong size".into(),
+                ));
             }
-            let down = layer.down.forward(&g, n)?;
-            for (xi, di) in x.iter_mut().zip(&down) {
-                *xi += di;
+            for (a, gu) in sc
+                .act
+                .chunks_exact_mut(inter)
+                .zip(sc.fused.chunks_exact(2 * inter))
+            {
+                let (g, u) = gu.split_at(inter);
+                for ((ai, gi), ui) in a.iter_mut().zip(g).zip(u) {
+                    *ai = silu(*gi) * ui;
+                }
             }
+            layer.down.forward_into(&sc.act, n, &mut sc.out)?;
+            add(&mut sc.x, &sc.out);
         }
         // Only the tokens that sample need the (large) LM head.
-        let mut last = Vec::with_capacity(logit_rows.len() * h);
-        for &r in logit_rows {
-            last.extend_from_slice(&x[r * h..(r + 1) * h]);
-        }
+        sc.logits.clear();
         if logit_rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let mut last_normed = vec![0f32; last.len()];
-        rms_norm(&last, &self.norm, eps, &mut last_normed);
-        self.lm_head.forward(&last_normed, logit_rows.len())
+        sc.part.clear();
+        for &r in logit_rows {
+            sc.part.extend_from_slice(&sc.x[r * h..(r + 1) * h]);
+        }
+        sc.normed.resize(sc.part.len(), 0.0);
+        rms_norm(&sc.part, &self.norm, eps, &mut sc.normed);
+        self.lm_head
+            .forward_into(&sc.normed, logit_rows.len(), &mut sc.logits)
     }
+}
+
+/// `x += y`, element-wise (the residual connections).
+fn add(x: &mut [f32], y: &[f32]) {
+    for (xi, yi) in x.iter_mut().zip(y) {
+        *xi += yi;
+    }
+}
+
+/// Where a group of heads sits in each row of a `[tokens][stride]` matrix.
+#[derive(Clone, Copy)]
+struct Span {
+    stride: usize,
+    offset: usize,
+}
+
+impl Span {
+    fn new(stride: usize, offset: usize) -> Self {
+        Self { stride, offset }
+    }
+}
+
+/// RoPE's cos and sin for each token of the step, `[tokens][head_dim / 2]`.
+#[derive(Default)]
+struct Angles {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    interleaved: bool,
+}
+
+/// A step's working memory, kept by the executor from step to step so that
+/// the forward pass does not allocate (or fault in fresh pages) per layer.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// The residual stream, `[tokens][hidden]`.
+    x: Vec<f32>,
+    normed: Vec<f32>,
+    /// Fused projection outputs (q/k/v, then gate/up).
+    fused: Vec<f32>,
+    /// One projection's output when the parts are not fused (quantized).
+    part: Vec<f32>,
+    attn: Vec<f32>,
+    /// The o and down projections' outputs.
+    out: Vec<f32>,
+    /// SwiGLU activations, `[tokens][intermediate]`.
+    act: Vec<f32>,
+    angles: Angles,
+    /// The step's result: `[sampling tokens][vocab]`.
+    pub logits: Vec<f32>,
 }

@@ -50,7 +50,7 @@ fn demo_generates_printable_text() {
         &tok.encode("Hello", true).unwrap(),
         SamplingParams::default(),
     );
-    generate(&mut e, &mut [&mut s], &mut Alloc(0), 40, 512);
+    generate(&mut e, &mut [&mut s], &mut Alloc::new(0), 40, 512);
     let text = tok.decode(&s.tokens[6..], true).unwrap();
     assert_eq!(text.len(), 40);
     assert!(
@@ -70,7 +70,7 @@ fn batched_greedy_equals_alone() {
         &[256, 50],
     ];
     let mut alone = Vec::new();
-    let mut alloc = Alloc(0);
+    let mut alloc = Alloc::new(0);
     for (i, p) in prompts.iter().enumerate() {
         let mut s = Seq::new(i as u64, p, greedy());
         generate(&mut e, &mut [&mut s], &mut alloc, 12, 512);
@@ -98,7 +98,7 @@ fn recompute_after_preemption_reproduces_sampled_tokens() {
         top_p: 0.95,
         ..SamplingParams::default()
     };
-    let mut alloc = Alloc(0);
+    let mut alloc = Alloc::new(0);
     let mut straight = Seq::new(5, &[256, 10, 20, 30], params.clone());
     generate(&mut e, &mut [&mut straight], &mut alloc, 16, 512);
 
@@ -120,7 +120,7 @@ fn min_tokens_masks_eos() {
         ..SamplingParams::default()
     };
     let mut s = Seq::new(1, &[256, 1], params);
-    let batch = build_batch(&mut [&mut s], &mut Alloc(0), 512);
+    let batch = build_batch(&mut [&mut s], &mut Alloc::new(0), 512);
     e.execute(&batch, &mut out).unwrap();
     assert_eq!(out.sampled, vec![Some(65)]);
 }
@@ -130,7 +130,7 @@ fn bad_batches_are_step_errors() {
     let (_, mut e) = demo();
     let mut out = StepOutput::default();
     let mut s = Seq::new(1, &[256, 1], greedy());
-    let mut batch = build_batch(&mut [&mut s], &mut Alloc(0), 512);
+    let mut batch = build_batch(&mut [&mut s], &mut Alloc::new(0), 512);
     batch.block_tables[0] = u32::MAX;
     let err = e.execute(&batch, &mut out).unwrap_err();
     assert!(err.to_string().contains("outside the KV pool"), "{err}");

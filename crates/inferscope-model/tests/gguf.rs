@@ -196,7 +196,7 @@ fn write_gguf_with(
 
 fn logits(exec: &mut CpuExecutor, prompt: &[u32]) -> Vec<f32> {
     let mut s = Seq::new(1, prompt, greedy());
-    let b = build_batch(&mut [&mut s], &mut Alloc(0), 512);
+    let b = build_batch(&mut [&mut s], &mut Alloc::new(0), 512);
     exec.forward_logits(&b).unwrap().remove(0)
 }
 
@@ -244,7 +244,7 @@ fn gguf_loads_runs_and_matches_the_safetensors_path() {
         // Generation runs end to end.
         let mut s = Seq::new(2, &prompt, greedy());
         let mut out = StepOutput::default();
-        let mut alloc = Alloc(0);
+        let mut alloc = Alloc::new(0);
         for _ in 0..5 {
             let b = build_batch(&mut [&mut s], &mut alloc, 512);
             exec.execute(&b, &mut out).unwrap();

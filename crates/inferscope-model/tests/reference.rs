@@ -155,9 +155,10 @@ struct Setup {
     cfg: ModelConfig,
     weights: HashMap<String, Tensor>,
     exec: CpuExecutor,
+    block_size: usize,
 }
 
-fn setup(name: &str, cfg: ModelConfig, shards: usize) -> Setup {
+fn setup(name: &str, cfg: ModelConfig, shards: usize, block_size: usize) -> Setup {
     let weights = random_weights(&cfg, 1234).unwrap();
     let dir = write_checkpoint(name, &cfg, &weights, shards);
     let opts = ModelOptions {
@@ -176,9 +177,14 @@ fn setup(name: &str, cfg: ModelConfig, shards: usize) -> Setup {
         "the checkpoint's chat template"
     );
     let mut exec = model.cpu_executor().unwrap();
-    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    exec.init_kv_cache(block_size).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    Setup { cfg, weights, exec }
+    Setup {
+        cfg,
+        weights,
+        exec,
+        block_size,
+    }
 }
 
 fn prompt(len: usize, salt: u32) -> Vec<u32> {
@@ -190,7 +196,7 @@ fn prompt(len: usize, salt: u32) -> Vec<u32> {
 /// Prefill, 20 decode steps, a preemption and recompute: each step's logits
 /// against the reference fed the same tokens.
 fn prefill_decode_and_recompute(s: &mut Setup) {
-    let mut alloc = Alloc(0);
+    let mut alloc = Alloc::new(0).with_block_size(s.block_size);
     let mut seq = Seq::new(1, &prompt(11, 1), greedy());
     let mut reference = Reference::new(&s.cfg, &s.weights);
     let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
@@ -229,7 +235,7 @@ fn prefill_decode_and_recompute(s: &mut Setup) {
 /// Sequences of different lengths in one step, then decodes of some mixed
 /// with the prefill of a newcomer, each against the reference alone.
 fn batched_sequences(s: &mut Setup) {
-    let mut alloc = Alloc(1000);
+    let mut alloc = Alloc::new(1000).with_block_size(s.block_size);
     let lens = [1usize, 6, 13, 4];
     let mut seqs: Vec<Seq> = lens
         .iter()
@@ -280,7 +286,7 @@ fn batched_sequences(s: &mut Setup) {
 
 #[test]
 fn llama_matches_candle_transformers() {
-    let mut s = setup("llama", config("LlamaForCausalLM", false), 1);
+    let mut s = setup("llama", config("LlamaForCausalLM", false), 1, BLOCK_SIZE);
     prefill_decode_and_recompute(&mut s);
     batched_sequences(&mut s);
 }
@@ -295,22 +301,23 @@ fn llama3_rope_scaling_tied_head_sharded_matches() {
         high_freq_factor: 4.0,
         original_max_position_embeddings: 16,
     });
-    let mut s = setup("llama3", cfg, 3);
+    let mut s = setup("llama3", cfg, 3, BLOCK_SIZE);
     prefill_decode_and_recompute(&mut s);
 }
 
 #[test]
 fn qwen2_with_attention_bias_matches() {
-    let mut s = setup("qwen2", config("Qwen2ForCausalLM", false), 2);
+    // The server's default block size (attention has a fast path for it).
+    let mut s = setup("qwen2", config("Qwen2ForCausalLM", false), 2, 16);
     prefill_decode_and_recompute(&mut s);
     batched_sequences(&mut s);
 }
 
 #[test]
 fn greedy_with_others_equals_alone_on_reference_model() {
-    let mut s = setup("greedy", config("LlamaForCausalLM", false), 1);
+    let mut s = setup("greedy", config("LlamaForCausalLM", false), 1, BLOCK_SIZE);
     let mut out = inferscope_engine::StepOutput::default();
-    let mut alloc = Alloc(0);
+    let mut alloc = Alloc::new(0);
     let mut alone = Seq::new(9, &prompt(5, 9), greedy());
     for _ in 0..10 {
         let b = build_batch(&mut [&mut alone], &mut alloc, 512);

@@ -48,22 +48,41 @@ pub fn greedy() -> SamplingParams {
     }
 }
 
-/// Allocates blocks from a bump counter.
-pub struct Alloc(pub u32);
+/// Allocates blocks of `block_size` tokens from a bump counter.
+pub struct Alloc {
+    next: u32,
+    block_size: usize,
+}
+
+impl Alloc {
+    /// Blocks of [`BLOCK_SIZE`] from `first` on.
+    pub fn new(first: u32) -> Self {
+        Self {
+            next: first,
+            block_size: BLOCK_SIZE,
+        }
+    }
+
+    /// The same with another block size.
+    pub fn with_block_size(mut self, block_size: usize) -> Self {
+        self.block_size = block_size;
+        self
+    }
+}
 
 /// A batch with each sequence's uncached tokens (at most `chunk` of them);
 /// a sequence samples once all its tokens are in.
 pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> ScheduledBatch {
     let mut b = ScheduledBatch {
-        block_size: BLOCK_SIZE,
+        block_size: alloc.block_size,
         ..ScheduledBatch::default()
     };
     for s in seqs.iter_mut() {
         let n = (s.tokens.len() - s.cached).min(chunk);
         let end = s.cached + n;
-        while s.blocks.len() * BLOCK_SIZE < end {
-            s.blocks.push(alloc.0);
-            alloc.0 += 1;
+        while s.blocks.len() * alloc.block_size < end {
+            s.blocks.push(alloc.next);
+            alloc.next += 1;
         }
         b.seqs.push(ScheduledSeq {
             seq_id: s.id,
