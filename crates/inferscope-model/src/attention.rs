@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use crate::elementwise::exp_in_place;
 use crate::kv_pool::KvPool;
 
 /// Where one token of the step attends.
@@ -72,7 +73,7 @@ pub(crate) fn paged_attention(
             unsafe { attend_avx2(&g, scores, o) };
             return;
         }
-        attend(&g, scores, o);
+        attend::<false>(&g, scores, o);
     };
     // Small steps (decode at low batch) run on one thread: a parallel
     // section's synchronisation costs more than the work, and far more when
@@ -111,20 +112,50 @@ struct Group<'a> {
 #[target_feature(enable = "avx2,fma")]
 fn attend_avx2(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
     // The same code, compiled so that the loops along the slots and along
-    // `head_dim` vectorise 8-wide.
-    attend(g, scores, o)
+    // `head_dim` vectorise 8-wide with fused multiply-adds.
+    attend::<true>(g, scores, o)
 }
 
-/// `s[j] += Σ_i q[i] · kt[i][j]` for one block of transposed keys.
+/// `a · b + c`: one instruction where FMA is enabled; where it is not,
+/// `mul_add` would be a slow libm call, so the portable build multiplies
+/// and adds.
 #[inline(always)]
-fn score_block(q: &[f32], kt: &[f32], s: &mut [f32]) {
+fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// Scales the scores in place and returns their maximum, 8 lanes at a time
+/// (`f32::max` would not vectorise: it must handle NaN).
+#[inline(always)]
+fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (x, m) in c.iter_mut().zip(&mut lanes) {
+            *x *= scale;
+            *m = if *x > *m { *x } else { *m };
+        }
+    }
+    let mut max = lanes
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    for x in chunks.into_remainder() {
+        *x *= scale;
+        max = if *x > max { *x } else { max };
+    }
+    max
+}
+
+/// `s[j] = Σ_i q[i] · kt[i][j]` for one block of transposed keys.
+#[inline(always)]
+fn score_block<const FMA: bool>(q: &[f32], kt: &[f32], s: &mut [f32]) {
     let bs = s.len();
     if bs == 16 {
         // The default block size: the accumulators stay in registers.
         let mut acc = [0f32; 16];
         for (qi, row) in q.iter().zip(kt.chunks_exact(16)) {
             for (a, k) in acc.iter_mut().zip(row) {
-                *a += qi * k;
+                *a = fmadd::<FMA>(*qi, *k, *a);
             }
         }
         s.copy_from_slice(&acc);
@@ -133,13 +164,13 @@ fn score_block(q: &[f32], kt: &[f32], s: &mut [f32]) {
     s.fill(0.0);
     for (qi, row) in q.iter().zip(kt.chunks_exact(bs)) {
         for (a, k) in s.iter_mut().zip(row) {
-            *a += qi * k;
+            *a = fmadd::<FMA>(*qi, *k, *a);
         }
     }
 }
 
 #[inline(always)]
-fn attend(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
     let d = g.q.len() / g.heads;
     let bs = g.pool.block_size();
     let n = g.ctx.pos + 1;
@@ -153,35 +184,56 @@ fn attend(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
     for (bi, &block) in table.iter().enumerate() {
         let kt = g.pool.keys(g.layer, block as usize, g.kv_head);
         for (h, q) in g.q.chunks_exact(d).enumerate() {
-            score_block(q, kt, &mut scores[h * stride + bi * bs..][..bs]);
+            score_block::<FMA>(q, kt, &mut scores[h * stride + bi * bs..][..bs]);
         }
     }
     for h in 0..g.heads {
         let s = &mut scores[h * stride..h * stride + n];
-        let mut max = f32::NEG_INFINITY;
-        for x in s.iter_mut() {
-            *x *= g.scale;
-            max = max.max(*x);
-        }
-        let mut sum = 0f32;
-        for x in s.iter_mut() {
-            *x = (*x - max).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
+        let max = scale_and_max(s, g.scale);
+        s.iter_mut().for_each(|x| *x -= max);
+        exp_in_place(s);
+        let inv = 1.0 / s.iter().sum::<f32>();
         s.iter_mut().for_each(|x| *x *= inv);
     }
-    o.fill(0.0);
-    for (bi, &block) in table.iter().enumerate() {
-        let vals = g.pool.values(g.layer, block as usize, g.kv_head);
-        let in_block = (n - bi * bs).min(bs);
-        for (j, val) in vals.chunks_exact(d).take(in_block).enumerate() {
-            for (h, oh) in o.chunks_exact_mut(d).enumerate() {
-                let p = scores[h * stride + bi * bs + j];
-                for (oi, vi) in oh.iter_mut().zip(val) {
-                    *oi += p * vi;
+    for (h, oh) in o.chunks_exact_mut(d).enumerate() {
+        let p = &scores[h * stride..h * stride + n];
+        match d {
+            // Common head sizes: the output row stays in registers.
+            32 => weighted_sum::<32, FMA>(p, g, table, oh),
+            64 => weighted_sum::<64, FMA>(p, g, table, oh),
+            128 => weighted_sum::<128, FMA>(p, g, table, oh),
+            _ => {
+                oh.fill(0.0);
+                for (bi, &block) in table.iter().enumerate() {
+                    let vals = g.pool.values(g.layer, block as usize, g.kv_head);
+                    for (&pj, val) in p[bi * bs..].iter().zip(vals.chunks_exact(d)) {
+                        for (oi, vi) in oh.iter_mut().zip(val) {
+                            *oi = fmadd::<FMA>(pj, *vi, *oi);
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// `o = Σ_j p[j] · V[j]` over the sequence's value rows of `D` floats.
+#[inline(always)]
+fn weighted_sum<const D: usize, const FMA: bool>(
+    p: &[f32],
+    g: &Group<'_>,
+    table: &[u32],
+    o: &mut [f32],
+) {
+    let bs = g.pool.block_size();
+    let mut acc = [0f32; D];
+    for (bi, &block) in table.iter().enumerate() {
+        let vals = g.pool.values(g.layer, block as usize, g.kv_head);
+        for (&pj, val) in p[bi * bs..].iter().zip(vals.chunks_exact(D)) {
+            for (a, v) in acc.iter_mut().zip(val) {
+                *a = fmadd::<FMA>(pj, *v, *a);
+            }
+        }
+    }
+    o.copy_from_slice(&acc);
 }

@@ -190,8 +190,14 @@ impl CpuExecutor {
         let rows = &self.rows;
         let scratch = &mut self.scratch;
         let mut run = || model.forward(&step, pool, rows, scratch);
+        // A step whose products go parallel runs on a worker of the pool, so
+        // that each parallel section wakes one other thread; called from
+        // outside the pool, every section would wake two and put this one
+        // to sleep.
+        let parallel = model.parallel_step(step.ids.len());
         match &self.threads {
             Some(tp) => tp.install(run),
+            None if parallel => rayon::scope(|_| run()),
             None => run(),
         }
         .map_err(|e| ExecutorError::Step(e.to_string()))

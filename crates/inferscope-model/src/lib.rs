@@ -6,6 +6,7 @@
 mod attention;
 pub mod config;
 pub mod demo;
+mod elementwise;
 pub mod error;
 pub mod executor;
 pub mod gguf;

@@ -5,9 +5,10 @@ use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
+use crate::elementwise::swiglu;
 use crate::error::ModelError;
 use crate::kv_pool::KvPool;
-use crate::packed::PackedWeight;
+use crate::packed::{PARALLEL_MIN_MACS, PackedWeight};
 
 /// A layer's weight: dense f32 in panel layout, or quantized.
 enum Weight {
@@ -223,10 +224,6 @@ fn apply_rope(x: &mut [f32], rows: Span, heads: usize, d: usize, angles: &Angles
     }
 }
 
-fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
 impl LlamaModel {
     /// Assembles a model (shapes were checked by the loader), fusing the
     /// q/k/v and gate/up projections where the weights are dense.
@@ -273,6 +270,16 @@ impl LlamaModel {
             *f /= d;
         }
         Ok(self)
+    }
+
+    /// Whether a step of `tokens` tokens has products big enough to split
+    /// across threads.
+    pub(crate) fn parallel_step(&self, tokens: usize) -> bool {
+        let c = &self.cfg;
+        let widest = (2 * c.intermediate_size)
+            .max((c.num_heads + 2 * c.num_kv_heads) * c.head_dim)
+            .max(c.vocab_size);
+        tokens * c.hidden_size * widest >= PARALLEL_MIN_MACS
     }
 
     /// Runs all tokens of a step through the decoder, writing their K/V into
@@ -370,9 +377,7 @@ impl LlamaModel {
                 .zip(sc.fused.chunks_exact(2 * inter))
             {
                 let (g, u) = gu.split_at(inter);
-                for ((ai, gi), ui) in a.iter_mut().zip(g).zip(u) {
-                    *ai = silu(*gi) * ui;
-                }
+                swiglu(g, u, a);
             }
             layer.down.forward_into(&sc.act, n, &mut sc.out)?;
             add(&mut sc.x, &sc.out);

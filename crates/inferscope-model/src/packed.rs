@@ -24,7 +24,7 @@ const MAX_MR: usize = 6;
 /// Below this many multiply-adds one thread does the product: a parallel
 /// section costs a synchronisation, and on a loaded machine waiting for a
 /// descheduled worker costs far more than the work.
-const PARALLEL_MIN_MACS: usize = 1 << 20;
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 20;
 
 /// Multiply-adds per parallel task, so that tasks outnumber threads enough
 /// to balance without each paying more in scheduling than it computes.
