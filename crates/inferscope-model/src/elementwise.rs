@@ -10,10 +10,18 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
     // ln 2 split in two so that `n · ln 2` is exact in the first part.
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding 1.5 · 2²³ rounds to an integer, which then sits in the low
+    // mantissa bits: a rounding and a conversion without the NaN and
+    // saturation handling of `round()` and `as i32`, which do not vectorise.
+    const MAGIC: f32 = 12_582_912.0;
+    // Below LO the result is under f32's normal range (0 is close); above
+    // HI it overflows.
+    const LO: f32 = -87.3;
+    const HI: f32 = 88.3;
     for x in xs.iter_mut() {
-        // Below -87.3 the result is under f32's normal range: 0 is close.
-        let v = x.clamp(-87.3, 88.3);
-        let n = (v * LOG2E + 0.5).floor();
+        let v = x.clamp(LO, HI);
+        let t = v * LOG2E + MAGIC;
+        let n = t - MAGIC;
         let r = v - n * LN2_HI - n * LN2_LO;
         let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2)
             * r
@@ -21,9 +29,10 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
             * r
             + 0.5;
         let e = p * r * r + r + 1.0;
-        // 2ⁿ built from its exponent bits (n is in -126..=128 after the clamp).
-        let scale = f32::from_bits(((n as i32 + 127).clamp(1, 254) as u32) << 23);
-        *x = if *x < -87.3 { 0.0 } else { e * scale };
+        // 2ⁿ from its exponent bits: n is in -126..=127 after the clamp.
+        let k = t.to_bits().wrapping_sub(MAGIC.to_bits()).wrapping_add(127);
+        let scale = f32::from_bits(k << 23);
+        *x = if *x < LO { 0.0 } else { e * scale };
     }
 }
 
