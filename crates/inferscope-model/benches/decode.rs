@@ -41,6 +41,7 @@ fn model_100m() -> ModelConfig {
         attention_bias: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        sliding_window: None,
     }
 }
 

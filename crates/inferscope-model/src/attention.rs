@@ -20,6 +20,8 @@ pub(crate) struct AttnShape {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Positions a token attends to, itself included (sliding window).
+    pub window: Option<usize>,
 }
 
 /// The queries of a step: token `t`'s head `h` is `d` floats at
@@ -48,6 +50,7 @@ pub(crate) fn paged_attention(
         num_heads,
         num_kv_heads,
         head_dim: d,
+        window,
     } = shape;
     let group = num_heads / num_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
@@ -62,6 +65,7 @@ pub(crate) fn paged_attention(
             heads: group,
             kv_head,
             ctx: tokens[t],
+            window,
             block_tables,
             pool,
             layer,
@@ -78,7 +82,8 @@ pub(crate) fn paged_attention(
     // Small steps (decode at low batch) run on one thread: a parallel
     // section's synchronisation costs more than the work, and far more when
     // other processes hold the cores.
-    let macs: usize = tokens.iter().map(|t| t.pos + 1).sum::<usize>() * num_heads * d;
+    let seen = |t: &TokenCtx| window.map_or(t.pos + 1, |w| w.min(t.pos + 1));
+    let macs: usize = tokens.iter().map(seen).sum::<usize>() * num_heads * d;
     let unit = group * d;
     if macs < PARALLEL_MIN_MACS {
         let mut scores = Vec::new();
@@ -102,6 +107,7 @@ struct Group<'a> {
     heads: usize,
     kv_head: usize,
     ctx: TokenCtx,
+    window: Option<usize>,
     block_tables: &'a [u32],
     pool: &'a KvPool,
     layer: usize,
@@ -174,13 +180,19 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
     let d = g.q.len() / g.heads;
     let bs = g.pool.block_size();
     let n = g.ctx.pos + 1;
-    let n_blocks = n.div_ceil(bs);
-    // Scores of head i at `[i * stride + position]`; the slots past `n` in
-    // the last block are computed and ignored.
-    let stride = n_blocks * bs;
+    // With a sliding window the token sees positions `first..n`; blocks
+    // wholly before `first` are not read at all.
+    let first = g.window.map_or(0, |w| n.saturating_sub(w));
+    let (b0, n_blocks) = (first / bs, n.div_ceil(bs));
+    // Scores of head i at `[i * stride + position - b0 * bs]`; the slots
+    // past `n` in the last block are computed and ignored, those before
+    // `first` in the first block get probability 0.
+    let stride = (n_blocks - b0) * bs;
+    let (skip, len) = (first - b0 * bs, n - b0 * bs);
     scores.clear();
     scores.resize(g.heads * stride, 0.0);
-    let table = &g.block_tables[g.ctx.table_offset..g.ctx.table_offset + n_blocks];
+    let off = g.ctx.table_offset;
+    let table = &g.block_tables[off + b0..off + n_blocks];
     for (bi, &block) in table.iter().enumerate() {
         let kt = g.pool.keys(g.layer, block as usize, g.kv_head);
         for (h, q) in g.q.chunks_exact(d).enumerate() {
@@ -188,7 +200,9 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
         }
     }
     for h in 0..g.heads {
-        let s = &mut scores[h * stride..h * stride + n];
+        let row = &mut scores[h * stride..h * stride + len];
+        row[..skip].fill(0.0);
+        let s = &mut row[skip..];
         let max = scale_and_max(s, g.scale);
         s.iter_mut().for_each(|x| *x -= max);
         exp_in_place(s);
@@ -196,7 +210,7 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
         s.iter_mut().for_each(|x| *x *= inv);
     }
     for (h, oh) in o.chunks_exact_mut(d).enumerate() {
-        let p = &scores[h * stride..h * stride + n];
+        let p = &scores[h * stride..h * stride + len];
         match d {
             // Common head sizes: the output row stays in registers.
             32 => weighted_sum::<32, FMA>(p, g, table, oh),

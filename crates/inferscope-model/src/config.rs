@@ -54,6 +54,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// EOS ids from the config.
     pub eos_token_ids: Vec<u32>,
+    /// Each token attends to at most this many positions, itself included
+    /// (Mistral's sliding window); `None`: the whole sequence.
+    pub sliding_window: Option<usize>,
 }
 
 /// Architectures of `config.json` that this forward pass runs.
@@ -148,6 +151,29 @@ impl ModelConfig {
             _ => None,
         };
         let is_qwen2 = architecture == "Qwen2ForCausalLM";
+        // Qwen2 configs carry a `sliding_window` that only applies with
+        // `use_sliding_window`, and then only from `max_window_layers` on.
+        let uses_window = if is_qwen2 {
+            let on = v.get("use_sliding_window").and_then(Value::as_bool);
+            if on == Some(true) {
+                return Err(ModelError::Config(
+                    "Qwen2 with use_sliding_window is not supported (per-layer windows)".into(),
+                ));
+            }
+            false
+        } else {
+            true
+        };
+        let sliding_window = match v.get("sliding_window") {
+            Some(w) if uses_window && !w.is_null() => {
+                Some(w.as_u64().filter(|&w| w > 0).ok_or_else(|| {
+                    ModelError::Config(format!(
+                        "sliding_window must be a positive integer or null, got {w}"
+                    ))
+                })? as usize)
+            }
+            _ => None,
+        };
         let cfg = Self {
             vocab_size: get_usize(&v, "vocab_size")?,
             hidden_size,
@@ -177,6 +203,7 @@ impl ModelConfig {
                 .unwrap_or(is_qwen2),
             bos_token_id: ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: ids(v.get("eos_token_id")),
+            sliding_window,
             architecture,
         };
         cfg.validate()?;
@@ -276,6 +303,9 @@ impl ModelConfig {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_ids,
         });
+        if let Some(w) = self.sliding_window {
+            v["sliding_window"] = w.into();
+        }
         if let Some(rs) = &self.rope_scaling {
             v["rope_scaling"] = serde_json::json!({
                 "rope_type": "llama3",
@@ -308,6 +338,37 @@ mod tests {
         assert!(c.attention_bias);
         assert_eq!(c.head_dim, 4);
         assert_eq!(c.eos_token_ids, vec![3, 4]);
+    }
+
+    #[test]
+    fn sliding_window_from_mistral_but_not_qwen2() {
+        let base = r#""vocab_size":10,"hidden_size":8,"intermediate_size":16,
+            "num_hidden_layers":1,"num_attention_heads":2"#;
+        let parse = |arch: &str, extra: &str| {
+            ModelConfig::from_hf_json(&format!(r#"{{"architectures":["{arch}"],{base}{extra}}}"#))
+        };
+        let m = parse("MistralForCausalLM", r#","sliding_window":4096"#).unwrap();
+        assert_eq!(m.sliding_window, Some(4096));
+        assert_eq!(ModelConfig::from_hf_json(&m.to_hf_json()).unwrap(), m);
+        let m = parse("MistralForCausalLM", r#","sliding_window":null"#).unwrap();
+        assert_eq!(m.sliding_window, None);
+        let e = parse("MistralForCausalLM", r#","sliding_window":0"#).unwrap_err();
+        assert!(e.to_string().contains("sliding_window"), "{e}");
+        let q = parse(
+            "Qwen2ForCausalLM",
+            r#","sliding_window":4096,"use_sliding_window":false"#,
+        );
+        assert_eq!(
+            q.unwrap().sliding_window,
+            None,
+            "Qwen2 ignores it unless enabled"
+        );
+        let e = parse(
+            "Qwen2ForCausalLM",
+            r#","sliding_window":64,"use_sliding_window":true"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("use_sliding_window"), "{e}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub fn demo_config() -> ModelConfig {
         attention_bias: false,
         bos_token_id: Some(ByteTokenizer::BOS),
         eos_token_ids: vec![ByteTokenizer::EOS],
+        sliding_window: None,
     }
 }
 

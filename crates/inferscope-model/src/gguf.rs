@@ -188,6 +188,12 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         attention_bias: tensors.has("blk.0.attn_q.bias"),
         bos_token_id: tokens_meta.bos,
         eos_token_ids: tokens_meta.eos.into_iter().collect(),
+        // Written by llama.cpp where the architecture has one; Qwen2's only
+        // applies to some layers, and llama.cpp ignores it too.
+        sliding_window: (arch != "qwen2")
+            .then(|| meta.opt_usize(&format!("{arch}.attention.sliding_window")))
+            .flatten()
+            .filter(|&w| w > 0),
     };
     cfg.validate()?;
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);

@@ -323,6 +323,7 @@ impl LlamaModel {
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: d,
+            window: cfg.sliding_window,
         };
         sc.normed.resize(n * h, 0.0);
         sc.attn.resize(n * q_dim, 0.0);

@@ -64,6 +64,7 @@ fn config(vocab_size: usize) -> ModelConfig {
         attention_bias: false,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        sliding_window: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn config(arch: &str, tie: bool) -> ModelConfig {
         attention_bias: arch == "Qwen2ForCausalLM",
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        sliding_window: None,
     }
 }
 
@@ -311,6 +312,48 @@ fn qwen2_with_attention_bias_matches() {
     let mut s = setup("qwen2", config("Qwen2ForCausalLM", false), 2, 16);
     prefill_decode_and_recompute(&mut s);
     batched_sequences(&mut s);
+}
+
+/// Mistral's sliding window. With one layer a token's output depends only on
+/// the last `WINDOW` tokens, and RoPE only on their relative positions, so
+/// each step's logits must equal the reference fed just those tokens from
+/// position 0 — through a prefill and decodes, with the window starting
+/// mid-block and whole blocks falling out of it.
+#[test]
+fn sliding_window_sees_only_the_last_window_positions() {
+    const WINDOW: usize = 5;
+    let mut cfg = config("MistralForCausalLM", false);
+    cfg.num_layers = 1;
+    cfg.sliding_window = Some(WINDOW);
+    let mut s = setup("mistral-window", cfg, 1, BLOCK_SIZE);
+    let windowed = |s: &Setup, tokens: &[u32]| {
+        Reference::new(&s.cfg, &s.weights).feed(&tokens[tokens.len() - WINDOW..], 0)
+    };
+    let mut alloc = Alloc::new(0).with_block_size(s.block_size);
+    let mut seq = Seq::new(1, &prompt(13, 2), greedy());
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let ours = s.exec.forward_logits(&batch).unwrap();
+    assert_close(&ours[0], &windowed(&s, &seq.tokens), "prefill");
+    // The whole sequence gives other logits, so the check can fail.
+    let full = Reference::new(&s.cfg, &s.weights).feed(&seq.tokens, 0);
+    let diff = ours[0]
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the window made no difference ({diff})");
+    let mut last = ours[0].clone();
+    for step in 0..8 {
+        seq.tokens.push(argmax(&last));
+        seq.num_generated += 1;
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+        last = s.exec.forward_logits(&batch).unwrap().remove(0);
+        assert_close(
+            &last,
+            &windowed(&s, &seq.tokens),
+            &format!("decode step {step}"),
+        );
+    }
 }
 
 #[test]
