@@ -194,6 +194,7 @@ const ROW_BLOCK: usize = 48;
 
 /// The instruction set the kernels run with, detected at run time.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Isa {
     /// 16-wide: one panel is one register; 32 registers.
     Avx512,
@@ -339,6 +340,7 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> 
 }
 
 /// Checks the bounds the unchecked kernels rely on; returns the panels present.
+#[cfg(target_arch = "x86_64")]
 fn checked_panels<const MR: usize, const NV: usize>(t: &Tile<'_>) -> usize {
     let np = t.panels().min(NV);
     assert!(t.x.len() >= MR * t.inp && t.w.len() >= np * t.inp * LANES);
