@@ -441,27 +441,36 @@ impl Window {
     }
 
     /// Failed plus refused requests in the window's earlier and later halves
-    /// (needs three scrapes or more), to tell a rising failure rate.
+    /// (needs three scrapes or more), to tell a rising failure rate. Failures
+    /// are counted as the summary counts them: the larger of errored requests
+    /// and 5xx responses (a dead engine answers 503 before a request exists).
     pub fn failure_trend(&self) -> Option<(f64, f64)> {
         if self.scrapes.len() < 3 {
             return None;
         }
-        let failures = |s: &Scrape| {
-            s.sum(
-                &self.counter_name("request_success"),
-                &[("finished_reason", "error")],
-            )
-            .unwrap_or(0.0)
-                + s.sum(&self.counter_name("admission_rejections"), &[])
-                    .unwrap_or(0.0)
+        let counts = |s: &Scrape| {
+            let errors = s
+                .sum(
+                    &self.counter_name("request_success"),
+                    &[("finished_reason", "error")],
+                )
+                .unwrap_or(0.0);
+            let http_5xx = s
+                .sum("http_requests_total", &[("status", "5xx")])
+                .unwrap_or(0.0);
+            let rejected = s
+                .sum(&self.counter_name("admission_rejections"), &[])
+                .unwrap_or(0.0);
+            [errors, http_5xx, rejected]
+        };
+        let half = |from: &Scrape, to: &Scrape| {
+            let (a, z) = (counts(from), counts(to));
+            let d = |i: usize| counter_delta(z[i], Some(a[i]));
+            d(0).max(d(1)) + d(2)
         };
         let mid = &self.scrapes[self.scrapes.len() / 2].1;
-        let (a, m, z) = (
-            failures(self.first()?),
-            failures(mid),
-            failures(self.last()?),
-        );
-        Some((counter_delta(m, Some(a)), counter_delta(z, Some(m))))
+        let (first, last) = (self.first()?, self.last()?);
+        Some((half(first, mid), half(mid, last)))
     }
 
     /// Computes the summary of the window.
@@ -651,5 +660,31 @@ mod tests {
         .summary();
         assert_eq!(r.generation_tokens_per_s, Some(110.0));
         assert_eq!(r.e2e.map(|d| d.count), Some(5.0));
+    }
+
+    #[test]
+    fn failure_trend_counts_errors_or_5xx_and_rejections_per_half() {
+        let at = |errors: f64, http_5xx: f64, rejected: f64| {
+            Scrape::parse(&format!(
+                "inferscope:request_success_total{{engine=\"0\",finished_reason=\"error\"}} {errors}\n\
+                 http_requests_total{{handler=\"/v1/completions\",method=\"POST\",status=\"5xx\"}} {http_5xx}\n\
+                 inferscope:admission_rejections_total{{reason=\"queue_full\"}} {rejected}\n"
+            ))
+        };
+        let w = Window::new(
+            vec![
+                (0.0, at(0.0, 0.0, 0.0)),
+                (1.0, at(2.0, 1.0, 1.0)),
+                // An engine died: the 503s outnumber the errored requests.
+                (2.0, at(4.0, 40.0, 1.0)),
+            ],
+            None,
+        );
+        assert_eq!(w.failure_trend(), Some((3.0, 39.0)));
+        let two = Window::new(
+            vec![(0.0, at(0.0, 0.0, 0.0)), (1.0, at(1.0, 1.0, 1.0))],
+            None,
+        );
+        assert_eq!(two.failure_trend(), None, "needs three scrapes");
     }
 }

@@ -257,6 +257,51 @@ async fn full_queue_rejects_at_admission() {
     assert!(evidence(f, "failure_share") >= 0.05);
 }
 
+/// The engine dies part-way through the window: no failures early, every
+/// request failing late, so the error finding says the rate is rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_dying_mid_window_is_a_rising_error_rate() {
+    let _serial = SERIAL.lock().await;
+    // Steps last at least 5 ms (the weights' time), so 240 steps end no
+    // sooner than 1.2 s into the load: past the point (warm-up + window/6)
+    // after which the late half has 1.5× the early half's failures, for
+    // any step time up to ~14 ms.
+    let window = Duration::from_secs(3);
+    let srv = common::start(&[
+        "--sim-profile",
+        "tiny,t_weights_ms=5",
+        "--sim-die-after-steps",
+        "240",
+    ])
+    .await;
+    let load = Load::start(
+        srv.addr,
+        4,
+        Shape {
+            prompt_len: 24,
+            max_tokens: 8,
+        },
+    );
+    let r = doctor(srv.addr, WARMUP, window).await;
+    let (ok, failed) = (
+        load.counts[0].load(Ordering::Relaxed),
+        load.counts[2].load(Ordering::Relaxed),
+    );
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    assert!(ok > 0 && failed > 0, "{ok} succeeded, {failed} failed");
+    let f = first(&r);
+    assert_eq!(f.id, "errors");
+    assert_eq!(f.severity, Severity::Critical);
+    assert!(f.title.contains("rising"), "{}", f.title);
+    let (early, late) = (
+        evidence(f, "failures_early_half"),
+        evidence(f, "failures_late_half"),
+    );
+    assert!(late > early * 1.5, "early {early}, late {late}");
+    assert_eq!(r.exit_code(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn light_load_is_healthy() {
     let _serial = SERIAL.lock().await;
