@@ -57,6 +57,7 @@ fn main() -> anyhow::Result<()> {
             api: ApiKind::Completions,
             model: "mock-model".into(),
             ignore_eos: true,
+            sampling: Default::default(),
             read_timeout: Duration::from_secs(30),
             api_key: None,
         })?);

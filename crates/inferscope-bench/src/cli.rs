@@ -124,6 +124,19 @@ pub struct ServeArgs {
     /// Send ignore_eos: true (exact output lengths).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Sampling temperature sent with each request (default: 0, greedy).
+    #[arg(long)]
+    pub temperature: Option<f64>,
+    /// top_p sent with each request (default: the server's).
+    #[arg(long)]
+    pub top_p: Option<f64>,
+    /// top_k sent with each request (default: the server's).
+    #[arg(long)]
+    pub top_k: Option<i64>,
+    /// min_p sent with each request (default: the server's; vLLM has it,
+    /// inferscope ignores it).
+    #[arg(long)]
+    pub min_p: Option<f64>,
     /// Warm-up requests before the run (not measured).
     #[arg(long, default_value_t = 0)]
     pub num_warmups: usize,

@@ -63,10 +63,42 @@ pub struct ClientConfig {
     pub model: String,
     /// Send `ignore_eos: true`.
     pub ignore_eos: bool,
+    /// Sampling fields sent with each request.
+    pub sampling: Sampling,
     /// Fail a request when the server sends nothing for this long.
     pub read_timeout: Duration,
     /// `Authorization: Bearer` value (from `OPENAI_API_KEY`).
     pub api_key: Option<String>,
+}
+
+/// Sampling fields of the requests, as `vllm bench serve` sends them:
+/// greedy unless a temperature is given, the others only when set.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sampling {
+    /// `temperature` (0 when unset).
+    pub temperature: Option<f64>,
+    /// `top_p`.
+    pub top_p: Option<f64>,
+    /// `top_k`.
+    pub top_k: Option<i64>,
+    /// `min_p`.
+    pub min_p: Option<f64>,
+}
+
+impl Sampling {
+    /// Writes the fields into a request body.
+    fn apply(&self, body: &mut Value) {
+        body["temperature"] = json!(self.temperature.unwrap_or(0.0));
+        if let Some(p) = self.top_p {
+            body["top_p"] = json!(p);
+        }
+        if let Some(k) = self.top_k {
+            body["top_k"] = json!(k);
+        }
+        if let Some(p) = self.min_p {
+            body["min_p"] = json!(p);
+        }
+    }
 }
 
 /// A shared, pooled client for one endpoint.
@@ -134,7 +166,6 @@ impl ApiClient {
             ApiKind::Completions => json!({
                 "model": self.cfg.model,
                 "prompt": prompt,
-                "temperature": 0.0,
                 "max_tokens": max_tokens,
                 "stream": true,
                 "stream_options": {"include_usage": true},
@@ -142,12 +173,12 @@ impl ApiClient {
             ApiKind::Chat => json!({
                 "model": self.cfg.model,
                 "messages": [{"role": "user", "content": prompt}],
-                "temperature": 0.0,
                 "max_completion_tokens": max_tokens,
                 "stream": true,
                 "stream_options": {"include_usage": true},
             }),
         };
+        self.cfg.sampling.apply(&mut body);
         if self.cfg.ignore_eos {
             body["ignore_eos"] = Value::Bool(true);
         }
@@ -404,6 +435,38 @@ mod tests {
         let mut out = RequestOutput::default();
         s.finish(&mut out);
         out
+    }
+
+    fn client(sampling: Sampling) -> ApiClient {
+        ApiClient::new(ClientConfig {
+            url: "http://127.0.0.1:1/v1/completions".into(),
+            api: ApiKind::Completions,
+            model: "m".into(),
+            ignore_eos: false,
+            sampling,
+            read_timeout: Duration::from_secs(1),
+            api_key: None,
+        })
+        .expect("client")
+    }
+
+    #[test]
+    fn sampling_flags_reach_the_body() {
+        let greedy = client(Sampling::default()).body("p", 4);
+        assert_eq!(greedy["temperature"], 0.0);
+        assert!(greedy.get("top_p").is_none() && greedy.get("top_k").is_none());
+        let b = client(Sampling {
+            temperature: Some(0.7),
+            top_p: Some(0.9),
+            top_k: Some(40),
+            min_p: Some(0.05),
+        })
+        .body("p", 4);
+        assert_eq!(b["temperature"], 0.7);
+        assert_eq!(b["top_p"], 0.9);
+        assert_eq!(b["top_k"], 40);
+        assert_eq!(b["min_p"], 0.05);
+        assert_eq!(b["max_tokens"], 4);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use crate::arrivals;
 use crate::cli::{Backend, DatasetName, ServeArgs};
-use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, discover_model};
+use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, Sampling, discover_model};
 use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
 use crate::error::BenchError;
 use crate::metrics::{self, BenchmarkMetrics, Slo};
@@ -200,6 +200,12 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
         api,
         model: model.clone(),
         ignore_eos: args.ignore_eos,
+        sampling: Sampling {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+        },
         read_timeout,
         api_key: std::env::var("OPENAI_API_KEY")
             .ok()
