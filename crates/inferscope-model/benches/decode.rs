@@ -15,6 +15,7 @@ use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, 
 use inferscope_model::config::ModelConfig;
 use inferscope_model::demo::{demo_config, random_weights};
 use inferscope_model::loader::model_from_tensors;
+use inferscope_model::packed::WeightDtype;
 use inferscope_model::{CpuExecutor, KvBudget};
 use rayon::prelude::*;
 
@@ -78,9 +79,10 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
     b
 }
 
-fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
-    let weights = random_weights(cfg, 7).expect("weights");
-    let model = Arc::new(model_from_tensors(cfg.clone(), weights.clone()).expect("model"));
+/// The executor for `cfg` with dense weights stored as `dtype`.
+fn executor(name: &str, cfg: &ModelConfig, weights: &Weights, dtype: WeightDtype) -> CpuExecutor {
+    let model = model_from_tensors(cfg.clone(), weights.clone()).expect("model");
+    let model = Arc::new(model.with_weight_dtype(dtype));
     let mut exec = CpuExecutor::new(
         format!("cpu:{name}"),
         model,
@@ -90,6 +92,14 @@ fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
     )
     .expect("executor");
     exec.init_kv_cache(BLOCK_SIZE).expect("kv");
+    exec
+}
+
+type Weights = std::collections::HashMap<String, Tensor>;
+
+fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
+    let weights = random_weights(cfg, 7).expect("weights");
+    let mut exec = executor(name, cfg, &weights, WeightDtype::F32);
     let mut g = c.benchmark_group(format!("decode/{name}"));
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
@@ -102,7 +112,7 @@ fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
     // step starts from a clone of that cache (cheap: tensors are shared).
     let c2: llama::LlamaConfig = serde_json::from_str(&cfg.to_hf_json()).expect("config");
     let c2 = c2.into_config(false);
-    let vb = VarBuilder::from_tensors(weights, DType::F32, &Device::Cpu);
+    let vb = VarBuilder::from_tensors(weights.clone(), DType::F32, &Device::Cpu);
     let m = llama::Llama::load(vb, &c2).expect("reference model");
     let mut cache = llama::Cache::new(true, DType::F32, &c2, &Device::Cpu).expect("cache");
     let prompt: Vec<u32> = (0..CONTEXT as u32).map(|i| i % 200).collect();
@@ -151,6 +161,17 @@ fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
     g.bench_function(BenchmarkId::new("inferscope", 32), |bench| {
         bench.iter(|| exec.execute(black_box(&b32), &mut out).expect("step"))
     });
+    drop(exec);
+
+    // The same model with bf16 weights (`--dtype bfloat16`): half the bytes
+    // per decode step.
+    let mut exec = executor(name, cfg, &weights, WeightDtype::Bf16);
+    for (batch, b) in [(1, &b1), (32, &b32)] {
+        g.throughput(Throughput::Elements(batch));
+        g.bench_function(BenchmarkId::new("inferscope-bf16", batch), |bench| {
+            bench.iter(|| exec.execute(black_box(b), &mut out).expect("step"))
+        });
+    }
     g.finish();
 }
 

@@ -8,7 +8,7 @@ use crate::config::ModelConfig;
 use crate::elementwise::swiglu;
 use crate::error::ModelError;
 use crate::kv_pool::KvPool;
-use crate::packed::{PARALLEL_MIN_MACS, PackedWeight};
+use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
 
 /// A layer's weight: dense f32 in panel layout, or quantized.
 enum Weight {
@@ -36,6 +36,28 @@ impl Linear {
             other => Weight::Quantized(other),
         };
         Ok(Self { w, b, out_dim })
+    }
+
+    /// The same layer with its dense weight stored as `dtype`.
+    fn with_dtype(self, dtype: WeightDtype) -> Self {
+        let w = match self.w {
+            Weight::Packed(w) if w.dtype() != dtype => Weight::Packed(PackedWeight::pack_as(
+                &w.unpack(),
+                w.out_dim(),
+                w.in_dim(),
+                dtype,
+            )),
+            other => other,
+        };
+        Self { w, ..self }
+    }
+
+    /// Bytes of the weight when dense (quantized weights: 0, not counted).
+    fn dense_bytes(&self) -> usize {
+        match &self.w {
+            Weight::Packed(w) => w.size_bytes(),
+            Weight::Quantized(_) => 0,
+        }
     }
 
     /// `x` is `[rows][in]`; writes `[rows][out]` into `y`.
@@ -87,7 +109,8 @@ impl Projection {
         }
         let total: usize = dims.iter().sum();
         let rows: Vec<f32> = dense.iter().flat_map(|w| w.unpack()).collect();
-        let w = PackedWeight::pack(&rows, total, inp.unwrap_or(0));
+        let dtype = dense[0].dtype();
+        let w = PackedWeight::pack_as(&rows, total, inp.unwrap_or(0), dtype);
         let b = parts.iter().any(|l| l.b.is_some()).then(|| {
             parts
                 .iter()
@@ -104,6 +127,18 @@ impl Projection {
                 out_dim: total,
             }],
             dims,
+        }
+    }
+
+    /// The same projections with their dense weights stored as `dtype`.
+    fn with_dtype(self, dtype: WeightDtype) -> Self {
+        Self {
+            parts: self
+                .parts
+                .into_iter()
+                .map(|l| l.with_dtype(dtype))
+                .collect(),
+            dims: self.dims,
         }
     }
 
@@ -270,6 +305,47 @@ impl LlamaModel {
             *f /= d;
         }
         Ok(self)
+    }
+
+    /// The same model with its dense layer weights stored as `dtype`
+    /// (computation stays f32; the embedding table stays f32), converted one
+    /// layer at a time.
+    pub fn with_weight_dtype(self, dtype: WeightDtype) -> Self {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|b| Block {
+                qkv: b.qkv.with_dtype(dtype),
+                o: b.o.with_dtype(dtype),
+                gate_up: b.gate_up.with_dtype(dtype),
+                down: b.down.with_dtype(dtype),
+                ..b
+            })
+            .collect();
+        Self {
+            layers,
+            lm_head: self.lm_head.with_dtype(dtype),
+            ..self
+        }
+    }
+
+    /// Bytes of the dense layer weights and LM head (what a decode step reads).
+    pub fn dense_weight_bytes(&self) -> usize {
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|b| {
+                b.qkv.parts.iter().map(Linear::dense_bytes).sum::<usize>()
+                    + b.o.dense_bytes()
+                    + b.gate_up
+                        .parts
+                        .iter()
+                        .map(Linear::dense_bytes)
+                        .sum::<usize>()
+                    + b.down.dense_bytes()
+            })
+            .sum();
+        layers + self.lm_head.dense_bytes()
     }
 
     /// Whether a step of `tokens` tokens has products big enough to split

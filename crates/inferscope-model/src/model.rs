@@ -9,6 +9,7 @@ use inferscope_engine::Executor;
 use crate::error::ModelError;
 use crate::executor::{CpuExecutor, KvBudget};
 use crate::llama::LlamaModel;
+use crate::packed::WeightDtype;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
 /// How to load and run a model.
@@ -18,7 +19,8 @@ pub struct ModelOptions {
     pub kv_cache_memory: Option<u64>,
     /// Fraction of available memory for each executor's KV pool.
     pub kv_cache_fraction: f64,
-    /// Compute dtype; only `f32` is implemented.
+    /// How dense weights are stored: `f32` (also `float32`, `auto`) or
+    /// `bf16` (`bfloat16`: half the memory; computation stays f32).
     pub dtype: String,
     /// Threads per executor; `None` uses the global pool (all cores).
     pub num_threads: Option<usize>,
@@ -53,15 +55,21 @@ impl std::fmt::Debug for LoadedModel {
     }
 }
 
+/// The weight storage a `--dtype` value names.
+pub fn weight_dtype(name: &str) -> Result<WeightDtype, ModelError> {
+    match name {
+        "f32" | "float32" | "float" | "auto" => Ok(WeightDtype::F32),
+        "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
+        other => Err(ModelError::Config(format!(
+            "dtype {other:?} is not supported by the cpu executor (supported: auto, float32, bfloat16)"
+        ))),
+    }
+}
+
 impl LoadedModel {
     /// Loads `demo`, a Hugging Face model directory, or a `.gguf` file.
     pub fn load(spec: &str, opts: &ModelOptions) -> Result<Self, ModelError> {
-        if opts.dtype != "f32" {
-            return Err(ModelError::Config(format!(
-                "dtype {:?} is not supported by the cpu executor (use f32)",
-                opts.dtype
-            )));
-        }
+        let dtype = weight_dtype(&opts.dtype)?;
         let (name, model, tokenizer, is_demo): (String, LlamaModel, Arc<dyn Tokenizer>, bool) =
             if spec == "demo" {
                 (
@@ -88,6 +96,10 @@ impl LoadedModel {
                     return Err(ModelError::BadSpec(spec.to_string()));
                 }
             };
+        let model = match dtype {
+            WeightDtype::F32 => model,
+            other => model.with_weight_dtype(other),
+        };
         Ok(Self {
             name,
             model: Arc::new(model),

@@ -30,11 +30,95 @@ pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 20;
 /// to balance without each paying more in scheduling than it computes.
 const TASK_MACS: usize = 1 << 18;
 
-/// A dense `[out][in]` f32 weight in panel layout.
+/// How a packed weight's elements are stored (the products are f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    /// 4 bytes per weight.
+    F32,
+    /// bfloat16, 2 bytes per weight: half the memory and half the bytes
+    /// read per decode step; widened to f32 as it is loaded.
+    Bf16,
+}
+
+/// The panels, `[panels][inp][LANES]`, in one of the storage types.
+#[derive(Clone)]
+enum Panels {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+/// A run of panels borrowed for a tile.
+#[derive(Clone, Copy)]
+enum PanelSlice<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl PanelSlice<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Self::F32(w) => w.len(),
+            Self::Bf16(w) => w.len(),
+        }
+    }
+}
+
+impl Panels {
+    fn slice(&self, r: Range<usize>) -> PanelSlice<'_> {
+        match self {
+            Self::F32(w) => PanelSlice::F32(&w[r]),
+            Self::Bf16(w) => PanelSlice::Bf16(&w[r]),
+        }
+    }
+
+    fn get(&self, i: usize) -> f32 {
+        match self {
+            Self::F32(w) => w[i],
+            Self::Bf16(w) => w[i].widen(),
+        }
+    }
+}
+
+/// A weight element the kernels read: f32, or bf16 kept as its bits.
+trait Elem: Copy + Send + Sync {
+    /// bf16 bits, to be shifted into the high half of an f32.
+    const BF16: bool;
+    /// The value as f32.
+    fn widen(self) -> f32;
+}
+
+impl Elem for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for u16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self) << 16)
+    }
+}
+
+/// `x` rounded to the nearest bfloat16 (ties to even), as its bits.
+pub fn to_bf16(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        // Keep it a (quiet) NaN whatever its low bits were.
+        return ((b >> 16) as u16) | 0x40;
+    }
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// A dense `[out][in]` weight in panel layout.
 #[derive(Clone)]
 pub struct PackedWeight {
     /// `[panels][inp][LANES]`; rows past `out` in the last panel are zero.
-    data: Vec<f32>,
+    data: Panels,
     out: usize,
     inp: usize,
 }
@@ -46,8 +130,13 @@ impl std::fmt::Debug for PackedWeight {
 }
 
 impl PackedWeight {
-    /// Packs a row-major `[out][inp]` matrix.
+    /// Packs a row-major `[out][inp]` matrix, kept in f32.
     pub fn pack(w: &[f32], out: usize, inp: usize) -> Self {
+        Self::pack_as(w, out, inp, WeightDtype::F32)
+    }
+
+    /// Packs a row-major `[out][inp]` matrix, stored as `dtype`.
+    pub fn pack_as(w: &[f32], out: usize, inp: usize, dtype: WeightDtype) -> Self {
         assert_eq!(w.len(), out * inp, "weight is not [{out}][{inp}]");
         let panels = out.div_ceil(LANES);
         let mut data = vec![0f32; panels * inp * LANES];
@@ -57,10 +146,30 @@ impl PackedWeight {
                 panel[k * LANES + o % LANES] = v;
             }
         }
+        let data = match dtype {
+            WeightDtype::F32 => Panels::F32(data),
+            WeightDtype::Bf16 => Panels::Bf16(data.into_iter().map(to_bf16).collect()),
+        };
         Self { data, out, inp }
     }
 
-    /// The row-major `[out][inp]` matrix back.
+    /// How the weights are stored.
+    pub fn dtype(&self) -> WeightDtype {
+        match self.data {
+            Panels::F32(_) => WeightDtype::F32,
+            Panels::Bf16(_) => WeightDtype::Bf16,
+        }
+    }
+
+    /// Bytes the weights occupy.
+    pub fn size_bytes(&self) -> usize {
+        match &self.data {
+            Panels::F32(w) => w.len() * 4,
+            Panels::Bf16(w) => w.len() * 2,
+        }
+    }
+
+    /// The row-major `[out][inp]` matrix back (bf16 widened to f32).
     pub fn unpack(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.out * self.inp];
         for (o, row) in w
@@ -68,9 +177,9 @@ impl PackedWeight {
             .enumerate()
             .take(self.out)
         {
-            let panel = &self.data[(o / LANES) * self.inp * LANES..][..self.inp * LANES];
+            let panel = (o / LANES) * self.inp * LANES;
             for (k, v) in row.iter_mut().enumerate() {
-                *v = panel[k * LANES + o % LANES];
+                *v = self.data.get(panel + k * LANES + o % LANES);
             }
         }
         w
@@ -162,7 +271,7 @@ impl PackedWeight {
         for g in groups {
             let p0 = g * nv;
             let np = nv.min(panels - p0);
-            let w = &self.data[p0 * panel_len..(p0 + np) * panel_len];
+            let w = self.data.slice(p0 * panel_len..(p0 + np) * panel_len);
             let mut r0 = rows.start;
             for i in 0..count {
                 let mr = base + usize::from(i < extra);
@@ -249,7 +358,7 @@ unsafe impl Sync for Out {}
 /// One register tile's operands.
 struct Tile<'a> {
     /// The tile's panels, `[np][inp][LANES]`.
-    w: &'a [f32],
+    w: PanelSlice<'a>,
     /// Its rows of `x`, `[mr][inp]`.
     x: &'a [f32],
     inp: usize,
@@ -300,8 +409,15 @@ impl Out {
 fn kernel(isa: Isa, mr: usize, nv: usize, t: &Tile<'_>, out: &Out) {
     macro_rules! go {
         ($f:ident; $($m:literal x $n:literal),*) => {
-            match (mr, nv) {
-                $(($m, $n) => out.store::<$m, $n>(t, &unsafe { $f::<$m, $n>(t) }),)*
+            match (mr, nv, t.w) {
+                $(
+                    ($m, $n, PanelSlice::F32(w)) => {
+                        out.store::<$m, $n>(t, &unsafe { $f::<$m, $n, f32>(t, w) })
+                    }
+                    ($m, $n, PanelSlice::Bf16(w)) => {
+                        out.store::<$m, $n>(t, &unsafe { $f::<$m, $n, u16>(t, w) })
+                    }
+                )*
                 _ => unreachable!("no {mr}x{nv} kernel for {isa:?}"),
             }
         };
@@ -321,7 +437,7 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &Tile<'_>, out: &Out) {
 }
 
 /// The tile's product, portable (the compiler vectorises what it can).
-fn tile_portable<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> {
+fn tile_portable<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E]) -> Acc<MR, NV> {
     let mut acc = [[[0f32; LANES]; NV]; MR];
     let panel_len = t.inp * LANES;
     let np = t.panels().min(NV);
@@ -329,9 +445,9 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> 
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let xv = t.x[r * t.inp + k];
             for (p, a) in acc_r.iter_mut().enumerate().take(np) {
-                let w = &t.w[p * panel_len + k * LANES..][..LANES];
+                let w = &w[p * panel_len + k * LANES..][..LANES];
                 for l in 0..LANES {
-                    a[l] += w[l] * xv;
+                    a[l] += w[l].widen() * xv;
                 }
             }
         }
@@ -347,24 +463,58 @@ fn checked_panels<const MR: usize, const NV: usize>(t: &Tile<'_>) -> usize {
     np
 }
 
+/// Loads 8 weights as f32 (bf16: widened by shifting into the high half).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn load8<E: Elem>(p: *const E) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller passes 8 readable elements.
+    unsafe {
+        if E::BF16 {
+            let h = _mm_loadu_si128(p.cast::<__m128i>());
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+        } else {
+            _mm256_loadu_ps(p.cast::<f32>())
+        }
+    }
+}
+
+/// Loads 16 weights as f32 (bf16: widened by shifting into the high half).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load16<E: Elem>(p: *const E) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller passes 16 readable elements.
+    unsafe {
+        if E::BF16 {
+            let h = _mm256_loadu_si256(p.cast::<__m256i>());
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        } else {
+            _mm512_loadu_ps(p.cast::<f32>())
+        }
+    }
+}
+
 /// The tile's product with AVX2/FMA: `MR × 2·NV` accumulators in registers.
 /// A missing last panel is computed from zeros and not stored.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn tile_avx2<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> {
+fn tile_avx2<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E]) -> Acc<MR, NV> {
     use std::arch::x86_64::*;
     let np = checked_panels::<MR, NV>(t);
     let panel_len = t.inp * LANES;
     let mut acc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-    let (w, x) = (t.w.as_ptr(), t.x.as_ptr());
+    let (w, x) = (w.as_ptr(), t.x.as_ptr());
     for k in 0..t.inp {
         let mut wv = [[_mm256_setzero_ps(); 2]; NV];
         for (p, v) in wv.iter_mut().enumerate().take(np) {
-            // SAFETY: p < np and k < inp, so the 16 floats lie inside `t.w`
+            // SAFETY: p < np and k < inp, so the 16 weights lie inside `w`
             // (checked above).
             unsafe {
                 let at = w.add(p * panel_len + k * LANES);
-                *v = [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))];
+                *v = [load8(at), load8(at.add(8))];
             }
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
@@ -392,18 +542,18 @@ fn tile_avx2<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> {
 /// The tile's product with AVX-512: `MR × NV` accumulators in registers.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn tile_avx512<const MR: usize, const NV: usize>(t: &Tile<'_>) -> Acc<MR, NV> {
+fn tile_avx512<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E]) -> Acc<MR, NV> {
     use std::arch::x86_64::*;
     let np = checked_panels::<MR, NV>(t);
     let panel_len = t.inp * LANES;
     let mut acc = [[_mm512_setzero_ps(); NV]; MR];
-    let (w, x) = (t.w.as_ptr(), t.x.as_ptr());
+    let (w, x) = (w.as_ptr(), t.x.as_ptr());
     for k in 0..t.inp {
         let mut wv = [_mm512_setzero_ps(); NV];
         for (p, v) in wv.iter_mut().enumerate().take(np) {
-            // SAFETY: p < np and k < inp, so the 16 floats lie inside `t.w`
+            // SAFETY: p < np and k < inp, so the 16 weights lie inside `w`
             // (checked above).
-            *v = unsafe { _mm512_loadu_ps(w.add(p * panel_len + k * LANES)) };
+            *v = unsafe { load16(w.add(p * panel_len + k * LANES)) };
         }
         for (r, acc_r) in acc.iter_mut().enumerate() {
             // SAFETY: r < MR and k < inp: inside `t.x` (checked above).
@@ -461,21 +611,49 @@ mod tests {
         let w: Vec<f32> = (0..out * inp)
             .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
             .collect();
-        let p = PackedWeight::pack(&w, out, inp);
-        assert_eq!(p.unpack(), w, "pack/unpack round trip");
-        let e = naive(&x, &w, rows, inp, out);
-        for isa in isas() {
-            let mut y = vec![f32::NAN; 3];
-            p.product(isa, &x, rows, &mut y);
-            assert_eq!(y.len(), e.len());
-            for (i, (a, b)) in y.iter().zip(&e).enumerate() {
-                assert!(
-                    (a - b).abs() < 1e-3,
-                    "{isa:?} [{rows}x{inp}x{out}] {i}: {a} vs {b}"
-                );
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+            // What the packed weight holds: bf16 rounds each value.
+            let held: Vec<f32> = match dtype {
+                WeightDtype::F32 => w.clone(),
+                WeightDtype::Bf16 => w.iter().map(|&v| to_bf16(v).widen()).collect(),
+            };
+            let p = PackedWeight::pack_as(&w, out, inp, dtype);
+            assert_eq!(p.dtype(), dtype);
+            assert_eq!(p.unpack(), held, "pack/unpack round trip");
+            let e = naive(&x, &held, rows, inp, out);
+            for isa in isas() {
+                let mut y = vec![f32::NAN; 3];
+                p.product(isa, &x, rows, &mut y);
+                assert_eq!(y.len(), e.len());
+                for (i, (a, b)) in y.iter().zip(&e).enumerate() {
+                    assert!(
+                        (a - b).abs() < 1e-3,
+                        "{isa:?} {dtype:?} [{rows}x{inp}x{out}] {i}: {a} vs {b}"
+                    );
+                }
             }
+            assert_eq!(p.matmul(&x, rows).len(), e.len());
         }
-        assert_eq!(p.matmul(&x, rows).len(), e.len());
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(to_bf16(1.0), 0x3f80);
+        assert_eq!(to_bf16(-2.0), 0xc000);
+        // 1 + 2⁻⁸ is halfway between 1 and the next bf16: ties go to even (1).
+        assert_eq!(to_bf16(1.0 + 1.0 / 256.0), 0x3f80);
+        // 1 + 3·2⁻⁸ is halfway to an odd neighbour: rounds up to even.
+        assert_eq!(to_bf16(1.0 + 3.0 / 256.0), 0x3f82);
+        assert_eq!(to_bf16(f32::INFINITY), 0x7f80);
+        assert!(to_bf16(f32::NAN).widen().is_nan());
+        // Rounding the largest finite f32 overflows to infinity, as it should.
+        assert_eq!(to_bf16(f32::MAX), 0x7f80);
+        let p = PackedWeight::pack_as(&[0.1; 64], 4, 16, WeightDtype::Bf16);
+        assert_eq!(
+            p.size_bytes(),
+            16 * 16 * 2,
+            "one panel of 16 rows, 2 bytes each"
+        );
     }
 
     #[test]

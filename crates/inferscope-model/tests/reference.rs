@@ -314,6 +314,56 @@ fn qwen2_with_attention_bias_matches() {
     batched_sequences(&mut s);
 }
 
+/// `--dtype bfloat16`: dense weights stored as bf16, computed in f32. The
+/// reference gets the same weights rounded to bf16 (by candle), so the
+/// logits must agree as closely as in f32 — through prefill, decodes, a
+/// preemption and batching — while the dense weights take half the bytes.
+#[test]
+fn bf16_weights_match_the_reference_on_the_same_rounded_weights() {
+    let cfg = config("LlamaForCausalLM", false);
+    let weights = random_weights(&cfg, 1234).unwrap();
+    let dir = write_checkpoint("bf16", &cfg, &weights, 1);
+    let load = |dtype: &str| {
+        let opts = ModelOptions {
+            kv_cache_memory: Some(8 << 20),
+            dtype: dtype.into(),
+            ..ModelOptions::default()
+        };
+        LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap()
+    };
+    let (f32_model, model) = (load("float32"), load("bfloat16"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        model.model().dense_weight_bytes() * 2,
+        f32_model.model().dense_weight_bytes()
+    );
+    let mut exec = model.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let rounded = weights
+        .into_iter()
+        .map(|(name, t)| {
+            let dense = name.ends_with("_proj.weight") || name == "lm_head.weight";
+            let t = if dense {
+                t.to_dtype(DType::BF16)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap()
+            } else {
+                t
+            };
+            (name, t)
+        })
+        .collect();
+    let mut s = Setup {
+        cfg,
+        weights: rounded,
+        exec,
+        block_size: BLOCK_SIZE,
+    };
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
 /// Mistral's sliding window. With one layer a token's output depends only on
 /// the last `WINDOW` tokens, and RoPE only on their relative positions, so
 /// each step's logits must equal the reference fed just those tokens from

@@ -155,6 +155,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         ExecutorKind::Cpu => {
             let opts = ModelOptions {
                 kv_cache_memory: args.kv_cache_memory,
+                dtype: args.dtype.clone(),
                 ..ModelOptions::default()
             };
             let model =

@@ -78,6 +78,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub kv_cache_memory: Option<u64>,
 
+    /// Weight storage of the cpu executor: auto (= float32) or bfloat16
+    /// (half the memory and bytes read per token; computation stays f32).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "bfloat16", "bf16"])]
+    pub dtype: String,
+
     /// Require `Authorization: Bearer KEY` on /v1/* routes.
     #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
