@@ -166,19 +166,20 @@ pub struct CompletionChoice<'a> {
     pub finish_reason: Option<&'a str>,
 }
 
-/// A completion response or stream chunk.
+/// A completion or chat response, or one stream chunk: the envelope both
+/// APIs share around their own choice type `C`.
 #[derive(Debug, Clone, Serialize)]
-pub struct CompletionBody<'a> {
+pub struct ResponseBody<'a, C> {
     /// Response id.
     pub id: &'a str,
-    /// `text_completion`.
+    /// `text_completion`, `chat.completion` or `chat.completion.chunk`.
     pub object: &'static str,
     /// Unix seconds.
     pub created: u64,
     /// Served model name.
     pub model: &'a str,
     /// Choices (empty in the usage chunk).
-    pub choices: Vec<CompletionChoice<'a>>,
+    pub choices: &'a [C],
     /// Token counts (full response, usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -210,22 +211,4 @@ pub struct ChatChoice<'a> {
     pub logprobs: Option<()>,
     /// Set on the last chunk of a choice.
     pub finish_reason: Option<&'a str>,
-}
-
-/// A chat response or stream chunk.
-#[derive(Debug, Clone, Serialize)]
-pub struct ChatBody<'a> {
-    /// Response id.
-    pub id: &'a str,
-    /// `chat.completion` or `chat.completion.chunk`.
-    pub object: &'static str,
-    /// Unix seconds.
-    pub created: u64,
-    /// Served model name.
-    pub model: &'a str,
-    /// Choices (empty in the usage chunk).
-    pub choices: Vec<ChatChoice<'a>>,
-    /// Token counts (full response, usage chunk).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
 }

@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::app::{AppState, unix_now};
 use crate::error::ApiError;
 use crate::generation::{ChoiceDelta, ChoiceStream, LatencySink};
-use crate::protocol::{ChatBody, ChatChoice, ChatDelta, CompletionBody, CompletionChoice, Usage};
+use crate::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
 use crate::validation::{self, Plan};
 
 type AppStateRef = State<Arc<AppState>>;
@@ -298,29 +298,49 @@ struct Shape {
 }
 
 impl Shape {
+    /// The envelope around `choices`.
+    fn body<'a, C>(
+        &'a self,
+        object: &'static str,
+        choices: &'a [C],
+        usage: Option<Usage>,
+    ) -> ResponseBody<'a, C> {
+        ResponseBody {
+            id: &self.id,
+            object,
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+        }
+    }
+
+    /// `object` of a stream chunk.
+    fn chunk_object(&self) -> &'static str {
+        match self.api {
+            Api::Completions => "text_completion",
+            Api::Chat => "chat.completion.chunk",
+        }
+    }
+
     /// One SSE event carrying `delta` (the first of its choice when `first`).
     fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
-        let json = match self.api {
-            Api::Completions => serde_json::to_vec(&CompletionBody {
-                id: &self.id,
-                object: "text_completion",
-                created: self.created,
-                model: &self.model,
-                choices: vec![CompletionChoice {
+        let object = self.chunk_object();
+        match self.api {
+            Api::Completions => sse_event(&self.body(
+                object,
+                &[CompletionChoice {
                     index: d.index,
                     text: &d.text,
                     logprobs: None,
                     finish_reason,
                 }],
-                usage: None,
-            }),
-            Api::Chat => serde_json::to_vec(&ChatBody {
-                id: &self.id,
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: &self.model,
-                choices: vec![ChatChoice {
+                None,
+            )),
+            Api::Chat => sse_event(&self.body(
+                object,
+                &[ChatChoice {
                     index: d.index,
                     message: None,
                     delta: Some(ChatDelta {
@@ -330,40 +350,24 @@ impl Shape {
                     logprobs: None,
                     finish_reason,
                 }],
-                usage: None,
-            }),
-        };
-        sse_event(json.unwrap_or_default())
+                None,
+            )),
+        }
     }
 
-    /// The final usage chunk: empty `choices`.
+    /// The final usage chunk: empty `choices` (the same in both APIs).
     fn usage_chunk(&self, usage: Usage) -> Bytes {
-        let json = match self.api {
-            Api::Completions => serde_json::to_vec(&CompletionBody {
-                id: &self.id,
-                object: "text_completion",
-                created: self.created,
-                model: &self.model,
-                choices: Vec::new(),
-                usage: Some(usage),
-            }),
-            Api::Chat => serde_json::to_vec(&ChatBody {
-                id: &self.id,
-                object: "chat.completion.chunk",
-                created: self.created,
-                model: &self.model,
-                choices: Vec::new(),
-                usage: Some(usage),
-            }),
-        };
-        sse_event(json.unwrap_or_default())
+        let none: &[CompletionChoice] = &[];
+        sse_event(&self.body(self.chunk_object(), none, Some(usage)))
     }
 }
 
-fn sse_event(json: Vec<u8>) -> Bytes {
-    let mut out = Vec::with_capacity(json.len() + 8);
+/// `data: <json>\n\n`, serialised straight into the event's one buffer.
+fn sse_event(body: &impl serde::Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"data: ");
-    out.extend_from_slice(&json);
+    // Serialising these plain structs cannot fail.
+    let _ = serde_json::to_writer(&mut out, body);
     out.extend_from_slice(b"\n\n");
     Bytes::from(out)
 }
@@ -401,7 +405,7 @@ fn stream_response(
                         .clone()
                         .unwrap_or_else(|| "generation failed".into()),
                 );
-                let event = sse_event(serde_json::to_vec(&err.body()).unwrap_or_default());
+                let event = sse_event(&err.body());
                 if tx.send(event).await.is_err() {
                     return;
                 }
@@ -421,7 +425,7 @@ fn stream_response(
                 && f.reason == FinishReason::Abort
             {
                 let err = ApiError::unavailable(server_abort_message(f));
-                let event = sse_event(serde_json::to_vec(&err.body()).unwrap_or_default());
+                let event = sse_event(&err.body());
                 if tx.send(event).await.is_err() {
                     return;
                 }
@@ -490,12 +494,8 @@ async fn full_response(shape: Shape, choices: Vec<ChoiceStream>, prompt_tokens: 
         total_tokens: prompt_tokens + completion_tokens,
     };
     let body = match shape.api {
-        Api::Completions => serde_json::to_value(CompletionBody {
-            id: &shape.id,
-            object: "text_completion",
-            created: shape.created,
-            model: &shape.model,
-            choices: results
+        Api::Completions => {
+            let choices: Vec<_> = results
                 .iter()
                 .map(|(index, text, f)| CompletionChoice {
                     index: *index,
@@ -503,15 +503,11 @@ async fn full_response(shape: Shape, choices: Vec<ChoiceStream>, prompt_tokens: 
                     logprobs: None,
                     finish_reason: Some(f.reason.as_str()),
                 })
-                .collect(),
-            usage: Some(usage),
-        }),
-        Api::Chat => serde_json::to_value(ChatBody {
-            id: &shape.id,
-            object: "chat.completion",
-            created: shape.created,
-            model: &shape.model,
-            choices: results
+                .collect();
+            serde_json::to_value(shape.body("text_completion", &choices, Some(usage)))
+        }
+        Api::Chat => {
+            let choices: Vec<_> = results
                 .iter()
                 .map(|(index, text, f)| ChatChoice {
                     index: *index,
@@ -523,9 +519,9 @@ async fn full_response(shape: Shape, choices: Vec<ChoiceStream>, prompt_tokens: 
                     logprobs: None,
                     finish_reason: Some(f.reason.as_str()),
                 })
-                .collect(),
-            usage: Some(usage),
-        }),
+                .collect();
+            serde_json::to_value(shape.body("chat.completion", &choices, Some(usage)))
+        }
     };
     match body {
         Ok(v) => Json(v).into_response(),
