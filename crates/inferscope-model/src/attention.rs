@@ -3,6 +3,8 @@
 use rayon::prelude::*;
 
 use crate::elementwise::exp_in_place;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::Isa;
 use crate::kv_pool::KvPool;
 
 /// Where one token of the step attends.
@@ -55,8 +57,7 @@ pub(crate) fn paged_attention(
     let group = num_heads / num_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
-    let avx2 =
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+    let avx2 = Isa::Avx2.runs();
     let work = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
         let (t, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
         let q0 = t * q.stride + kv_head * group * d;

@@ -2,6 +2,9 @@
 //! it (libm's `expf` is a call per value), with AVX2/FMA builds chosen at
 //! run time.
 
+#[cfg(target_arch = "x86_64")]
+use crate::isa::Isa;
+
 /// `x ← eˣ` for every element, with a polynomial the compiler vectorises
 /// (Cephes' `expf`: relative error ~2e-7), where libm's is a call per value.
 #[inline(always)]
@@ -40,7 +43,7 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
 /// `silu(x) = x / (1 + e⁻ˣ)`.
 pub(crate) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if Isa::Avx2.runs() {
         // SAFETY: the CPU supports the features the function is compiled for.
         unsafe { swiglu_avx2(g, u, out) };
         return;

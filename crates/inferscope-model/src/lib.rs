@@ -10,6 +10,7 @@ mod elementwise;
 pub mod error;
 pub mod executor;
 pub mod gguf;
+mod isa;
 pub mod kv_pool;
 pub mod llama;
 pub mod loader;

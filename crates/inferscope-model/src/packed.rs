@@ -15,6 +15,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
+use crate::isa::Isa;
+
 /// Output rows per panel: one AVX-512 (or two AVX2) vectors of f32.
 pub(crate) const LANES: usize = 16;
 
@@ -301,35 +303,7 @@ struct Tiles {
 /// weights stream past, and large prefills split across threads by rows too.
 const ROW_BLOCK: usize = 48;
 
-/// The instruction set the kernels run with, detected at run time.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-enum Isa {
-    /// 16-wide: one panel is one register; 32 registers.
-    Avx512,
-    /// 8-wide with FMA: one panel is two registers; 16 registers.
-    Avx2,
-    /// Whatever the compiler makes of plain loops.
-    Portable,
-}
-
 impl Isa {
-    fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // The detection macro caches its answer: this is a load and a test.
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                return Self::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Self::Avx2;
-            }
-        }
-        Self::Portable
-    }
-
     /// Panels per tile for a product of `rows` rows: at least 8 independent
     /// accumulators to hide the FMA latency with few rows, and as many as the
     /// registers hold (next to the weights and the broadcast) with many.
@@ -589,19 +563,10 @@ mod tests {
 
     /// The instruction sets this CPU can run.
     fn isas() -> Vec<Isa> {
-        let mut v = vec![Isa::Portable];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                v.push(Isa::Avx2);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                v.push(Isa::Avx512);
-            }
-        }
-        v
+        [Isa::Portable, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|i| i.runs())
+            .collect()
     }
 
     fn check(rows: usize, inp: usize, out: usize) {
