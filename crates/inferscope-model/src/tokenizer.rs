@@ -334,19 +334,20 @@ impl IncrementalDecoder {
         let prefix = self
             .tokenizer
             .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = self
+        let mut full = self
             .tokenizer
             .decode(&self.ids[self.prefix_offset..], true)?;
         // A trailing U+FFFD means the last token ends inside a character:
         // wait for the rest.
         if full.len() > prefix.len()
             && !full.ends_with('\u{FFFD}')
-            && let Some(delta) = full.get(prefix.len()..)
+            && full.is_char_boundary(prefix.len())
         {
-            let delta = delta.to_string();
+            // The delta is the tail: keep the buffer, drop the head.
+            full.drain(..prefix.len());
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
-            return Ok(delta);
+            return Ok(full);
         }
         Ok(String::new())
     }

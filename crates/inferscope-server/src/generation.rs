@@ -157,6 +157,15 @@ impl ChoiceStream {
             if text.is_empty() {
                 continue;
             }
+            if self.stop.is_empty() {
+                // No stop strings: nothing to hold back or search for.
+                self.observe_delta();
+                return Some(ChoiceDelta {
+                    index: self.index,
+                    text,
+                    finish: None,
+                });
+            }
             self.held.push_str(&text);
             if let Some(pos) = self.find_stop(&self.held) {
                 let emit = self.held[..pos].to_owned();
@@ -197,10 +206,7 @@ impl ChoiceStream {
 
     /// Text that can no longer be the start of a stop string.
     fn take_safe_text(&mut self) -> String {
-        if self.max_stop_len == 0 {
-            return std::mem::take(&mut self.held);
-        }
-        let keep = self.max_stop_len - 1;
+        let keep = self.max_stop_len.saturating_sub(1);
         if self.held.len() <= keep {
             return String::new();
         }
