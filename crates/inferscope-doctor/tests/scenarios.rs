@@ -5,36 +5,32 @@
 
 mod common;
 
-use common::{Load, SERIAL, Shape, doctor, evidence, first};
+use common::{Load, SERIAL, Shape, WARMUP, doctor, evidence, first, scenario};
 use inferscope_doctor::findings::Severity;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-const WARMUP: Duration = Duration::from_millis(400);
 const WINDOW: Duration = Duration::from_millis(1500);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_num_seqs_1_is_queue_bound() {
-    let _serial = SERIAL.lock().await;
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_weights_ms=5",
-        "--max-num-seqs",
-        "1",
-    ])
-    .await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_weights_ms=5",
+            "--max-num-seqs",
+            "1",
+        ],
         6,
         Shape {
             prompt_len: 24,
             max_tokens: 8,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "queue_bound");
     assert!(f.severity >= Severity::Warning);
@@ -47,25 +43,22 @@ async fn max_num_seqs_1_is_queue_bound() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_kv_pool_preempts() {
-    let _serial = SERIAL.lock().await;
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_weights_ms=2,kv_tokens=2000",
-        "--max-model-len",
-        "1024",
-    ])
-    .await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_weights_ms=2,kv_tokens=2000",
+            "--max-model-len",
+            "1024",
+        ],
         8,
         Shape {
             prompt_len: 100,
             max_tokens: 300,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "kv_saturated");
     assert!(evidence(f, "preemptions") >= 1.0);
@@ -77,27 +70,24 @@ async fn small_kv_pool_preempts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instant_device_is_host_bound() {
-    let _serial = SERIAL.lock().await;
     // A device that takes no time: every step is host work.
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0",
-    ])
-    .await;
     // Many long generations keep the batch full, so the engine loop never
     // idles and each step's host work grows with the batch; 24 × 2016 tokens
     // stay within the 65536-token KV pool, so nothing is preempted.
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0",
+        ],
         24,
         Shape {
             prompt_len: 16,
             max_tokens: 2000,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "host_bound");
     assert!(evidence(f, "device_utilisation") < 0.5);
@@ -163,28 +153,25 @@ async fn long_and_short_requests_unbalance_engines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompts_dominate_ttft() {
-    let _serial = SERIAL.lock().await;
     // 300 µs per prompt token and a 256-token prefill budget: a 1000-token
     // prompt needs four steps and about 0.3 s of prefill.
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_prefill_us=300,t_weights_ms=1",
-        "--max-num-batched-tokens",
-        "256",
-    ])
-    .await;
     // One client: nothing queues, so the first token waits only for prefill.
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_prefill_us=300,t_weights_ms=1",
+            "--max-num-batched-tokens",
+            "256",
+        ],
         1,
         Shape {
             prompt_len: 1000,
             max_tokens: 4,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, Duration::from_secs(2)).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        Duration::from_secs(2),
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "long_prompts");
     assert!(evidence(f, "prefill_share_of_ttft") >= 0.5);
@@ -202,20 +189,18 @@ async fn long_prompts_dominate_ttft() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distinct_long_prompts_miss_the_prefix_cache() {
-    let _serial = SERIAL.lock().await;
     // Slow decode steps keep the device busy, so only the cache is remarkable.
-    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=4"]).await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &["--sim-profile", "tiny,t_weights_ms=4"],
         2,
         Shape {
             prompt_len: 600,
             max_tokens: 4,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "prefix_cache");
     assert_eq!(f.severity, Severity::Info);
@@ -226,28 +211,25 @@ async fn distinct_long_prompts_miss_the_prefix_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_queue_rejects_at_admission() {
-    let _serial = SERIAL.lock().await;
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_weights_ms=5",
-        "--max-num-seqs",
-        "1",
-        "--max-waiting-requests",
-        "1",
-    ])
-    .await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_weights_ms=5",
+            "--max-num-seqs",
+            "1",
+            "--max-waiting-requests",
+            "1",
+        ],
         6,
         Shape {
             prompt_len: 24,
             max_tokens: 8,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    let rejected = load.counts[1].load(Ordering::Relaxed);
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
+    let rejected = run.counts[1];
     assert!(rejected > 0, "the load saw no 429");
     let f = first(&r);
     assert_eq!(f.id, "admission_rejections");
@@ -261,34 +243,28 @@ async fn full_queue_rejects_at_admission() {
 /// request failing late, so the error finding says the rate is rising.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_dying_mid_window_is_a_rising_error_rate() {
-    let _serial = SERIAL.lock().await;
     // Steps last at least 5 ms (the weights' time), so 240 steps end no
     // sooner than 1.2 s into the load: past the point (warm-up + window/6)
     // after which the late half has 1.5× the early half's failures, for
     // any step time up to ~14 ms.
     let window = Duration::from_secs(3);
-    let srv = common::start(&[
-        "--sim-profile",
-        "tiny,t_weights_ms=5",
-        "--sim-die-after-steps",
-        "240",
-    ])
-    .await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_weights_ms=5",
+            "--sim-die-after-steps",
+            "240",
+        ],
         4,
         Shape {
             prompt_len: 24,
             max_tokens: 8,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, window).await;
-    let (ok, failed) = (
-        load.counts[0].load(Ordering::Relaxed),
-        load.counts[2].load(Ordering::Relaxed),
-    );
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        window,
+    )
+    .await;
+    let r = run.report;
+    let (ok, failed) = (run.counts[0], run.counts[2]);
     assert!(ok > 0 && failed > 0, "{ok} succeeded, {failed} failed");
     let f = first(&r);
     assert_eq!(f.id, "errors");
@@ -304,19 +280,17 @@ async fn an_engine_dying_mid_window_is_a_rising_error_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn light_load_is_healthy() {
-    let _serial = SERIAL.lock().await;
-    let srv = common::start(&["--sim-profile", "tiny,t_weights_ms=2"]).await;
-    let load = Load::start(
-        srv.addr,
+    let run = scenario(
+        &["--sim-profile", "tiny,t_weights_ms=2"],
         2,
         Shape {
             prompt_len: 32,
             max_tokens: 16,
         },
-    );
-    let r = doctor(srv.addr, WARMUP, WINDOW).await;
-    load.stop().await;
-    srv.shutdown(Duration::from_secs(5)).await;
+        WINDOW,
+    )
+    .await;
+    let r = run.report;
     let f = first(&r);
     assert_eq!(f.id, "healthy");
     assert_eq!(r.diagnosis.findings.len(), 1);

@@ -159,6 +159,31 @@ pub async fn doctor(addr: SocketAddr, warmup: Duration, window: Duration) -> Rep
     inferscope_doctor::diagnose_window(&url, &w)
 }
 
+/// Warm-up before the doctor's window, so the load has reached steady state.
+pub const WARMUP: Duration = Duration::from_millis(400);
+
+/// A finished scenario: the doctor's report and the load's response counts.
+pub struct Run {
+    /// The doctor's report over the window.
+    pub report: Report,
+    /// Responses by class when the window closed: [2xx, 429, other].
+    pub counts: [u64; 3],
+}
+
+/// One scenario, one at a time ([`SERIAL`]): a sim server with `flags`,
+/// `clients` closed-loop clients of `shape`, the doctor over `window` after
+/// [`WARMUP`], then the load and the server stopped.
+pub async fn scenario(flags: &[&str], clients: usize, shape: Shape, window: Duration) -> Run {
+    let _serial = SERIAL.lock().await;
+    let srv = start(flags).await;
+    let load = Load::start(srv.addr, clients, shape);
+    let report = doctor(srv.addr, WARMUP, window).await;
+    let counts = std::array::from_fn(|i| load.counts[i].load(Ordering::Relaxed));
+    load.stop().await;
+    srv.shutdown(Duration::from_secs(5)).await;
+    Run { report, counts }
+}
+
 /// The first finding, after printing the report (shown when a test fails).
 pub fn first(r: &Report) -> &Finding {
     println!("{}", r.to_text());
