@@ -4,7 +4,7 @@ use rayon::prelude::*;
 
 use crate::elementwise::exp_in_place;
 #[cfg(target_arch = "x86_64")]
-use crate::isa::Isa;
+use crate::isa::{Isa, IsaKind};
 use crate::kv_pool::KvPool;
 
 /// Where one token of the step attends.
@@ -57,7 +57,7 @@ pub(crate) fn paged_attention(
     let group = num_heads / num_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
-    let avx2 = Isa::Avx2.runs();
+    let avx2 = Isa::get(IsaKind::Avx2).is_some();
     let work = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
         let (t, kv_head) = (idx / num_kv_heads, idx % num_kv_heads);
         let q0 = t * q.stride + kv_head * group * d;

@@ -3,7 +3,7 @@
 //! run time.
 
 #[cfg(target_arch = "x86_64")]
-use crate::isa::Isa;
+use crate::isa::{Isa, IsaKind};
 
 /// `x ← eˣ` for every element, with a polynomial the compiler vectorises
 /// (Cephes' `expf`: relative error ~2e-7), where libm's is a call per value.
@@ -43,7 +43,7 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
 /// `silu(x) = x / (1 + e⁻ˣ)`.
 pub(crate) fn swiglu(g: &[f32], u: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if Isa::Avx2.runs() {
+    if Isa::get(IsaKind::Avx2).is_some() {
         // SAFETY: the CPU supports the features the function is compiled for.
         unsafe { swiglu_avx2(g, u, out) };
         return;

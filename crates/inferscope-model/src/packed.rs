@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use crate::isa::Isa;
+use crate::isa::{Isa, IsaKind};
 
 /// Output rows per panel: one AVX-512 (or two AVX2) vectors of f32.
 pub(crate) const LANES: usize = 16;
@@ -308,9 +308,9 @@ impl Isa {
     /// accumulators to hide the FMA latency with few rows, and as many as the
     /// registers hold (next to the weights and the broadcast) with many.
     fn panels_per_tile(self, rows: usize) -> usize {
-        match (self, rows) {
-            (Self::Avx512, 1) => 8,
-            (Self::Avx512, _) => 4,
+        match (self.kind(), rows) {
+            (IsaKind::Avx512, 1) => 8,
+            (IsaKind::Avx512, _) => 4,
             (_, 1) => 4,
             (_, 2 | 3) => 2,
             _ => 1,
@@ -396,14 +396,13 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &Tile<'_>, out: &Out) {
             }
         };
     }
-    // SAFETY (the `unsafe` calls): an `Isa` other than `Portable` exists
-    // only where the CPU has its features (`Isa::detect`, and the tests
-    // check before making one).
-    match isa {
+    // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
+    // (see `isa.rs`), so holding one means the CPU has its features.
+    match isa.kind() {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => go!(tile_avx512; 1 x 8, 1 x 4, 2 x 4, 3 x 4, 4 x 4, 5 x 4, 6 x 4),
+        IsaKind::Avx512 => go!(tile_avx512; 1 x 8, 1 x 4, 2 x 4, 3 x 4, 4 x 4, 5 x 4, 6 x 4),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => go!(
+        IsaKind::Avx2 => go!(
             tile_avx2; 1 x 4, 2 x 2, 3 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1, 5 x 1, 6 x 1
         ),
         _ => go!(tile_portable; 1 x 4, 2 x 2, 3 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1, 5 x 1, 6 x 1),
@@ -561,14 +560,6 @@ mod tests {
         y
     }
 
-    /// The instruction sets this CPU can run.
-    fn isas() -> Vec<Isa> {
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|i| i.runs())
-            .collect()
-    }
-
     fn check(rows: usize, inp: usize, out: usize) {
         let x: Vec<f32> = (0..rows * inp)
             .map(|i| ((i * 7) % 13) as f32 - 6.0)
@@ -586,7 +577,7 @@ mod tests {
             assert_eq!(p.dtype(), dtype);
             assert_eq!(p.unpack(), held, "pack/unpack round trip");
             let e = naive(&x, &held, rows, inp, out);
-            for isa in isas() {
+            for isa in Isa::available() {
                 let mut y = vec![f32::NAN; 3];
                 p.product(isa, &x, rows, &mut y);
                 assert_eq!(y.len(), e.len());
