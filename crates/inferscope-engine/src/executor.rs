@@ -135,22 +135,3 @@ pub trait Executor: Send + 'static {
         out: &mut StepOutput,
     ) -> Result<(), ExecutorError>;
 }
-
-impl Executor for Box<dyn Executor> {
-    fn name(&self) -> String {
-        (**self).name()
-    }
-    fn init_kv_cache(&mut self, block_size: usize) -> Result<usize, ExecutorError> {
-        (**self).init_kv_cache(block_size)
-    }
-    fn eos_token_ids(&self) -> Vec<u32> {
-        (**self).eos_token_ids()
-    }
-    fn execute(
-        &mut self,
-        batch: &ScheduledBatch,
-        out: &mut StepOutput,
-    ) -> Result<(), ExecutorError> {
-        (**self).execute(batch, out)
-    }
-}
