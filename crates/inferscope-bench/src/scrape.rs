@@ -376,6 +376,18 @@ mod tests {
     }
 
     #[test]
+    fn a_restart_between_scrapes_counts_from_zero() {
+        // The server restarted during the run: every counter went down, and
+        // what it counted since the restart is the delta (never negative).
+        let before = Snapshot::from_text(&hist("inferscope", 3.0));
+        let after = Snapshot::from_text(&hist("inferscope", 1.0));
+        let v = server_view(&before, &after, "inferscope", GaugePeaks::default());
+        assert_eq!(v.finished.get("length"), Some(&20.0));
+        assert_eq!(v.generation_tokens, Some(200.0));
+        assert_eq!(v.ttft.map(|h| h.count), Some(5.0));
+    }
+
+    #[test]
     fn gauges_take_peaks_and_missing_metrics_degrade() {
         let s = Snapshot::from_text(&hist("inferscope", 1.0));
         let mut p = GaugePeaks::default();
