@@ -8,10 +8,10 @@
 use inferscope_bench::arrivals;
 use inferscope_bench::client::{ApiClient, ApiKind, ClientConfig};
 use inferscope_bench::dataset::{DatasetSpec, sample};
-use inferscope_bench::metrics::percentile;
 use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::rng::Rng;
 use inferscope_bench::runner::{Plan, execute};
+use inferscope_bench::statistics::percentile;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Benchmark online serving throughput and latency against a running server.
-    Serve(Box<ServeArgs>),
+    Serve(Box<BenchServeArgs>),
     /// Show two result JSON files side by side, with the change of every figure.
     Compare(CompareArgs),
     /// Run `serve` at several request rates or concurrency levels; table and plots.
@@ -48,7 +48,7 @@ pub enum DatasetName {
 
 /// Arguments of `bench serve`.
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub struct BenchServeArgs {
     /// Request format.
     #[arg(long, value_enum, default_value_t = Backend::Openai)]
     pub backend: Backend,
@@ -201,7 +201,7 @@ pub struct CompareArgs {
 pub struct SweepArgs {
     /// The serve arguments shared by every point.
     #[command(flatten)]
-    pub serve: ServeArgs,
+    pub serve: BenchServeArgs,
     /// Request rates to run, comma-separated (inf allowed).
     #[arg(long, value_delimiter = ',')]
     pub request_rates: Vec<f64>,

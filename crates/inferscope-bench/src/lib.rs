@@ -8,11 +8,9 @@ pub mod client;
 pub mod compare;
 pub mod dataset;
 pub mod error;
-pub mod metrics;
 pub mod mock;
 pub mod plot;
 pub mod progress;
-pub mod promtext;
 pub mod report;
 pub mod result_json;
 pub mod rng;
@@ -20,10 +18,11 @@ pub mod runner;
 pub mod scrape;
 pub mod serve;
 pub mod sse;
+pub mod statistics;
 pub mod sweep;
 pub mod tokenizer;
 
-pub use cli::{BenchCommand, CompareArgs, ServeArgs, SweepArgs};
+pub use cli::{BenchCommand, BenchServeArgs, CompareArgs, SweepArgs};
 pub use error::BenchError;
 
 /// Runs a `bench` subcommand.

@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use inferscope_schema::names;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -311,52 +312,59 @@ fn exposition(st: &State, ns: &str) -> String {
     let ttft = st.cfg.ttft.as_secs_f64();
     let up = st.started.elapsed().as_secs_f64();
     let mut s = String::new();
+    let (rs, busy, ttft_name) = (
+        names::REQUEST_SUCCESS,
+        names::DEVICE_BUSY_SECONDS,
+        names::TIME_TO_FIRST_TOKEN_SECONDS,
+    );
     let l0 = "engine=\"0\",model_name=\"mock-model\"";
     let l1 = "engine=\"1\",model_name=\"mock-model\"";
     s.push_str(&format!(
-        "# HELP {ns}:request_success Finished requests.\n# TYPE {ns}:request_success counter\n"
+        "# HELP {ns}:{rs} Finished requests.\n# TYPE {ns}:{rs} counter\n"
     ));
     s.push_str(&format!(
-        "{ns}:request_success_total{{finished_reason=\"length\",{l0}}} {success}\n"
+        "{ns}:{rs}_total{{finished_reason=\"length\",{l0}}} {success}\n"
     ));
     s.push_str(&format!(
-        "{ns}:request_success_total{{finished_reason=\"stop\",{l1}}} 0\n"
+        "{ns}:{rs}_total{{finished_reason=\"stop\",{l1}}} 0\n"
     ));
     for (name, v) in [
-        ("generation_tokens", gen_tokens),
-        ("prompt_tokens", prompt),
-        ("num_preemptions", 0),
+        (names::GENERATION_TOKENS, gen_tokens),
+        (names::PROMPT_TOKENS, prompt),
+        (names::NUM_PREEMPTIONS, 0),
     ] {
         s.push_str(&format!("# TYPE {ns}:{name} counter\n{ns}:{name}_total{{{l0}}} {v}\n{ns}:{name}_total{{{l1}}} 0\n"));
     }
-    s.push_str(&format!("# TYPE {ns}:device_busy_seconds counter\n{ns}:device_busy_seconds_total{{{l0}}} {}\n{ns}:device_busy_seconds_total{{{l1}}} 0\n", up * 0.5));
+    s.push_str(&format!(
+        "# TYPE {ns}:{busy} counter\n{ns}:{busy}_total{{{l0}}} {}\n{ns}:{busy}_total{{{l1}}} 0\n",
+        up * 0.5
+    ));
     for (name, v) in [
-        ("num_requests_running", running as f64),
-        ("num_requests_waiting", 0.0),
-        ("kv_cache_usage_perc", (running as f64 / 100.0).min(1.0)),
+        (names::NUM_REQUESTS_RUNNING, running as f64),
+        (names::NUM_REQUESTS_WAITING, 0.0),
+        (
+            names::KV_CACHE_USAGE_PERC,
+            (running as f64 / 100.0).min(1.0),
+        ),
     ] {
         s.push_str(&format!(
             "# TYPE {ns}:{name} gauge\n{ns}:{name}{{{l0}}} {v}\n{ns}:{name}{{{l1}}} 0\n"
         ));
     }
-    s.push_str(&format!(
-        "# TYPE {ns}:time_to_first_token_seconds histogram\n"
-    ));
+    s.push_str(&format!("# TYPE {ns}:{ttft_name} histogram\n"));
     for le in [0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25] {
         let v = if ttft <= le { success } else { 0 };
         s.push_str(&format!(
-            "{ns}:time_to_first_token_seconds_bucket{{{l0},le=\"{le}\"}} {v}\n"
+            "{ns}:{ttft_name}_bucket{{{l0},le=\"{le}\"}} {v}\n"
         ));
     }
     s.push_str(&format!(
-        "{ns}:time_to_first_token_seconds_bucket{{{l0},le=\"+Inf\"}} {success}\n"
+        "{ns}:{ttft_name}_bucket{{{l0},le=\"+Inf\"}} {success}\n"
     ));
     s.push_str(&format!(
-        "{ns}:time_to_first_token_seconds_sum{{{l0}}} {}\n",
+        "{ns}:{ttft_name}_sum{{{l0}}} {}\n",
         ttft * success as f64
     ));
-    s.push_str(&format!(
-        "{ns}:time_to_first_token_seconds_count{{{l0}}} {success}\n"
-    ));
+    s.push_str(&format!("{ns}:{ttft_name}_count{{{l0}}} {success}\n"));
     s
 }

@@ -1,6 +1,6 @@
 //! The printed report, line for line as `vllm bench serve` prints it.
 
-use crate::metrics::{BenchmarkMetrics, Metric, percentile_word};
+use crate::statistics::{BenchmarkMetrics, Metric, percentile_word};
 use std::fmt::Write;
 
 /// Run settings that appear in the report.
@@ -112,7 +112,7 @@ pub fn render(m: &BenchmarkMetrics, ctx: &ReportContext) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Distribution;
+    use crate::statistics::Distribution;
 
     fn dist(base: f64) -> Distribution {
         Distribution {

@@ -1,7 +1,7 @@
 //! The result JSON (`--save-result`), key for key as `vllm bench serve` writes it.
 
 use crate::client::RequestOutput;
-use crate::metrics::{BenchmarkMetrics, Metric, percentile_word};
+use crate::statistics::{BenchmarkMetrics, Metric, percentile_word};
 use serde_json::{Map, Value, json};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -191,7 +191,7 @@ pub fn default_filename(meta: &RunMeta) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::Distribution;
+    use crate::statistics::Distribution;
 
     #[test]
     fn dates_and_rates() {

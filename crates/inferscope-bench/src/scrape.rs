@@ -1,195 +1,39 @@
 //! `--scrape-metrics`: the server's own view of the run, from `/metrics`
 //! scraped before and after (counter and histogram deltas) and sampled during
 //! it (gauge peaks). Works with the `inferscope:` and `vllm:` namespaces and
-//! sums over all label sets (several engines).
+//! sums over all label sets (several engines). The parsing, deltas and
+//! quantiles are the schema crate's ([`inferscope_schema::scrape`]).
 
 use crate::client::get_text;
-use crate::promtext::{self, Sample};
 use crate::report::{header, line};
-use std::collections::{BTreeMap, BTreeSet};
+use inferscope_schema::names;
+use inferscope_schema::scrape::{Delta, Scrape};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-/// One scrape.
+/// One scrape and when it was taken.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    samples: Vec<Sample>,
+    /// The parsed exposition.
+    pub scrape: Scrape,
     at: Instant,
-}
-
-/// A cumulative histogram summed over label sets.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    /// `(upper bound, cumulative count)`, sorted by bound, `+Inf` last.
-    pub buckets: Vec<(f64, f64)>,
-    /// Sum of observations.
-    pub sum: f64,
-    /// Number of observations.
-    pub count: f64,
-}
-
-impl Histogram {
-    /// Adds up `_bucket` samples of any label sets, bound by bound, into one
-    /// histogram with the given `_sum` and `_count`; `None` without buckets.
-    pub fn from_buckets<'a>(
-        buckets: impl IntoIterator<Item = &'a Sample>,
-        sum: f64,
-        count: f64,
-    ) -> Option<Histogram> {
-        let mut by_le: Vec<(f64, f64)> = Vec::new();
-        for s in buckets {
-            let Some(le) = s.label("le").and_then(promtext::parse_value) else {
-                continue;
-            };
-            match by_le.iter_mut().find(|(l, _)| *l == le) {
-                Some(slot) => slot.1 += s.value,
-                None => by_le.push((le, s.value)),
-            }
-        }
-        if by_le.is_empty() {
-            return None;
-        }
-        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Some(Histogram {
-            buckets: by_le,
-            sum,
-            count,
-        })
-    }
-
-    /// This histogram minus an earlier one (missing earlier buckets count as 0).
-    pub fn delta(&self, before: Option<&Histogram>) -> Histogram {
-        let Some(b) = before else {
-            return self.clone();
-        };
-        let prev = |le: f64| {
-            b.buckets
-                .iter()
-                .find(|(l, _)| *l == le)
-                .map_or(0.0, |(_, c)| *c)
-        };
-        Histogram {
-            buckets: self
-                .buckets
-                .iter()
-                .map(|&(le, c)| (le, c - prev(le)))
-                .collect(),
-            sum: self.sum - b.sum,
-            count: self.count - b.count,
-        }
-    }
-
-    /// Quantile estimate as Prometheus' `histogram_quantile` (linear within a bucket).
-    pub fn quantile(&self, q: f64) -> Option<f64> {
-        let total = self.buckets.last()?.1;
-        if total <= 0.0 {
-            return None;
-        }
-        let rank = q * total;
-        let mut prev_le = 0.0;
-        let mut prev_c = 0.0;
-        for &(le, c) in &self.buckets {
-            if c >= rank {
-                if le.is_infinite() {
-                    // Above the highest finite bound: that bound is the best estimate.
-                    return Some(prev_le);
-                }
-                let width = c - prev_c;
-                let frac = if width > 0.0 {
-                    (rank - prev_c) / width
-                } else {
-                    1.0
-                };
-                return Some(prev_le + (le - prev_le) * frac);
-            }
-            prev_le = le;
-            prev_c = c;
-        }
-        Some(prev_le)
-    }
-
-    /// Mean observation, if any.
-    pub fn mean(&self) -> Option<f64> {
-        (self.count > 0.0).then(|| self.sum / self.count)
-    }
 }
 
 impl Snapshot {
     /// Parses an exposition taken now.
     pub fn from_text(text: &str) -> Self {
         Snapshot {
-            samples: promtext::parse(text).samples,
+            scrape: Scrape::parse(text),
             at: Instant::now(),
         }
     }
 
     /// The namespace present (`inferscope` or `vllm`), preferring the one with more series.
     pub fn namespace(&self) -> Option<&'static str> {
-        let count = |p: &str| {
-            self.samples
-                .iter()
-                .filter(|s| s.name.starts_with(p))
-                .count()
-        };
-        let (a, b) = (count("inferscope:"), count("vllm:"));
-        match (a, b) {
-            (0, 0) => None,
-            _ if a >= b => Some("inferscope"),
-            _ => Some("vllm"),
-        }
-    }
-
-    fn series<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Sample> + 'a {
-        self.samples.iter().filter(move |s| s.name == name)
-    }
-
-    /// Sum of a counter over all label sets (`_total` suffix first, then the bare name).
-    pub fn counter(&self, ns: &str, name: &str) -> Option<f64> {
-        let with = format!("{ns}:{name}_total");
-        let bare = format!("{ns}:{name}");
-        self.sum(&with).or_else(|| self.sum(&bare))
-    }
-
-    /// Counter sums per value of one label.
-    pub fn counter_by(&self, ns: &str, name: &str, label: &str) -> BTreeMap<String, f64> {
-        let mut out = BTreeMap::new();
-        let full = format!("{ns}:{name}_total");
-        for s in self.series(&full) {
-            let k = s.label(label).unwrap_or("").to_string();
-            *out.entry(k).or_insert(0.0) += s.value;
-        }
-        out
-    }
-
-    /// Sum over label sets of an exact sample name.
-    pub fn sum(&self, name: &str) -> Option<f64> {
-        let mut it = self.series(name).peekable();
-        it.peek()?;
-        Some(it.map(|s| s.value).sum())
-    }
-
-    /// Largest value over label sets of an exact sample name.
-    pub fn max(&self, name: &str) -> Option<f64> {
-        self.series(name).map(|s| s.value).reduce(f64::max)
-    }
-
-    /// Number of distinct `engine` labels on a series.
-    pub fn engines(&self, name: &str) -> usize {
-        self.series(name)
-            .filter_map(|s| s.label("engine"))
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
-
-    /// A histogram summed over label sets.
-    pub fn histogram(&self, ns: &str, name: &str) -> Option<Histogram> {
-        Histogram::from_buckets(
-            self.series(&format!("{ns}:{name}_bucket")),
-            self.sum(&format!("{ns}:{name}_sum")).unwrap_or(0.0),
-            self.sum(&format!("{ns}:{name}_count")).unwrap_or(0.0),
-        )
+        self.scrape.detect_namespace()
     }
 }
 
@@ -219,18 +63,18 @@ impl GaugePeaks {
                 *slot = Some(slot.map_or(v, |p: f64| p.max(v)));
             }
         };
-        // vLLM before V1 called the KV-cache gauge `gpu_cache_usage_perc`.
-        let kv = s
-            .max(&format!("{ns}:kv_cache_usage_perc"))
-            .or_else(|| s.max(&format!("{ns}:gpu_cache_usage_perc")));
-        up(&mut self.kv_cache_usage, kv);
+        let d = Delta::new(None, &s.scrape, ns);
+        up(
+            &mut self.kv_cache_usage,
+            s.scrape.max(&s.scrape.kv_usage_name(ns), &[]),
+        );
         up(
             &mut self.waiting,
-            s.sum(&format!("{ns}:num_requests_waiting")),
+            s.scrape.sum(&d.name(names::NUM_REQUESTS_WAITING), &[]),
         );
         up(
             &mut self.running,
-            s.sum(&format!("{ns}:num_requests_running")),
+            s.scrape.sum(&d.name(names::NUM_REQUESTS_RUNNING), &[]),
         );
         self.samples += 1;
     }
@@ -325,9 +169,8 @@ pub struct ServerView {
     pub device_utilisation: Option<f64>,
 }
 
-fn summarize(after: &Snapshot, before: &Snapshot, ns: &str, name: &str) -> Option<HistSummary> {
-    let a = after.histogram(ns, name)?;
-    let d = a.delta(before.histogram(ns, name).as_ref());
+fn summarize(h: Option<inferscope_schema::scrape::Histogram>) -> Option<HistSummary> {
+    let d = h?;
     Some(HistSummary {
         mean_ms: d.mean()? * 1000.0,
         p50_ms: d.quantile(0.5)? * 1000.0,
@@ -336,37 +179,27 @@ fn summarize(after: &Snapshot, before: &Snapshot, ns: &str, name: &str) -> Optio
     })
 }
 
-/// Builds the view from the two scrapes and the gauge peaks.
+/// Builds the view from the two scrapes and the gauge peaks. Counters that
+/// went down between the scrapes (a server restart) count from zero.
 pub fn server_view(before: &Snapshot, after: &Snapshot, ns: &str, peaks: GaugePeaks) -> ServerView {
-    let delta =
-        |name: &str| Some(after.counter(ns, name)? - before.counter(ns, name).unwrap_or(0.0));
-    let b = before.counter_by(ns, "request_success", "finished_reason");
-    let finished = after
-        .counter_by(ns, "request_success", "finished_reason")
-        .into_iter()
-        .map(|(k, v)| {
-            let d = v - b.get(&k).copied().unwrap_or(0.0);
-            (k, d)
-        })
-        .collect();
+    let d = Delta::new(Some(&before.scrape), &after.scrape, ns);
     let wall = after.at.duration_since(before.at).as_secs_f64();
-    let busy_name = format!("{ns}:device_busy_seconds_total");
-    let engines = after.engines(&busy_name).max(1);
-    let device_utilisation = delta("device_busy_seconds")
+    let busy_name = d.counter_name(names::DEVICE_BUSY_SECONDS);
+    let engines = after.scrape.label_values(&busy_name, "engine").len().max(1);
+    let device_utilisation = d
+        .counter(names::DEVICE_BUSY_SECONDS, &[])
         .filter(|_| wall > 0.0)
         .map(|busy| busy / (wall * engines as f64));
     ServerView {
         namespace: ns.to_string(),
-        finished,
-        generation_tokens: delta("generation_tokens"),
-        prompt_tokens: delta("prompt_tokens"),
-        preemptions: delta("num_preemptions"),
-        ttft: summarize(after, before, ns, "time_to_first_token_seconds"),
-        // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
-        itl: summarize(after, before, ns, "inter_token_latency_seconds")
-            .or_else(|| summarize(after, before, ns, "time_per_output_token_seconds")),
-        e2e: summarize(after, before, ns, "e2e_request_latency_seconds"),
-        queue: summarize(after, before, ns, "request_queue_time_seconds"),
+        finished: d.counter_by(names::REQUEST_SUCCESS, "finished_reason"),
+        generation_tokens: d.counter(names::GENERATION_TOKENS, &[]),
+        prompt_tokens: d.counter(names::PROMPT_TOKENS, &[]),
+        preemptions: d.counter(names::NUM_PREEMPTIONS, &[]),
+        ttft: summarize(d.histogram(names::TIME_TO_FIRST_TOKEN_SECONDS, &[])),
+        itl: summarize(d.inter_token_latency(&[])),
+        e2e: summarize(d.histogram(names::E2E_REQUEST_LATENCY_SECONDS, &[])),
+        queue: summarize(d.histogram(names::REQUEST_QUEUE_TIME_SECONDS, &[])),
         peaks,
         device_utilisation,
     }
@@ -512,14 +345,9 @@ mod tests {
         let before = Snapshot::from_text(&hist("vllm", 1.0));
         let after = Snapshot::from_text(&hist("vllm", 3.0));
         assert_eq!(after.namespace(), Some("vllm"));
-        let d = after
-            .histogram("vllm", "time_to_first_token_seconds")
-            .expect("histogram")
-            .delta(
-                before
-                    .histogram("vllm", "time_to_first_token_seconds")
-                    .as_ref(),
-            );
+        let d = Delta::new(Some(&before.scrape), &after.scrape, "vllm")
+            .histogram(names::TIME_TO_FIRST_TOKEN_SECONDS, &[])
+            .expect("histogram");
         // Delta: buckets 0.1 → 4, 0.2 → 8, +Inf → 10 (two engines × (3 − 1) × …).
         assert_eq!(
             d.buckets,
@@ -545,6 +373,18 @@ mod tests {
         );
         assert!(text.contains("40 / 40 "), "{text}");
         assert!(text.contains("400 / 399  <-- disagree"), "{text}");
+    }
+
+    #[test]
+    fn a_restart_between_scrapes_counts_from_zero() {
+        // The server restarted during the run: every counter went down, and
+        // what it counted since the restart is the delta (never negative).
+        let before = Snapshot::from_text(&hist("inferscope", 3.0));
+        let after = Snapshot::from_text(&hist("inferscope", 1.0));
+        let v = server_view(&before, &after, "inferscope", GaugePeaks::default());
+        assert_eq!(v.finished.get("length"), Some(&20.0));
+        assert_eq!(v.generation_tokens, Some(200.0));
+        assert_eq!(v.ttft.map(|h| h.count), Some(5.0));
     }
 
     #[test]

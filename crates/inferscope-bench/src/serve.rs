@@ -1,17 +1,17 @@
 //! `bench serve`: one benchmark run from arguments to report and result file.
 
 use crate::arrivals;
-use crate::cli::{Backend, DatasetName, ServeArgs};
+use crate::cli::{Backend, BenchServeArgs, DatasetName};
 use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, Sampling, discover_model};
 use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
 use crate::error::BenchError;
-use crate::metrics::{self, BenchmarkMetrics, Slo};
 use crate::progress;
 use crate::report::{self, ReportContext};
 use crate::result_json::{self, RunMeta};
 use crate::rng::Rng;
 use crate::runner::{self, Plan};
 use crate::scrape::{self, ClientCounts, GaugeSampler, ServerView};
+use crate::statistics::{self, BenchmarkMetrics, Slo};
 use crate::tokenizer::TextTokenizer;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -33,14 +33,14 @@ pub struct ServeOutcome {
 }
 
 /// Base URL from `--base-url` or `--host`/`--port`.
-pub fn base_url(args: &ServeArgs) -> String {
+pub fn base_url(args: &BenchServeArgs) -> String {
     match &args.base_url {
         Some(u) => u.trim_end_matches('/').to_string(),
         None => format!("http://{}:{}", args.host, args.port),
     }
 }
 
-fn api_and_endpoint(args: &ServeArgs) -> Result<(ApiKind, String), BenchError> {
+fn api_and_endpoint(args: &BenchServeArgs) -> Result<(ApiKind, String), BenchError> {
     let (api, default) = match args.backend {
         Backend::Openai => (ApiKind::Completions, "/v1/completions"),
         Backend::OpenaiChat => (ApiKind::Chat, "/v1/chat/completions"),
@@ -56,7 +56,7 @@ fn api_and_endpoint(args: &ServeArgs) -> Result<(ApiKind, String), BenchError> {
     Ok((api, endpoint))
 }
 
-fn dataset_spec(args: &ServeArgs) -> Result<DatasetSpec, BenchError> {
+fn dataset_spec(args: &BenchServeArgs) -> Result<DatasetSpec, BenchError> {
     let path = || {
         args.dataset_path.clone().ok_or_else(|| {
             BenchError::InvalidArg("--dataset-path is required for this dataset".into())
@@ -142,11 +142,11 @@ pub fn first_errors(outputs: &[RequestOutput], k: usize) -> Vec<String> {
 
 /// Runs one benchmark: prints the report (and the server-side view) and saves
 /// the result when asked.
-pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
+pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError> {
     let base = base_url(args);
     let (api, endpoint) = api_and_endpoint(args)?;
-    let selected = metrics::parse_metrics(&args.percentile_metrics)?;
-    let percentiles = metrics::parse_percentiles(&args.metric_percentiles)?;
+    let selected = statistics::parse_metrics(&args.percentile_metrics)?;
+    let percentiles = statistics::parse_percentiles(&args.metric_percentiles)?;
     let slo = Slo::parse(&args.goodput)?;
     let metadata = parse_metadata(&args.metadata)?;
     if !(args.burstiness > 0.0 && args.burstiness.is_finite()) {
@@ -274,7 +274,7 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
         .map(|t| move |s: &str| PromptSource::count(t, s));
     let count_ref: Option<&dyn Fn(&str) -> usize> =
         count_fn.as_ref().map(|f| f as &dyn Fn(&str) -> usize);
-    let m = metrics::compute(
+    let m = statistics::compute(
         &run.outputs,
         run.duration_s,
         slo.as_ref(),
@@ -298,7 +298,7 @@ pub async fn run_serve(args: &ServeArgs) -> Result<ServeOutcome, BenchError> {
     print!("{}", report::render(&m, &ctx));
     if args.request_rate.is_finite() && args.max_concurrency.is_none() {
         let lags: Vec<f64> = run.outputs.iter().map(|o| o.send_lag).collect();
-        let d = metrics::Distribution::from_seconds(&lags, &[99.0]);
+        let d = statistics::Distribution::from_seconds(&lags, &[99.0]);
         println!(
             "Client send lag behind schedule (ms): median {:.3}, p99 {:.3}",
             d.median_ms,

@@ -3,10 +3,10 @@
 
 use crate::cli::SweepArgs;
 use crate::error::BenchError;
-use crate::metrics::{BenchmarkMetrics, Distribution, percentile_word};
 use crate::plot::{self, Chart, Series};
 use crate::result_json::rate_str;
 use crate::serve::run_serve;
+use crate::statistics::{BenchmarkMetrics, Distribution, percentile_word};
 use serde_json::json;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 
 #![warn(missing_docs)]
 
+pub mod client;
 pub mod findings;
 pub mod prometheus_api;
 pub mod report;
@@ -90,7 +91,7 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Fetches and parses one exposition.
 pub async fn fetch(url: &str) -> anyhow::Result<Scrape> {
-    let text = inferscope_bench::client::get_text(url, SCRAPE_TIMEOUT).await?;
+    let text = client::get_text(url, SCRAPE_TIMEOUT).await?;
     Ok(Scrape::parse(&text))
 }
 

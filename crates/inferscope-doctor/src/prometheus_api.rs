@@ -3,7 +3,7 @@
 //! like live scrapes (each evaluation step of the range becomes a scrape).
 
 use crate::snapshot::{Scrape, Window};
-use inferscope_bench::promtext::Sample;
+use inferscope_schema::promtext::{self, Sample};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -61,7 +61,7 @@ pub fn matrix_to_scrapes(body: &Value) -> anyhow::Result<Vec<(f64, Scrape)>> {
         let Some(name) = metric.get("__name__").and_then(Value::as_str) else {
             continue;
         };
-        let labels: Vec<(String, String)> = metric
+        let labels: BTreeMap<String, String> = metric
             .iter()
             .filter(|(k, _)| *k != "__name__")
             .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
@@ -77,18 +77,14 @@ pub fn matrix_to_scrapes(body: &Value) -> anyhow::Result<Vec<(f64, Scrape)>> {
                 point
                     .get(1)
                     .and_then(Value::as_str)
-                    .and_then(inferscope_bench::promtext::parse_value),
+                    .and_then(promtext::parse_value),
             ) else {
                 continue;
             };
             by_time
                 .entry((t * 1000.0).round() as i64)
                 .or_default()
-                .push(Sample {
-                    name: name.to_string(),
-                    labels: labels.clone(),
-                    value: v,
-                });
+                .push(Sample::new(name, labels.clone(), v));
         }
     }
     let t0 = by_time.keys().next().copied().unwrap_or(0);
@@ -120,7 +116,7 @@ pub async fn collect(
         end,
         step
     );
-    let text = inferscope_bench::client::get_text(&url, QUERY_TIMEOUT).await?;
+    let text = crate::client::get_text(&url, QUERY_TIMEOUT).await?;
     let body: Value = serde_json::from_str(&text)
         .map_err(|e| anyhow::anyhow!("Prometheus answer is not JSON: {e}"))?;
     let scrapes = matrix_to_scrapes(&body)?;

@@ -3,90 +3,13 @@
 //! every scrape, and quantiles estimated from bucket deltas — per engine and
 //! in total. Everything the rules and the live view read is in [`Summary`].
 
-use inferscope_bench::promtext::{self, Sample};
-use inferscope_bench::scrape::Histogram;
+use inferscope_schema::scrape::{Delta, counter_delta, full_name};
+use inferscope_schema::{names, schema};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// One parsed exposition of `/metrics`.
-#[derive(Debug, Clone, Default)]
-pub struct Scrape {
-    /// Every sample, as exposed.
-    pub samples: Vec<Sample>,
-}
-
-fn matches(s: &Sample, name: &str, filter: &[(&str, &str)]) -> bool {
-    s.name == name && filter.iter().all(|(k, v)| s.label(k) == Some(*v))
-}
-
-impl Scrape {
-    /// Parses Prometheus text (0.0.4) or OpenMetrics; bad lines are skipped.
-    pub fn parse(text: &str) -> Self {
-        Scrape {
-            samples: promtext::parse(text).samples,
-        }
-    }
-
-    /// The metric namespace found: `inferscope` or `vllm`, whichever has more
-    /// series; `None` when neither appears.
-    pub fn detect_namespace(&self) -> Option<&'static str> {
-        let count = |p: &str| {
-            self.samples
-                .iter()
-                .filter(|s| s.name.starts_with(p))
-                .count()
-        };
-        match (count("inferscope:"), count("vllm:")) {
-            (0, 0) => None,
-            (a, b) if a >= b => Some("inferscope"),
-            _ => Some("vllm"),
-        }
-    }
-
-    /// Sum over the label sets of `name` that carry every label in `filter`.
-    pub fn sum(&self, name: &str, filter: &[(&str, &str)]) -> Option<f64> {
-        let mut it = self
-            .samples
-            .iter()
-            .filter(|s| matches(s, name, filter))
-            .peekable();
-        it.peek()?;
-        Some(it.map(|s| s.value).sum())
-    }
-
-    /// Whether any sample is named `name`.
-    pub fn has(&self, name: &str) -> bool {
-        self.samples.iter().any(|s| s.name == name)
-    }
-
-    /// Distinct values of `label` on the series `name`.
-    pub fn label_values(&self, name: &str, label: &str) -> BTreeSet<String> {
-        self.samples
-            .iter()
-            .filter(|s| s.name == name)
-            .filter_map(|s| s.label(label).map(str::to_string))
-            .collect()
-    }
-
-    /// Label value of the first series `name` matching `filter`.
-    pub fn label_of(&self, name: &str, filter: &[(&str, &str)], label: &str) -> Option<String> {
-        self.samples
-            .iter()
-            .find(|s| matches(s, name, filter))
-            .and_then(|s| s.label(label).map(str::to_string))
-    }
-
-    /// The histogram `base` (without `_bucket`), summed over the label sets
-    /// that match `filter`.
-    pub fn histogram(&self, base: &str, filter: &[(&str, &str)]) -> Option<Histogram> {
-        let bucket = format!("{base}_bucket");
-        Histogram::from_buckets(
-            self.samples.iter().filter(|s| matches(s, &bucket, filter)),
-            self.sum(&format!("{base}_sum"), filter).unwrap_or(0.0),
-            self.sum(&format!("{base}_count"), filter).unwrap_or(0.0),
-        )
-    }
-}
+// The parsing, sums and histogram deltas are the schema crate's.
+pub use inferscope_schema::scrape::{Histogram, Scrape};
 
 /// Mean and quantiles of the observations made in the window.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -223,9 +146,9 @@ pub struct Summary {
 
 /// Families only inferscope exposes: the device and host view.
 pub const HOST_FAMILIES: [&str; 3] = [
-    "device_busy_seconds",
-    "engine_step_duration_seconds",
-    "engine_idle_seconds",
+    names::DEVICE_BUSY_SECONDS,
+    names::ENGINE_STEP_DURATION_SECONDS,
+    names::ENGINE_IDLE_SECONDS,
 ];
 
 /// A series of scrapes of one server, oldest first, with their times.
@@ -235,22 +158,6 @@ pub struct Window {
     pub namespace: String,
     /// `(seconds since the first scrape, scrape)`, oldest first; at least one.
     pub scrapes: Vec<(f64, Scrape)>,
-}
-
-/// `after − before`, or `after` when the counter went down (the server restarted).
-fn counter_delta(after: f64, before: Option<f64>) -> f64 {
-    match before {
-        Some(b) if after >= b => after - b,
-        _ => after,
-    }
-}
-
-fn hist_delta(after: &Histogram, before: Option<&Histogram>) -> Histogram {
-    match before {
-        // A reset (restart) makes the counts go down: the after value is the delta.
-        Some(b) if after.count >= b.count => after.delta(Some(b)),
-        _ => after.clone(),
-    }
 }
 
 /// `None` only when the histogram is absent: an empty one has count 0 (and
@@ -284,7 +191,7 @@ impl Window {
                     .and_then(|(_, s)| s.detect_namespace())
                     .map(str::to_string)
             })
-            .unwrap_or_else(|| "inferscope".to_string());
+            .unwrap_or_else(|| schema::DEFAULT_NAMESPACE.to_string());
         Window { namespace, scrapes }
     }
 
@@ -304,49 +211,41 @@ impl Window {
     }
 
     fn name(&self, base: &str) -> String {
-        format!("{}:{base}", self.namespace)
+        full_name(&self.namespace, base)
+    }
+
+    /// The change from the first to the last scrape.
+    fn pair(&self) -> Option<Delta<'_>> {
+        Some(Delta::new(self.first(), self.last()?, &self.namespace))
     }
 
     /// The exposed name of counter `base`: with `_total`, else bare.
     fn counter_name(&self, base: &str) -> String {
-        let with = format!("{}:{base}_total", self.namespace);
-        match self.last() {
-            Some(s) if !s.has(&with) && s.has(&self.name(base)) => self.name(base),
-            _ => with,
+        match self.pair() {
+            Some(d) => d.counter_name(base),
+            None => self.name(&format!("{base}_total")),
         }
     }
 
     /// Delta of a counter over the window, for the label sets matching `filter`.
     pub fn delta(&self, full_name: &str, filter: &[(&str, &str)]) -> Option<f64> {
-        let after = self.last()?.sum(full_name, filter)?;
-        let before = self.first().and_then(|s| s.sum(full_name, filter));
-        Some(counter_delta(after, before))
+        self.pair()?.counter_exposed(full_name, filter)
     }
 
     fn ns_delta(&self, base: &str, filter: &[(&str, &str)]) -> Option<f64> {
-        self.delta(&self.counter_name(base), filter)
+        self.pair()?.counter(base, filter)
     }
 
     /// Delta of a counter per value of `label`.
     fn delta_by(&self, full_name: &str, label: &str) -> BTreeMap<String, f64> {
-        let Some(last) = self.last() else {
-            return BTreeMap::new();
-        };
-        last.label_values(full_name, label)
-            .into_iter()
-            .filter_map(|v| {
-                let d = self.delta(full_name, &[(label, v.as_str())])?;
-                Some((v, d))
-            })
-            .collect()
+        self.pair()
+            .map(|d| d.counter_exposed_by(full_name, label))
+            .unwrap_or_default()
     }
 
     /// Histogram of the observations made in the window.
     pub fn hist(&self, base: &str, filter: &[(&str, &str)]) -> Option<Histogram> {
-        let name = self.name(base);
-        let after = self.last()?.histogram(&name, filter)?;
-        let before = self.first().and_then(|s| s.histogram(&name, filter));
-        Some(hist_delta(&after, before.as_ref()))
+        self.pair()?.histogram(base, filter)
     }
 
     fn hist_dist(&self, base: &str, filter: &[(&str, &str)]) -> Option<Dist> {
@@ -362,13 +261,9 @@ impl Window {
     }
 
     fn kv_name(&self) -> String {
-        // vLLM before V1 called the KV-cache gauge `gpu_cache_usage_perc`.
-        let v1 = self.name("kv_cache_usage_perc");
         match self.last() {
-            Some(s) if !s.has(&v1) && s.has(&self.name("gpu_cache_usage_perc")) => {
-                self.name("gpu_cache_usage_perc")
-            }
-            _ => v1,
+            Some(s) => s.kv_usage_name(&self.namespace),
+            None => self.name(names::KV_CACHE_USAGE_PERC),
         }
     }
 
@@ -377,11 +272,11 @@ impl Window {
             return Vec::new();
         };
         let mut ids = BTreeSet::new();
-        for base in ["num_requests_running", "num_requests_waiting"] {
+        for base in [names::NUM_REQUESTS_RUNNING, names::NUM_REQUESTS_WAITING] {
             ids.extend(last.label_values(&self.name(base), "engine"));
         }
         ids.extend(last.label_values(&self.kv_name(), "engine"));
-        if ids.is_empty() && last.has(&self.name("num_requests_running")) {
+        if ids.is_empty() && last.has(&self.name(names::NUM_REQUESTS_RUNNING)) {
             // A server without an engine label: one anonymous engine.
             ids.insert(String::new());
         }
@@ -400,23 +295,21 @@ impl Window {
         };
         let rate = |d: Option<f64>| d.filter(|_| secs > 0.0).map(|d| d / secs);
         let gauge = |base: &str| self.gauge_series(&self.name(base), &f);
-        let (running, waiting) = (gauge("num_requests_running"), gauge("num_requests_waiting"));
+        let (running, waiting) = (
+            gauge(names::NUM_REQUESTS_RUNNING),
+            gauge(names::NUM_REQUESTS_WAITING),
+        );
+        let kv_name = self.kv_name();
         let kv: Vec<f64> = self
             .scrapes
             .iter()
-            .filter_map(|(_, s)| {
-                // Per engine the gauge is one series; take the max, not a sum,
-                // in case a server repeats it under other labels.
-                s.samples
-                    .iter()
-                    .filter(|x| matches(x, &self.kv_name(), &f))
-                    .map(|x| x.value)
-                    .reduce(f64::max)
-            })
+            // Per engine the gauge is one series; take the max, not a sum,
+            // in case a server repeats it under other labels.
+            .filter_map(|(_, s)| s.max(&kv_name, &f))
             .collect();
-        let finished = self.ns_delta("request_success", &f);
+        let finished = self.ns_delta(names::REQUEST_SUCCESS, &f);
         let num_gpu_blocks = self.last().and_then(|s| {
-            s.label_of(&self.name("cache_config_info"), &f, "num_gpu_blocks")
+            s.label_of(&self.name(names::CACHE_CONFIG_INFO), &f, "num_gpu_blocks")
                 .and_then(|v| v.parse().ok())
         });
         EngineStats {
@@ -430,12 +323,12 @@ impl Window {
             kv_usage_mean: mean(&kv),
             kv_usage_peak: peak(&kv),
             kv_usage_now: kv.last().copied(),
-            prompt_tokens_per_s: rate(self.ns_delta("prompt_tokens", &f)),
-            generation_tokens_per_s: rate(self.ns_delta("generation_tokens", &f)),
+            prompt_tokens_per_s: rate(self.ns_delta(names::PROMPT_TOKENS, &f)),
+            generation_tokens_per_s: rate(self.ns_delta(names::GENERATION_TOKENS, &f)),
             finished,
-            preemptions: self.ns_delta("num_preemptions", &f),
-            device_utilisation: rate(self.ns_delta("device_busy_seconds", &f)),
-            idle_fraction: rate(self.ns_delta("engine_idle_seconds", &f)),
+            preemptions: self.ns_delta(names::NUM_PREEMPTIONS, &f),
+            device_utilisation: rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &f)),
+            idle_fraction: rate(self.ns_delta(names::ENGINE_IDLE_SECONDS, &f)),
             num_gpu_blocks,
         }
     }
@@ -451,15 +344,18 @@ impl Window {
         let counts = |s: &Scrape| {
             let errors = s
                 .sum(
-                    &self.counter_name("request_success"),
+                    &self.counter_name(names::REQUEST_SUCCESS),
                     &[("finished_reason", "error")],
                 )
                 .unwrap_or(0.0);
             let http_5xx = s
-                .sum("http_requests_total", &[("status", "5xx")])
+                .sum(
+                    &schema::HTTP_REQUESTS.exposed_name(""),
+                    &[("status", "5xx")],
+                )
                 .unwrap_or(0.0);
             let rejected = s
-                .sum(&self.counter_name("admission_rejections"), &[])
+                .sum(&self.counter_name(names::ADMISSION_REJECTIONS), &[])
                 .unwrap_or(0.0);
             [errors, http_5xx, rejected]
         };
@@ -482,16 +378,18 @@ impl Window {
             .iter()
             .map(|e| self.engine_stats(e))
             .collect();
-        let running = self.gauge_series(&self.name("num_requests_running"), &[]);
-        let waiting = self.gauge_series(&self.name("num_requests_waiting"), &[]);
+        let running = self.gauge_series(&self.name(names::NUM_REQUESTS_RUNNING), &[]);
+        let waiting = self.gauge_series(&self.name(names::NUM_REQUESTS_WAITING), &[]);
         let kv_means: Vec<f64> = engines.iter().filter_map(|e| e.kv_usage_mean).collect();
-        let finished_by_reason =
-            self.delta_by(&self.counter_name("request_success"), "finished_reason");
+        let finished_by_reason = self.delta_by(
+            &self.counter_name(names::REQUEST_SUCCESS),
+            "finished_reason",
+        );
         let finished_total =
             (!finished_by_reason.is_empty()).then(|| finished_by_reason.values().sum::<f64>());
         let prefix_caching_enabled = self.last().and_then(|s| {
             s.label_of(
-                &self.name("cache_config_info"),
+                &self.name(names::CACHE_CONFIG_INFO),
                 &[],
                 "enable_prefix_caching",
             )
@@ -499,10 +397,11 @@ impl Window {
         });
         let engines_n = engines.len().max(1) as f64;
         let device_utilisation =
-            rate(self.ns_delta("device_busy_seconds", &[])).map(|u| u / engines_n);
-        let idle_fraction = rate(self.ns_delta("engine_idle_seconds", &[])).map(|u| u / engines_n);
+            rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &[])).map(|u| u / engines_n);
+        let idle_fraction =
+            rate(self.ns_delta(names::ENGINE_IDLE_SECONDS, &[])).map(|u| u / engines_n);
         let phase = |p: &str| {
-            self.hist("engine_step_duration_seconds", &[("phase", p)])
+            self.hist(names::ENGINE_STEP_DURATION_SECONDS, &[("phase", p)])
                 .filter(|_| secs > 0.0)
                 .map(|h| h.sum / secs)
         };
@@ -511,7 +410,7 @@ impl Window {
                 schedule,
                 execute,
                 postprocess,
-                device: rate(self.ns_delta("device_busy_seconds", &[])),
+                device: rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &[])),
             }),
             _ => None,
         };
@@ -541,26 +440,28 @@ impl Window {
                 .filter_map(|e| e.kv_usage_peak)
                 .reduce(f64::max),
             kv_usage_mean: mean(&kv_means),
-            prompt_tokens_per_s: rate(self.ns_delta("prompt_tokens", &[])),
-            generation_tokens_per_s: rate(self.ns_delta("generation_tokens", &[])),
+            prompt_tokens_per_s: rate(self.ns_delta(names::PROMPT_TOKENS, &[])),
+            generation_tokens_per_s: rate(self.ns_delta(names::GENERATION_TOKENS, &[])),
             requests_per_s: rate(finished_total),
             finished_by_reason,
-            preemptions: self.ns_delta("num_preemptions", &[]),
-            admission_rejections: self.ns_delta("admission_rejections", &[]),
-            http_by_status: self.delta_by("http_requests_total", "status"),
-            prefix_cache_queries: self.ns_delta("prefix_cache_queries", &[]),
-            prefix_cache_hits: self.ns_delta("prefix_cache_hits", &[]),
+            preemptions: self.ns_delta(names::NUM_PREEMPTIONS, &[]),
+            admission_rejections: self.ns_delta(names::ADMISSION_REJECTIONS, &[]),
+            http_by_status: self.delta_by(&schema::HTTP_REQUESTS.exposed_name(""), "status"),
+            prefix_cache_queries: self.ns_delta(names::PREFIX_CACHE_QUERIES, &[]),
+            prefix_cache_hits: self.ns_delta(names::PREFIX_CACHE_HITS, &[]),
             prefix_caching_enabled,
-            ttft: self.hist_dist("time_to_first_token_seconds", &[]),
+            ttft: self.hist_dist(names::TIME_TO_FIRST_TOKEN_SECONDS, &[]),
             // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
             itl: self
-                .hist_dist("inter_token_latency_seconds", &[])
-                .or_else(|| self.hist_dist("time_per_output_token_seconds", &[])),
-            e2e: self.hist_dist("e2e_request_latency_seconds", &[]),
-            queue: self.hist_dist("request_queue_time_seconds", &[]),
-            prefill: self.hist_dist("request_prefill_time_seconds", &[]),
-            prompt_len: self.hist_dist("request_prompt_tokens", &[]),
-            iteration_tokens: self.hist_dist("iteration_tokens_total", &[]),
+                .pair()
+                .and_then(|d| d.inter_token_latency(&[]))
+                .as_ref()
+                .and_then(dist),
+            e2e: self.hist_dist(names::E2E_REQUEST_LATENCY_SECONDS, &[]),
+            queue: self.hist_dist(names::REQUEST_QUEUE_TIME_SECONDS, &[]),
+            prefill: self.hist_dist(names::REQUEST_PREFILL_TIME_SECONDS, &[]),
+            prompt_len: self.hist_dist(names::REQUEST_PROMPT_TOKENS, &[]),
+            iteration_tokens: self.hist_dist(names::ITERATION_TOKENS_TOTAL, &[]),
             device_utilisation,
             idle_fraction,
             phases,

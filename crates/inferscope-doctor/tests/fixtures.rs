@@ -162,7 +162,7 @@ fn matrix(name: &str) -> serde_json::Value {
     for (t, which) in [(1_700_000_000.0, "before"), (1_700_000_002.0, "after")] {
         for s in fixture(&format!("{name}_{which}")).samples {
             let mut key = vec![("__name__".to_string(), s.name.clone())];
-            key.extend(s.labels.iter().cloned());
+            key.extend(s.labels.clone());
             series
                 .entry(key)
                 .or_default()

@@ -415,7 +415,7 @@ async fn record_fixtures() {
             if i > 0 {
                 tokio::time::sleep(Duration::from_secs(2)).await;
             }
-            let t = inferscope_bench::client::get_text(&url, Duration::from_secs(5))
+            let t = inferscope_doctor::client::get_text(&url, Duration::from_secs(5))
                 .await
                 .expect("scrape");
             texts.push(t);

@@ -42,7 +42,7 @@ use inferscope_engine::sim::SimTokens;
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineRequest, Executor, SamplingParams, SimExecutor, SimProfile,
 };
-use inferscope_metrics::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use inferscope_schema::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::error::TryRecvError;
 

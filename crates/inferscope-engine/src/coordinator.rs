@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use inferscope_metrics::{FinishReason, StatsRecorder};
+use inferscope_schema::{FinishReason, StatsRecorder};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 

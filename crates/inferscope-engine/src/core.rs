@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel}
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use inferscope_metrics::{FinishReason, StatsRecorder};
+use inferscope_schema::{FinishReason, StatsRecorder};
 
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
@@ -324,7 +324,7 @@ impl EngineCore {
             .store(self.scheduler.num_waiting(), Ordering::Relaxed);
     }
 
-    fn publish(&self, snapshot: &inferscope_metrics::SchedulerStats) {
+    fn publish(&self, snapshot: &inferscope_schema::SchedulerStats) {
         self.state
             .waiting
             .store(snapshot.num_waiting, Ordering::Relaxed);

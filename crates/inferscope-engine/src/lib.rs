@@ -14,6 +14,6 @@ pub mod sim;
 pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
-pub use inferscope_metrics::FinishReason;
+pub use inferscope_schema::FinishReason;
 pub use request::{EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams};
 pub use sim::{SimExecutor, SimProfile};

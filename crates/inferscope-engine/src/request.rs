@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use inferscope_metrics::FinishReason;
+use inferscope_schema::FinishReason;
 
 /// Per-request generation parameters the engine and the executor honour.
 #[derive(Debug, Clone, PartialEq)]

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferscope_metrics::{FinishReason, FinishedRequestStats, IterationStats, SchedulerStats};
+use inferscope_schema::{FinishReason, FinishedRequestStats, IterationStats, SchedulerStats};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::EngineConfig;

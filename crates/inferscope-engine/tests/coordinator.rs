@@ -10,7 +10,7 @@ use inferscope_engine::{
     Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
     RequestHandle, SamplingParams, SimExecutor, SimProfile,
 };
-use inferscope_metrics::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use inferscope_schema::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
 use parking_lot::Mutex;
 
 /// Collects what the engines report, per engine.

@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use tower::{Layer, Service};
 
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
-use crate::schema::{self, Buckets, MetricDef};
+use inferscope_schema::schema::{self, Buckets, MetricDef};
 
 /// Paths not instrumented by default.
 pub const DEFAULT_EXCLUDED: &[&str] = &["/metrics", "/health"];

@@ -1,5 +1,6 @@
-//! inferscope-metrics: the metric schema, stats types, the stat-logger
-//! manager, the Prometheus and log-line loggers, and HTTP instrumentation.
+//! inferscope-metrics: the server side of metrics: the stat-logger manager,
+//! the Prometheus and log-line loggers, HTTP instrumentation and exposition.
+//! The schema and stats types are in `inferscope-schema` (re-exported here).
 //!
 //! The server builds one [`StatLoggerManager`] from a [`MetricsConfig`],
 //! hands it to the engine as its [`StatsRecorder`], records TTFT / ITL / e2e
@@ -72,18 +73,17 @@ pub mod http;
 pub mod log_line;
 pub mod manager;
 pub mod prometheus;
-pub mod schema;
-pub mod stats;
 
-#[cfg(test)]
-mod test_support;
+// The schema and stats types live in the contract crate; re-exported so
+// existing paths (`inferscope_metrics::schema::…`) keep compiling.
+pub use inferscope_schema::{schema, stats};
 
 pub use exposition::{Format, negotiate};
 pub use http::{HttpMetrics, HttpMetricsLayer};
-pub use manager::{ConfigError, MetricsConfig, StatLoggerManager};
-pub use prometheus::{CacheConfig, EngineMetrics};
-pub use schema::{BucketGroup, BucketOverrides, BucketsError, parse_buckets};
-pub use stats::{
+pub use inferscope_schema::{BucketGroup, BucketOverrides, BucketsError, parse_buckets};
+pub use inferscope_schema::{
     FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, NoopRecorder,
     SchedulerStats, StatsRecorder,
 };
+pub use manager::{ConfigError, MetricsConfig, StatLoggerManager};
+pub use prometheus::{CacheConfig, EngineMetrics};

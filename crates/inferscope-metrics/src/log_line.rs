@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::stats::{IterationStats, SchedulerStats};
+use inferscope_schema::stats::{IterationStats, SchedulerStats};
 
 /// Steps with prefix-cache lookups kept in the hit-rate window.
 pub const PREFIX_CACHE_WINDOW: usize = 1024;

@@ -12,8 +12,10 @@ use crate::exposition::{self, Format};
 use crate::http::{HttpMetrics, HttpMetricsLayer};
 use crate::log_line::{self, LogLineLogger};
 use crate::prometheus::{CacheConfig, EngineMetrics, PrometheusLogger};
-use crate::schema::{self, BucketOverrides, BucketsError};
-use crate::stats::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
+use inferscope_schema::stats::{
+    FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
+};
 
 /// Everything the metrics system needs to know at start-up.
 #[derive(Debug, Clone)]
@@ -210,19 +212,9 @@ impl StatLoggerManager {
         }
     }
 
-    /// The per-engine log-line loggers (empty when log stats are disabled).
-    pub fn log_line_loggers(&self) -> &[LogLineLogger] {
-        &self.log_lines
-    }
-
     /// Renders the registry: `(content type, body)`.
     pub fn render(&self, format: Format) -> (&'static str, String) {
         exposition::render(&self.registry, format)
-    }
-
-    /// The process's registry (for tests and custom collectors).
-    pub fn registry(&self) -> &Registry {
-        &self.registry
     }
 
     /// The HTTP metric handles (shared with the HTTP layer).

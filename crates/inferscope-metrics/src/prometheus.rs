@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
-use crate::schema::{self, BucketOverrides, MetricDef};
-use crate::stats::{
+use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
+use inferscope_schema::stats::{
     FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
 };
 

@@ -2,9 +2,6 @@
 //! there, histograms are well formed, engines don't overwrite each other,
 //! and both formats follow their specs.
 
-#[path = "../src/test_support.rs"]
-mod test_support;
-
 use std::time::Duration;
 
 use inferscope_metrics::schema::{self, MetricType};
@@ -12,7 +9,7 @@ use inferscope_metrics::{
     CacheConfig, FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
     MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
 };
-use test_support::{check_histograms, parse};
+use inferscope_schema::promtext::{check_histograms, parse};
 
 fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
     MetricsConfig {
@@ -119,7 +116,10 @@ fn every_schema_metric_is_exposed_and_well_formed() {
                 .unwrap_or_else(|| panic!("{format:?}: {family} missing\n{body}"));
             assert_eq!(f.typ, def.metric_type.as_str(), "{family}");
             assert_eq!(f.help.as_deref(), Some(format!("{}.", def.help).as_str()));
-            assert!(!f.unit, "{family}: names carry their unit, no # UNIT");
+            assert!(
+                f.unit.is_none(),
+                "{family}: names carry their unit, no # UNIT"
+            );
         }
         let n = check_histograms(&expo).unwrap_or_else(|e| panic!("{format:?}: {e}"));
         assert!(n >= 20, "{n} histogram series checked");
@@ -297,7 +297,7 @@ fn prometheus_text_follows_0_0_4() {
     assert!(body.contains("# TYPE vllm:cache_config_info gauge\n"));
     let e = parse(&body).unwrap();
     assert!(!e.eof);
-    assert!(e.samples().all(|s| !s.exemplar));
+    assert!(e.samples().all(|s| s.exemplar.is_none()));
 }
 
 #[test]

@@ -1,8 +1,5 @@
 //! The HTTP layer on a small axum router, driven in-process with `oneshot`.
 
-#[path = "../src/test_support.rs"]
-mod test_support;
-
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -14,7 +11,7 @@ use http::{Request, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
-use test_support::{Exposition, check_histograms, parse};
+use inferscope_schema::promtext::{Exposition, check_histograms, parse};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 

@@ -1,10 +1,6 @@
-//! `docs/metrics.md` is generated from the schema, and the vLLM-compatible
-//! names are pinned.
+//! The vLLM-compatible names are pinned. (`docs/metrics.md` drift is
+//! checked in the schema crate, where the schema lives.)
 
-#[path = "../src/test_support.rs"]
-mod test_support;
-
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,33 +8,12 @@ use axum::body::Body;
 use axum::routing::get;
 use http::Request;
 use http_body_util::BodyExt;
-use inferscope_metrics::schema::{DEFAULT_NAMESPACE, render_markdown};
 use inferscope_metrics::{
     FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
     MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
 };
+use inferscope_schema::promtext;
 use tower::ServiceExt;
-
-fn docs_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/metrics.md")
-}
-
-#[test]
-fn docs_match_schema() {
-    let expected = render_markdown(DEFAULT_NAMESPACE);
-    let path = docs_path();
-    if std::env::var_os("INFERSCOPE_BLESS").is_some_and(|v| v == "1") {
-        std::fs::write(&path, &expected).unwrap();
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == expected,
-        "{} is out of date with the metric schema (src/schema.rs).\n\
-         Regenerate it with: INFERSCOPE_BLESS=1 cargo test -p inferscope-metrics --test schema_docs",
-        path.display()
-    );
-}
 
 /// Every family the exposition serves in `vllm` mode, in order, as vLLM's
 /// dashboards and the Gateway API Inference Extension read them.
@@ -132,7 +107,7 @@ async fn vllm_namespace_names_are_exact() {
     resp.into_body().collect().await.unwrap();
 
     let (_, body) = m.render(Format::Prometheus);
-    let expo = test_support::parse(&body).unwrap();
+    let expo = promtext::parse(&body).unwrap();
     let names: Vec<&str> = expo.families.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, VLLM_FAMILIES, "{body}");
 }

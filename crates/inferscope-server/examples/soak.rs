@@ -22,6 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use inferscope_schema::promtext;
 use inferscope_server::ServeArgs;
 use tokio::task::JoinSet;
 
@@ -75,21 +76,8 @@ async fn get_metrics(client: &HttpClient, addr: SocketAddr) -> Result<String, Bo
 
 /// Number of series (sample lines) in the exposition, and a gauge's sum.
 fn series_and_gauge(text: &str, gauge: &str) -> (usize, f64) {
-    let mut n = 0;
-    let mut g = 0.0;
-    for line in text
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-    {
-        n += 1;
-        if line.starts_with(gauge) {
-            g += line
-                .rsplit_once(' ')
-                .and_then(|(_, v)| v.parse::<f64>().ok())
-                .unwrap_or(0.0);
-        }
-    }
-    (n, g)
+    let samples = promtext::parse_lenient(text).into_samples();
+    (samples.len(), promtext::sum(&samples, gauge, &[]))
 }
 
 /// One request of the mix, chosen by `i`.

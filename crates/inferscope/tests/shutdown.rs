@@ -8,6 +8,7 @@
 
 #![cfg(unix)]
 
+use inferscope_schema::promtext;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -106,9 +107,9 @@ fn wait_admitted(addr: SocketAddr, n: f64) {
     while metrics_sum(
         addr,
         &[
-            "inferscope:num_requests_running{",
-            "inferscope:num_requests_waiting{",
-            "inferscope:request_success_total{",
+            "inferscope:num_requests_running",
+            "inferscope:num_requests_waiting",
+            "inferscope:request_success_total",
         ],
     ) < n
     {
@@ -165,7 +166,8 @@ struct Outcome {
     terminated: bool,
 }
 
-/// Sum of the samples of `names` in the server's `/metrics`.
+/// Sum of the samples of `names` in the server's `/metrics` (read as a raw
+/// HTTP response: the lenient parser skips the status line and headers).
 fn metrics_sum(addr: SocketAddr, names: &[&str]) -> f64 {
     let mut conn = TcpStream::connect(addr).expect("connect");
     write!(
@@ -175,10 +177,8 @@ fn metrics_sum(addr: SocketAddr, names: &[&str]) -> f64 {
     .expect("send");
     let mut text = String::new();
     conn.read_to_string(&mut text).expect("metrics");
-    text.lines()
-        .filter(|l| names.iter().any(|n| l.starts_with(n)))
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
+    let samples = promtext::parse_lenient(&text).into_samples();
+    names.iter().map(|n| promtext::sum(&samples, n, &[])).sum()
 }
 
 /// Sends one request and reads the whole response.

@@ -1,16 +1,16 @@
 //! Shared by the bench's test binaries: `bench serve` arguments against a mock.
 
 use clap::Parser;
-use inferscope_bench::ServeArgs;
+use inferscope_bench::BenchServeArgs;
 
 #[derive(Parser)]
 struct Cli {
     #[command(flatten)]
-    args: ServeArgs,
+    args: BenchServeArgs,
 }
 
 /// `bench serve` arguments for the mock at `base`, plus `extra` flags.
-pub fn args(base: &str, extra: &[&str]) -> ServeArgs {
+pub fn args(base: &str, extra: &[&str]) -> BenchServeArgs {
     let mut argv = vec![
         "bench",
         "--base-url",

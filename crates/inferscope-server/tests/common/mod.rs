@@ -1,9 +1,8 @@
 //! Test support: start a server in-process on an ephemeral port, a small
-//! HTTP client, an SSE reader and a Prometheus exposition parser.
+//! HTTP client, an SSE reader, and the schema crate's exposition parser.
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -118,146 +117,25 @@ pub fn sse_events(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// One sample of the exposition.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
+pub use inferscope_schema::promtext::Sample;
 
-/// Parses Prometheus text (0.0.4) into samples; panics on a malformed line.
+/// Parses the exposition with the schema crate's parser; panics on a malformed line.
 pub fn parse_exposition(text: &str) -> Vec<Sample> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("bad line {line:?}"));
-        let value: f64 = match value {
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            v => v
-                .parse()
-                .unwrap_or_else(|_| panic!("bad value in {line:?}")),
-        };
-        let (name, labels) = match series.split_once('{') {
-            None => (series.to_owned(), BTreeMap::new()),
-            Some((name, rest)) => {
-                let body = rest
-                    .strip_suffix('}')
-                    .unwrap_or_else(|| panic!("bad labels {line:?}"));
-                (name.to_owned(), parse_labels(body))
-            }
-        };
-        out.push(Sample {
-            name,
-            labels,
-            value,
-        });
-    }
-    out
-}
-
-fn parse_labels(body: &str) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::new();
-    let mut chars = body.chars().peekable();
-    loop {
-        let key: String = chars.by_ref().take_while(|&c| c != '=').collect();
-        if key.is_empty() {
-            break;
-        }
-        assert_eq!(
-            chars.next(),
-            Some('"'),
-            "label value must be quoted in {body:?}"
-        );
-        let mut value = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => break,
-                },
-                '"' => break,
-                c => value.push(c),
-            }
-        }
-        labels.insert(key.trim_start_matches(',').to_owned(), value);
-        if chars.peek() == Some(&',') {
-            chars.next();
-        }
-    }
-    labels
+    inferscope_schema::promtext::parse(text)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_samples()
 }
 
 /// Sum of every sample named `name` whose labels include `filter`.
 pub fn sum(samples: &[Sample], name: &str, filter: &[(&str, &str)]) -> f64 {
-    samples
-        .iter()
-        .filter(|s| {
-            s.name == name
-                && filter
-                    .iter()
-                    .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
-        })
-        .map(|s| s.value)
-        .sum()
+    inferscope_schema::promtext::sum(samples, name, filter)
 }
-
-/// A series: its name and its labels (without `le`).
-type SeriesKey = (String, Vec<(String, String)>);
 
 /// Checks every histogram: buckets cumulative, `+Inf` equal to `_count`.
 pub fn assert_histograms_well_formed(samples: &[Sample]) {
-    let mut series: BTreeMap<SeriesKey, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut counts: BTreeMap<SeriesKey, f64> = BTreeMap::new();
-    for s in samples {
-        if let Some(base) = s.name.strip_suffix("_bucket") {
-            let le = s.labels.get("le").expect("bucket has le");
-            let le: f64 = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().expect("le number")
-            };
-            let key: Vec<_> = s
-                .labels
-                .iter()
-                .filter(|(k, _)| *k != "le")
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            series
-                .entry((base.to_owned(), key))
-                .or_default()
-                .push((le, s.value));
-        } else if let Some(base) = s.name.strip_suffix("_count") {
-            let key: Vec<_> = s
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            counts.insert((base.to_owned(), key), s.value);
-        }
-    }
-    assert!(!series.is_empty(), "no histogram found");
-    for (key, mut buckets) in series {
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        for w in buckets.windows(2) {
-            assert!(
-                w[1].1 >= w[0].1,
-                "{key:?}: buckets not cumulative: {buckets:?}"
-            );
-        }
-        let last = buckets.last().expect("a bucket");
-        assert!(last.0.is_infinite(), "{key:?}: no +Inf bucket");
-        let count = counts
-            .get(&key)
-            .unwrap_or_else(|| panic!("{key:?}: no _count"));
-        assert_eq!(last.1, *count, "{key:?}: +Inf bucket differs from _count");
-    }
+    let checked = inferscope_schema::promtext::check_histogram_samples(samples)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(checked > 0, "no histogram found");
 }
 
 /// Scrapes and parses `/metrics`.

@@ -267,26 +267,39 @@ pub fn one_two_five_buckets(max: usize) -> Vec<f64> {
     out
 }
 
-/// Declares one `pub const` [`MetricDef`] per entry; brace-delimited so
-/// rustfmt keeps one compact entry per metric.
+/// Declares, per entry, a name constant in [`names`] and a `pub const`
+/// [`MetricDef`] that uses it; brace-delimited so rustfmt keeps one compact
+/// entry per metric.
 macro_rules! metrics {
     ($(
         $(#[$meta:meta])*
-        $id:ident: $ty:ident $name:literal, unit $unit:ident, scope $scope:ident,
+        $id:ident = $cname:ident: $ty:ident $name:literal, unit $unit:ident, scope $scope:ident,
         labels $labels:expr, buckets $buckets:expr, $help:literal;
-    )*) => {$(
-        $(#[$meta])*
-        #[doc = concat!("`", $name, "`: ", $help, ".")]
-        pub const $id: MetricDef = MetricDef {
-            name: $name,
-            help: $help,
-            metric_type: MetricType::$ty,
-            unit: Unit::$unit,
-            scope: Scope::$scope,
-            labels: $labels,
-            buckets: $buckets,
-        };
-    )*};
+    )*) => {
+        /// Every metric's name as a constant, without namespace and without the
+        /// counter `_total` suffix: clients (bench, doctor, top, tests) name
+        /// metrics through these, never through string literals.
+        pub mod names {
+            $(
+                #[doc = concat!("`", $name, "`: ", $help, ".")]
+                pub const $cname: &str = $name;
+            )*
+        }
+
+        $(
+            $(#[$meta])*
+            #[doc = concat!("`", $name, "`: ", $help, ".")]
+            pub const $id: MetricDef = MetricDef {
+                name: names::$cname,
+                help: $help,
+                metric_type: MetricType::$ty,
+                unit: Unit::$unit,
+                scope: Scope::$scope,
+                labels: $labels,
+                buckets: $buckets,
+            };
+        )*
+    };
 }
 
 use Buckets::{Fixed, Group};
@@ -294,91 +307,91 @@ const NB: Buckets = Buckets::None;
 
 // Engine gauges.
 metrics! {
-    NUM_REQUESTS_RUNNING: Gauge "num_requests_running", unit Requests, scope Engine, labels ENGINE, buckets NB,
+    NUM_REQUESTS_RUNNING = NUM_REQUESTS_RUNNING: Gauge "num_requests_running", unit Requests, scope Engine, labels ENGINE, buckets NB,
         "Number of requests in model execution batches";
-    NUM_REQUESTS_WAITING: Gauge "num_requests_waiting", unit Requests, scope Engine, labels ENGINE, buckets NB,
+    NUM_REQUESTS_WAITING = NUM_REQUESTS_WAITING: Gauge "num_requests_waiting", unit Requests, scope Engine, labels ENGINE, buckets NB,
         "Number of requests waiting to be processed, preempted ones included";
-    KV_CACHE_USAGE_PERC: Gauge "kv_cache_usage_perc", unit Ratio, scope Engine, labels ENGINE, buckets NB,
+    KV_CACHE_USAGE_PERC = KV_CACHE_USAGE_PERC: Gauge "kv_cache_usage_perc", unit Ratio, scope Engine, labels ENGINE, buckets NB,
         "KV-cache usage; 1 means 100 percent usage";
-    CACHE_CONFIG_INFO: Gauge "cache_config_info", unit Info, scope Engine, labels &["block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"], buckets NB,
+    CACHE_CONFIG_INFO = CACHE_CONFIG_INFO: Gauge "cache_config_info", unit Info, scope Engine, labels &["block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"], buckets NB,
         "Information of the engine's cache configuration; value 1, labels carry the configuration";
 
     // Engine counters.
-    PROMPT_TOKENS: Counter "prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PROMPT_TOKENS = PROMPT_TOKENS: Counter "prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Number of prefill tokens processed";
-    GENERATION_TOKENS: Counter "generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    GENERATION_TOKENS = GENERATION_TOKENS: Counter "generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Number of generation tokens processed";
-    NUM_PREEMPTIONS: Counter "num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets NB,
+    NUM_PREEMPTIONS = NUM_PREEMPTIONS: Counter "num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets NB,
         "Cumulative number of preemptions from the engine";
-    REQUEST_SUCCESS: Counter "request_success", unit Requests, scope Engine, labels &["model_name", "engine", "finished_reason"], buckets NB,
+    REQUEST_SUCCESS = REQUEST_SUCCESS: Counter "request_success", unit Requests, scope Engine, labels &["model_name", "engine", "finished_reason"], buckets NB,
         "Count of finished requests by finished_reason (stop, length, abort, error)";
-    PREFIX_CACHE_QUERIES: Counter "prefix_cache_queries", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PREFIX_CACHE_QUERIES = PREFIX_CACHE_QUERIES: Counter "prefix_cache_queries", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Prefix cache queries, in terms of number of queried tokens";
-    PREFIX_CACHE_HITS: Counter "prefix_cache_hits", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PREFIX_CACHE_HITS = PREFIX_CACHE_HITS: Counter "prefix_cache_hits", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Prefix cache hits, in terms of number of cached tokens";
-    PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PROMPT_TOKENS_CACHED = PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Number of prompt tokens served from the prefix cache";
-    ADMISSION_REJECTIONS: Counter "admission_rejections", unit Requests, scope Model, labels &["model_name", "reason"], buckets NB,
+    ADMISSION_REJECTIONS = ADMISSION_REJECTIONS: Counter "admission_rejections", unit Requests, scope Model, labels &["model_name", "reason"], buckets NB,
         "Requests refused at admission, by reason";
 
     // Engine histograms (seconds).
-    TIME_TO_FIRST_TOKEN: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::TimeToFirstToken),
+    TIME_TO_FIRST_TOKEN = TIME_TO_FIRST_TOKEN_SECONDS: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::TimeToFirstToken),
         "Histogram of time to first token in seconds";
-    INTER_TOKEN_LATENCY: Histogram "inter_token_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
+    INTER_TOKEN_LATENCY = INTER_TOKEN_LATENCY_SECONDS: Histogram "inter_token_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
         "Histogram of inter-token latency in seconds, one sample per output delta";
-    TIME_PER_OUTPUT_TOKEN: Histogram "request_time_per_output_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
+    TIME_PER_OUTPUT_TOKEN = REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS: Histogram "request_time_per_output_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
         "Histogram of time per output token in seconds per request: (e2e - TTFT) / (tokens - 1)";
-    E2E_REQUEST_LATENCY: Histogram "e2e_request_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    E2E_REQUEST_LATENCY = E2E_REQUEST_LATENCY_SECONDS: Histogram "e2e_request_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of end to end request latency in seconds";
-    REQUEST_QUEUE_TIME: Histogram "request_queue_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    REQUEST_QUEUE_TIME = REQUEST_QUEUE_TIME_SECONDS: Histogram "request_queue_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of time spent in WAITING phase for request";
-    REQUEST_INFERENCE_TIME: Histogram "request_inference_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    REQUEST_INFERENCE_TIME = REQUEST_INFERENCE_TIME_SECONDS: Histogram "request_inference_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of time spent in RUNNING phase for request";
-    REQUEST_PREFILL_TIME: Histogram "request_prefill_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    REQUEST_PREFILL_TIME = REQUEST_PREFILL_TIME_SECONDS: Histogram "request_prefill_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of time spent in PREFILL phase for request";
-    REQUEST_DECODE_TIME: Histogram "request_decode_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    REQUEST_DECODE_TIME = REQUEST_DECODE_TIME_SECONDS: Histogram "request_decode_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of time spent in DECODE phase for request";
 
     // Engine histograms (counts).
-    REQUEST_PROMPT_TOKENS: Histogram "request_prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+    REQUEST_PROMPT_TOKENS = REQUEST_PROMPT_TOKENS: Histogram "request_prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
         "Number of prefill tokens processed per request";
-    REQUEST_GENERATION_TOKENS: Histogram "request_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+    REQUEST_GENERATION_TOKENS = REQUEST_GENERATION_TOKENS: Histogram "request_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
         "Number of generation tokens processed per request";
-    REQUEST_PARAMS_MAX_TOKENS: Histogram "request_params_max_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+    REQUEST_PARAMS_MAX_TOKENS = REQUEST_PARAMS_MAX_TOKENS: Histogram "request_params_max_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
         "Histogram of the max_tokens request parameter";
-    REQUEST_MAX_NUM_GENERATION_TOKENS: Histogram "request_max_num_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+    REQUEST_MAX_NUM_GENERATION_TOKENS = REQUEST_MAX_NUM_GENERATION_TOKENS: Histogram "request_max_num_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
         "Histogram of maximum number of requested generation tokens";
-    ITERATION_TOKENS: Histogram "iteration_tokens_total", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::IterationTokens),
+    ITERATION_TOKENS = ITERATION_TOKENS_TOTAL: Histogram "iteration_tokens_total", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::IterationTokens),
         "Histogram of number of tokens per engine step";
-    REQUEST_PARAMS_N: Histogram "request_params_n", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(PARAMS_N_BUCKETS),
+    REQUEST_PARAMS_N = REQUEST_PARAMS_N: Histogram "request_params_n", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(PARAMS_N_BUCKETS),
         "Histogram of the n request parameter";
-    REQUEST_NUM_PREEMPTIONS: Histogram "request_num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets Fixed(PREEMPTIONS_BUCKETS),
+    REQUEST_NUM_PREEMPTIONS = REQUEST_NUM_PREEMPTIONS: Histogram "request_num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets Fixed(PREEMPTIONS_BUCKETS),
         "Number of preemptions per finished request";
 
     // Beyond vLLM: device saturation and host overhead.
-    ENGINE_STEPS: Counter "engine_steps", unit Steps, scope Engine, labels ENGINE, buckets NB,
+    ENGINE_STEPS = ENGINE_STEPS: Counter "engine_steps", unit Steps, scope Engine, labels ENGINE, buckets NB,
         "Engine steps executed";
-    DEVICE_BUSY_SECONDS: Counter "device_busy_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
+    DEVICE_BUSY_SECONDS = DEVICE_BUSY_SECONDS: Counter "device_busy_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
         "Time the executor spent executing steps; its rate is the device utilisation";
-    ENGINE_STEP_DURATION: Histogram "engine_step_duration_seconds", unit Seconds, scope Engine, labels &["model_name", "engine", "phase"], buckets Fixed(STEP_DURATION_BUCKETS),
+    ENGINE_STEP_DURATION = ENGINE_STEP_DURATION_SECONDS: Histogram "engine_step_duration_seconds", unit Seconds, scope Engine, labels &["model_name", "engine", "phase"], buckets Fixed(STEP_DURATION_BUCKETS),
         "Host time per engine step by phase (schedule, execute, postprocess)";
-    ENGINE_IDLE_SECONDS: Counter "engine_idle_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
+    ENGINE_IDLE_SECONDS = ENGINE_IDLE_SECONDS: Counter "engine_idle_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
         "Time the engine loop waited with nothing to run";
-    BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
+    BATCH_SIZE = BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
         "Sequences per engine step";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
-    HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
+    HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
         "Total number of requests by method, status and handler";
-    HTTP_REQUEST_SIZE: Histogram "http_request_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
+    HTTP_REQUEST_SIZE = HTTP_REQUEST_SIZE_BYTES: Histogram "http_request_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
         "Size of incoming request bodies by handler (Content-Length, else counted)";
-    HTTP_RESPONSE_SIZE: Histogram "http_response_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
+    HTTP_RESPONSE_SIZE = HTTP_RESPONSE_SIZE_BYTES: Histogram "http_response_size_bytes", unit Bytes, scope Http, labels &["handler"], buckets Fixed(HTTP_SIZE_BUCKETS),
         "Size of outgoing response bodies by handler, counted as the body is sent";
-    HTTP_REQUEST_DURATION_HIGHR: Histogram "http_request_duration_highr_seconds", unit Seconds, scope Http, labels &[], buckets Fixed(HTTP_HIGHR_BUCKETS),
+    HTTP_REQUEST_DURATION_HIGHR = HTTP_REQUEST_DURATION_HIGHR_SECONDS: Histogram "http_request_duration_highr_seconds", unit Seconds, scope Http, labels &[], buckets Fixed(HTTP_HIGHR_BUCKETS),
         "Latency with many buckets but no API specific labels, until the last body byte is sent";
-    HTTP_REQUEST_DURATION: Histogram "http_request_duration_seconds", unit Seconds, scope Http, labels &["method", "handler"], buckets Fixed(HTTP_DURATION_BUCKETS),
+    HTTP_REQUEST_DURATION = HTTP_REQUEST_DURATION_SECONDS: Histogram "http_request_duration_seconds", unit Seconds, scope Http, labels &["method", "handler"], buckets Fixed(HTTP_DURATION_BUCKETS),
         "Latency with only few buckets by handler, until the last body byte is sent";
-    HTTP_REQUESTS_INPROGRESS: Gauge "http_requests_inprogress", unit Requests, scope Http, labels &["method", "handler"], buckets NB,
+    HTTP_REQUESTS_INPROGRESS = HTTP_REQUESTS_INPROGRESS: Gauge "http_requests_inprogress", unit Requests, scope Http, labels &["method", "handler"], buckets NB,
         "Number of HTTP requests in progress";
 }
 
@@ -620,8 +633,8 @@ pub fn render_markdown(namespace: &str) -> String {
     let _ = writeln!(out, "# Metrics reference\n");
     let _ = writeln!(
         out,
-        "<!-- GENERATED from crates/inferscope-metrics/src/schema.rs by `schema::render_markdown`. \
-         Do not edit: run `INFERSCOPE_BLESS=1 cargo test -p inferscope-metrics` to regenerate. -->\n"
+        "<!-- GENERATED from crates/inferscope-schema/src/schema.rs by `schema::render_markdown`. \
+         Do not edit: run `INFERSCOPE_BLESS=1 cargo test -p inferscope-schema` to regenerate. -->\n"
     );
     let _ = writeln!(
         out,

@@ -1,0 +1,27 @@
+//! inferscope-schema: the contract between inferscope's crates.
+//!
+//! - [`schema`]: every metric's name ([`schema::names`]), help, type, unit,
+//!   labels and buckets; `docs/metrics.md` is generated from it.
+//! - [`stats`]: the plain stats structs the engine emits and the
+//!   [`StatsRecorder`] it hands them to.
+//! - [`promtext`]: the one parser of the Prometheus text exposition (0.0.4)
+//!   and OpenMetrics, used by bench, doctor, top and the tests.
+//! - [`scrape`]: the one view of a server from its scrapes: counter deltas
+//!   across resets, histogram deltas and quantiles, namespace detection and
+//!   the vLLM name fallbacks.
+//!
+//! Std-level dependencies only: the engine links this crate and must never
+//! pull HTTP or Prometheus client code.
+
+#![warn(missing_docs)]
+
+pub mod promtext;
+pub mod schema;
+pub mod scrape;
+pub mod stats;
+
+pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_buckets};
+pub use stats::{
+    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, NoopRecorder,
+    SchedulerStats, StatsRecorder,
+};
