@@ -42,7 +42,7 @@ async fn max_num_seqs_1_is_queue_bound() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn small_kv_pool_preempts() {
+async fn small_kv_storage_preempts() {
     let run = scenario(
         &[
             "--sim-profile",

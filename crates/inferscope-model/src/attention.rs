@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use crate::elementwise::exp_in_place;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::{Isa, IsaKind};
-use crate::kv_pool::KvPool;
+use crate::kv_storage::KvStorage;
 
 /// Where one token of the step attends.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +44,7 @@ pub(crate) fn paged_attention(
     out: &mut [f32],
     tokens: &[TokenCtx],
     block_tables: &[u32],
-    pool: &KvPool,
+    pool: &KvStorage,
     layer: usize,
     shape: AttnShape,
 ) {
@@ -110,7 +110,7 @@ struct Group<'a> {
     ctx: TokenCtx,
     window: Option<usize>,
     block_tables: &'a [u32],
-    pool: &'a KvPool,
+    pool: &'a KvStorage,
     layer: usize,
     scale: f32,
 }

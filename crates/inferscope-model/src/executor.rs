@@ -7,7 +7,7 @@ use std::time::Instant;
 use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepOutput};
 
 use crate::attention::TokenCtx;
-use crate::kv_pool::KvPool;
+use crate::kv_storage::KvStorage;
 use crate::llama::{LlamaModel, Scratch, StepTokens};
 use crate::sampler::{sample, token_rng};
 
@@ -26,7 +26,7 @@ pub struct CpuExecutor {
     model: Arc<LlamaModel>,
     budget: KvBudget,
     eos: Vec<u32>,
-    pool: Option<KvPool>,
+    pool: Option<KvStorage>,
     threads: Option<rayon::ThreadPool>,
     // Reused between steps.
     ctx: Vec<TokenCtx>,
@@ -85,7 +85,7 @@ impl CpuExecutor {
         (self.model.cfg.kv_bytes_per_token() * block_size) as u64
     }
 
-    fn check(&self, batch: &ScheduledBatch, pool: &KvPool) -> Result<(), ExecutorError> {
+    fn check(&self, batch: &ScheduledBatch, pool: &KvStorage) -> Result<(), ExecutorError> {
         let bad = |m: String| Err(ExecutorError::Step(m));
         if batch.block_size != pool.block_size() {
             return bad(format!(
@@ -156,7 +156,7 @@ impl CpuExecutor {
     fn forward_with_pool(
         &mut self,
         batch: &ScheduledBatch,
-        pool: &mut KvPool,
+        pool: &mut KvStorage,
     ) -> Result<(), ExecutorError> {
         self.check(batch, pool)?;
         self.ctx.clear();
@@ -232,7 +232,7 @@ impl Executor for CpuExecutor {
             )));
         }
         let cfg = &self.model.cfg;
-        self.pool = Some(KvPool::new(
+        self.pool = Some(KvStorage::new(
             cfg.num_layers,
             num_blocks,
             block_size,

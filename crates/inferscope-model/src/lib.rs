@@ -11,7 +11,7 @@ pub mod error;
 pub mod executor;
 pub mod gguf;
 mod isa;
-pub mod kv_pool;
+pub mod kv_storage;
 pub mod llama;
 pub mod loader;
 pub mod model;

@@ -7,7 +7,7 @@ use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
 use crate::elementwise::swiglu;
 use crate::error::ModelError;
-use crate::kv_pool::KvPool;
+use crate::kv_storage::KvStorage;
 use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
 
 /// A layer's weight: dense f32 in panel layout, or quantized.
@@ -364,7 +364,7 @@ impl LlamaModel {
     pub(crate) fn forward(
         &self,
         step: &StepTokens<'_>,
-        pool: &mut KvPool,
+        pool: &mut KvStorage,
         logit_rows: &[usize],
         scratch: &mut Scratch,
     ) -> Result<(), ModelError> {

@@ -1,4 +1,4 @@
-//! The paged KV pool: the memory the scheduler's blocks stand for.
+//! The paged KV storage: the memory the scheduler's blocks (the engine's `BlockPool`) stand for.
 
 /// Keys and values of all layers, in blocks of `block_size` token slots.
 ///
@@ -7,7 +7,7 @@
 /// so that attention scores a whole block of keys with vector operations
 /// along the slots (no horizontal sum per key) and then sums values along
 /// `head_dim`; each is contiguous per (block, head).
-pub struct KvPool {
+pub struct KvStorage {
     k: Vec<f32>,
     v: Vec<f32>,
     num_blocks: usize,
@@ -16,8 +16,8 @@ pub struct KvPool {
     head_dim: usize,
 }
 
-impl KvPool {
-    /// A zeroed pool. The allocation is zero-initialised memory, which the
+impl KvStorage {
+    /// A zeroed store. The allocation is zero-initialised memory, which the
     /// OS provides lazily, so a large pool costs nothing until written.
     pub fn new(
         num_layers: usize,
@@ -47,7 +47,7 @@ impl KvPool {
         self.block_size
     }
 
-    /// Bytes held by the pool.
+    /// Bytes held by the store.
     pub fn size_bytes(&self) -> usize {
         (self.k.len() + self.v.len()) * std::mem::size_of::<f32>()
     }
