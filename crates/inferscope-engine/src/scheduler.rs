@@ -20,7 +20,7 @@ use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
 use crate::kv_cache::{BlockHash, BlockPool, hash_block};
 use crate::request::{
-    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams,
+    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
 };
 
 /// Where a request's outputs go.
@@ -32,6 +32,8 @@ struct Sequence {
     seq_id: u64,
     request_id: String,
     params: Arc<SamplingParams>,
+    /// `params.stop_token_ids`, deduplicated, for the per-token stop check.
+    stop_token_ids: StopTokenIds,
     seed: u64,
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
@@ -204,10 +206,12 @@ impl Scheduler {
         self.next_seq_id += 1;
         let seed = req.params.effective_seed(&req.request_id);
         let num_prompt_tokens = req.prompt_token_ids.len();
+        let stop_token_ids = req.params.stop_token_set();
         let mut seq = Sequence {
             seq_id,
             request_id: req.request_id,
             params: req.params,
+            stop_token_ids,
             seed,
             tokens: req.prompt_token_ids,
             num_prompt_tokens,
@@ -607,7 +611,7 @@ fn check_stop(
         if !p.ignore_eos && eos_token_ids.contains(&token) {
             return Some((FinishReason::Stop, Some(token)));
         }
-        if p.stop_token_ids.contains(&token) {
+        if seq.stop_token_ids.contains(token) {
             return Some((FinishReason::Stop, Some(token)));
         }
     }
