@@ -257,7 +257,7 @@ async fn a_panicking_core_fails_its_requests_and_is_skipped() {
     ])
     .await;
     let addr = server.addr;
-    const MAX_TOKENS: u64 = 1000;
+    const MAX_TOKENS: u64 = 2000;
     let mut tasks = Vec::new();
     for i in 0..8 {
         let stream = i % 2 == 1;
