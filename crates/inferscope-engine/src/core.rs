@@ -12,14 +12,14 @@ use inferscope_metrics::{FinishReason, StatsRecorder};
 
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::request::{EngineRequest, RequestOutput};
+use crate::request::{EngineRequest, RequestOutput, StopTokenIds};
 use crate::scheduler::{OutputSink, Scheduler};
 
 /// A message to an engine core.
 #[derive(Debug)]
 pub(crate) enum CoreMessage {
-    /// Queue a request; its outputs go to the sink.
-    Add(EngineRequest, OutputSink),
+    /// Queue a request with its stop-id set; its outputs go to the sink.
+    Add(EngineRequest, Arc<StopTokenIds>, OutputSink),
     /// End a request (abort, or stop for a stop string).
     Finish(String, FinishReason),
     /// Stop taking requests; finish the running ones until the deadline,
@@ -345,15 +345,15 @@ impl EngineCore {
 
     fn handle(&mut self, msg: CoreMessage) {
         match msg {
-            CoreMessage::Add(req, sink) => {
+            CoreMessage::Add(req, stops, sink) => {
                 self.state.pending.fetch_sub(1, Ordering::Relaxed);
                 // A dead core's loop fails new arrivals with its reason.
                 if self.shutdown_deadline.is_some() {
-                    self.scheduler.add_request(req.clone(), sink);
-                    self.scheduler
-                        .finish_request(&req.request_id, FinishReason::Abort);
+                    let id = req.request_id.clone();
+                    self.scheduler.add_request_with_stops(req, stops, sink);
+                    self.scheduler.finish_request(&id, FinishReason::Abort);
                 } else {
-                    self.scheduler.add_request(req, sink);
+                    self.scheduler.add_request_with_stops(req, stops, sink);
                 }
             }
             CoreMessage::Finish(id, reason) => {

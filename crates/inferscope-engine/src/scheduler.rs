@@ -32,8 +32,9 @@ struct Sequence {
     seq_id: u64,
     request_id: String,
     params: Arc<SamplingParams>,
-    /// `params.stop_token_ids`, deduplicated, for the per-token stop check.
-    stop_token_ids: StopTokenIds,
+    /// `params.stop_token_ids`, deduplicated, for the per-token stop check
+    /// (shared by the choices of one request).
+    stop_token_ids: Arc<StopTokenIds>,
     seed: u64,
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
@@ -202,11 +203,22 @@ impl Scheduler {
 
     /// Queues a request. Its outputs go to `sink`.
     pub fn add_request(&mut self, req: EngineRequest, sink: OutputSink) {
+        let stop_token_ids = Arc::new(req.params.stop_token_set());
+        self.add_request_with_stops(req, stop_token_ids, sink);
+    }
+
+    /// Queues a request whose stop-id set the caller built (the coordinator
+    /// builds it on the submitting thread, not on the engine thread).
+    pub(crate) fn add_request_with_stops(
+        &mut self,
+        req: EngineRequest,
+        stop_token_ids: Arc<StopTokenIds>,
+        sink: OutputSink,
+    ) {
         let seq_id = self.next_seq_id;
         self.next_seq_id += 1;
         let seed = req.params.effective_seed(&req.request_id);
         let num_prompt_tokens = req.prompt_token_ids.len();
-        let stop_token_ids = req.params.stop_token_set();
         let mut seq = Sequence {
             seq_id,
             request_id: req.request_id,
