@@ -36,6 +36,7 @@ fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) ->
     stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
+/// Installs the global subscriber: `RUST_LOG` filter (default `info`), stderr.
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

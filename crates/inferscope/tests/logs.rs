@@ -22,7 +22,7 @@ impl Drop for Server {
 }
 
 /// Runs `inferscope [global] serve` (sim `tiny`, stats every 0.2 s, then
-/// `extra`) with stderr piped; calls `poke` with each line until it says the
+/// `extra`) with stderr piped; passes each line to `done` until it says the
 /// run has shown enough (60 s at most); returns the log lines.
 fn serve_logs_until(
     global: &[&str],
