@@ -62,13 +62,28 @@ fn vllm_fixture_is_detected_and_degrades_gracefully() {
     assert_eq!(r.summary.missing.len(), 3);
     assert!(r.to_text().contains("rules not evaluated"));
     // Imbalance falls back from device time to tokens per second.
-    let dp = inferscope_doctor::findings::dp_imbalance(&r.summary);
-    if let inferscope_doctor::findings::Outcome::Fired(f) = dp {
-        assert!(
-            f.evidence
-                .iter()
-                .any(|e| e.name.starts_with("tokens_per_s"))
-        );
+    // vLLM has no device time, and its two engines here are balanced in
+    // tokens per second (909 + 2534.5 vs 909 + 2748): the rule stays clear.
+    use inferscope_doctor::findings::{Outcome, dp_imbalance};
+    assert!(
+        r.summary
+            .engines
+            .iter()
+            .all(|e| e.device_utilisation.is_none())
+    );
+    assert_eq!(dp_imbalance(&r.summary), Outcome::Clear);
+    // The same window with engine 0 doing most of the work fires, on
+    // tokens per second.
+    let mut skewed = r.summary.clone();
+    skewed.engines[0].generation_tokens_per_s = Some(20_000.0);
+    match dp_imbalance(&skewed) {
+        Outcome::Fired(f) => {
+            assert_eq!(f.id, "dp_imbalance");
+            assert_eq!(f.evidence("tokens_per_s_max"), Some(20_909.0));
+            assert_eq!(f.evidence("tokens_per_s_min"), Some(909.0 + 2748.0));
+            assert!(f.evidence("device_utilisation_max").is_none());
+        }
+        other => panic!("a 5x imbalance must fire: {other:?}"),
     }
 }
 

@@ -1,6 +1,7 @@
 //! One engine core: an OS thread that runs schedule → execute → postprocess
 //! over its own scheduler, KV pool and executor.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
@@ -11,14 +12,14 @@ use inferscope_schema::{FinishReason, StatsRecorder};
 
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
-use crate::request::{EngineRequest, RequestOutput};
+use crate::request::{EngineRequest, RequestOutput, StopTokenIds};
 use crate::scheduler::{OutputSink, Scheduler};
 
 /// A message to an engine core.
 #[derive(Debug)]
 pub(crate) enum CoreMessage {
-    /// Queue a request; its outputs go to the sink.
-    Add(EngineRequest, OutputSink),
+    /// Queue a request with its stop-id set; its outputs go to the sink.
+    Add(EngineRequest, Arc<StopTokenIds>, OutputSink),
     /// End a request (abort, or stop for a stop string).
     Finish(String, FinishReason),
     /// Stop taking requests; finish the running ones until the deadline,
@@ -159,7 +160,27 @@ struct EngineCore {
 }
 
 impl EngineCore {
+    /// The thread's body: the step loop, with a panic anywhere in it (the
+    /// executor, the scheduler, a stats recorder) turned into a dead core
+    /// whose requests end with an error, instead of a silent thread exit
+    /// that leaves requests hanging and the router sending more.
     fn run(mut self) {
+        let engine = self.state.engine_index;
+        // AssertUnwindSafe is sound here: after a panic the step loop never
+        // resumes and the executor is never called again. What is touched
+        // afterwards is the scheduler, only to end requests and free their
+        // blocks, and the channels; that cleanup is itself guarded, in case
+        // the panic left the scheduler inconsistent.
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run_loop()));
+        if let Err(payload) = outcome {
+            let msg = format!("engine core panicked: {}", panic_message(payload.as_ref()));
+            tracing::error!(engine, error = %msg, "engine core panicked; failing its requests");
+            self.die(&msg);
+        }
+        self.state.alive.store(false, Ordering::Release);
+    }
+
+    fn run_loop(&mut self) {
         let engine = self.state.engine_index;
         let mut out = StepOutput::default();
         loop {
@@ -211,20 +232,7 @@ impl EngineCore {
                 Err(e) => {
                     let msg = e.to_string();
                     tracing::error!(engine, error = %msg, "engine core cannot continue");
-                    *self.state.dead_reason.lock() = Some(msg.clone());
-                    self.state.alive.store(false, Ordering::Release);
-                    self.scheduler.finish_all(FinishReason::Error, Some(&msg));
-                    self.flush_outside_step();
-                    // Fail whatever is still queued or arrives later, until
-                    // the coordinator shuts down.
-                    while let Ok(m) = self.rx.recv() {
-                        if matches!(m, CoreMessage::Shutdown(_)) {
-                            return;
-                        }
-                        self.handle(m);
-                        self.scheduler.finish_all(FinishReason::Error, Some(&msg));
-                        self.flush_outside_step();
-                    }
+                    self.die(&msg);
                     return;
                 }
             }
@@ -243,7 +251,44 @@ impl EngineCore {
             // output already finds it counted in /metrics.
             self.ship_outputs();
         }
+    }
+
+    /// Marks the core dead with `reason`, ends every request it holds with
+    /// an error (freeing their blocks), then fails whatever still arrives
+    /// until the coordinator shuts down.
+    fn die(&mut self, reason: &str) {
+        // Dead first: from here on /health names it and routing skips it,
+        // even if the cleanup below were to fail.
+        *self.state.dead_reason.lock() = Some(reason.to_owned());
         self.state.alive.store(false, Ordering::Release);
+        let engine = self.state.engine_index;
+        let cleanup = catch_unwind(AssertUnwindSafe(|| {
+            self.scheduler.finish_all(FinishReason::Error, Some(reason));
+            self.flush_outside_step();
+        }));
+        if cleanup.is_err() {
+            // The scheduler is broken: dropping the core drops every
+            // request's sink, so each client sees its stream end at once.
+            tracing::error!(engine, "ending the requests of a dead engine core failed");
+            return;
+        }
+        if self.shutdown_deadline.is_some() {
+            // The coordinator already asked to stop and is joining us.
+            return;
+        }
+        while let Ok(m) = self.rx.recv() {
+            if matches!(m, CoreMessage::Shutdown(_)) {
+                return;
+            }
+            let failed = catch_unwind(AssertUnwindSafe(|| {
+                self.handle(m);
+                self.scheduler.finish_all(FinishReason::Error, Some(reason));
+                self.flush_outside_step();
+            }));
+            if failed.is_err() {
+                return;
+            }
+        }
     }
 
     /// Handles every queued message; false when the coordinator is gone.
@@ -300,14 +345,15 @@ impl EngineCore {
 
     fn handle(&mut self, msg: CoreMessage) {
         match msg {
-            CoreMessage::Add(req, sink) => {
+            CoreMessage::Add(req, stops, sink) => {
                 self.state.pending.fetch_sub(1, Ordering::Relaxed);
-                if self.shutdown_deadline.is_some() || !self.state.is_alive() {
-                    self.scheduler.add_request(req.clone(), sink);
-                    self.scheduler
-                        .finish_request(&req.request_id, FinishReason::Abort);
+                // A dead core's loop fails new arrivals with its reason.
+                if self.shutdown_deadline.is_some() {
+                    let id = req.request_id.clone();
+                    self.scheduler.add_request_with_stops(req, stops, sink);
+                    self.scheduler.finish_request(&id, FinishReason::Abort);
                 } else {
-                    self.scheduler.add_request(req, sink);
+                    self.scheduler.add_request_with_stops(req, stops, sink);
                 }
             }
             CoreMessage::Finish(id, reason) => {
@@ -335,4 +381,13 @@ impl EngineCore {
             .kv_usage_bits
             .store(snapshot.kv_cache_usage.to_bits(), Ordering::Relaxed);
     }
+}
+
+/// The text of a panic payload (`panic!` gives a `&str` or a `String`).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }

@@ -15,5 +15,7 @@ pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
 pub use inferscope_schema::FinishReason;
-pub use request::{EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams};
+pub use request::{
+    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
+};
 pub use sim::{SimExecutor, SimProfile};

@@ -1,5 +1,6 @@
 //! What a request is, what it asks for, and what comes back.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -22,7 +23,9 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Seed of the request's sampler; `None` draws one from the request id.
     pub seed: Option<u64>,
-    /// Extra token ids that stop generation like EOS does.
+    /// Extra token ids that stop generation like EOS does. Duplicates are
+    /// allowed here; the engine looks them up through a deduplicated
+    /// [`StopTokenIds`] built once per request.
     pub stop_token_ids: Vec<u32>,
     /// The request's `n` (the server fans out; recorded for metrics only).
     pub n: usize,
@@ -48,6 +51,53 @@ impl SamplingParams {
     /// The seed the sampler uses: the given one, else a hash of the request id.
     pub fn effective_seed(&self, request_id: &str) -> u64 {
         self.seed.unwrap_or_else(|| fnv1a(request_id.as_bytes()))
+    }
+
+    /// The stop token ids as a deduplicated set with O(1) lookup.
+    pub fn stop_token_set(&self) -> StopTokenIds {
+        StopTokenIds::from(self.stop_token_ids.as_slice())
+    }
+}
+
+/// A request's stop token ids, deduplicated, with O(1) lookup.
+///
+/// The engine builds one per request when it is queued, so the per-token stop
+/// check on the engine thread costs the same whatever list the client sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StopTokenIds {
+    /// Empty for the common case of no stop ids: no allocation, no hashing.
+    ids: HashSet<u32>,
+}
+
+impl StopTokenIds {
+    /// Whether `token` stops generation.
+    #[inline]
+    pub fn contains(&self, token: u32) -> bool {
+        !self.ids.is_empty() && self.ids.contains(&token)
+    }
+
+    /// Distinct ids.
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+}
+
+impl From<&[u32]> for StopTokenIds {
+    fn from(ids: &[u32]) -> Self {
+        ids.iter().copied().collect()
+    }
+}
+
+impl FromIterator<u32> for StopTokenIds {
+    fn from_iter<I: IntoIterator<Item = u32>>(iter: I) -> Self {
+        Self {
+            ids: iter.into_iter().collect(),
+        }
     }
 }
 
@@ -133,4 +183,23 @@ pub struct FinishedOutput {
     pub timeline: RequestTimeline,
     /// An error message when `reason` is `Error`.
     pub error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_token_ids_are_deduplicated() {
+        let p = SamplingParams {
+            stop_token_ids: vec![7, 3, 7, 7, 3, 9],
+            ..Default::default()
+        };
+        let set = p.stop_token_set();
+        assert_eq!(set.len(), 3);
+        assert!(set.contains(7) && set.contains(3) && set.contains(9));
+        assert!(!set.contains(8));
+        assert!(SamplingParams::default().stop_token_set().is_empty());
+        assert!(!StopTokenIds::default().contains(0));
+    }
 }

@@ -20,7 +20,7 @@ use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
 use crate::kv_cache::{BlockHash, BlockPool, hash_block};
 use crate::request::{
-    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams,
+    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
 };
 
 /// Where a request's outputs go.
@@ -32,6 +32,9 @@ struct Sequence {
     seq_id: u64,
     request_id: String,
     params: Arc<SamplingParams>,
+    /// `params.stop_token_ids`, deduplicated, for the per-token stop check
+    /// (shared by the choices of one request).
+    stop_token_ids: Arc<StopTokenIds>,
     seed: u64,
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
@@ -200,6 +203,18 @@ impl Scheduler {
 
     /// Queues a request. Its outputs go to `sink`.
     pub fn add_request(&mut self, req: EngineRequest, sink: OutputSink) {
+        let stop_token_ids = Arc::new(req.params.stop_token_set());
+        self.add_request_with_stops(req, stop_token_ids, sink);
+    }
+
+    /// Queues a request whose stop-id set the caller built (the coordinator
+    /// builds it on the submitting thread, not on the engine thread).
+    pub(crate) fn add_request_with_stops(
+        &mut self,
+        req: EngineRequest,
+        stop_token_ids: Arc<StopTokenIds>,
+        sink: OutputSink,
+    ) {
         let seq_id = self.next_seq_id;
         self.next_seq_id += 1;
         let seed = req.params.effective_seed(&req.request_id);
@@ -208,6 +223,7 @@ impl Scheduler {
             seq_id,
             request_id: req.request_id,
             params: req.params,
+            stop_token_ids,
             seed,
             tokens: req.prompt_token_ids,
             num_prompt_tokens,
@@ -607,7 +623,7 @@ fn check_stop(
         if !p.ignore_eos && eos_token_ids.contains(&token) {
             return Some((FinishReason::Stop, Some(token)));
         }
-        if p.stop_token_ids.contains(&token) {
+        if seq.stop_token_ids.contains(token) {
             return Some((FinishReason::Stop, Some(token)));
         }
     }

@@ -7,6 +7,7 @@
 //! prefill is compute-bound (FLOPs per token), a decode step streams the
 //! weights once for the whole batch, and attention streams each sequence's KV.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepOutput};
+use crate::request::StopTokenIds;
 
 /// Cost-model parameters of a simulated device and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,7 +32,28 @@ pub struct SimProfile {
     pub t_kv: f64,
     /// KV cache capacity in tokens.
     pub kv_capacity_tokens: usize,
+    /// Test only: an injected death ([`SimFaults::die_after_steps`]) is a
+    /// panic inside `execute` instead of a fatal error. It lives in the
+    /// profile (key `die_by_panic=1`) so that a server test reaches it
+    /// through `--sim-profile` without a flag of its own.
+    #[serde(skip)]
+    pub die_by_panic: bool,
 }
+
+/// Override keys: name, factor from the key's unit to seconds, largest value.
+///
+/// The bounds are far beyond any real device (a minute per step, a second per
+/// prefill token, a millisecond per KV token) yet keep every modelled step
+/// time finite and representable as a `Duration`.
+const TIME_KEYS: &[(&str, f64, f64)] = &[
+    ("t_fixed_ms", 1e-3, 60_000.0),
+    ("t_prefill_us", 1e-6, 1e6),
+    ("t_weights_ms", 1e-3, 60_000.0),
+    ("t_kv_ns", 1e-9, 1e6),
+];
+
+/// Largest KV capacity a profile may claim, in tokens.
+const MAX_KV_TOKENS: usize = 1_000_000_000;
 
 /// The built-in profiles: name, then the reasoning behind the figures.
 ///
@@ -64,8 +87,34 @@ impl SimProfile {
                 t_weights,
                 t_kv,
                 kv_capacity_tokens: kv,
+                die_by_panic: false,
             },
         )
+    }
+
+    /// Checks that every number is finite, non-negative and within its
+    /// bound, so that no step time can overflow (or be NaN) at run time.
+    pub fn validate(&self) -> Result<(), SimProfileError> {
+        let fields = [self.t_fixed, self.t_prefill, self.t_weights, self.t_kv];
+        for (&(key, factor, max), seconds) in TIME_KEYS.iter().zip(fields) {
+            let value = seconds / factor;
+            // Compared in seconds, with room for the rounding of the unit factor.
+            if !seconds.is_finite() || seconds < 0.0 || seconds > max * factor * (1.0 + 1e-9) {
+                return Err(SimProfileError::OutOfRange {
+                    key,
+                    value: value.to_string(),
+                    max: max.to_string(),
+                });
+            }
+        }
+        if !(1..=MAX_KV_TOKENS).contains(&self.kv_capacity_tokens) {
+            return Err(SimProfileError::OutOfRange {
+                key: "kv_tokens",
+                value: self.kv_capacity_tokens.to_string(),
+                max: MAX_KV_TOKENS.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// The modelled time of one step.
@@ -83,7 +132,9 @@ impl SimProfile {
             + prefill as f64 * self.t_prefill
             + if decodes { self.t_weights } else { 0.0 }
             + batch.num_context_tokens() as f64 * self.t_kv;
-        Duration::from_secs_f64(t)
+        // A validated profile stays far below the limit; saturate rather
+        // than panic for one built by hand.
+        Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX)
     }
 }
 
@@ -98,6 +149,18 @@ pub enum SimProfileError {
         "bad sim profile override `{0}`: expected key=value with key one of t_fixed_ms, t_prefill_us, t_weights_ms, t_kv_ns, kv_tokens"
     )]
     BadOverride(String),
+    /// A number is negative, not finite, or beyond its bound.
+    #[error(
+        "sim profile `{key}` = {value} is out of range: it must be finite, at least 0 (kv_tokens: at least 1) and at most {max}"
+    )]
+    OutOfRange {
+        /// The override key.
+        key: &'static str,
+        /// The value given, in the key's unit.
+        value: String,
+        /// The largest value allowed, in the key's unit.
+        max: String,
+    },
 }
 
 impl FromStr for SimProfile {
@@ -130,18 +193,44 @@ impl FromStr for SimProfile {
             let bad = || SimProfileError::BadOverride(kv.to_owned());
             let (k, v) = kv.split_once('=').ok_or_else(bad)?;
             let v: f64 = v.trim().parse().map_err(|_| bad())?;
-            if !v.is_finite() || v < 0.0 {
-                return Err(bad());
+            let k = k.trim();
+            if let Some(&(key, factor, max)) = TIME_KEYS.iter().find(|t| t.0 == k) {
+                if !v.is_finite() || !(0.0..=max).contains(&v) {
+                    return Err(SimProfileError::OutOfRange {
+                        key,
+                        value: v.to_string(),
+                        max: max.to_string(),
+                    });
+                }
+                let seconds = v * factor;
+                match key {
+                    "t_fixed_ms" => p.t_fixed = seconds,
+                    "t_prefill_us" => p.t_prefill = seconds,
+                    "t_weights_ms" => p.t_weights = seconds,
+                    _ => p.t_kv = seconds,
+                }
+                continue;
             }
-            match k.trim() {
-                "t_fixed_ms" => p.t_fixed = v * 1e-3,
-                "t_prefill_us" => p.t_prefill = v * 1e-6,
-                "t_weights_ms" => p.t_weights = v * 1e-3,
-                "t_kv_ns" => p.t_kv = v * 1e-9,
-                "kv_tokens" => p.kv_capacity_tokens = v as usize,
+            match k {
+                "kv_tokens" => {
+                    // `as usize` would quietly truncate 1.5 or saturate 1e300.
+                    if !v.is_finite()
+                        || v.fract() != 0.0
+                        || !(1.0..=MAX_KV_TOKENS as f64).contains(&v)
+                    {
+                        return Err(SimProfileError::OutOfRange {
+                            key: "kv_tokens",
+                            value: v.to_string(),
+                            max: MAX_KV_TOKENS.to_string(),
+                        });
+                    }
+                    p.kv_capacity_tokens = v as usize;
+                }
+                "die_by_panic" if v == 0.0 || v == 1.0 => p.die_by_panic = v == 1.0,
                 _ => return Err(bad()),
             }
         }
+        p.validate()?;
         Ok(p)
     }
 }
@@ -157,7 +246,11 @@ impl fmt::Display for SimProfile {
             self.t_weights * 1e3,
             self.t_kv * 1e9,
             self.kv_capacity_tokens
-        )
+        )?;
+        if self.die_by_panic {
+            write!(f, ", injected deaths panic (test only)")?;
+        }
+        Ok(())
     }
 }
 
@@ -192,7 +285,8 @@ impl Default for SimTokens {
 pub struct SimFaults {
     /// Every Nth step fails (0: never).
     pub fail_every_n_steps: u64,
-    /// After this many steps the executor dies (0: never).
+    /// After this many steps the executor dies (0: never): a fatal error,
+    /// or a panic inside `execute` when the profile has `die_by_panic`.
     pub die_after_steps: u64,
 }
 
@@ -203,6 +297,9 @@ pub struct SimExecutor {
     tokens: SimTokens,
     faults: SimFaults,
     steps: u64,
+    /// Deduplicated stop ids of sequences still under `min_tokens` (where
+    /// they are masked), built once per sequence rather than scanned per token.
+    masked_stops: HashMap<u64, StopTokenIds>,
 }
 
 impl SimExecutor {
@@ -213,6 +310,7 @@ impl SimExecutor {
             tokens,
             faults: SimFaults::default(),
             steps: 0,
+            masked_stops: HashMap::new(),
         }
     }
 
@@ -228,14 +326,19 @@ impl SimExecutor {
     }
 
     fn sample(&self, seed: u64, index: usize, mask_eos: bool) -> u32 {
-        let x = splitmix64(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-        if !mask_eos && u < self.tokens.eos_probability {
-            return self.tokens.eos_token_id;
-        }
-        let span = u64::from(self.tokens.hi.saturating_sub(self.tokens.lo).max(1));
-        self.tokens.lo + (splitmix64(x) % span) as u32
+        sample(&self.tokens, seed, index, mask_eos)
     }
+}
+
+/// Token `index` of a sequence seeded with `seed`; never EOS when `mask_eos`.
+fn sample(tokens: &SimTokens, seed: u64, index: usize, mask_eos: bool) -> u32 {
+    let x = splitmix64(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+    if !mask_eos && u < tokens.eos_probability {
+        return tokens.eos_token_id;
+    }
+    let span = u64::from(tokens.hi.saturating_sub(tokens.lo).max(1));
+    tokens.lo + (splitmix64(x) % span) as u32
 }
 
 /// SplitMix64: a small, well-mixed generator step.
@@ -268,6 +371,10 @@ impl Executor for SimExecutor {
         if block_size == 0 {
             return Err(ExecutorError::Init("block size must be positive".into()));
         }
+        // A profile built in code, not parsed, is checked here.
+        self.profile
+            .validate()
+            .map_err(|e| ExecutorError::Init(e.to_string()))?;
         Ok(self.profile.kv_capacity_tokens / block_size)
     }
 
@@ -283,6 +390,12 @@ impl Executor for SimExecutor {
         let start = Instant::now();
         self.steps += 1;
         if self.faults.die_after_steps > 0 && self.steps > self.faults.die_after_steps {
+            if self.profile.die_by_panic {
+                panic!(
+                    "simulated device panic after {} steps",
+                    self.faults.die_after_steps
+                );
+            }
             return Err(ExecutorError::Fatal(format!(
                 "simulated device lost after {} steps",
                 self.faults.die_after_steps
@@ -297,20 +410,37 @@ impl Executor for SimExecutor {
             )));
         }
         let t = self.profile.step_time(batch);
+        for id in &batch.finished_seq_ids {
+            self.masked_stops.remove(id);
+        }
         out.sampled.clear();
         for s in &batch.seqs {
-            let token = s.sample.then(|| {
-                let mask = s.mask_stop_tokens();
-                let mut t = self.sample(s.seed, s.num_generated, mask);
+            if !s.sample {
+                out.sampled.push(None);
+                continue;
+            }
+            let mask = s.mask_stop_tokens();
+            let mut t = self.sample(s.seed, s.num_generated, mask);
+            if mask && !s.params.stop_token_ids.is_empty() {
+                let stops = self
+                    .masked_stops
+                    .entry(s.seq_id)
+                    .or_insert_with(|| s.params.stop_token_set());
                 // Under min_tokens, stop token ids are masked too: redraw.
                 let mut salt = 0u64;
-                while mask && s.params.stop_token_ids.contains(&t) && salt < 64 {
+                while stops.contains(t) && salt < 64 {
                     salt += 1;
-                    t = self.sample(s.seed ^ splitmix64(salt), s.num_generated, mask);
+                    t = sample(
+                        &self.tokens,
+                        s.seed ^ splitmix64(salt),
+                        s.num_generated,
+                        mask,
+                    );
                 }
-                t
-            });
-            out.sampled.push(token);
+            } else {
+                self.masked_stops.remove(&s.seq_id);
+            }
+            out.sampled.push(Some(t));
         }
         wait_until(start + t);
         out.device_time = t;
@@ -338,6 +468,44 @@ mod tests {
         assert!("nope".parse::<SimProfile>().is_err());
         assert!("tiny,t_weights_ms=-1".parse::<SimProfile>().is_err());
         assert!("tiny,colour=3".parse::<SimProfile>().is_err());
+    }
+
+    #[test]
+    fn rejects_numbers_out_of_range() {
+        for bad in [
+            "tiny,t_fixed_ms=1e300",
+            "tiny,t_prefill_us=1e7",
+            "tiny,t_weights_ms=60001",
+            "tiny,t_kv_ns=inf",
+            "tiny,t_kv_ns=NaN",
+            "tiny,t_fixed_ms=-0.5",
+            "tiny,kv_tokens=0",
+            "tiny,kv_tokens=1.5",
+            "tiny,kv_tokens=1e300",
+            "tiny,die_by_panic=2",
+        ] {
+            let err = bad.parse::<SimProfile>().expect_err(bad).to_string();
+            assert!(
+                err.contains("out of range") || err.contains("bad sim profile"),
+                "{bad}: {err}"
+            );
+        }
+        let err = "tiny,t_fixed_ms=1e300"
+            .parse::<SimProfile>()
+            .expect_err("1e300");
+        assert!(err.to_string().contains("t_fixed_ms"), "{err}");
+        // The largest values are accepted, and their step time is finite.
+        let p: SimProfile = "tiny,t_fixed_ms=60000,t_prefill_us=1e6,t_weights_ms=60000,t_kv_ns=1e6"
+            .parse()
+            .expect("bounds");
+        assert!(p.step_time(&ScheduledBatch::default()) <= Duration::from_secs(61));
+        // A profile built in code is checked when the executor starts.
+        let mut p = SimProfile::builtin("tiny").expect("tiny");
+        p.t_fixed = 1e300;
+        let mut ex = SimExecutor::new(p, SimTokens::default());
+        assert!(
+            matches!(ex.init_kv_cache(16), Err(ExecutorError::Init(m)) if m.contains("t_fixed_ms"))
+        );
     }
 
     #[test]

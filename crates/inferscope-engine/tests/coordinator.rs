@@ -76,6 +76,27 @@ fn tiny(
     }
 }
 
+/// Tiny profiles where engine `victim` panics inside `execute` after `steps` steps.
+fn tiny_panicking(
+    victim: usize,
+    steps: u64,
+) -> impl FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError> {
+    move |engine| {
+        let mut p: SimProfile = "tiny,die_by_panic=1"
+            .parse()
+            .map_err(|e| ExecutorError::Init(format!("{e}")))?;
+        p.kv_capacity_tokens = 65_536;
+        let mut sim = SimExecutor::new(p, SimTokens::default());
+        if engine == victim {
+            sim = sim.with_faults(SimFaults {
+                fail_every_n_steps: 0,
+                die_after_steps: steps,
+            });
+        }
+        Ok(Box::new(sim))
+    }
+}
+
 fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
     EngineRequest {
         request_id: id.to_owned(),
@@ -378,4 +399,142 @@ fn shutdown_timeout_aborts_the_rest() {
     let (_, reason, error) = drain(&rt, h);
     assert_eq!(reason, FinishReason::Abort);
     assert!(error.is_some_and(|e| e.contains("shutting down")));
+}
+
+/// Engine 0 panics inside `execute` under load: its in-flight requests end
+/// at once with an error naming the panic (not a hang, not a dropped
+/// stream), its blocks are freed, it is reported dead, and every later
+/// request goes to engine 1, which serves the whole time.
+#[test]
+fn a_panicking_core_fails_its_requests_and_is_skipped() {
+    let rt = runtime();
+    let rec = Arc::new(TestRecorder::default());
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        2,
+        0,
+        tiny_panicking(0, 5),
+        Arc::clone(&rec) as Arc<dyn StatsRecorder>,
+    )
+    .expect("start");
+    let start = Instant::now();
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            c.add_request(request(&format!("p{i}"), 12, 2_000))
+                .expect("add")
+        })
+        .collect();
+    let on_engine0 = handles.iter().filter(|h| h.engine == 0).count();
+    assert!(on_engine0 > 0 && on_engine0 < 8, "load spread over both");
+    let (mut errors, mut ok) = (0, 0);
+    for h in handles {
+        let engine = h.engine;
+        let (tokens, reason, error) = drain(&rt, h);
+        if engine == 0 {
+            assert_eq!(reason, FinishReason::Error);
+            assert!(
+                error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("engine core panicked")
+                        && e.contains("simulated device panic")),
+                "{error:?}"
+            );
+            // Ended where the panic struck, not after its 2000 tokens.
+            assert!(tokens.len() < 10, "{} tokens", tokens.len());
+            errors += 1;
+        } else {
+            assert_eq!((reason, tokens.len()), (FinishReason::Length, 2_000));
+            ok += 1;
+        }
+    }
+    assert_eq!((errors, ok), (on_engine0, 8 - on_engine0));
+    assert!(start.elapsed() < Duration::from_secs(15));
+    assert!(!c.is_healthy());
+    let dead: Vec<_> = c.engines().filter(|s| !s.is_alive()).collect();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].engine_index, 0);
+    assert!(
+        dead[0]
+            .dead_reason()
+            .is_some_and(|r| r.contains("engine core panicked"))
+    );
+    // Its KV blocks were given back and its gauges show it empty.
+    assert_eq!(dead[0].kv_usage(), 0.0);
+    assert_eq!(dead[0].num_running() + dead[0].num_waiting(), 0);
+    assert_eq!(
+        rec.0
+            .lock()
+            .finished
+            .iter()
+            .filter(|f| **f == (0, FinishReason::Error))
+            .count(),
+        on_engine0,
+        "each failed request is counted as an error of engine 0"
+    );
+    for i in 0..6 {
+        let h = c
+            .add_request(request(&format!("later{i}"), 8, 5))
+            .expect("add");
+        assert_eq!(h.engine, 1, "the dead core gets nothing");
+        let (tokens, reason, _) = drain(&rt, h);
+        assert_eq!((reason, tokens.len()), (FinishReason::Length, 5));
+    }
+    c.shutdown(Duration::from_secs(5));
+}
+
+/// Stop token ids sent many times over, in another order, stop generation
+/// exactly as the plain list does: same tokens, same finish, same stop
+/// token, with `min_tokens` masking them in the sim for the first tokens.
+#[test]
+fn duplicate_stop_token_ids_change_nothing() {
+    let rt = runtime();
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let plain: Vec<u32> = (32..70).collect();
+    let repeated: Vec<u32> = (0..500).flat_map(|_| plain.iter().rev().copied()).collect();
+    let mut runs = Vec::new();
+    for (i, ids) in [plain, repeated].into_iter().enumerate() {
+        for seed in 0..8u64 {
+            let mut req = request(&format!("dup{i}-{seed}"), 6, 64);
+            req.params = Arc::new(SamplingParams {
+                max_tokens: 64,
+                min_tokens: 3,
+                seed: Some(seed),
+                stop_token_ids: ids.clone(),
+                ..Default::default()
+            });
+            let h = c.add_request(req).expect("add");
+            let mut h = h;
+            let (tokens, reason, stop) = rt.block_on(async move {
+                let mut tokens = Vec::new();
+                while let Some(o) = h.recv().await {
+                    tokens.extend(o.token_id);
+                    if let Some(f) = o.finished {
+                        return (tokens, f.reason, f.stop_token_id);
+                    }
+                }
+                panic!("no finish");
+            });
+            assert!(tokens.len() >= 3, "min_tokens masks the stop ids");
+            runs.push((i, seed, tokens, reason, stop));
+        }
+    }
+    let (a, b) = runs.split_at(8);
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!((&x.2, x.3, x.4), (&y.2, y.3, y.4), "seed {}", x.1);
+    }
+    // The list is long enough that most runs stop on it, not on length.
+    assert!(
+        a.iter()
+            .filter(|r| r.3 == FinishReason::Stop && r.4.is_some())
+            .count()
+            >= 6
+    );
+    c.shutdown(Duration::from_secs(5));
 }

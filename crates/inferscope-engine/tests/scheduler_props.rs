@@ -2,11 +2,15 @@
 //! random prompt and output lengths, shared prefixes, aborts at random steps,
 //! and pools small enough to force preemption.
 //!
-//! A checking executor stands in for the device: it keeps the token written
-//! at every KV slot, verifies that every position a step reads (below
-//! `start_pos`) holds the sequence's own token — so a prefix-cache hit on a
-//! block with other content fails the test — and that no step writes to a
-//! block another sequence holds.
+//! A checking executor stands in for the device: it keeps, for every KV slot,
+//! the token written there, its position and a hash of the whole sequence
+//! before it, and verifies on every read (positions below `start_pos`) that
+//! all three are the reading sequence's own — so a prefix-cache hit on a
+//! block with the same tokens at another position or after another prefix
+//! fails the test, not only a block with other tokens — and that no step
+//! writes to a block another sequence holds. Prompts are built from a small
+//! alphabet of block-aligned blocks, so the same block content recurs at
+//! different offsets and after different prefixes.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -53,9 +57,31 @@ fn req_strategy() -> impl Strategy<Value = Req> {
         )
 }
 
-/// The device stand-in: KV slots hold the token written there.
+/// What a KV slot holds: the token, its position, and a hash of every
+/// token before it (what a real model's keys and values depend on).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    token: u32,
+    pos: usize,
+    prefix: u64,
+}
+
+/// `h[i]`: hash of `tokens[..i]`, for every `i` up to the length.
+fn prefix_hashes(tokens: &[u32]) -> Vec<u64> {
+    let mut h = Vec::with_capacity(tokens.len() + 1);
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325;
+    h.push(x);
+    for &t in tokens {
+        x = (x ^ u64::from(t)).wrapping_mul(0x0000_0100_0000_01b3);
+        x ^= x >> 29;
+        h.push(x);
+    }
+    h
+}
+
+/// The device stand-in: what each KV slot holds.
 struct CheckingDevice {
-    kv: Vec<Option<u32>>,
+    kv: Vec<Option<Slot>>,
     block_size: usize,
 }
 
@@ -75,16 +101,23 @@ impl CheckingDevice {
             let all = tokens_of
                 .get(&s.seq_id)
                 .ok_or_else(|| format!("unknown seq {}", s.seq_id))?;
-            // Everything before start_pos must already be this sequence's KV.
+            let prefix = prefix_hashes(all);
+            let expect = |pos: usize| Slot {
+                token: all[pos],
+                pos,
+                prefix: prefix[pos],
+            };
+            // Everything before start_pos must already be this sequence's KV:
+            // its token, at this position, after this very prefix.
             for pos in 0..s.start_pos {
                 let slot = table[pos / bs] as usize * bs + pos % bs;
-                if self.kv[slot] != Some(all[pos]) {
+                if self.kv[slot] != Some(expect(pos)) {
                     return Err(format!(
-                        "seq {} reads position {pos} from block {} holding {:?}, expected {}",
+                        "seq {} reads position {pos} from block {} holding {:?}, expected {:?}",
                         s.seq_id,
                         table[pos / bs],
                         self.kv[slot],
-                        all[pos]
+                        expect(pos)
                     ));
                 }
             }
@@ -101,7 +134,7 @@ impl CheckingDevice {
                 if ref_count(block) != 1 {
                     return Err(format!("seq {} writes shared block {block}", s.seq_id));
                 }
-                self.kv[block as usize * bs + pos % bs] = Some(t);
+                self.kv[block as usize * bs + pos % bs] = Some(expect(pos));
             }
             for b in table[s.start_pos / bs..].iter() {
                 if !written.insert(*b) {
@@ -121,6 +154,24 @@ impl CheckingDevice {
         }
         Ok(())
     }
+}
+
+/// Three 48-token shared prefixes, each a sequence of blocks drawn from an
+/// alphabet of three: the same block content recurs at other block offsets
+/// of the same prefix and of the others, after different preceding tokens.
+/// A block hash that ignored its parent would make those collide.
+fn block_prefixes(block_size: usize) -> Vec<Vec<u32>> {
+    (0..3usize)
+        .map(|p| {
+            (0..48usize)
+                .map(|i| {
+                    let k = i / block_size;
+                    let letter = (k * k + p * k + p) % 3;
+                    10 + (letter * block_size + i % block_size) as u32
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// Request `i`'s prompt: a shared prefix, then tokens of its own.
@@ -156,13 +207,7 @@ fn run_workload(
         kv: vec![None; num_blocks * block_size],
         block_size,
     };
-    let prefixes: Vec<Vec<u32>> = (0..3)
-        .map(|p| {
-            (0..48)
-                .map(|i| 10 + ((i * 7 + p * 13) % 50) as u32)
-                .collect()
-        })
-        .collect();
+    let prefixes = block_prefixes(block_size);
     let mut rxs: Vec<UnboundedReceiver<RequestOutput>> = Vec::new();
     let mut tokens_of: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut seq_of_req: HashMap<String, u64> = HashMap::new();
@@ -188,6 +233,7 @@ fn run_workload(
     }
     let mut streamed = vec![0usize; reqs.len()];
     let mut finishes: Vec<Vec<(FinishReason, usize)>> = vec![Vec::new(); reqs.len()];
+    let mut cached: Vec<usize> = vec![0; reqs.len()];
     let mut out = StepOutput::default();
     let mut step = 0;
     let mut total_hits = 0u64;
@@ -213,6 +259,7 @@ fn run_workload(
                 }
                 if let Some(f) = o.finished {
                     finishes[i].push((f.reason, f.num_generation_tokens));
+                    cached[i] = f.num_cached_tokens;
                     tokens_of.remove(&seq);
                 }
             }
@@ -260,6 +307,7 @@ fn run_workload(
             streamed[i] += usize::from(o.token_id.is_some());
             if let Some(f) = o.finished {
                 finishes[i].push((f.reason, f.num_generation_tokens));
+                cached[i] = f.num_cached_tokens;
             }
         }
     }
@@ -273,6 +321,17 @@ fn run_workload(
             finishes[i].len()
         );
         let (reason, generated) = finishes[i][0];
+        // Whole blocks, from the prompt, leaving one token to compute.
+        prop_assert_eq!(cached[i] % block_size, 0, "r{} cached {}", i, cached[i]);
+        prop_assert!(
+            cached[i] < r.prompt_len.max(1),
+            "r{} cached {}",
+            i,
+            cached[i]
+        );
+        if !caching {
+            prop_assert_eq!(cached[i], 0);
+        }
         prop_assert_eq!(streamed[i], generated, "r{} streamed a different count", i);
         match reason {
             FinishReason::Abort => prop_assert!(r.abort_at_step.is_some()),
@@ -371,13 +430,14 @@ fn shared_prefixes_hit_the_cache() {
     assert_eq!(queries, 6 * 40);
     // 40 tokens = 10 blocks; one token must be computed, so 9 blocks hit.
     assert_eq!(hits, 5 * 36);
-    for mut rx in rxs {
+    for (i, mut rx) in rxs.into_iter().enumerate() {
         let mut got = None;
         while let Ok(o) = rx.try_recv() {
             if let Some(f) = o.finished {
                 got = Some(f.num_cached_tokens);
             }
         }
-        assert!(got.is_some());
+        // The first computes everything; each later one finds 9 blocks.
+        assert_eq!(got, Some(if i == 0 { 0 } else { 36 }), "r{i}");
     }
 }

@@ -238,6 +238,132 @@ async fn a_dead_core_is_reported_and_skipped() {
     server.shutdown(Duration::from_secs(5)).await;
 }
 
+/// Engine 0 of two panics inside `execute` (a kernel assertion, an executor
+/// bug) with requests in flight: each of its requests ends at once with a
+/// 500 or an error event on its stream (not a hang, not a cut stream),
+/// `/health` answers 503 naming engine 0 and the panic, its blocks are
+/// freed, and later requests all go to engine 1, which served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_core_fails_its_requests_and_is_skipped() {
+    let server = start(&[
+        "--data-parallel-size",
+        "2",
+        "--sim-profile",
+        "tiny,die_by_panic=1",
+        "--sim-die-after-steps",
+        "5",
+        "--sim-fault-engine",
+        "0",
+    ])
+    .await;
+    let addr = server.addr;
+    const MAX_TOKENS: u64 = 2000;
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let stream = i % 2 == 1;
+        tasks.push(tokio::spawn(async move {
+            let body = if stream {
+                json!({"messages": [{"role": "user", "content": format!("panic {i}")}],
+                       "max_tokens": MAX_TOKENS, "ignore_eos": true, "stream": true})
+            } else {
+                json!({"prompt": format!("panic {i}"), "max_tokens": MAX_TOKENS, "ignore_eos": true})
+            };
+            let path = if stream {
+                "/v1/chat/completions"
+            } else {
+                "/v1/completions"
+            };
+            let t0 = Instant::now();
+            let r = post(addr, path, &body).await;
+            (stream, r, t0.elapsed())
+        }));
+    }
+    let (mut failed, mut ok) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (stream, r, took) = t.await.expect("task");
+        let error = if stream {
+            assert_eq!(r.status, 200, "{}", r.body);
+            let events = sse_events(&r.body);
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+            events
+                .iter()
+                .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+                .find(|v| v.get("error").is_some())
+                .map(|v| {
+                    assert_eq!(v["error"]["code"], 500, "{v}");
+                    v["error"].clone()
+                })
+        } else if r.status == 200 {
+            assert_eq!(
+                r.json()["usage"]["completion_tokens"],
+                MAX_TOKENS,
+                "{}",
+                r.body
+            );
+            None
+        } else {
+            Some(assert_openai_error(&r, 500))
+        };
+        match error {
+            Some(err) => {
+                let msg = err["message"].as_str().unwrap_or("");
+                assert!(msg.contains("engine core panicked"), "{err}");
+                assert!(msg.contains("simulated device panic"), "{err}");
+                failed.push(took);
+            }
+            None => ok.push(took),
+        }
+    }
+    assert!(
+        !failed.is_empty() && !ok.is_empty(),
+        "failed {failed:?}, ok {ok:?}"
+    );
+    // The failures came at the panic, long before a full response could.
+    let slowest_failure = failed.iter().max().copied().unwrap_or_default();
+    let fastest_success = ok.iter().min().copied().unwrap_or_default();
+    assert!(
+        slowest_failure < fastest_success,
+        "failures took up to {slowest_failure:?}, successes at least {fastest_success:?}"
+    );
+
+    let health = call(addr, "GET", "/health", "", &[]).await;
+    let err = assert_openai_error(&health, 503);
+    let msg = err["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("engine 0") && msg.contains("panicked"),
+        "{err}"
+    );
+    assert!(!msg.contains("engine 1"), "{err}");
+
+    for i in 0..6 {
+        let r = post(
+            addr,
+            "/v1/completions",
+            &json!({"prompt": format!("after panic {i}"), "max_tokens": 3, "ignore_eos": true}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "the live core serves: {}", r.body);
+    }
+    let samples = wait_finished(addr, 14).await;
+    let count = |filter: &[(&str, &str)]| sum(&samples, &m("request_success_total"), filter);
+    assert_eq!(
+        count(&[("finished_reason", "error"), ("engine", "0")]),
+        failed.len() as f64
+    );
+    assert_eq!(count(&[("finished_reason", "error")]), failed.len() as f64);
+    assert_eq!(
+        count(&[("finished_reason", "length"), ("engine", "1")]),
+        (ok.len() + 6) as f64,
+        "engine 1 served its share and every later request"
+    );
+    assert_eq!(
+        sum(&samples, &m("kv_cache_usage_perc"), &[("engine", "0")]),
+        0.0,
+        "the dead core's blocks are freed"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
 /// Prompt tokens admitted but not started are bounded: with one running
 /// slot, a queued 30-token prompt leaves no room for another under a limit
 /// of 50, which gets 429 and is counted as `max_queued_tokens`.
@@ -443,15 +569,20 @@ async fn disconnect_storm_leaks_nothing() {
 }
 
 /// Resident memory of this process (the server runs in it), in KiB.
+///
+/// Fails the test when `/proc/self/status` cannot be read or has no VmRSS
+/// line: a silent 0 would make the memory bound below pass unchecked.
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_else(|e| {
+        panic!("cannot read /proc/self/status ({e}): the memory bound cannot be checked")
+    });
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| {
+            panic!("no VmRSS in /proc/self/status: the memory bound cannot be checked")
         })
-        .unwrap_or(0)
 }
 
 /// 500 requests at once against room for 8 running and 20 waiting: the

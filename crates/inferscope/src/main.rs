@@ -1,6 +1,8 @@
 //! The `inferscope` binary: one CLI for the server and its tools.
 
-use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
+
+use clap::{Parser, Subcommand, ValueEnum};
 use inferscope_bench::BenchCommand;
 use inferscope_doctor::{DoctorArgs, TopArgs};
 use inferscope_server::ServeArgs;
@@ -9,8 +11,66 @@ use inferscope_server::ServeArgs;
 #[derive(Parser)]
 #[command(name = "inferscope", version, about)]
 struct Cli {
+    /// Log format on stderr: `text` for people, `json` (one object per line with
+    /// timestamp, level, target and fields, the message among them) for log shippers.
+    #[arg(long, global = true, value_enum, env = "INFERSCOPE_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines; coloured only on a terminal and without `NO_COLOR`.
+    Text,
+    /// JSON lines.
+    Json,
+}
+
+/// Colour only for a person at a terminal, and never when `NO_COLOR` is set
+/// to anything non-empty (<https://no-color.org>): log files and pipes get
+/// plain text, not escape sequences.
+fn use_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+/// Installs the global subscriber: `RUST_LOG` filter (default `info`), stderr.
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder
+            .with_ansi(use_colour(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR"),
+            ))
+            .init(),
+        LogFormat::Json => {
+            builder.json().with_ansi(false).init();
+            // The default hook prints a panic as plain text, which would be
+            // the one line a log shipper cannot parse: log it as an event.
+            std::panic::set_hook(Box::new(|info| {
+                let location = info
+                    .location()
+                    .map(|l| format!("{}:{}", l.file(), l.line()))
+                    .unwrap_or_default();
+                let payload = info.payload();
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("a panic without a message");
+                let thread = std::thread::current();
+                let thread = thread.name().unwrap_or("unnamed");
+                tracing::error!(target: "panic", %location, thread, "panicked: {message}");
+            }));
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -28,13 +88,7 @@ enum Command {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging(cli.log_format);
     if matches!(cli.command, Command::Serve(_)) {
         inferscope_server::limit_allocator_arenas();
     }
@@ -58,4 +112,21 @@ fn main() -> anyhow::Result<()> {
         std::process::exit(code);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(
+            use_colour(true, Some("".into())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_colour(true, Some("1".into())));
+        assert!(!use_colour(false, None));
+        assert!(!use_colour(false, Some("1".into())));
+    }
 }
