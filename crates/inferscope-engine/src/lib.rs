@@ -6,7 +6,7 @@ pub mod config;
 pub mod coordinator;
 pub mod core;
 pub mod executor;
-pub mod kv_cache;
+pub mod block_pool;
 pub mod request;
 pub mod scheduler;
 pub mod sim;

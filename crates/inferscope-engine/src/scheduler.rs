@@ -18,7 +18,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
-use crate::kv_cache::{BlockHash, BlockPool, hash_block};
+use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::request::{
     EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
 };
