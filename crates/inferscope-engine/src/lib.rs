@@ -2,11 +2,11 @@
 //! prefix caching, the engine-core loop, the data-parallel coordinator, the
 //! [`Executor`] seam and the simulated-accelerator executor.
 
+pub mod block_pool;
 pub mod config;
 pub mod coordinator;
 pub mod core;
 pub mod executor;
-pub mod block_pool;
 pub mod request;
 pub mod scheduler;
 pub mod sim;

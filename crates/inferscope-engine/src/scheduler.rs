@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use inferscope_schema::{FinishReason, FinishedRequestStats, IterationStats, SchedulerStats};
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
-use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::request::{
     EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
 };
