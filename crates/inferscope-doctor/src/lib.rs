@@ -4,7 +4,6 @@
 //! Prometheus server), so they work against any server exporting this schema
 //! — vLLM's included, under the `vllm:` namespace.
 
-#![warn(missing_docs)]
 
 pub mod client;
 pub mod findings;

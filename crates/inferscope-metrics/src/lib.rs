@@ -65,7 +65,6 @@
 //! # Ok::<(), inferscope_metrics::ConfigError>(())
 //! ```
 
-#![warn(missing_docs)]
 
 pub mod exposition;
 pub mod histogram;

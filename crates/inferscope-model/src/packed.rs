@@ -386,10 +386,14 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &Tile<'_>, out: &Out) {
             match (mr, nv, t.w) {
                 $(
                     ($m, $n, PanelSlice::F32(w)) => {
-                        out.store::<$m, $n>(t, &unsafe { $f::<$m, $n, f32>(t, w) })
+                        // SAFETY: `isa` names the kernel family (see below).
+                        let acc = unsafe { $f::<$m, $n, f32>(t, w) };
+                        out.store::<$m, $n>(t, &acc)
                     }
                     ($m, $n, PanelSlice::Bf16(w)) => {
-                        out.store::<$m, $n>(t, &unsafe { $f::<$m, $n, u16>(t, w) })
+                        // SAFETY: `isa` names the kernel family (see below).
+                        let acc = unsafe { $f::<$m, $n, u16>(t, w) };
+                        out.store::<$m, $n>(t, &acc)
                     }
                 )*
                 _ => unreachable!("no {mr}x{nv} kernel for {isa:?}"),
