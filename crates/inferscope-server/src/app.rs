@@ -17,7 +17,9 @@ use inferscope_engine::{
 use inferscope_metrics::{
     BucketOverrides, CacheConfig, MetricsConfig, StatLoggerManager, StatsRecorder,
 };
-use inferscope_model::{ByteTokenizer, LoadedModel, ModelOptions, Tokenizer};
+use inferscope_model::{
+    ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
+};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -150,7 +152,16 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 }
                 Ok(Box::new(sim) as Box<dyn Executor>)
             });
-            (Arc::new(ByteTokenizer), 8192, factory, args.model.clone())
+            let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
+                Some(path) => Arc::new(load_tokenizer(path).map_err(|source| {
+                    ServerError::Model {
+                        model: path.clone(),
+                        source,
+                    }
+                })?),
+                None => Arc::new(ByteTokenizer),
+            };
+            (tokenizer, 8192, factory, args.model.clone())
         }
         ExecutorKind::Cpu => {
             let opts = ModelOptions {
@@ -256,6 +267,20 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         next_request: AtomicU64::new(0),
         id_prefix: format!("{:x}", unix_now() ^ u64::from(std::process::id()) << 32),
     }))
+}
+
+/// A `tokenizer.json`, or a directory with one (and maybe a chat template in
+/// its `tokenizer_config.json`).
+fn load_tokenizer(path: &str) -> Result<HfTokenizer, inferscope_model::ModelError> {
+    let path = std::path::Path::new(path);
+    if !path.is_dir() {
+        return HfTokenizer::from_file(path, Vec::new(), None);
+    }
+    let template = std::fs::read_to_string(path.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|text| ChatTemplate::from_tokenizer_config(&text));
+    Ok(HfTokenizer::from_file(&path.join("tokenizer.json"), Vec::new(), None)?
+        .with_chat_template(template))
 }
 
 /// Hands engine stats to the metrics manager once it exists.

@@ -42,6 +42,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "h100-llama3-8b")]
     pub sim_profile: String,
 
+    /// A Hugging Face `tokenizer.json` (or a directory holding one, with an optional
+    /// `tokenizer_config.json` chat template) for the sim executor, so load tests see real
+    /// tokenization costs and token counts (default: a byte-level tokenizer).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+
     /// Engine cores in this process (data parallelism).
     #[arg(long, default_value_t = 1)]
     pub data_parallel_size: usize,
