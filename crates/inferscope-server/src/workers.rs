@@ -134,7 +134,11 @@ mod tests {
             started_rx.try_recv().is_err(),
             "the second waits for the worker"
         );
-        let err = w.run(1, || Ok(9)).await.expect_err("the queue is full");
+        // Refused at once: waiting for the worker would hang here.
+        let err = tokio::time::timeout(Duration::from_secs(5), w.run(1, || Ok(9)))
+            .await
+            .expect("answered at once")
+            .expect_err("the queue is full");
         assert_eq!(err.status.as_u16(), 429);
         for _ in 0..2 {
             let _ = release_tx.send(());
