@@ -5,7 +5,7 @@
 #![no_main]
 
 use inferscope_model::{ByteTokenizer, Tokenizer};
-use inferscope_server::validation::{
+use inferscope_server::openai::validation::{
     Limits, Validated, Validator, parse_and_validate_chat, parse_and_validate_completion,
 };
 use libfuzzer_sys::fuzz_target;

@@ -42,6 +42,12 @@ pub struct ServeArgs {
     #[arg(long, default_value = "h100-llama3-8b")]
     pub sim_profile: String,
 
+    /// A Hugging Face `tokenizer.json` (or a directory holding one, with an optional
+    /// `tokenizer_config.json` chat template) for the sim executor, so load tests see real
+    /// tokenization costs and token counts (default: a byte-level tokenizer).
+    #[arg(long)]
+    pub tokenizer: Option<String>,
+
     /// Engine cores in this process (data parallelism).
     #[arg(long, default_value_t = 1)]
     pub data_parallel_size: usize,
@@ -119,6 +125,17 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_queued_tokens: Option<usize>,
 
+    /// Threads that parse, render chat templates and tokenize requests, off the async
+    /// runtime so a long prompt cannot stall other streams (like TGI's --validation-workers).
+    /// Each takes up to one core from the engine while busy.
+    #[arg(long, default_value_t = 2)]
+    pub validation_workers: usize,
+
+    /// Bytes of request bodies that may be held by requests being validated or waiting for a
+    /// validation worker (at most 4 GiB); more get 429 rather than piling up in memory.
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    pub max_validation_queue_bytes: usize,
+
     /// Largest request body in bytes (larger ones get 413).
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     pub max_request_body_bytes: usize,
@@ -188,6 +205,10 @@ mod tests {
             (256, 8192, 16)
         );
         assert!(a.prefix_caching());
+        assert_eq!(
+            (a.validation_workers, a.max_validation_queue_bytes),
+            (2, 256 << 20)
+        );
         let a = ServeArgs::try_parse_flags(["--no-enable-prefix-caching", "--executor", "sim"])
             .expect("flags");
         assert!(!a.prefix_caching());

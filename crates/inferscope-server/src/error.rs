@@ -1,4 +1,5 @@
-//! OpenAI-style error responses.
+//! The server's errors: [`ApiError`], answered to clients as OpenAI-style
+//! bodies, and [`ServerError`], why the server cannot start.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -6,13 +7,16 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// An error answered as `{"error":{"message","type","param","code"}}`.
+///
+/// `type` is always snake_case, as OpenAI's own (`invalid_request_error`,
+/// `not_found_error`, ...): clients match on it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
     /// Human-readable message naming the problem.
     pub message: String,
-    /// OpenAI error type (`invalid_request_error`, ...).
+    /// OpenAI error type, snake_case (`invalid_request_error`, ...).
     pub kind: &'static str,
     /// The offending request field, if one.
     pub param: Option<&'static str>,
@@ -34,8 +38,18 @@ impl ApiError {
         Self {
             status: StatusCode::NOT_FOUND,
             message: format!("The model `{model}` does not exist."),
-            kind: "NotFoundError",
+            kind: "not_found_error",
             param: Some("model"),
+        }
+    }
+
+    /// 404: no such route, or a disabled one.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            message: message.into(),
+            kind: "not_found_error",
+            param: None,
         }
     }
 
@@ -95,5 +109,60 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// A server that cannot start, with the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A flag value is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The model could not be loaded.
+    #[error("cannot load model `{model}`")]
+    Model {
+        /// The `--model` value.
+        model: String,
+        /// Why.
+        source: inferscope_model::ModelError,
+    },
+    /// The engine could not start.
+    #[error(transparent)]
+    Engine(#[from] inferscope_engine::EngineError),
+    /// The metrics system could not start.
+    #[error("metrics: {0}")]
+    Metrics(#[from] inferscope_metrics::ConfigError),
+    /// The listener could not be bound or served.
+    #[error("cannot listen on {addr}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kind a constructor can produce is snake_case, as OpenAI's are.
+    #[test]
+    fn kinds_are_snake_case() {
+        for e in [
+            ApiError::invalid("x", None),
+            ApiError::model_not_found("m"),
+            ApiError::not_found("x"),
+            ApiError::unauthorized(),
+            ApiError::overloaded("x"),
+            ApiError::unavailable("x"),
+            ApiError::internal("x"),
+        ] {
+            assert!(
+                e.kind.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{}",
+                e.kind
+            );
+        }
     }
 }

@@ -1,18 +1,22 @@
-//! inferscope-server: the OpenAI-compatible HTTP server — routes, SSE
-//! streaming, validation and errors, `/metrics`, `/health`, and the wiring of
-//! engine cores, executors and metrics.
+//! inferscope-server: the OpenAI-compatible HTTP server.
+//!
+//! Layers, each importing only those below it: [`lifecycle`] (bind, serve,
+//! shut down) → [`router`] (routes, API key, HTTP metrics layer) →
+//! [`handlers`] (thin) → [`state`] (what handlers share, built at start-up)
+//! → [`openai`] (protocol, validation, generate, response) and the leaves
+//! [`workers`], [`admission`], [`error`], [`cli`].
 
 pub mod admission;
-pub mod app;
 pub mod cli;
 pub mod error;
-pub mod generation;
-pub mod protocol;
-pub mod routes;
-pub mod validation;
+pub mod handlers;
+pub mod lifecycle;
+pub mod openai;
+pub mod router;
+pub mod state;
+pub mod workers;
 
-pub use app::{
-    AppState, RunningServer, ServerError, build_state, limit_allocator_arenas, run, start,
-};
 pub use cli::{ExecutorKind, ServeArgs};
-pub use error::ApiError;
+pub use error::{ApiError, ServerError};
+pub use lifecycle::{RunningServer, limit_allocator_arenas, run, start};
+pub use state::{AppState, build_state};

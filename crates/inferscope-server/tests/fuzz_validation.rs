@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use inferscope_model::{ByteTokenizer, Tokenizer};
-use inferscope_server::validation::{
+use inferscope_server::openai::validation::{
     Limits, Validated, Validator, parse_and_validate_chat, parse_and_validate_completion,
 };
 use proptest::prelude::*;

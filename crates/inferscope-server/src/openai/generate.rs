@@ -1,15 +1,149 @@
-//! From a validated request to text deltas: engine requests per choice,
-//! incremental detokenization, stop strings, and the request-level latency
-//! metrics, taken where each delta is handed to the response.
+//! The generate layer, in the manner of TGI's `Infer`: admission, one
+//! engine request per choice, and a stream of choice events — text deltas
+//! after incremental detokenization and stop strings, and one final event per
+//! choice. The request-level latency metrics are taken here, where each delta
+//! is handed to the response.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use inferscope_engine::{FinishReason, RequestHandle};
+use futures::Stream;
+use inferscope_engine::{Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle};
 use inferscope_metrics::{EngineMetrics, FrontendRequestStats, StatLoggerManager};
-use inferscope_model::IncrementalDecoder;
+use inferscope_model::{IncrementalDecoder, Tokenizer};
 
-use crate::admission::Reservation;
+use crate::admission::{Admission, Reservation};
+use crate::error::ApiError;
+use crate::openai::validation::Plan;
+
+/// What generation needs of the server: borrowed from its state per request.
+pub struct Infer<'a> {
+    /// The engine cores.
+    pub coordinator: &'a Coordinator,
+    /// Admission control.
+    pub admission: &'a Admission,
+    /// Detokenizes the outputs.
+    pub tokenizer: &'a Arc<dyn Tokenizer>,
+    /// Where rejections and latencies are recorded.
+    pub metrics: &'a Arc<StatLoggerManager>,
+    /// Whether request-level latencies are recorded.
+    pub record_latency: bool,
+}
+
+/// The choices of one admitted request, each with its engine request.
+pub struct Generation {
+    /// One stream per prompt and choice, in response order.
+    pub choices: Vec<ChoiceStream>,
+    /// Prompt tokens over all prompts (each counted once, not per choice).
+    pub prompt_tokens: usize,
+}
+
+impl Infer<'_> {
+    /// Admits the request and starts one engine request per prompt and
+    /// choice, named `request_id` (or `request_id-INDEX` when there are
+    /// several). A refusal is the 429 or 4xx/5xx to answer.
+    pub fn generate(
+        &self,
+        request_id: &str,
+        plan: &Plan,
+        arrival: Instant,
+    ) -> Result<Generation, ApiError> {
+        let n = plan.params.n;
+        let total = plan.prompts.len() * n;
+        let per_choice: Vec<usize> = plan
+            .prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.len(), n))
+            .collect();
+        let mut reservations = match self
+            .admission
+            .admit(&per_choice, self.coordinator.num_waiting())
+        {
+            Ok(r) => r.into_iter(),
+            Err(rejection) => {
+                self.metrics.record_admission_rejection(rejection.reason());
+                return Err(rejection.to_api_error());
+            }
+        };
+        let stop: Arc<[String]> = plan.stop.clone().into();
+        let mut choices = Vec::with_capacity(total);
+        for (p, prompt) in plan.prompts.iter().enumerate() {
+            for i in 0..n {
+                let index = p * n + i;
+                let mut params = plan.params.clone();
+                params.seed = params.seed.map(|seed| seed.wrapping_add(i as u64));
+                let engine_id = if total == 1 {
+                    request_id.to_owned()
+                } else {
+                    format!("{request_id}-{index}")
+                };
+                // On an error, the handles already made abort themselves when
+                // `choices` is dropped.
+                let handle = self
+                    .coordinator
+                    .add_request(EngineRequest {
+                        request_id: engine_id,
+                        prompt_token_ids: prompt.clone(),
+                        params: Arc::new(params),
+                        arrival,
+                    })
+                    .map_err(|e| match e {
+                        EngineError::DuplicateRequestId(id) => ApiError::invalid(
+                            format!(
+                                "request id `{id}` is already in flight (x-request-id must be unique)"
+                            ),
+                            None,
+                        ),
+                        other => ApiError::unavailable(other.to_string()),
+                    })?;
+                let latency = self
+                    .record_latency
+                    .then(|| LatencySink::new(self.metrics.clone(), handle.engine))
+                    .flatten();
+                let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
+                let mut choice =
+                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency);
+                if let Some(r) = reservations.next() {
+                    choice = choice.with_reservation(r);
+                }
+                choices.push(choice);
+            }
+        }
+        Ok(Generation {
+            choices,
+            prompt_tokens: plan.prompts.iter().map(Vec::len).sum(),
+        })
+    }
+}
+
+impl Generation {
+    /// Every choice's events merged in arrival order; each choice ends with
+    /// one final event (`finish` set). Dropping the stream aborts the
+    /// engine requests still running.
+    pub fn events(self) -> impl Stream<Item = ChoiceDelta> + Send + Unpin {
+        futures::stream::select_all(self.choices.into_iter().map(|c| {
+            Box::pin(futures::stream::unfold(c, |mut c| async move {
+                c.next().await.map(|d| (d, c))
+            }))
+        }))
+    }
+
+    /// Waits for every choice: its index, whole text and finish, in order.
+    pub async fn collect(self) -> Vec<CompletedChoice> {
+        futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
+    }
+}
+
+/// A choice run to its end (full, non-streamed responses).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompletedChoice {
+    /// Choice index in the response.
+    pub index: usize,
+    /// All its text.
+    pub text: String,
+    /// How it ended.
+    pub finish: ChoiceFinish,
+}
 
 /// One piece of a choice's output.
 #[derive(Debug, Clone, PartialEq)]
@@ -108,16 +242,33 @@ impl ChoiceStream {
         self
     }
 
-    /// The engine serving this choice.
-    pub fn engine(&self) -> usize {
-        self.handle.engine
-    }
-
     /// The next delta with text or the final one; `None` after the final.
     pub async fn next(&mut self) -> Option<ChoiceDelta> {
         if self.done {
             return None;
         }
+        Some(self.step().await)
+    }
+
+    /// Runs the choice to its end.
+    pub async fn collect(mut self) -> CompletedChoice {
+        let mut text = String::new();
+        loop {
+            let d = self.step().await;
+            text.push_str(&d.text);
+            if let Some(finish) = d.finish {
+                return CompletedChoice {
+                    index: d.index,
+                    text,
+                    finish,
+                };
+            }
+        }
+    }
+
+    /// The next delta with text, or the final one. Every path ends in a
+    /// delta, so a caller that loops until `finish` always gets one.
+    async fn step(&mut self) -> ChoiceDelta {
         loop {
             let out = self.handle.recv().await;
             // The first output (a token or the finish) means the prompt is no
@@ -125,13 +276,13 @@ impl ChoiceStream {
             self.reservation = None;
             let Some(out) = out else {
                 // The engine dropped the request without a finish.
-                return Some(self.finish(
+                return self.finish(
                     String::new(),
                     FinishReason::Error,
                     Some("the engine stopped without finishing the request".into()),
                     0,
                     0,
-                ));
+                );
             };
             let mut text = String::new();
             if let Some(t) = out.token_id {
@@ -146,13 +297,13 @@ impl ChoiceStream {
                     Some(pos) => (pending[..pos].to_owned(), FinishReason::Stop),
                     None => (pending, f.reason),
                 };
-                return Some(self.finish(
+                return self.finish(
                     emit,
                     reason,
                     f.error,
                     f.num_prompt_tokens,
                     f.num_generation_tokens,
-                ));
+                );
             }
             if text.is_empty() {
                 continue;
@@ -160,11 +311,11 @@ impl ChoiceStream {
             if self.stop.is_empty() {
                 // No stop strings: nothing to hold back or search for.
                 self.observe_delta();
-                return Some(ChoiceDelta {
+                return ChoiceDelta {
                     index: self.index,
                     text,
                     finish: None,
-                });
+                };
             }
             self.held.push_str(&text);
             if let Some(pos) = self.find_stop(&self.held) {
@@ -180,28 +331,28 @@ impl ChoiceStream {
                 continue;
             }
             self.observe_delta();
-            return Some(ChoiceDelta {
+            return ChoiceDelta {
                 index: self.index,
                 text: emit,
                 finish: None,
-            });
+            };
         }
     }
 
     /// After a stop string: waits for the engine's finish to get the counts.
-    async fn drain_after_stop(&mut self, emit: String) -> Option<ChoiceDelta> {
+    async fn drain_after_stop(&mut self, emit: String) -> ChoiceDelta {
         while let Some(out) = self.handle.recv().await {
             if let Some(f) = out.finished {
-                return Some(self.finish(
+                return self.finish(
                     emit,
                     FinishReason::Stop,
                     None,
                     f.num_prompt_tokens,
                     f.num_generation_tokens,
-                ));
+                );
             }
         }
-        Some(self.finish(emit, FinishReason::Stop, None, 0, 0))
+        self.finish(emit, FinishReason::Stop, None, 0, 0)
     }
 
     /// Text that can no longer be the start of a stop string.

@@ -5,7 +5,9 @@ use inferscope_engine::SamplingParams;
 use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
-use crate::protocol::{ChatContent, ChatRequest, CompletionRequest, PromptInput, SamplingFields};
+use crate::openai::protocol::{
+    ChatContent, ChatRequest, CompletionRequest, PromptInput, SamplingFields,
+};
 
 /// Limits the server validates against.
 #[derive(Debug, Clone, Copy)]
@@ -304,6 +306,16 @@ pub fn plan(
             Some("min_tokens"),
         ));
     }
+    // Neither executor applies a repetition penalty: refuse it rather than
+    // silently sample without it.
+    if let Some(p) = f.repetition_penalty
+        && p != 1.0
+    {
+        return Err(ApiError::invalid(
+            format!("`repetition_penalty` is not supported by this server (only 1.0), got {p}"),
+            Some("repetition_penalty"),
+        ));
+    }
     match &f.logprobs {
         None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
         Some(_) => {
@@ -414,6 +426,8 @@ mod tests {
             (r#"{"min_tokens": 50}"#, "min_tokens"),
             (r#"{"logprobs": 5}"#, "logprobs"),
             (r#"{"stop_token_ids": [999]}"#, "stop_token_ids"),
+            (r#"{"repetition_penalty": 1.2}"#, "repetition_penalty"),
+            (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
         ] {
             let err = plan(
                 vec![vec![1; 5]],
@@ -430,7 +444,7 @@ mod tests {
             vec![vec![1; 5]],
             Some(10),
             |_| 16,
-            fields(r#"{"stop": "x", "n": 2, "ignore_eos": true, "seed": 7, "stream": true, "stream_options": {"include_usage": true}}"#),
+            fields(r#"{"stop": "x", "n": 2, "ignore_eos": true, "seed": 7, "stream": true, "stream_options": {"include_usage": true}, "repetition_penalty": 1.0}"#),
             &LIMITS,
             "max_tokens",
         )

@@ -79,7 +79,7 @@ pub struct SamplingFields {
     pub min_tokens: Option<i64>,
     /// Log-probabilities (not supported beyond `null`).
     pub logprobs: Option<serde_json::Value>,
-    /// Accepted for compatibility; the engine does not apply it.
+    /// Only 1.0 (no penalty) or absent: the executors do not apply one.
     pub repetition_penalty: Option<f64>,
 }
 

@@ -1,0 +1,198 @@
+//! HTTP handlers, all thin: the OpenAI routes (parse and validate on the
+//! validation workers → generate → shape), models, health, version, metrics.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use inferscope_metrics::negotiate;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::openai::response::{self, Api, Shape};
+use crate::openai::validation::{self, Validated};
+use crate::state::{AppState, unix_now};
+use crate::workers::REASON_VALIDATION_QUEUE;
+
+type AppStateRef = State<Arc<AppState>>;
+
+/// `GET /v1/models`.
+pub async fn models(State(s): AppStateRef) -> Json<serde_json::Value> {
+    let data: Vec<_> = s
+        .served_model_names
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name,
+                "object": "model",
+                "created": s.created,
+                "owned_by": "inferscope",
+                "root": s.model_root,
+                "parent": null,
+                "max_model_len": s.limits.max_model_len,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /health`: 200 while every engine core can serve.
+pub async fn health(State(s): AppStateRef) -> Response {
+    if s.coordinator.is_healthy() {
+        return StatusCode::OK.into_response();
+    }
+    let why: Vec<String> = s
+        .coordinator
+        .engines()
+        .filter(|e| !e.is_alive())
+        .map(|e| {
+            format!(
+                "engine {}: {}",
+                e.engine_index,
+                e.dead_reason().unwrap_or_else(|| "stopped".into())
+            )
+        })
+        .collect();
+    let msg = if why.is_empty() {
+        "the server is shutting down".to_owned()
+    } else {
+        why.join("; ")
+    };
+    ApiError::unavailable(msg).into_response()
+}
+
+/// `GET /version`.
+pub async fn version() -> Json<serde_json::Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+/// `GET /metrics`: Prometheus text 0.0.4 or OpenMetrics, by `Accept`.
+pub async fn metrics(State(s): AppStateRef, headers: HeaderMap) -> Response {
+    if !s.metrics_enabled {
+        return ApiError::not_found("metrics are disabled (--disable-metrics)").into_response();
+    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let (content_type, body) = s.metrics.render(negotiate(accept));
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+/// Any path no route matches.
+pub async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(s): AppStateRef,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let validated = validate(&s, body, |b, s| {
+        validation::parse_and_validate_completion(b, &s.validator())
+    })
+    .await;
+    respond(&s, Api::Completions, validated, &headers, arrival).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(s): AppStateRef,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrival = Instant::now();
+    let validated = validate(&s, body, |b, s| {
+        validation::parse_and_validate_chat(b, &s.validator())
+    })
+    .await;
+    respond(&s, Api::Chat, validated, &headers, arrival).await
+}
+
+/// Runs `check` (parsing, template rendering, tokenization: CPU work that
+/// grows with the prompt) on the validation workers, not on the runtime.
+async fn validate(
+    s: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    check: fn(&[u8], &AppState) -> Result<Validated, ApiError>,
+) -> Result<Validated, ApiError> {
+    let body = body_bytes(body)?;
+    let state = s.clone();
+    let result = s
+        .validation_workers
+        .run(body.len(), move || check(&body, &state))
+        .await;
+    if let Err(e) = &result
+        && e.status == StatusCode::TOO_MANY_REQUESTS
+    {
+        s.metrics
+            .record_admission_rejection(REASON_VALIDATION_QUEUE);
+    }
+    result
+}
+
+/// Generates a validated request and shapes the answer; every answer past
+/// validation carries the request id.
+async fn respond(
+    s: &AppState,
+    api: Api,
+    validated: Result<Validated, ApiError>,
+    headers: &HeaderMap,
+    arrival: Instant,
+) -> Response {
+    let Validated { model, plan } = match validated {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let request_id = request_id(s, headers);
+    let generated = s.infer().generate(&request_id, &plan, arrival);
+    let response = match generated {
+        Ok(generation) => {
+            let shape = Shape::new(api, &request_id, model, unix_now());
+            if plan.stream {
+                response::stream(shape, generation, plan.include_usage)
+            } else {
+                response::full(shape, generation).await
+            }
+        }
+        Err(e) => e.into_response(),
+    };
+    with_request_id(response, &request_id)
+}
+
+/// The body, or the extractor's rejection (413 over the limit) as an OpenAI error.
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| ApiError {
+        status: rejection.status(),
+        message: rejection.body_text(),
+        kind: "invalid_request_error",
+        param: None,
+    })
+}
+
+/// The client's `x-request-id` when usable, else a fresh id.
+fn request_id(s: &AppState, headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= 256)
+        .map(str::to_owned)
+        .unwrap_or_else(|| {
+            let n = s.next_request.fetch_add(1, Ordering::Relaxed);
+            format!("{}-{n:x}", s.id_prefix)
+        })
+}
+
+fn with_request_id(mut r: Response, id: &str) -> Response {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        r.headers_mut().insert("x-request-id", v);
+    }
+    r
+}

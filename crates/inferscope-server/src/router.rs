@@ -1,0 +1,92 @@
+//! The router: which path goes to which handler, the API-key check in front
+//! of `/v1/*`, the body limit and the HTTP metrics layer around everything.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::error::ApiError;
+use crate::handlers;
+use crate::state::AppState;
+
+/// The router: OpenAI routes (behind the API key), health, version, and
+/// `/metrics` when `serve_metrics` (else it answers 404: it is served on a
+/// separate listener), all under the HTTP metrics layer.
+pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Router {
+    let v1 = Router::new()
+        .route("/v1/models", get(handlers::models))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    let mut app = Router::new()
+        .merge(v1)
+        .route("/health", get(handlers::health))
+        .route("/version", get(handlers::version));
+    if serve_metrics {
+        app = app.route("/metrics", get(handlers::metrics));
+    }
+    app.fallback(handlers::not_found)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(state.metrics.http_layer())
+        .with_state(state)
+}
+
+/// The router of the separate metrics listener: `/metrics` alone (plus
+/// `/health`, which probes on that network may want), no request bodies.
+pub fn metrics_router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(handlers::metrics))
+        .route("/health", get(handlers::health))
+        .fallback(handlers::not_found)
+        .layer(DefaultBodyLimit::max(0))
+        .layer(state.metrics.http_layer())
+        .with_state(state)
+}
+
+/// Rejects /v1/* requests without the right bearer token.
+pub async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit, so the time taken does not reveal how
+/// much of the key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::constant_time_eq;
+
+    #[test]
+    fn key_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret-longer", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(constant_time_eq(b"", b""));
+    }
+}

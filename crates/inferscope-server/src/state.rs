@@ -1,0 +1,334 @@
+//! The server's state and how it is built: the tokenizer, the executors and
+//! engine cores, the metrics, the validation workers and the limits.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use inferscope_engine::{
+    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile,
+    sim::{SimFaults, SimTokens},
+};
+use inferscope_metrics::{
+    BucketOverrides, CacheConfig, MetricsConfig, StatLoggerManager, StatsRecorder,
+};
+use inferscope_model::{
+    ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
+};
+
+use crate::admission::Admission;
+use crate::cli::{ExecutorKind, ServeArgs};
+use crate::error::ServerError;
+use crate::openai::generate::Infer;
+use crate::openai::validation::{Limits, Validator};
+use crate::workers::ValidationWorkers;
+
+/// Everything a handler needs.
+pub struct AppState {
+    /// The engine cores.
+    pub coordinator: Coordinator,
+    /// Text to tokens and back.
+    pub tokenizer: Arc<dyn Tokenizer>,
+    /// The metrics system.
+    pub metrics: Arc<StatLoggerManager>,
+    /// Whether request-level metrics are recorded and `/metrics` served.
+    pub metrics_enabled: bool,
+    /// Names the model answers to; the first is canonical.
+    pub served_model_names: Vec<String>,
+    /// What `--model` pointed at (`root` in `/v1/models`).
+    pub model_root: String,
+    /// Validation limits.
+    pub limits: Limits,
+    /// Bearer token required on /v1/*.
+    pub api_key: Option<String>,
+    /// Start time, unix seconds (`created` of the model card).
+    pub created: u64,
+    /// Admission control (waiting requests, queued prompt tokens).
+    pub admission: Admission,
+    /// Source of request ids.
+    pub next_request: AtomicU64,
+    /// A per-process prefix that keeps generated ids unique across restarts.
+    pub id_prefix: String,
+    /// Where requests are parsed, rendered and tokenized, off the runtime.
+    pub validation_workers: ValidationWorkers,
+}
+
+impl AppState {
+    /// What requests are validated against.
+    pub fn validator(&self) -> Validator<'_> {
+        Validator {
+            served_model_names: &self.served_model_names,
+            limits: &self.limits,
+            tokenizer: self.tokenizer.as_ref(),
+        }
+    }
+
+    /// What requests are generated with.
+    pub fn infer(&self) -> Infer<'_> {
+        Infer {
+            coordinator: &self.coordinator,
+            admission: &self.admission,
+            tokenizer: &self.tokenizer,
+            metrics: &self.metrics,
+            record_latency: self.metrics_enabled,
+        }
+    }
+}
+
+/// `cache_dtype` of the sim executor: its profiles model bf16 KV caches
+/// (2 bytes per element, as in the profiles' KV sizes).
+pub const SIM_CACHE_DTYPE: &str = "bfloat16";
+
+/// `cache_dtype` of the cpu executor: its KV pool stores f32 whatever
+/// `--dtype` says (that flag picks the weight storage only).
+pub const CPU_CACHE_DTYPE: &str = "float32";
+
+/// Unix time in seconds.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Builds the state: loads the model, starts the engine cores and metrics.
+pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
+    let config_err = |m: String| ServerError::Config(m);
+    if args.data_parallel_size == 0 {
+        return Err(config_err("--data-parallel-size must be at least 1".into()));
+    }
+    if args.validation_workers == 0 {
+        return Err(config_err("--validation-workers must be at least 1".into()));
+    }
+    if !(args.log_stats_interval.is_finite() && args.log_stats_interval > 0.0) {
+        return Err(config_err(
+            "--log-stats-interval must be a positive number of seconds".into(),
+        ));
+    }
+    let mut buckets = BucketOverrides::default();
+    for spec in &args.histogram_buckets {
+        buckets
+            .set_from_str(spec)
+            .map_err(|e| config_err(format!("--histogram-buckets {spec}: {e}")))?;
+    }
+
+    // The model side: a tokenizer, a length limit and an executor factory.
+    type Factory = Box<dyn FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError>>;
+    let (tokenizer, model_max_len, mut factory, served_default, cache_dtype): (
+        Arc<dyn Tokenizer>,
+        usize,
+        Factory,
+        String,
+        &str,
+    ) = match args.executor {
+        ExecutorKind::Sim => {
+            let profile: SimProfile = args
+                .sim_profile
+                .parse()
+                .map_err(|e| config_err(format!("--sim-profile: {e}")))?;
+            tracing::info!(profile = %profile, "sim executor");
+            let faults = SimFaults {
+                fail_every_n_steps: args.sim_fail_every_n_steps,
+                die_after_steps: args.sim_die_after_steps,
+            };
+            if faults != SimFaults::default() {
+                tracing::warn!(?faults, engine = ?args.sim_fault_engine, "injecting sim executor faults (test only)");
+            }
+            let fault_engine = args.sim_fault_engine;
+            let factory: Factory = Box::new(move |engine| {
+                let mut sim = SimExecutor::new(profile.clone(), SimTokens::default());
+                if fault_engine.is_none_or(|e| e == engine) {
+                    sim = sim.with_faults(faults.clone());
+                }
+                Ok(Box::new(sim) as Box<dyn Executor>)
+            });
+            let tokenizer: Arc<dyn Tokenizer> = match &args.tokenizer {
+                Some(path) => {
+                    Arc::new(load_tokenizer(path).map_err(|source| ServerError::Model {
+                        model: path.clone(),
+                        source,
+                    })?)
+                }
+                None => Arc::new(ByteTokenizer),
+            };
+            (
+                tokenizer,
+                8192,
+                factory,
+                args.model.clone(),
+                SIM_CACHE_DTYPE,
+            )
+        }
+        ExecutorKind::Cpu => {
+            let opts = ModelOptions {
+                kv_cache_memory: args.kv_cache_memory,
+                dtype: args.dtype.clone(),
+                ..ModelOptions::default()
+            };
+            let model =
+                LoadedModel::load(&args.model, &opts).map_err(|source| ServerError::Model {
+                    model: args.model.clone(),
+                    source,
+                })?;
+            if model.is_demo() {
+                tracing::warn!(
+                    "serving the built-in demo model: a tiny Llama with seeded random weights; its text is not meaningful"
+                );
+            }
+            let name = model.name().to_owned();
+            let max_len = model.max_model_len();
+            let tokenizer = model.tokenizer();
+            let factory: Factory = Box::new(move |_| {
+                model
+                    .executor()
+                    .map_err(|e| ExecutorError::Init(e.to_string()))
+            });
+            (tokenizer, max_len, factory, name, CPU_CACHE_DTYPE)
+        }
+    };
+    let max_model_len = match args.max_model_len {
+        Some(0) => return Err(config_err("--max-model-len must be at least 1".into())),
+        Some(l) if l > model_max_len => {
+            return Err(config_err(format!(
+                "--max-model-len {l} exceeds the model's limit of {model_max_len} tokens"
+            )));
+        }
+        Some(l) => l,
+        None => model_max_len,
+    };
+    let served_model_names = if args.served_model_name.is_empty() {
+        vec![served_default]
+    } else {
+        args.served_model_name.clone()
+    };
+
+    let engine_config = EngineConfig {
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        block_size: args.block_size,
+        enable_prefix_caching: args.prefix_caching(),
+        max_model_len,
+    };
+    let engine_indices: Vec<usize> =
+        (args.data_parallel_rank..args.data_parallel_rank + args.data_parallel_size).collect();
+    // The metrics manager needs the block counts, which the executors know
+    // only once started; the recorder forwards to it once it exists.
+    let forward = Arc::new(ForwardingRecorder::default());
+    let coordinator = Coordinator::start(
+        engine_config.clone(),
+        args.data_parallel_size,
+        args.data_parallel_rank,
+        &mut factory,
+        forward.clone(),
+    )?;
+    let cache_configs = coordinator
+        .engines()
+        .map(|e| CacheConfig {
+            block_size: e.block_size,
+            num_gpu_blocks: e.num_blocks,
+            enable_prefix_caching: engine_config.enable_prefix_caching,
+            cache_dtype: cache_dtype.into(),
+        })
+        .collect();
+    let metrics = Arc::new(StatLoggerManager::new(MetricsConfig {
+        namespace: args.metrics_namespace.clone(),
+        model_name: served_model_names[0].clone(),
+        engine_indices,
+        max_model_len,
+        buckets,
+        cache_configs,
+        enable_prometheus: !args.disable_metrics,
+        enable_log_stats: !args.disable_log_stats,
+        aggregate_log_lines: false,
+    })?);
+    forward.set(metrics.clone());
+
+    let limits = Limits {
+        max_model_len: max_model_len.min(coordinator.max_sequence_tokens()),
+        vocab_size: tokenizer.vocab_size(),
+        max_n: 128,
+        max_choices: 256,
+    };
+    Ok(Arc::new(AppState {
+        coordinator,
+        tokenizer,
+        metrics,
+        metrics_enabled: !args.disable_metrics,
+        served_model_names,
+        model_root: args.model.clone(),
+        limits,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        created: unix_now(),
+        admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
+        next_request: AtomicU64::new(0),
+        id_prefix: format!("{:x}", unix_now() ^ u64::from(std::process::id()) << 32),
+        validation_workers: ValidationWorkers::new(
+            args.validation_workers,
+            args.max_validation_queue_bytes,
+        ),
+    }))
+}
+
+/// A `tokenizer.json`, or a directory with one (and maybe a chat template in
+/// its `tokenizer_config.json`).
+fn load_tokenizer(path: &str) -> Result<HfTokenizer, inferscope_model::ModelError> {
+    let path = std::path::Path::new(path);
+    if !path.is_dir() {
+        return HfTokenizer::from_file(path, Vec::new(), None);
+    }
+    let template = std::fs::read_to_string(path.join("tokenizer_config.json"))
+        .ok()
+        .and_then(|text| ChatTemplate::from_tokenizer_config(&text));
+    Ok(
+        HfTokenizer::from_file(&path.join("tokenizer.json"), Vec::new(), None)?
+            .with_chat_template(template),
+    )
+}
+
+/// Hands engine stats to the metrics manager once it exists.
+#[derive(Default)]
+struct ForwardingRecorder(std::sync::OnceLock<Arc<StatLoggerManager>>);
+
+impl ForwardingRecorder {
+    fn set(&self, m: Arc<StatLoggerManager>) {
+        let _ = self.0.set(m);
+    }
+}
+
+impl StatsRecorder for ForwardingRecorder {
+    fn record_step(
+        &self,
+        engine: usize,
+        s: &inferscope_metrics::SchedulerStats,
+        i: &inferscope_metrics::IterationStats,
+    ) {
+        if let Some(m) = self.0.get() {
+            m.record_step(engine, s, i);
+        }
+    }
+    fn record_finished(&self, engine: usize, f: &[inferscope_metrics::FinishedRequestStats]) {
+        if let Some(m) = self.0.get() {
+            m.record_finished(engine, f);
+        }
+    }
+    fn record_idle(&self, engine: usize, s: &inferscope_metrics::SchedulerStats, idle: Duration) {
+        if let Some(m) = self.0.get() {
+            m.record_idle(engine, s, idle);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cpu executor's KV pool holds 4-byte elements: if it changes, so
+    /// must `CPU_CACHE_DTYPE`.
+    #[test]
+    fn cpu_cache_dtype_matches_the_kv_pool() {
+        let pool = inferscope_model::kv_pool::KvPool::new(1, 1, 1, 1, 1);
+        // One key and one value element.
+        assert_eq!(pool.size_bytes() / 2, 4);
+        assert_eq!(CPU_CACHE_DTYPE, "float32");
+    }
+}

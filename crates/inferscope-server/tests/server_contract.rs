@@ -1,0 +1,94 @@
+//! Contract points fixed by the server redesign: unsupported sampling
+//! parameters are refused by name, error types are snake_case, and
+//! `cache_config_info` names the KV cache's real element type.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use inferscope_server::ServeArgs;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repetition_penalty_other_than_one_is_a_400_naming_it() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    for (path, mut body) in [
+        ("/v1/completions", json!({"prompt": "hi", "max_tokens": 2})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ),
+    ] {
+        body["repetition_penalty"] = json!(1.3);
+        let r = post(addr, path, &body).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.body);
+        let err = &r.json()["error"];
+        assert_eq!(err["param"], "repetition_penalty", "{}", r.body);
+        assert_eq!(err["type"], "invalid_request_error", "{}", r.body);
+        // 1.0 is no penalty: accepted.
+        body["repetition_penalty"] = json!(1.0);
+        let r = post(addr, path, &body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_found_errors_are_snake_case() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    let route = call(addr, "GET", "/no/such/route", "", &[]).await;
+    assert_eq!(route.status, 404);
+    assert_eq!(route.json()["error"]["type"], "not_found_error");
+    let model = post(
+        addr,
+        "/v1/completions",
+        &json!({"model": "other", "prompt": "hi"}),
+    )
+    .await;
+    assert_eq!(model.status, 404);
+    assert_eq!(model.json()["error"]["type"], "not_found_error");
+    assert_eq!(model.json()["error"]["param"], "model");
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The `cache_dtype` label of `cache_config_info`.
+async fn cache_dtype(addr: std::net::SocketAddr) -> Option<String> {
+    scrape(addr)
+        .await
+        .into_iter()
+        .find(|s| s.name == "inferscope:cache_config_info")
+        .and_then(|s| s.labels.get("cache_dtype").cloned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_config_info_names_the_real_kv_dtype() {
+    // The sim's profiles model bf16 KV caches.
+    let sim = start(&[]).await;
+    assert_eq!(cache_dtype(sim.addr).await.as_deref(), Some("bfloat16"));
+    sim.shutdown(Duration::from_secs(5)).await;
+    // The cpu executor's KV pool is f32 even with bf16 weights.
+    let args = ServeArgs::try_parse_flags([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "cpu",
+        "--model",
+        "demo",
+        "--dtype",
+        "bfloat16",
+        "--kv-cache-memory",
+        "8000000",
+        "--disable-log-stats",
+    ])
+    .expect("flags");
+    let cpu = inferscope_server::start(&args)
+        .await
+        .expect("cpu server starts");
+    assert_eq!(cache_dtype(cpu.addr).await.as_deref(), Some("float32"));
+    cpu.shutdown(Duration::from_secs(5)).await;
+}
