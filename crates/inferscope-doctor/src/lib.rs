@@ -4,7 +4,6 @@
 //! Prometheus server), so they work against any server exporting this schema
 //! — vLLM's included, under the `vllm:` namespace.
 
-
 pub mod client;
 pub mod findings;
 pub mod prometheus_api;

@@ -42,7 +42,9 @@ use inferscope_engine::sim::SimTokens;
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineRequest, Executor, SamplingParams, SimExecutor, SimProfile,
 };
-use inferscope_schema::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use inferscope_schema::{
+    EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
+};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::error::TryRecvError;
 
@@ -93,6 +95,8 @@ impl StatsRecorder for StepRecorder {
     }
 
     fn record_finished(&self, _engine: usize, _finished: &[FinishedRequestStats]) {}
+
+    fn record_engine_failure(&self, _engine: usize, _cause: EngineFailure) {}
 
     fn record_idle(&self, _engine: usize, _s: &SchedulerStats, idle: Duration) {
         if idle > Duration::ZERO {

@@ -8,7 +8,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel}
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use inferscope_schema::{FinishReason, StatsRecorder};
+use inferscope_schema::{EngineFailure, FinishReason, StatsRecorder};
 
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
@@ -175,7 +175,7 @@ impl EngineCore {
         if let Err(payload) = outcome {
             let msg = format!("engine core panicked: {}", panic_message(payload.as_ref()));
             tracing::error!(engine, error = %msg, "engine core panicked; failing its requests");
-            self.die(&msg);
+            self.die(&msg, EngineFailure::Panic);
         }
         self.state.alive.store(false, Ordering::Release);
     }
@@ -232,7 +232,7 @@ impl EngineCore {
                 Err(e) => {
                     let msg = e.to_string();
                     tracing::error!(engine, error = %msg, "engine core cannot continue");
-                    self.die(&msg);
+                    self.die(&msg, EngineFailure::ExecutorError);
                     return;
                 }
             }
@@ -256,13 +256,16 @@ impl EngineCore {
     /// Marks the core dead with `reason`, ends every request it holds with
     /// an error (freeing their blocks), then fails whatever still arrives
     /// until the coordinator shuts down.
-    fn die(&mut self, reason: &str) {
+    fn die(&mut self, reason: &str, cause: EngineFailure) {
         // Dead first: from here on /health names it and routing skips it,
         // even if the cleanup below were to fail.
         *self.state.dead_reason.lock() = Some(reason.to_owned());
         self.state.alive.store(false, Ordering::Release);
         let engine = self.state.engine_index;
         let cleanup = catch_unwind(AssertUnwindSafe(|| {
+            // Counted before the requests fail, so a client that sees its
+            // error already finds the failure in /metrics.
+            self.recorder.record_engine_failure(engine, cause);
             self.scheduler.finish_all(FinishReason::Error, Some(reason));
             self.flush_outside_step();
         }));

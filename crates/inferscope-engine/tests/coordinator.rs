@@ -10,7 +10,9 @@ use inferscope_engine::{
     Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
     RequestHandle, SamplingParams, SimExecutor, SimProfile,
 };
-use inferscope_schema::{FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder};
+use inferscope_schema::{
+    EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
+};
 use parking_lot::Mutex;
 
 /// Collects what the engines report, per engine.
@@ -22,6 +24,7 @@ struct Recorded {
     generation_tokens: u64,
     max_batch: usize,
     last: BTreeMap<usize, SchedulerStats>,
+    failures: Vec<(usize, EngineFailure)>,
 }
 
 #[derive(Default)]
@@ -56,6 +59,9 @@ impl StatsRecorder for TestRecorder {
         let mut r = self.0.lock();
         r.finished
             .extend(finished.iter().map(|f| (engine, f.finish_reason)));
+    }
+    fn record_engine_failure(&self, engine: usize, cause: EngineFailure) {
+        self.0.lock().failures.push((engine, cause));
     }
     fn record_idle(&self, engine: usize, s: &SchedulerStats, _idle: Duration) {
         self.0.lock().last.insert(engine, s.clone());
@@ -329,18 +335,20 @@ fn a_dead_core_is_reported_and_skipped() {
         fail_every_n_steps: 0,
         die_after_steps: 3,
     };
+    let rec = Arc::new(TestRecorder::default());
     let c = Coordinator::start(
         EngineConfig::default(),
         1,
         0,
         tiny(65_536, faults),
-        Arc::new(TestRecorder::default()),
+        Arc::clone(&rec) as Arc<dyn StatsRecorder>,
     )
     .expect("start");
     let h = c.add_request(request("d", 8, 50)).expect("add");
     let (_, reason, error) = drain(&rt, h);
     assert_eq!(reason, FinishReason::Error);
     assert!(error.is_some_and(|e| e.contains("device lost")));
+    assert_eq!(rec.0.lock().failures, [(0, EngineFailure::ExecutorError)]);
     assert!(!c.is_healthy());
     let deadline = Instant::now() + Duration::from_secs(5);
     while c.engines().any(|s| s.is_alive()) {
@@ -471,6 +479,7 @@ fn a_panicking_core_fails_its_requests_and_is_skipped() {
         on_engine0,
         "each failed request is counted as an error of engine 0"
     );
+    assert_eq!(rec.0.lock().failures, [(0, EngineFailure::Panic)]);
     for i in 0..6 {
         let h = c
             .add_request(request(&format!("later{i}"), 8, 5))

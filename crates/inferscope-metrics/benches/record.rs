@@ -5,9 +5,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use inferscope_metrics::{
-    FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
-    MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
+use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
+use inferscope_schema::{
+    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
+    StatsRecorder,
 };
 
 fn manager() -> StatLoggerManager {

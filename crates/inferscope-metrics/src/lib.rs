@@ -65,7 +65,6 @@
 //! # Ok::<(), inferscope_metrics::ConfigError>(())
 //! ```
 
-
 pub mod exposition;
 pub mod histogram;
 pub mod http;
@@ -73,16 +72,7 @@ pub mod log_line;
 pub mod manager;
 pub mod prometheus;
 
-// The schema and stats types live in the contract crate; re-exported so
-// existing paths (`inferscope_metrics::schema::…`) keep compiling.
-pub use inferscope_schema::{schema, stats};
-
 pub use exposition::{Format, negotiate};
 pub use http::{HttpMetrics, HttpMetricsLayer};
-pub use inferscope_schema::{BucketGroup, BucketOverrides, BucketsError, parse_buckets};
-pub use inferscope_schema::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, NoopRecorder,
-    SchedulerStats, StatsRecorder,
-};
 pub use manager::{ConfigError, MetricsConfig, StatLoggerManager};
 pub use prometheus::{CacheConfig, EngineMetrics};

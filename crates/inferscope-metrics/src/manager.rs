@@ -14,7 +14,7 @@ use crate::log_line::{self, LogLineLogger};
 use crate::prometheus::{CacheConfig, EngineMetrics, PrometheusLogger};
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
-    FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
+    EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
 };
 
 /// Everything the metrics system needs to know at start-up.
@@ -255,6 +255,12 @@ impl StatsRecorder for StatLoggerManager {
         }
         if let Some(l) = self.log_lines.iter().find(|l| l.engine() == engine) {
             l.record_idle(scheduler);
+        }
+    }
+
+    fn record_engine_failure(&self, engine: usize, cause: EngineFailure) {
+        if let Some(e) = self.prometheus.engine(engine) {
+            e.record_engine_failure(cause);
         }
     }
 }

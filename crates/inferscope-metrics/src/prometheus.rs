@@ -14,7 +14,8 @@ use prometheus_client::registry::Registry;
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
 use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
 use inferscope_schema::stats::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
+    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
+    SchedulerStats,
 };
 
 /// `model_name`, `engine`.
@@ -30,6 +31,14 @@ struct FinishedLabels {
     model_name: String,
     engine: String,
     finished_reason: String,
+}
+
+/// `model_name`, `engine`, `cause`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FailureLabels {
+    model_name: String,
+    engine: String,
+    cause: String,
 }
 
 /// `model_name`, `engine`, `phase`.
@@ -109,6 +118,7 @@ pub struct EngineMetrics {
     step_duration: [AtomicHistogram; 3],
     idle: F64Counter,
     batch_size: AtomicHistogram,
+    core_failures: [Counter; 2],
 }
 
 impl EngineMetrics {
@@ -135,6 +145,11 @@ impl EngineMetrics {
         let e2e = stats.e2e.as_secs_f64();
         self.e2e.observe(e2e);
         self.tpot.observe(time_per_output_token(stats));
+    }
+
+    /// The engine core died of `cause`.
+    pub fn record_engine_failure(&self, cause: EngineFailure) {
+        self.core_failures[cause.index()].inc();
     }
 
     /// A request the engine finished: success counter and request histograms.
@@ -322,6 +337,7 @@ impl PrometheusLogger {
         let idle: Family<EngineLabels, F64Counter> =
             r.add(&s::ENGINE_IDLE_SECONDS, Family::default());
         let batch = r.hist::<EngineLabels>(&s::BATCH_SIZE);
+        let failures = r.family::<FailureLabels>(&s::ENGINE_CORE_FAILURES);
 
         let engines = engine_indices
             .iter()
@@ -336,6 +352,15 @@ impl PrometheusLogger {
                         model_name: model_name.to_owned(),
                         engine: engine.clone(),
                         finished_reason: reason.as_str().to_owned(),
+                    })
+                };
+                // Both causes exist from the start at 0, so an alert on
+                // `increase()` sees the first failure.
+                let failure = |cause: EngineFailure| {
+                    failures.get_or_create_owned(&FailureLabels {
+                        model_name: model_name.to_owned(),
+                        engine: engine.clone(),
+                        cause: cause.as_str().to_owned(),
                     })
                 };
                 let phase = |i: usize| {
@@ -393,6 +418,7 @@ impl PrometheusLogger {
                     step_duration: [0, 1, 2].map(phase),
                     idle: idle.get_or_create_owned(&l),
                     batch_size: batch.get_or_create_owned(&l),
+                    core_failures: EngineFailure::ALL.map(failure),
                 }
             })
             .collect();

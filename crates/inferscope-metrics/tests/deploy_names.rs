@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use inferscope_metrics::schema::{MetricType, all_metrics};
+use inferscope_schema::schema::{MetricType, all_metrics};
 
 const NS: &str = "inferscope";
 

@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use inferscope_metrics::schema::{self, MetricType};
-use inferscope_metrics::{
-    CacheConfig, FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
-    MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
-};
+use inferscope_metrics::{CacheConfig, Format, MetricsConfig, StatLoggerManager};
 use inferscope_schema::promtext::{check_histograms, parse};
+use inferscope_schema::schema::{self, MetricType};
+use inferscope_schema::{
+    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
+    StatsRecorder,
+};
 
 fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
     MetricsConfig {

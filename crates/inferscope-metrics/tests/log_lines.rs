@@ -3,9 +3,8 @@
 use std::io::Write;
 use std::sync::Arc;
 
-use inferscope_metrics::{
-    IterationStats, MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
-};
+use inferscope_metrics::{MetricsConfig, StatLoggerManager};
+use inferscope_schema::{IterationStats, SchedulerStats, StatsRecorder};
 use parking_lot::Mutex;
 
 /// Collects formatted log output.

@@ -8,11 +8,12 @@ use axum::body::Body;
 use axum::routing::get;
 use http::Request;
 use http_body_util::BodyExt;
-use inferscope_metrics::{
-    FinishReason, FinishedRequestStats, Format, FrontendRequestStats, IterationStats,
-    MetricsConfig, SchedulerStats, StatLoggerManager, StatsRecorder,
-};
+use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
 use inferscope_schema::promtext;
+use inferscope_schema::{
+    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
+    StatsRecorder,
+};
 use tower::ServiceExt;
 
 /// Every family the exposition serves in `vllm` mode, in order, as vLLM's
@@ -50,6 +51,7 @@ const VLLM_FAMILIES: &[&str] = &[
     "vllm:engine_step_duration_seconds",
     "vllm:engine_idle_seconds_total",
     "vllm:batch_size",
+    "vllm:engine_core_failures_total",
     "http_requests_total",
     "http_request_size_bytes",
     "http_response_size_bytes",

@@ -1,7 +1,6 @@
 //! inferscope-model: the `cpu` executor — tokenizers, a Llama-family forward
 //! pass over a paged KV cache, safetensors/GGUF loading and the demo model.
 
-
 mod attention;
 pub mod config;
 pub mod demo;

@@ -13,7 +13,6 @@
 //! Std-level dependencies only: the engine links this crate and must never
 //! pull HTTP or Prometheus client code.
 
-
 pub mod promtext;
 pub mod schema;
 pub mod scrape;
@@ -21,6 +20,6 @@ pub mod stats;
 
 pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_buckets};
 pub use stats::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, NoopRecorder,
-    SchedulerStats, StatsRecorder,
+    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
+    NoopRecorder, SchedulerStats, StatsRecorder,
 };

@@ -54,6 +54,8 @@ pub enum Unit {
     Sequences,
     /// Preemptions.
     Preemptions,
+    /// Engine core failures.
+    Failures,
     /// A constant 1 whose labels carry information.
     Info,
 }
@@ -70,6 +72,7 @@ impl Unit {
             Self::Steps => "steps",
             Self::Sequences => "sequences",
             Self::Preemptions => "preemptions",
+            Self::Failures => "failures",
             Self::Info => "info",
         }
     }
@@ -379,6 +382,8 @@ metrics! {
         "Time the engine loop waited with nothing to run";
     BATCH_SIZE = BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
         "Sequences per engine step";
+    ENGINE_CORE_FAILURES = ENGINE_CORE_FAILURES: Counter "engine_core_failures", unit Failures, scope Engine, labels &["model_name", "engine", "cause"], buckets NB,
+        "Engine cores that stopped serving for good, by cause (panic, executor_error); the log and /health give the message";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
@@ -429,6 +434,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     ENGINE_STEP_DURATION,
     ENGINE_IDLE_SECONDS,
     BATCH_SIZE,
+    ENGINE_CORE_FAILURES,
 ];
 
 /// Every HTTP metric, in exposition order.

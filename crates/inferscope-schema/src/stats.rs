@@ -140,6 +140,33 @@ pub struct FrontendRequestStats {
     pub num_generation_tokens: usize,
 }
 
+/// Why an engine core stopped serving for good; the `cause` label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EngineFailure {
+    /// A panic in the core's thread (executor, scheduler or recorder).
+    Panic,
+    /// The executor returned an error it cannot recover from.
+    ExecutorError,
+}
+
+impl EngineFailure {
+    /// Every cause, in label order.
+    pub const ALL: [EngineFailure; 2] = [Self::Panic, Self::ExecutorError];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Panic => "panic",
+            Self::ExecutorError => "executor_error",
+        }
+    }
+
+    /// Index into [`EngineFailure::ALL`], for per-cause handle arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Receiver of stats. Implemented by the metrics manager; the engine calls it
 /// from its core thread once per step, so implementations must not block.
 pub trait StatsRecorder: Send + Sync {
@@ -154,6 +181,10 @@ pub trait StatsRecorder: Send + Sync {
     /// `idle` zero, so the gauges show the empty state) and when it wakes up
     /// (with the time it waited: the `engine_idle_seconds` increment).
     fn record_idle(&self, engine: usize, scheduler: &SchedulerStats, idle: Duration);
+
+    /// The engine core died (it serves no more requests until restarted);
+    /// called once, from its thread, before its requests are failed.
+    fn record_engine_failure(&self, engine: usize, cause: EngineFailure);
 }
 
 /// A recorder that drops everything (tests, `--disable-metrics`).
@@ -164,4 +195,5 @@ impl StatsRecorder for NoopRecorder {
     fn record_step(&self, _: usize, _: &SchedulerStats, _: &IterationStats) {}
     fn record_finished(&self, _: usize, _: &[FinishedRequestStats]) {}
     fn record_idle(&self, _: usize, _: &SchedulerStats, _: Duration) {}
+    fn record_engine_failure(&self, _: usize, _: EngineFailure) {}
 }

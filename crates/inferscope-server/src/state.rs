@@ -9,11 +9,13 @@ use inferscope_engine::{
     Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile,
     sim::{SimFaults, SimTokens},
 };
-use inferscope_metrics::{
-    BucketOverrides, CacheConfig, MetricsConfig, StatLoggerManager, StatsRecorder,
-};
+use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
+};
+use inferscope_schema::{
+    BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
+    StatsRecorder,
 };
 
 use crate::admission::Admission;
@@ -296,24 +298,24 @@ impl ForwardingRecorder {
 }
 
 impl StatsRecorder for ForwardingRecorder {
-    fn record_step(
-        &self,
-        engine: usize,
-        s: &inferscope_metrics::SchedulerStats,
-        i: &inferscope_metrics::IterationStats,
-    ) {
+    fn record_step(&self, engine: usize, s: &SchedulerStats, i: &IterationStats) {
         if let Some(m) = self.0.get() {
             m.record_step(engine, s, i);
         }
     }
-    fn record_finished(&self, engine: usize, f: &[inferscope_metrics::FinishedRequestStats]) {
+    fn record_finished(&self, engine: usize, f: &[FinishedRequestStats]) {
         if let Some(m) = self.0.get() {
             m.record_finished(engine, f);
         }
     }
-    fn record_idle(&self, engine: usize, s: &inferscope_metrics::SchedulerStats, idle: Duration) {
+    fn record_idle(&self, engine: usize, s: &SchedulerStats, idle: Duration) {
         if let Some(m) = self.0.get() {
             m.record_idle(engine, s, idle);
+        }
+    }
+    fn record_engine_failure(&self, engine: usize, cause: EngineFailure) {
+        if let Some(m) = self.0.get() {
+            m.record_engine_failure(engine, cause);
         }
     }
 }
@@ -326,7 +328,7 @@ mod tests {
     /// must `CPU_CACHE_DTYPE`.
     #[test]
     fn cpu_cache_dtype_matches_the_kv_pool() {
-        let pool = inferscope_model::kv_pool::KvPool::new(1, 1, 1, 1, 1);
+        let pool = inferscope_model::kv_storage::KvStorage::new(1, 1, 1, 1, 1);
         // One key and one value element.
         assert_eq!(pool.size_bytes() / 2, 4);
         assert_eq!(CPU_CACHE_DTYPE, "float32");

@@ -361,6 +361,14 @@ async fn a_panicking_core_fails_its_requests_and_is_skipped() {
         0.0,
         "the dead core's blocks are freed"
     );
+    let failures =
+        |filter: &[(&str, &str)]| sum(&samples, &m("engine_core_failures_total"), filter);
+    assert_eq!(failures(&[("engine", "0"), ("cause", "panic")]), 1.0);
+    assert_eq!(
+        failures(&[]),
+        1.0,
+        "engine 1 did not fail, nothing failed twice"
+    );
     server.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use futures::Stream;
 use inferscope_engine::{Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle};
-use inferscope_metrics::{EngineMetrics, FrontendRequestStats, StatLoggerManager};
+use inferscope_metrics::{EngineMetrics, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
+use inferscope_schema::FrontendRequestStats;
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
@@ -427,8 +428,8 @@ mod tests {
         Coordinator, EngineConfig, EngineRequest, Executor, SamplingParams, SimExecutor,
         SimProfile, sim::SimTokens,
     };
-    use inferscope_metrics::NoopRecorder;
     use inferscope_model::{ByteTokenizer, Tokenizer};
+    use inferscope_schema::NoopRecorder;
 
     use super::*;
 
