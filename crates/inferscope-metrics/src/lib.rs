@@ -14,9 +14,8 @@
 //! use std::time::Duration;
 //!
 //! use axum::{Router, extract::State, http::HeaderMap, response::IntoResponse, routing::get};
-//! use inferscope_metrics::{
-//!     CacheConfig, FrontendRequestStats, MetricsConfig, StatLoggerManager, StatsRecorder, negotiate,
-//! };
+//! use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager, negotiate};
+//! use inferscope_schema::{FrontendRequestStats, StatsRecorder};
 //!
 //! let manager = Arc::new(StatLoggerManager::new(MetricsConfig {
 //!     namespace: "vllm".into(),

@@ -2,7 +2,6 @@
 //! validation workers → generate → shape), models, health, version, metrics.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use axum::Json;
@@ -150,7 +149,7 @@ async fn respond(
         Ok(v) => v,
         Err(e) => return e.into_response(),
     };
-    let request_id = request_id(s, headers);
+    let request_id = s.request_ids.external(headers);
     let generated = s.infer().generate(&request_id, &plan, arrival);
     let response = match generated {
         Ok(generation) => {
@@ -174,20 +173,6 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
         kind: "invalid_request_error",
         param: None,
     })
-}
-
-/// The client's `x-request-id` when usable, else a fresh id.
-fn request_id(s: &AppState, headers: &HeaderMap) -> String {
-    headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && v.len() <= 256)
-        .map(str::to_owned)
-        .unwrap_or_else(|| {
-            let n = s.next_request.fetch_add(1, Ordering::Relaxed);
-            format!("{}-{n:x}", s.id_prefix)
-        })
 }
 
 fn with_request_id(mut r: Response, id: &str) -> Response {

@@ -2,7 +2,6 @@
 //! engine cores, the metrics, the validation workers and the limits.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
@@ -23,6 +22,7 @@ use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
 use crate::openai::generate::Infer;
 use crate::openai::validation::{Limits, Validator};
+use crate::request_ids::RequestIds;
 use crate::workers::ValidationWorkers;
 
 /// Everything a handler needs.
@@ -47,10 +47,8 @@ pub struct AppState {
     pub created: u64,
     /// Admission control (waiting requests, queued prompt tokens).
     pub admission: Admission,
-    /// Source of request ids.
-    pub next_request: AtomicU64,
-    /// A per-process prefix that keeps generated ids unique across restarts.
-    pub id_prefix: String,
+    /// Client-facing and engine request ids.
+    pub request_ids: RequestIds,
     /// Where requests are parsed, rendered and tokenized, off the runtime.
     pub validation_workers: ValidationWorkers,
 }
@@ -73,6 +71,7 @@ impl AppState {
             tokenizer: &self.tokenizer,
             metrics: &self.metrics,
             record_latency: self.metrics_enabled,
+            ids: &self.request_ids,
         }
     }
 }
@@ -262,8 +261,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         created: unix_now(),
         admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
-        next_request: AtomicU64::new(0),
-        id_prefix: format!("{:x}", unix_now() ^ u64::from(std::process::id()) << 32),
+        request_ids: RequestIds::default(),
         validation_workers: ValidationWorkers::new(
             args.validation_workers,
             args.max_validation_queue_bytes,

@@ -879,3 +879,40 @@ async fn label_values_are_escaped() {
     }
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// One client cannot fail another's request by reusing its `x-request-id`
+/// (or guessing a generated one): two requests with the same id, the
+/// first still streaming when the second arrives, both succeed, and each
+/// gets its id echoed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_with_the_same_request_id_both_succeed() {
+    let server = start(&["--sim-profile", "tiny,t_weights_ms=1"]).await;
+    let addr = server.addr;
+    let id = [("x-request-id", "same-id")];
+    let long = json!({"prompt": "first", "max_tokens": 1000, "ignore_eos": true, "stream": true});
+    let first = send(addr, "POST", "/v1/completions", &long.to_string(), &id).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(first.headers()["x-request-id"], "same-id");
+    let mut body = first.into_body();
+    // Its first chunk is out: the first request is in the engine now.
+    let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+        .await
+        .expect("first chunk in time");
+    assert!(frame.is_some_and(|f| f.is_ok()));
+
+    let short = json!({"prompt": "second", "max_tokens": 3, "ignore_eos": true});
+    let second = call(addr, "POST", "/v1/completions", &short.to_string(), &id).await;
+    assert_eq!(second.status, 200, "{}", second.body);
+    assert_eq!(second.headers["x-request-id"], "same-id");
+    assert_eq!(second.json()["id"], "cmpl-same-id");
+
+    let rest = tokio::time::timeout(Duration::from_secs(30), body.collect())
+        .await
+        .expect("first stream ends")
+        .expect("first stream body")
+        .to_bytes();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    assert!(!rest.contains("\"error\""), "{rest}");
+    server.shutdown(Duration::from_secs(5)).await;
+}

@@ -16,6 +16,7 @@ use inferscope_schema::FrontendRequestStats;
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
 use crate::openai::validation::Plan;
+use crate::request_ids::RequestIds;
 
 /// What generation needs of the server: borrowed from its state per request.
 pub struct Infer<'a> {
@@ -29,6 +30,8 @@ pub struct Infer<'a> {
     pub metrics: &'a Arc<StatLoggerManager>,
     /// Whether request-level latencies are recorded.
     pub record_latency: bool,
+    /// Makes each choice's unique engine id.
+    pub ids: &'a RequestIds,
 }
 
 /// The choices of one admitted request, each with its engine request.
@@ -41,8 +44,9 @@ pub struct Generation {
 
 impl Infer<'_> {
     /// Admits the request and starts one engine request per prompt and
-    /// choice, named `request_id` (or `request_id-INDEX` when there are
-    /// several). A refusal is the 429 or 4xx/5xx to answer.
+    /// choice, each with its own engine id made from `request_id` (so two
+    /// requests with the same client id never collide). A refusal is the
+    /// 429 or 4xx/5xx to answer.
     pub fn generate(
         &self,
         request_id: &str,
@@ -73,28 +77,21 @@ impl Infer<'_> {
                 let index = p * n + i;
                 let mut params = plan.params.clone();
                 params.seed = params.seed.map(|seed| seed.wrapping_add(i as u64));
-                let engine_id = if total == 1 {
-                    request_id.to_owned()
-                } else {
-                    format!("{request_id}-{index}")
-                };
                 // On an error, the handles already made abort themselves when
                 // `choices` is dropped.
                 let handle = self
                     .coordinator
                     .add_request(EngineRequest {
-                        request_id: engine_id,
+                        request_id: self.ids.engine_id(request_id),
                         prompt_token_ids: prompt.clone(),
                         params: Arc::new(params),
                         arrival,
                     })
                     .map_err(|e| match e {
-                        EngineError::DuplicateRequestId(id) => ApiError::invalid(
-                            format!(
-                                "request id `{id}` is already in flight (x-request-id must be unique)"
-                            ),
-                            None,
-                        ),
+                        // Engine ids are unique by construction: this is a bug.
+                        EngineError::DuplicateRequestId(id) => {
+                            ApiError::internal(format!("engine request id `{id}` is in use"))
+                        }
                         other => ApiError::unavailable(other.to_string()),
                     })?;
                 let latency = self
