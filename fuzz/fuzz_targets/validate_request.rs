@@ -35,6 +35,9 @@ fuzz_target!(|data: &[u8]| {
         vocab_size: tok.vocab_size(),
         max_n: 128,
         max_choices: 256,
+        max_stop_sequences: 16,
+        max_stop_sequence_bytes: 256,
+        max_stop_token_ids: 256,
     };
     let served = ["demo".to_owned()];
     let v = Validator {

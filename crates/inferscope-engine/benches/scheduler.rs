@@ -116,6 +116,7 @@ impl Fixture {
                         ignore_eos: true,
                         ..SamplingParams::default()
                     }),
+                    seed_offset: 0,
                     arrival: now,
                 },
                 tx,

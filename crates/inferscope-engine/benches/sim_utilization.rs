@@ -180,6 +180,7 @@ async fn slot(
                 ignore_eos: true,
                 ..SamplingParams::default()
             }),
+            seed_offset: 0,
             arrival: Instant::now(),
         };
         k += 1;

@@ -48,9 +48,12 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// The seed the sampler uses: the given one, else a hash of the request id.
-    pub fn effective_seed(&self, request_id: &str) -> u64 {
-        self.seed.unwrap_or_else(|| fnv1a(request_id.as_bytes()))
+    /// The seed the sampler uses: the given one plus `offset` (the choice's
+    /// index), else a hash of the request id.
+    pub fn effective_seed(&self, request_id: &str, offset: u64) -> u64 {
+        self.seed
+            .map(|seed| seed.wrapping_add(offset))
+            .unwrap_or_else(|| fnv1a(request_id.as_bytes()))
     }
 
     /// The stop token ids as a deduplicated set with O(1) lookup.
@@ -118,8 +121,11 @@ pub struct EngineRequest {
     pub request_id: String,
     /// The prompt, tokenized.
     pub prompt_token_ids: Vec<u32>,
-    /// Generation parameters.
+    /// Generation parameters, shared by the choices of one API request.
     pub params: Arc<SamplingParams>,
+    /// Added to `params.seed`: the choices of a seeded request differ only
+    /// in this, so they can share one `params` (and its stop-id set).
+    pub seed_offset: u64,
     /// When the request arrived at the server (monotonic).
     pub arrival: Instant,
 }

@@ -217,7 +217,7 @@ impl Scheduler {
     ) {
         let seq_id = self.next_seq_id;
         self.next_seq_id += 1;
-        let seed = req.params.effective_seed(&req.request_id);
+        let seed = req.params.effective_seed(&req.request_id, req.seed_offset);
         let num_prompt_tokens = req.prompt_token_ids.len();
         let mut seq = Sequence {
             seq_id,

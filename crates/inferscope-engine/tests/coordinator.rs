@@ -113,6 +113,7 @@ fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
             seed: Some(id.len() as u64 * 7919 + prompt_len as u64),
             ..Default::default()
         }),
+        seed_offset: 0,
         arrival: Instant::now(),
     }
 }

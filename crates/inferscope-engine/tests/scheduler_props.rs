@@ -226,6 +226,7 @@ fn run_workload(
                     seed: Some(i as u64),
                     ..Default::default()
                 }),
+                seed_offset: 0,
                 arrival: Instant::now(),
             },
             tx,
@@ -407,6 +408,7 @@ fn shared_prefixes_hit_the_cache() {
                     ignore_eos: true,
                     ..Default::default()
                 }),
+                seed_offset: 0,
                 arrival: Instant::now(),
             },
             tx,

@@ -136,6 +136,19 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     pub max_validation_queue_bytes: usize,
 
+    /// Most stop strings (`stop`) in one request; more get 400. Each output
+    /// delta of each choice is searched for every one of them.
+    #[arg(long, default_value_t = 16)]
+    pub max_stop_sequences: usize,
+
+    /// Longest stop string in bytes; longer ones get 400.
+    #[arg(long, default_value_t = 256)]
+    pub max_stop_sequence_bytes: usize,
+
+    /// Most stop token ids (`stop_token_ids`, duplicates counted) in one request; more get 400.
+    #[arg(long, default_value_t = 256)]
+    pub max_stop_token_ids: usize,
+
     /// Largest request body in bytes (larger ones get 413).
     #[arg(long, default_value_t = 16 * 1024 * 1024)]
     pub max_request_body_bytes: usize,

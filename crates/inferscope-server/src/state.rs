@@ -249,6 +249,9 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         vocab_size: tokenizer.vocab_size(),
         max_n: 128,
         max_choices: 256,
+        max_stop_sequences: args.max_stop_sequences,
+        max_stop_sequence_bytes: args.max_stop_sequence_bytes,
+        max_stop_token_ids: args.max_stop_token_ids,
     };
     Ok(Arc::new(AppState {
         coordinator,

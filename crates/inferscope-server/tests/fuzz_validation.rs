@@ -126,6 +126,9 @@ fn limits(tok: &dyn Tokenizer) -> Limits {
         vocab_size: tok.vocab_size(),
         max_n: 128,
         max_choices: 256,
+        max_stop_sequences: 16,
+        max_stop_sequence_bytes: 256,
+        max_stop_token_ids: 256,
     }
 }
 

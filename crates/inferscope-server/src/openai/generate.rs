@@ -75,8 +75,6 @@ impl Infer<'_> {
         for (p, prompt) in plan.prompts.iter().enumerate() {
             for i in 0..n {
                 let index = p * n + i;
-                let mut params = plan.params.clone();
-                params.seed = params.seed.map(|seed| seed.wrapping_add(i as u64));
                 // On an error, the handles already made abort themselves when
                 // `choices` is dropped.
                 let handle = self
@@ -84,7 +82,10 @@ impl Infer<'_> {
                     .add_request(EngineRequest {
                         request_id: self.ids.engine_id(request_id),
                         prompt_token_ids: prompt.clone(),
-                        params: Arc::new(params),
+                        // One `Arc` for every choice: long parameter lists
+                        // (stop ids) are neither copied nor re-indexed per choice.
+                        params: Arc::clone(&plan.params),
+                        seed_offset: i as u64,
                         arrival,
                     })
                     .map_err(|e| match e {
@@ -457,6 +458,7 @@ mod tests {
                     seed: Some(3),
                     ..Default::default()
                 }),
+                seed_offset: 0,
                 arrival: Instant::now(),
             })
             .expect("add");

@@ -1,6 +1,8 @@
 //! Request validation: every check that turns bad input into a 4xx with a
 //! message naming the field, before anything reaches the engine.
 
+use std::sync::Arc;
+
 use inferscope_engine::SamplingParams;
 use inferscope_model::{ChatMessage, Tokenizer};
 
@@ -22,6 +24,14 @@ pub struct Limits {
     /// each is an engine request, so an unbounded batch would let one request
     /// occupy the whole engine and the server's memory.
     pub max_choices: usize,
+    /// Most stop strings in one request: every output delta of every choice
+    /// is searched for each of them.
+    pub max_stop_sequences: usize,
+    /// Longest stop string, in bytes.
+    pub max_stop_sequence_bytes: usize,
+    /// Most stop token ids in one request (duplicates included: the list is
+    /// parsed and checked whole before it is deduplicated).
+    pub max_stop_token_ids: usize,
 }
 
 /// What a request is checked against.
@@ -173,7 +183,7 @@ pub struct Plan {
     /// Tokenized prompts (one per prompt in a batch).
     pub prompts: Vec<Vec<u32>>,
     /// Parameters of each choice (the seed is varied per choice).
-    pub params: SamplingParams,
+    pub params: Arc<SamplingParams>,
     /// Stop strings.
     pub stop: Vec<String>,
     /// Stream over SSE.
@@ -325,9 +335,42 @@ pub fn plan(
             ));
         }
     }
-    let stop_token_ids = f
-        .stop_token_ids
-        .unwrap_or_default()
+    let stop_token_ids = f.stop_token_ids.unwrap_or_default();
+    if stop_token_ids.len() > limits.max_stop_token_ids {
+        return Err(ApiError::invalid(
+            format!(
+                "`stop_token_ids` has {} ids; at most {} are allowed (--max-stop-token-ids)",
+                stop_token_ids.len(),
+                limits.max_stop_token_ids
+            ),
+            Some("stop_token_ids"),
+        ));
+    }
+    let stop = f.stop.map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > limits.max_stop_sequences {
+        return Err(ApiError::invalid(
+            format!(
+                "`stop` has {} strings; at most {} are allowed (--max-stop-sequences)",
+                stop.len(),
+                limits.max_stop_sequences
+            ),
+            Some("stop"),
+        ));
+    }
+    if let Some(long) = stop
+        .iter()
+        .find(|s| s.len() > limits.max_stop_sequence_bytes)
+    {
+        return Err(ApiError::invalid(
+            format!(
+                "a `stop` string has {} bytes; at most {} are allowed (--max-stop-sequence-bytes)",
+                long.len(),
+                limits.max_stop_sequence_bytes
+            ),
+            Some("stop"),
+        ));
+    }
+    let stop_token_ids = stop_token_ids
         .into_iter()
         .map(|t| token_id(t, limits, "stop token id", "stop_token_ids"))
         .collect::<Result<Vec<u32>, _>>()?;
@@ -339,7 +382,7 @@ pub fn plan(
         .unwrap_or(false);
     Ok(Plan {
         prompts,
-        params: SamplingParams {
+        params: Arc::new(SamplingParams {
             max_tokens,
             min_tokens: min_tokens as usize,
             ignore_eos: f.ignore_eos.unwrap_or(false),
@@ -349,8 +392,8 @@ pub fn plan(
             seed: f.seed.map(|s| s as u64),
             stop_token_ids,
             n: n as usize,
-        },
-        stop: f.stop.map(|s| s.into_vec()).unwrap_or_default(),
+        }),
+        stop,
         stream,
         include_usage,
     })
@@ -383,6 +426,9 @@ mod tests {
         vocab_size: 258,
         max_n: 16,
         max_choices: 32,
+        max_stop_sequences: 3,
+        max_stop_sequence_bytes: 8,
+        max_stop_token_ids: 4,
     };
 
     fn fields(json: &str) -> SamplingFields {
@@ -483,5 +529,38 @@ mod tests {
         assert!(completion_prompts(Some(p("[1,-2]")), &tok, &LIMITS).is_err());
         assert!(completion_prompts(Some(p("[1,5000]")), &tok, &LIMITS).is_err());
         assert!(completion_prompts(None, &tok, &LIMITS).is_err());
+    }
+
+    #[test]
+    fn stop_lists_are_bounded() {
+        let check = |json: &str| {
+            plan(
+                vec![vec![1]],
+                Some(4),
+                |_| 16,
+                fields(json),
+                &LIMITS,
+                "max_tokens",
+            )
+        };
+        // At the limits: accepted; duplicates count towards the id limit.
+        let ok = check(r#"{"stop": ["a", "b", "12345678"], "stop_token_ids": [5, 5, 5, 6]}"#)
+            .expect("at the limits");
+        assert_eq!(ok.stop.len(), 3);
+        assert_eq!(ok.params.stop_token_ids, [5, 5, 5, 6]);
+        for (json, param, says) in [
+            (
+                r#"{"stop_token_ids": [1, 1, 1, 1, 1]}"#,
+                "stop_token_ids",
+                "at most 4",
+            ),
+            (r#"{"stop": ["a", "b", "c", "d"]}"#, "stop", "at most 3"),
+            (r#"{"stop": "123456789"}"#, "stop", "9 bytes"),
+        ] {
+            let err = check(json).expect_err(json);
+            assert_eq!(err.status.as_u16(), 400, "{json}");
+            assert_eq!(err.param, Some(param), "{json}");
+            assert!(err.message.contains(says), "{json}: {}", err.message);
+        }
     }
 }
