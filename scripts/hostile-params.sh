@@ -21,10 +21,14 @@ base = {"model": "demo", "prompt": "hello", "max_tokens": 200, "n": n, "ignore_e
 json.dump(base, open(f"{d}/normal.json", "w"))
 json.dump({**base, "stop_token_ids": [0] * 2_000_000}, open(f"{d}/stop_token_ids.json", "w"))
 json.dump({**base, "stop": ["x" * 100_000] * 60}, open(f"{d}/stop_strings.json", "w"))
+# The most the default limits accept (--max-stop-sequences 16,
+# --max-stop-sequence-bytes 256, --max-stop-token-ids 256).
+json.dump({**base, "stop": [f"{i:03d}" + "x" * 253 for i in range(16)],
+           "stop_token_ids": [0] * 256}, open(f"{d}/at_limits.json", "w"))
 PY
 
 echo "case              body_bytes  status  seconds  server_rss_peak_mib"
-for case in normal stop_token_ids stop_strings; do
+for case in normal stop_token_ids stop_strings at_limits; do
   "$BIN" serve --executor sim --sim-profile tiny --port "$PORT" --host 127.0.0.1 \
     --served-model-name demo --disable-log-stats >/dev/null 2>&1 &
   SRV=$!
