@@ -16,8 +16,8 @@
 #     TOKENIZER=/tmp/tok/tokenizer.json scripts/itl-under-tokenization.sh
 #
 # Prints p50/p99 ITL per run (binary, round) and the medians per binary.
-# EXTRA="--validation-workers 2" is appended to the serve flags of binaries
-# that accept it (AFTER_FLAGS applies to every binary but the first).
+# A BINS entry may carry extra serve flags after `+`, e.g.
+# `after/inferscope+--validation-workers+1`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BINS=${BINS:-target/release/inferscope}
@@ -29,6 +29,9 @@ LONG_WORDS=${LONG_WORDS:-8000}
 LONG_CLIENTS=${LONG_CLIENTS:-8}
 PORT=${PORT:-18201}
 OUT=${OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
+# Stop the long-prompt clients and any server still up, however the script ends.
+trap 'touch "$OUT/stop"; kill $(jobs -p) 2>/dev/null || true' EXIT
 
 hammer() {
   # $1 port, $2 stop file, $3 counts file
@@ -67,8 +70,8 @@ PY
 
 run_one() {
   # $1 binary, $2 label, $3 round
-  local bin=$1 label=$2 r=$3 flags=()
-  [ "$label" != 0 ] && flags=(${AFTER_FLAGS:-})
+  local bin=${1%%+*} label=$2 r=$3 flags=()
+  [[ "$1" == *+* ]] && IFS=+ read -ra flags <<<"${1#*+}"
   "$bin" serve --executor sim --sim-profile "$PROFILE" --tokenizer "$TOKENIZER" \
     --host 127.0.0.1 --port "$PORT" --disable-log-stats "${flags[@]}" >"$OUT/server-$label-$r.log" 2>&1 &
   local server=$!
@@ -79,14 +82,14 @@ run_one() {
   sleep 2
   "$bin" bench serve --port "$PORT" --num-prompts "$NUM_PROMPTS" --max-concurrency 32 \
     --random-input-len 128 --random-output-len 256 --ignore-eos --seed "$r" \
-    --percentile-metrics itl --metric-percentiles 50,99 --disable-tqdm \
+    --percentile-metrics itl --metric-percentiles 50,90,99 --disable-tqdm \
     --save-result --result-dir "$OUT" --result-filename "itl-$label-$r.json" >"$OUT/bench-$label-$r.log" 2>&1
   touch "$OUT/stop"; wait "$ham"
   kill "$server"; wait "$server" 2>/dev/null || true
-  python3 - "$OUT/itl-$label-$r.json" "$OUT/long-$label-$r.txt" "$bin" "$r" <<'PY'
+  python3 - "$OUT/itl-$label-$r.json" "$OUT/long-$label-$r.txt" "$1" "$r" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); ok, bad = open(sys.argv[2]).read().split()
-print(f"{sys.argv[3]:40} round {sys.argv[4]}  itl p50 {d['p50_itl_ms']:7.2f} ms  p99 {d['p99_itl_ms']:7.2f} ms  "
+print(f"{sys.argv[3]:52} round {sys.argv[4]}  itl p50 {d['p50_itl_ms']:7.2f} ms  p90 {d.get('p90_itl_ms', float('nan')):7.2f} ms  p99 {d['p99_itl_ms']:7.2f} ms  "
       f"completed {d['completed']}  long prompts ok {ok} failed {bad}")
 PY
 }
@@ -103,7 +106,7 @@ for i in "${!bins[@]}"; do
 import glob, json, statistics, sys
 v = [json.load(open(f))["p99_itl_ms"] for f in glob.glob(f"{sys.argv[1]}/itl-{sys.argv[2]}-*.json")]
 p50 = [json.load(open(f))["p50_itl_ms"] for f in glob.glob(f"{sys.argv[1]}/itl-{sys.argv[2]}-*.json")]
-print(f"  {sys.argv[3]:40} p99 {statistics.median(v):7.2f}  p50 {statistics.median(p50):7.2f}  ({len(v)} runs)")
+print(f"  {sys.argv[3]:52} p99 {statistics.median(v):7.2f}  p50 {statistics.median(p50):7.2f}  ({len(v)} runs)")
 PY
 done
 echo "results in $OUT"

@@ -127,6 +127,7 @@ async fn validate(
         .validation_workers
         .run(body.len(), move || check(&body, &state))
         .await;
+    // Validation itself never answers 429: a 429 here is the pool's full queue.
     if let Err(e) = &result
         && e.status == StatusCode::TOO_MANY_REQUESTS
     {

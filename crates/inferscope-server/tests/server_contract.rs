@@ -92,3 +92,54 @@ async fn cache_config_info_names_the_real_kv_dtype() {
     assert_eq!(cache_dtype(cpu.addr).await.as_deref(), Some("float32"));
     cpu.shutdown(Duration::from_secs(5)).await;
 }
+
+/// `--tokenizer` gives the sim executor a real `tokenizer.json`: prompts are
+/// counted in its tokens, not bytes; a missing file stops the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_serves_the_tokenizer_it_is_given() {
+    let dir = std::env::temp_dir().join(format!("inferscope-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut vocab = serde_json::Map::new();
+    for (i, w) in ["[UNK]", "hello", "world"].iter().enumerate() {
+        vocab.insert((*w).into(), json!(i));
+    }
+    // Room for the sim's sampled ids (printable ASCII codes).
+    for i in 3..300 {
+        vocab.insert(format!("w{i}"), json!(i));
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"}
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, tokenizer.to_string()).expect("write tokenizer.json");
+    let path = path.to_string_lossy().into_owned();
+    let server = start(&["--tokenizer", &path]).await;
+    let r = post(
+        server.addr,
+        "/v1/completions",
+        &json!({"prompt": "hello world hello", "max_tokens": 2, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["usage"]["prompt_tokens"], 3, "{}", r.body);
+    server.shutdown(Duration::from_secs(5)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let missing = dir.join("missing.json").to_string_lossy().into_owned();
+    let args = ServeArgs::try_parse_flags([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--tokenizer",
+        missing.as_str(),
+        "--disable-log-stats",
+    ])
+    .expect("flags");
+    assert!(inferscope_server::start(&args).await.is_err());
+}
