@@ -52,7 +52,10 @@ pub struct StreamOptions {
     pub include_usage: Option<bool>,
 }
 
-/// Sampling fields shared by completions and chat.
+/// Sampling fields shared by completions and chat. Parsed from the same body
+/// as the endpoint's own fields, in a second pass, not with
+/// `#[serde(flatten)]`: flatten buffers the whole body as generic values
+/// first, which for a long token list costs several times the body's size.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SamplingFields {
     /// Softmax temperature.
@@ -92,9 +95,6 @@ pub struct CompletionRequest {
     pub prompt: Option<PromptInput>,
     /// Tokens to generate (default 16).
     pub max_tokens: Option<i64>,
-    /// Sampling and streaming fields.
-    #[serde(flatten)]
-    pub sampling: SamplingFields,
 }
 
 /// A chat message's content: a string or a list of parts.
@@ -137,9 +137,6 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<i64>,
     /// Tokens to generate (older name).
     pub max_tokens: Option<i64>,
-    /// Sampling and streaming fields.
-    #[serde(flatten)]
-    pub sampling: SamplingFields,
 }
 
 /// Token counts of a response.

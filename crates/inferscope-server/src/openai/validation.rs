@@ -59,13 +59,14 @@ pub struct Validated {
 /// bytes (the fuzz target and the proptests call it directly).
 pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
+    let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     let prompts = completion_prompts(req.prompt, v.tokenizer, v.limits)?;
     let plan = plan(
         prompts,
         req.max_tokens,
         |_| 16,
-        req.sampling,
+        sampling,
         v.limits,
         "max_tokens",
     )?;
@@ -76,6 +77,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
 /// the chat template and tokenized. Never panics, whatever the bytes.
 pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
     let req: ChatRequest = parse_json(body)?;
+    let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     let messages = req
         .messages
@@ -136,7 +138,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         vec![prompt],
         max_tokens,
         |prompt_len| max_len.saturating_sub(prompt_len),
-        req.sampling,
+        sampling,
         v.limits,
         param,
     )?;
