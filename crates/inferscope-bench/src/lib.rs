@@ -20,6 +20,7 @@ pub mod serve;
 pub mod sse;
 pub mod statistics;
 pub mod sweep;
+pub mod timeline;
 pub mod tokenizer;
 
 pub use cli::{BenchCommand, BenchServeArgs, CompareArgs, SweepArgs};

@@ -128,6 +128,7 @@ pub fn chart(rows: &[(Point, BenchmarkMetrics)], name: &str, pick: Pick) -> Char
         x_label: "output token throughput (tok/s)".into(),
         y_label: format!("{name} (ms)"),
         series,
+        ..Chart::default()
     }
 }
 
