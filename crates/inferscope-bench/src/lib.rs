@@ -8,6 +8,7 @@ pub mod client;
 pub mod compare;
 pub mod dataset;
 pub mod error;
+pub mod html;
 pub mod mock;
 pub mod plot;
 pub mod progress;

@@ -109,10 +109,8 @@ impl Frame {
                 ym = ym.max(y);
             }
         }
-        if let Some((x, _)) = &chart.marker {
-            if x.is_finite() {
-                xm = xm.max(*x);
-            }
+        if let Some((x, _)) = chart.marker.as_ref().filter(|(x, _)| x.is_finite()) {
+            xm = xm.max(*x);
         }
         if let Some(x) = chart.x_max.filter(|x| x.is_finite() && *x > 0.0) {
             xm = x;

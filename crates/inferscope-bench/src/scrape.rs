@@ -111,11 +111,12 @@ pub fn server_series(samples: &[ServerSample], run_start: Instant) -> ServerSeri
         let prev = i.checked_sub(1).and_then(|j| samples.get(j));
         if let Some(p) = prev {
             let dt = s.at.saturating_duration_since(p.at).as_secs_f64();
-            if let (Some(a), Some(b)) = (p.device_busy_s, s.device_busy_s) {
-                if b >= a && dt > 0.0 {
-                    let util = (b - a) / (dt * s.engines.max(1) as f64) * 100.0;
-                    push(&mut out.device_util_pct, Some(util));
-                }
+            if let (Some(a), Some(b)) = (p.device_busy_s, s.device_busy_s)
+                && b >= a
+                && dt > 0.0
+            {
+                let util = (b - a) / (dt * s.engines.max(1) as f64) * 100.0;
+                push(&mut out.device_util_pct, Some(util));
             }
             if let (Some(a), Some(b)) = (p.preemptions, s.preemptions) {
                 // A counter that went down restarted: count from zero.
