@@ -43,7 +43,12 @@ fn chart(s: &mut String, id: &str, c: &Chart) {
         .series
         .iter()
         .any(|x| x.points.iter().any(|(a, b)| a.is_finite() && b.is_finite()));
+    // A series of one point draws no line: show the points then.
+    let sparse = c.series.iter().all(|x| x.points.len() < 2);
     if has_data {
+        let mut c = c.clone();
+        c.lines_only &= !sparse;
+        let c = &c;
         let _ = writeln!(
             s,
             "<figure class=\"chart\" data-chart=\"{}\">{}</figure>",

@@ -11,10 +11,14 @@
 use crate::client::RequestOutput;
 use crate::statistics::{self, BenchmarkMetrics, Slo};
 
-/// Width of the time-series bins, seconds: 1 s, wider for long runs so a
-/// chart has at most about 300 points.
+/// Width of the time-series bins, seconds: 1 s; finer for runs shorter than
+/// 10 s (about 10 bins or more), wider for long runs (at most about 300 bins).
 pub fn bin_width(duration_s: f64) -> f64 {
-    if duration_s.is_finite() && duration_s > 300.0 {
+    if !(duration_s.is_finite() && duration_s > 0.0) {
+        1.0
+    } else if duration_s < 10.0 {
+        crate::plot::nice_step(duration_s, 10.0)
+    } else if duration_s > 300.0 {
         crate::plot::nice_step(duration_s, 300.0).max(1.0)
     } else {
         1.0
@@ -38,7 +42,16 @@ pub struct ClientSeries {
 
 /// Builds the client series of a run lasting `duration_s`.
 pub fn client_series(outputs: &[RequestOutput], duration_s: f64) -> ClientSeries {
-    let bin = bin_width(duration_s);
+    client_series_binned(outputs, duration_s, bin_width(duration_s))
+}
+
+/// [`client_series`] with bins of `bin` seconds.
+pub fn client_series_binned(outputs: &[RequestOutput], duration_s: f64, bin: f64) -> ClientSeries {
+    let bin = if bin > 0.0 && bin.is_finite() {
+        bin
+    } else {
+        1.0
+    };
     let end = outputs
         .iter()
         .filter(|o| o.success)
@@ -204,7 +217,7 @@ mod tests {
     #[test]
     fn client_series_counts_flight_tokens_and_ttft_by_arrival() {
         let outs = vec![req(0.0, 0.5, &[0.25, 0.25]), req(0.5, 1.0, &[0.6])];
-        let s = client_series(&outs, 2.1);
+        let s = client_series_binned(&outs, 2.1, 1.0);
         assert_eq!(s.bin_s, 1.0);
         // In flight: [0, 1.0) and [0.5, 2.1); the first has ended at 1 s.
         assert_eq!(
@@ -216,5 +229,8 @@ mod tests {
         assert_eq!(s.ttft_mean_ms, vec![(0.0, 750.0)]);
         assert_eq!(s.ttft_max_ms, vec![(0.0, 1000.0)]);
         assert_eq!(bin_width(3000.0), 10.0);
+        assert_eq!(bin_width(60.0), 1.0);
+        assert_eq!(bin_width(0.3), 0.05);
+        assert_eq!(client_series(&outs, 2.1).bin_s, 0.5);
     }
 }
