@@ -122,6 +122,7 @@ def test_report_renders_in_chromium(make_server, workdir):
     # The screenshot for the docs, when asked for (INFERSCOPE_SCREENSHOT=path).
     shot = os.environ.get("INFERSCOPE_SCREENSHOT")
     if shot:
-        res = chromium(["--window-size=1280,2600", "--hide-scrollbars", f"--screenshot={shot}", report.as_uri()],
+        size = os.environ.get("INFERSCOPE_SCREENSHOT_SIZE", "1700,3000")
+        res = chromium([f"--window-size={size}", "--hide-scrollbars", f"--screenshot={shot}", report.as_uri()],
                        workdir)
         assert res.returncode == 0, res.stderr[-2000:]

@@ -15,7 +15,7 @@ use std::fmt::Write;
 const STYLE: &str = "body{font-family:'DejaVu Sans',sans-serif;margin:2em auto;max-width:1700px;color:#222;padding:0 1em}\
 h1{font-size:1.6em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}\
 pre{background:#f6f6f6;padding:.8em;overflow-x:auto;font-size:.85em}\
-.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:1em}\
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(500px,1fr));gap:1em}\
 figure.chart{margin:0}figure.chart svg{width:100%;height:auto;border:1px solid #ddd}\
 table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}\
 th{background:#f0f0f0}td:first-child,th:first-child{text-align:left}.note{color:#555;font-size:.9em}";
