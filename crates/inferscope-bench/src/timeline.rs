@@ -129,6 +129,8 @@ pub fn slices(
     }
     let last_start = outputs.iter().map(|o| o.start).fold(0.0, f64::max);
     let end = duration_s.max(last_start);
+    // Capped so a tiny width over a long run cannot allocate without bound;
+    // past the cap, the last window takes the rest.
     let n = ((end / slice_s).floor() as usize + 1).min(100_000);
     let mut groups: Vec<Vec<RequestOutput>> = vec![Vec::new(); n];
     for o in outputs {
@@ -140,7 +142,11 @@ pub fn slices(
         .enumerate()
         .filter_map(|(i, g)| {
             let start_s = i as f64 * slice_s;
-            let end_s = ((i + 1) as f64 * slice_s).min(end.max(start_s));
+            let end_s = if i + 1 == n {
+                end.max(start_s)
+            } else {
+                ((i + 1) as f64 * slice_s).min(end)
+            };
             // A trailing window with no request (the run ended inside it) is dropped.
             if g.is_empty() && i + 1 == n {
                 return None;
