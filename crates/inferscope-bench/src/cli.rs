@@ -185,6 +185,13 @@ pub struct BenchServeArgs {
     /// Gauge sampling interval during the run, seconds.
     #[arg(long, default_value_t = 0.5)]
     pub scrape_interval: f64,
+    /// Write a self-contained HTML report (tables and charts, no network needed to view it).
+    #[arg(long, value_name = "FILE")]
+    pub report_html: Option<PathBuf>,
+    /// Also report every figure per time window of this many seconds (requests
+    /// belong to the window of their send time), in the JSON and the HTML.
+    #[arg(long, value_name = "SECONDS")]
+    pub slice_duration: Option<f64>,
 }
 
 /// Arguments of `bench compare`.

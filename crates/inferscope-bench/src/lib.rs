@@ -8,6 +8,7 @@ pub mod client;
 pub mod compare;
 pub mod dataset;
 pub mod error;
+pub mod html;
 pub mod mock;
 pub mod plot;
 pub mod progress;
@@ -20,6 +21,7 @@ pub mod serve;
 pub mod sse;
 pub mod statistics;
 pub mod sweep;
+pub mod timeline;
 pub mod tokenizer;
 
 pub use cli::{BenchCommand, BenchServeArgs, CompareArgs, SweepArgs};

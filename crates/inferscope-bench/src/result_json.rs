@@ -78,29 +78,9 @@ fn num(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
 
-/// Builds the result object; `outputs` adds the per-request arrays (`--save-detailed`).
-pub fn build(
-    meta: &RunMeta,
-    m: &BenchmarkMetrics,
-    selected: &[Metric],
-    outputs: Option<&[RequestOutput]>,
-) -> Map<String, Value> {
-    let mut r = Map::new();
-    r.insert("date".into(), json!(meta.date));
-    r.insert("backend".into(), json!(meta.backend));
-    r.insert("label".into(), json!(meta.label));
-    r.insert("model_id".into(), json!(meta.model_id));
-    r.insert("tokenizer_id".into(), json!(meta.tokenizer_id));
-    r.insert("num_prompts".into(), json!(meta.num_prompts));
-    let rate = if meta.request_rate.is_finite() {
-        num(meta.request_rate)
-    } else {
-        json!("inf")
-    };
-    r.insert("request_rate".into(), rate);
-    r.insert("burstiness".into(), num(meta.burstiness));
-    r.insert("max_concurrency".into(), json!(meta.max_concurrency));
-    r.insert("duration".into(), num(meta.duration_s));
+/// Inserts the figures (counts, throughputs, latency statistics of the
+/// selected metrics) with the keys of `vllm bench serve`.
+pub fn insert_metrics(r: &mut Map<String, Value>, m: &BenchmarkMetrics, selected: &[Metric]) {
     r.insert("completed".into(), json!(m.completed));
     r.insert("failed".into(), json!(m.failed));
     r.insert("total_input_tokens".into(), json!(m.total_input));
@@ -136,6 +116,48 @@ pub fn build(
             r.insert(format!("p{}_{k}_ms", percentile_word(*p)), num(*v));
         }
     }
+}
+
+/// The `slices` array (`--slice-duration`): each window's bounds and figures.
+pub fn slices_json(slices: &[crate::timeline::Slice], selected: &[Metric]) -> Value {
+    Value::Array(
+        slices
+            .iter()
+            .map(|w| {
+                let mut o = Map::new();
+                o.insert("start_s".into(), num(w.start_s));
+                o.insert("end_s".into(), num(w.end_s));
+                insert_metrics(&mut o, &w.metrics, selected);
+                Value::Object(o)
+            })
+            .collect(),
+    )
+}
+
+/// Builds the result object; `outputs` adds the per-request arrays (`--save-detailed`).
+pub fn build(
+    meta: &RunMeta,
+    m: &BenchmarkMetrics,
+    selected: &[Metric],
+    outputs: Option<&[RequestOutput]>,
+) -> Map<String, Value> {
+    let mut r = Map::new();
+    r.insert("date".into(), json!(meta.date));
+    r.insert("backend".into(), json!(meta.backend));
+    r.insert("label".into(), json!(meta.label));
+    r.insert("model_id".into(), json!(meta.model_id));
+    r.insert("tokenizer_id".into(), json!(meta.tokenizer_id));
+    r.insert("num_prompts".into(), json!(meta.num_prompts));
+    let rate = if meta.request_rate.is_finite() {
+        num(meta.request_rate)
+    } else {
+        json!("inf")
+    };
+    r.insert("request_rate".into(), rate);
+    r.insert("burstiness".into(), num(meta.burstiness));
+    r.insert("max_concurrency".into(), json!(meta.max_concurrency));
+    r.insert("duration".into(), num(meta.duration_s));
+    insert_metrics(&mut r, m, selected);
     if let Some(outs) = outputs {
         r.insert(
             "input_lens".into(),

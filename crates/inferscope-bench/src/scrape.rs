@@ -54,6 +54,78 @@ pub struct GaugePeaks {
     pub running: Option<f64>,
     /// Successful samples taken.
     pub samples: usize,
+    /// Every sample, in order (the report's server time series).
+    pub series: Vec<ServerSample>,
+}
+
+/// The server's gauges and two counters at one instant.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerSample {
+    /// When the scrape was parsed.
+    pub at: Instant,
+    /// Running requests, summed over engines.
+    pub running: Option<f64>,
+    /// Waiting requests, summed over engines.
+    pub waiting: Option<f64>,
+    /// Highest KV-cache usage of any engine, fraction 0..1.
+    pub kv_cache_usage: Option<f64>,
+    /// Device busy seconds (counter), summed over engines.
+    pub device_busy_s: Option<f64>,
+    /// Engines exposing the busy counter (at least 1).
+    pub engines: usize,
+    /// Preemptions (counter), summed over engines.
+    pub preemptions: Option<f64>,
+}
+
+/// The server's series on the run's time axis (x: seconds since the run started).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerSeries {
+    /// Running requests.
+    pub running: Vec<(f64, f64)>,
+    /// Waiting requests.
+    pub waiting: Vec<(f64, f64)>,
+    /// Peak KV-cache usage over engines, percent.
+    pub kv_usage_pct: Vec<(f64, f64)>,
+    /// Device utilisation between consecutive samples, percent (mean over engines).
+    pub device_util_pct: Vec<(f64, f64)>,
+    /// Preemptions since the first sample (a counter reset restarts from the new value).
+    pub preemptions: Vec<(f64, f64)>,
+}
+
+/// Puts the samples on the run's time axis; samples before `run_start` are
+/// shown at 0 s.
+pub fn server_series(samples: &[ServerSample], run_start: Instant) -> ServerSeries {
+    let mut out = ServerSeries::default();
+    let t = |s: &ServerSample| s.at.saturating_duration_since(run_start).as_secs_f64();
+    let mut preempted = 0.0;
+    for (i, s) in samples.iter().enumerate() {
+        let x = t(s);
+        let push = |v: &mut Vec<(f64, f64)>, y: Option<f64>| {
+            if let Some(y) = y.filter(|y| y.is_finite()) {
+                v.push((x, y));
+            }
+        };
+        push(&mut out.running, s.running);
+        push(&mut out.waiting, s.waiting);
+        push(&mut out.kv_usage_pct, s.kv_cache_usage.map(|u| u * 100.0));
+        let prev = i.checked_sub(1).and_then(|j| samples.get(j));
+        if let Some(p) = prev {
+            let dt = s.at.saturating_duration_since(p.at).as_secs_f64();
+            if let (Some(a), Some(b)) = (p.device_busy_s, s.device_busy_s)
+                && b >= a
+                && dt > 0.0
+            {
+                let util = (b - a) / (dt * s.engines.max(1) as f64) * 100.0;
+                push(&mut out.device_util_pct, Some(util));
+            }
+            if let (Some(a), Some(b)) = (p.preemptions, s.preemptions) {
+                // A counter that went down restarted: count from zero.
+                preempted += if b >= a { b - a } else { b };
+            }
+        }
+        push(&mut out.preemptions, s.preemptions.map(|_| preempted));
+    }
+    out
 }
 
 impl GaugePeaks {
@@ -77,6 +149,16 @@ impl GaugePeaks {
             s.scrape.sum(&d.name(names::NUM_REQUESTS_RUNNING), &[]),
         );
         self.samples += 1;
+        let busy_name = d.counter_name(names::DEVICE_BUSY_SECONDS);
+        self.series.push(ServerSample {
+            at: s.at,
+            running: s.scrape.sum(&d.name(names::NUM_REQUESTS_RUNNING), &[]),
+            waiting: s.scrape.sum(&d.name(names::NUM_REQUESTS_WAITING), &[]),
+            kv_cache_usage: s.scrape.max(&s.scrape.kv_usage_name(ns), &[]),
+            device_busy_s: s.scrape.sum(&busy_name, &[]),
+            engines: s.scrape.label_values(&busy_name, "engine").len().max(1),
+            preemptions: s.scrape.sum(&d.counter_name(names::NUM_PREEMPTIONS), &[]),
+        });
     }
 }
 
@@ -406,5 +488,35 @@ mod tests {
         let v = server_view(&empty, &empty, "inferscope", GaugePeaks::default());
         let text = render(&v, &ClientCounts::default());
         assert!(text.contains("n/a"));
+    }
+
+    #[test]
+    fn server_series_share_the_run_time_axis() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let sample = |ms, busy, pre| ServerSample {
+            at: at(ms),
+            running: Some(2.0),
+            waiting: None,
+            kv_cache_usage: Some(0.25),
+            device_busy_s: Some(busy),
+            engines: 2,
+            preemptions: Some(pre),
+        };
+        // Busy 0.5 s of 2 engines × 0.5 s: 50 %; then the server restarts
+        // (counters drop) and counts 1 preemption after it.
+        let samples = vec![
+            sample(1000, 1.0, 3.0),
+            sample(1500, 1.5, 5.0),
+            sample(2000, 0.2, 1.0),
+        ];
+        let s = server_series(&samples, at(500));
+        assert_eq!(s.running, vec![(0.5, 2.0), (1.0, 2.0), (1.5, 2.0)]);
+        assert!(s.waiting.is_empty());
+        assert_eq!(s.kv_usage_pct[0], (0.5, 25.0));
+        assert_eq!(s.device_util_pct, vec![(1.0, 50.0)]);
+        assert_eq!(s.preemptions, vec![(0.5, 0.0), (1.0, 2.0), (1.5, 3.0)]);
+        // A sample taken before the run starts sits at 0 s.
+        assert_eq!(server_series(&samples, at(1200)).running[0].0, 0.0);
     }
 }

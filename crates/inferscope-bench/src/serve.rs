@@ -5,6 +5,7 @@ use crate::cli::{Backend, BenchServeArgs, DatasetName};
 use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, Sampling, discover_model};
 use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
 use crate::error::BenchError;
+use crate::html::{self, ServeReport};
 use crate::progress;
 use crate::report::{self, ReportContext};
 use crate::result_json::{self, RunMeta};
@@ -12,6 +13,7 @@ use crate::rng::Rng;
 use crate::runner::{self, Plan};
 use crate::scrape::{self, ClientCounts, GaugeSampler, ServerView};
 use crate::statistics::{self, BenchmarkMetrics, Slo};
+use crate::timeline::{self, Slice};
 use crate::tokenizer::TextTokenizer;
 use serde_json::{Map, Value};
 use std::path::PathBuf;
@@ -30,6 +32,8 @@ pub struct ServeOutcome {
     pub saved_to: Option<PathBuf>,
     /// The server-side view (`--scrape-metrics` against a server with metrics).
     pub server_view: Option<ServerView>,
+    /// The time windows (`--slice-duration`; empty without it).
+    pub slices: Vec<Slice>,
 }
 
 /// Base URL from `--base-url` or `--host`/`--port`.
@@ -164,6 +168,14 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
             "--max-concurrency must be at least 1".into(),
         ));
     }
+    if args
+        .slice_duration
+        .is_some_and(|d| !(d > 0.0 && d.is_finite()))
+    {
+        return Err(BenchError::InvalidArg(
+            "--slice-duration must be a positive number of seconds".into(),
+        ));
+    }
     if args.num_prompts == 0 {
         return Err(BenchError::InvalidArg(
             "--num-prompts must be at least 1".into(),
@@ -267,6 +279,9 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         max_concurrency: args.max_concurrency,
         progress: progress::wanted(args.disable_tqdm),
     };
+    // The runner starts its clock right after this; the server's samples are
+    // put on the same axis.
+    let run_start = Instant::now();
     let run = runner::execute(client.clone(), plan).await;
 
     let count_fn = tokenizer
@@ -295,7 +310,8 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         duration_s: run.duration_s,
         selected: selected.clone(),
     };
-    print!("{}", report::render(&m, &ctx));
+    let summary_text = report::render(&m, &ctx);
+    print!("{summary_text}");
     if args.request_rate.is_finite() && args.max_concurrency.is_none() {
         let lags: Vec<f64> = run.outputs.iter().map(|o| o.send_lag).collect();
         let d = statistics::Distribution::from_seconds(&lags, &[99.0]);
@@ -306,7 +322,32 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         );
     }
 
+    let slices = match args.slice_duration {
+        Some(d) => timeline::slices(
+            &run.outputs,
+            run.duration_s,
+            d,
+            slo.as_ref(),
+            &percentiles,
+            count_ref,
+        ),
+        None => Vec::new(),
+    };
+    for w in &slices {
+        println!(
+            "Window {:>8.1} - {:>8.1} s: {} completed, {} failed, {:.2} output tok/s, median TTFT {:.2} ms, median ITL {:.2} ms",
+            w.start_s,
+            w.end_s,
+            w.metrics.completed,
+            w.metrics.failed,
+            w.metrics.output_throughput,
+            w.metrics.ttft.median_ms,
+            w.metrics.itl.median_ms
+        );
+    }
+
     let mut server_view = None;
+    let mut agreement = String::new();
     if let Some((before, ns, sampler)) = scrape_state {
         let after = scrape::scrape(&metrics_url).await;
         let peaks = sampler.stop(after.as_ref().ok(), ns).await;
@@ -320,7 +361,8 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     input_tokens: m.total_input,
                     input_exact: tokenizer.is_some(),
                 };
-                print!("{}", scrape::render(&view, &counts));
+                agreement = scrape::render(&view, &counts);
+                print!("{agreement}");
                 server_view = Some(view);
             }
             Err(e) => println!("--scrape-metrics: final scrape failed ({e})"),
@@ -344,7 +386,50 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         metadata,
     };
     let detailed = args.save_detailed.then_some(run.outputs.as_slice());
-    let result = result_json::build(&meta, &m, &selected, detailed);
+    let mut result = result_json::build(&meta, &m, &selected, detailed);
+    if let Some(d) = args.slice_duration {
+        result.insert("slice_duration".into(), serde_json::json!(d));
+        result.insert(
+            "slices".into(),
+            result_json::slices_json(&slices, &selected),
+        );
+    }
+    if let Some(path) = &args.report_html {
+        let client_series = timeline::client_series(&run.outputs, run.duration_s);
+        let server_series = server_view
+            .as_ref()
+            .map(|v| scrape::server_series(&v.peaks.series, run_start));
+        let settings = vec![
+            ("model".to_string(), meta.model_id.clone()),
+            ("date".to_string(), meta.date.clone()),
+            ("endpoint".to_string(), format!("{base}{endpoint}")),
+            ("requests".to_string(), meta.num_prompts.to_string()),
+            ("request rate (req/s)".to_string(), rate_desc.clone()),
+            (
+                "max concurrency".to_string(),
+                meta.max_concurrency
+                    .map_or("none".to_string(), |c| c.to_string()),
+            ),
+            ("duration (s)".to_string(), format!("{:.2}", run.duration_s)),
+        ];
+        let page = html::serve_report(&ServeReport {
+            title: format!(
+                "inferscope bench serve — {}",
+                meta.label.as_deref().unwrap_or(&meta.model_id)
+            ),
+            settings,
+            summary_text: &summary_text,
+            metrics: &m,
+            outputs: &run.outputs,
+            duration_s: run.duration_s,
+            client: &client_series,
+            server: server_series.as_ref().map(|s| (s, agreement.as_str())),
+            slices: args.slice_duration.map(|d| (slices.as_slice(), d)),
+            percentile: percentiles.iter().copied().fold(50.0, f64::max),
+        });
+        write_file(path, page.as_bytes())?;
+        println!("HTML report written to {}", path.display());
+    }
     let mut saved_to = None;
     if args.save_result || args.save_detailed {
         let name = args
@@ -372,5 +457,14 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         outputs: run.outputs,
         saved_to,
         server_view,
+        slices,
     })
+}
+
+/// Writes a file, creating its directory.
+pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), BenchError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
+    }
+    std::fs::write(path, bytes).map_err(|e| BenchError::io(path, e))
 }

@@ -128,6 +128,7 @@ pub fn chart(rows: &[(Point, BenchmarkMetrics)], name: &str, pick: Pick) -> Char
         x_label: "output token throughput (tok/s)".into(),
         y_label: format!("{name} (ms)"),
         series,
+        ..Chart::default()
     }
 }
 
@@ -136,7 +137,7 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), BenchError> {
 }
 
 /// Picks one latency distribution out of a run's metrics.
-type Pick = fn(&BenchmarkMetrics) -> &Distribution;
+pub type Pick = fn(&BenchmarkMetrics) -> &Distribution;
 
 /// Writes `sweep_ttft.{svg,png}`, `sweep_tpot.{svg,png}` and `sweep.json` into `dir`.
 pub fn write_outputs(
@@ -190,6 +191,8 @@ pub async fn run(args: &SweepArgs) -> Result<Vec<(Point, BenchmarkMetrics)>, Ben
     let mut rows = Vec::new();
     for p in points(args)? {
         let mut serve = args.serve.clone();
+        // The sweep writes one report of its own, not one per point.
+        serve.report_html = None;
         match p {
             Point::Rate(r) => serve.request_rate = r,
             Point::Concurrency(c) => serve.max_concurrency = Some(c),
@@ -202,7 +205,8 @@ pub async fn run(args: &SweepArgs) -> Result<Vec<(Point, BenchmarkMetrics)>, Ben
         let outcome = run_serve(&serve).await?;
         rows.push((p, outcome.metrics));
     }
-    println!("\n{}", table(&rows));
+    let table_md = table(&rows);
+    println!("\n{table_md}");
     let dir = args
         .plot_dir
         .clone()
@@ -210,6 +214,16 @@ pub async fn run(args: &SweepArgs) -> Result<Vec<(Point, BenchmarkMetrics)>, Ben
         .unwrap_or_else(|| PathBuf::from("."));
     for path in write_outputs(&dir, &rows)? {
         println!("Wrote {}", path.display());
+    }
+    if let Some(i) = crate::html::saturation(&rows).and_then(|i| rows.get(i)) {
+        println!(
+            "Saturation point (estimate): {} — output throughput grew by less than 5 % after it",
+            i.0.label()
+        );
+    }
+    if let Some(path) = &args.serve.report_html {
+        crate::serve::write_file(path, crate::html::sweep_report(&rows, &table_md).as_bytes())?;
+        println!("HTML report written to {}", path.display());
     }
     Ok(rows)
 }
