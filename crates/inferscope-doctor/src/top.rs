@@ -193,9 +193,16 @@ impl TopModel {
             })
             .collect();
         let ids: Vec<String> = whole.engines.iter().map(|e| e.engine.clone()).collect();
-        let before = n.checked_sub(2).map(|i| &self.recent[i].1);
-        let tick = Tick::between(before, &self.recent[n - 1].1, &whole.namespace, &ids);
-        push_capped(&mut self.state.history, tick);
+        // The interval since the previous scrape of this run of the server
+        // (none right after start or an outage: `recent` was cleared).
+        if let Some((_, after)) = self.recent.back() {
+            let before = n
+                .checked_sub(2)
+                .and_then(|i| self.recent.get(i))
+                .map(|r| &r.1);
+            let tick = Tick::between(before, after, &whole.namespace, &ids);
+            push_capped(&mut self.state.history, tick);
+        }
         if n < 2 {
             return;
         }
