@@ -209,6 +209,10 @@ impl TopModel {
         // Sparklines: the rate between the last two scrapes.
         let last_two: Vec<(f64, Scrape)> = self.recent.iter().skip(n - 2).cloned().collect();
         let latest = Window::new(last_two, ns).summary();
+        if let Some(t) = self.state.history.back_mut() {
+            t.prompt_tps = latest.prompt_tokens_per_s;
+            t.generation_tps = latest.generation_tokens_per_s;
+        }
         push_capped(
             &mut self.state.prompt_tps,
             latest.prompt_tokens_per_s.unwrap_or(0.0),
@@ -375,8 +379,10 @@ pub fn render(f: &mut Frame, s: &TopState) {
     );
     let [p, g] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(tput);
-    spark(f, p, "prompt", &s.prompt_tps);
-    spark(f, g, "generation", &s.generation_tps);
+    spark(f, p, "prompt", &s.prompt_tps, s, |t| t.prompt_tps);
+    spark(f, g, "generation", &s.generation_tps, s, |t| {
+        t.generation_tps
+    });
     render_history(f, hist, s);
     let lines = vec![
         Line::raw(latency_line("TTFT", s.ttft_window.as_ref())),
@@ -662,14 +668,24 @@ fn more(f: &mut Frame, area: Rect, hidden: usize) {
     );
 }
 
-fn spark(f: &mut Frame, area: Rect, what: &str, data: &VecDeque<f64>) {
-    let now = data.back().copied().unwrap_or(0.0);
+/// Token throughput: the latest rate in the title, the history below with
+/// the outages marked like the history panels.
+fn spark(
+    f: &mut Frame,
+    area: Rect,
+    what: &str,
+    rates: &VecDeque<f64>,
+    s: &TopState,
+    pick: impl Fn(&Tick) -> Option<f64>,
+) {
+    let now = rates.back().copied().unwrap_or(0.0);
     // Sparklines take integers; the newest points are the rightmost that fit.
     let width = area.width.saturating_sub(2) as usize;
-    let pts: Vec<u64> = data
+    let pts: Vec<Option<u64>> = s
+        .history
         .iter()
-        .skip(data.len().saturating_sub(width))
-        .map(|v| v.max(0.0).round() as u64)
+        .skip(s.history.len().saturating_sub(width))
+        .map(|t| (!t.outage).then(|| pick(t).map_or(0, |v| v.max(0.0).round() as u64)))
         .collect();
     f.render_widget(
         Sparkline::default()
@@ -678,8 +694,10 @@ fn spark(f: &mut Frame, area: Rect, what: &str, data: &VecDeque<f64>) {
                     .borders(Borders::ALL)
                     .title(format!(" {what} {now:.0} tok/s ")),
             )
-            .data(&pts)
-            .style(Style::default().fg(Color::Cyan)),
+            .data(pts.into_iter().map(SparklineBar::from))
+            .style(Style::default().fg(Color::Cyan))
+            .absent_value_symbol(OUTAGE)
+            .absent_value_style(Style::default().fg(Color::Red)),
         area,
     );
 }

@@ -182,6 +182,17 @@ fn top_shows_an_outage_and_resumes_after_a_restart() {
     // Each history row that is drawn carries the three outage columns.
     let marked = lines.iter().filter(|l| l.matches('×').count() >= 3).count();
     assert!(marked >= 10, "{marked} rows with the outage:\n{text}");
+    // So does the throughput panel, over its whole height.
+    let tput = lines
+        .iter()
+        .position(|l| l.contains(" prompt "))
+        .expect("throughput panel");
+    for l in &lines[tput + 1..tput + 5] {
+        assert!(
+            l.contains("×××"),
+            "no outage in the throughput row {l:?}:\n{text}"
+        );
+    }
     check_whole_screen(&lines);
 }
 

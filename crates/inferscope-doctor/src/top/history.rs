@@ -90,6 +90,10 @@ pub struct Tick {
     pub engines: BTreeMap<String, EngineTick>,
     /// Requests finished in the interval by `finished_reason`, all engines.
     pub finished: BTreeMap<String, f64>,
+    /// Prompt tokens/s over the interval, all engines.
+    pub prompt_tps: Option<f64>,
+    /// Generated tokens/s over the interval, all engines.
+    pub generation_tps: Option<f64>,
 }
 
 impl Tick {
@@ -137,6 +141,9 @@ impl Tick {
             finished: delta
                 .map(|d| d.counter_by(names::REQUEST_SUCCESS, "finished_reason"))
                 .unwrap_or_default(),
+            // Rates need the scrape times: the model fills them in.
+            prompt_tps: None,
+            generation_tps: None,
         }
     }
 }
