@@ -3,14 +3,26 @@
 //! The model ([`TopModel`]) folds scrapes into a [`TopState`]; drawing is a
 //! pure function of that state ([`render`]), so tests render recorded
 //! metrics into ratatui's `TestBackend` and read the screen.
+//!
+//! The screen, top to bottom: engines now, token throughput, the history of
+//! each engine (waiting requests, TTFT and ITL per interval) and finished
+//! requests per interval by reason, then the figures over `--window`. The
+//! history panels take whatever height is left, so the view fills any
+//! terminal.
+
+pub mod history;
 
 use crate::snapshot::{Dist, Scrape, Window};
 use clap::Args;
+use history::{Quantiles, Tick, quantiles_text};
+use inferscope_schema::names;
+use inferscope_schema::scrape::LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS;
 use ratatui::Frame;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Borders, Paragraph, Row, Sparkline, Table};
+use ratatui::text::Span;
+use ratatui::widgets::{Block, Borders, Paragraph, Row, Sparkline, SparklineBar, Table};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -34,7 +46,7 @@ pub struct TopArgs {
     pub metrics_namespace: Option<String>,
 }
 
-/// Points kept for the throughput sparklines.
+/// Points kept for the throughput sparklines and the history panels.
 pub const HISTORY: usize = 120;
 
 /// One engine's row.
@@ -95,6 +107,12 @@ pub struct TopState {
     pub http_rates: BTreeMap<String, f64>,
     /// Mean device utilisation over engines (inferscope only).
     pub device_utilisation: Option<f64>,
+    /// Time to first token over the window, as buckets.
+    pub ttft_window: Option<Quantiles>,
+    /// Inter-token latency over the window, as buckets.
+    pub itl_window: Option<Quantiles>,
+    /// One entry per refresh (interval or outage), oldest first.
+    pub history: VecDeque<Tick>,
 }
 
 impl TopState {
@@ -113,6 +131,9 @@ impl TopState {
             request_rates: BTreeMap::new(),
             http_rates: BTreeMap::new(),
             device_utilisation: None,
+            ttft_window: None,
+            itl_window: None,
+            history: VecDeque::new(),
         }
     }
 }
@@ -127,7 +148,7 @@ pub struct TopModel {
     recent: VecDeque<(f64, Scrape)>,
 }
 
-fn push_capped(q: &mut VecDeque<f64>, v: f64) {
+fn push_capped<T>(q: &mut VecDeque<T>, v: T) {
     q.push_back(v);
     while q.len() > HISTORY {
         q.pop_front();
@@ -156,7 +177,8 @@ impl TopModel {
         let ns = self.namespace.as_deref();
         let n = self.recent.len();
         let scrapes: Vec<(f64, Scrape)> = self.recent.iter().cloned().collect();
-        let whole = Window::new(scrapes, ns).summary();
+        let window = Window::new(scrapes, ns);
+        let whole = window.summary();
         self.state.namespace = whole.namespace.clone();
         self.state.window_s = whole.window_s;
         self.state.engines = whole
@@ -170,12 +192,27 @@ impl TopModel {
                 device_utilisation: e.device_utilisation,
             })
             .collect();
+        let ids: Vec<String> = whole.engines.iter().map(|e| e.engine.clone()).collect();
+        // The interval since the previous scrape of this run of the server
+        // (none right after start or an outage: `recent` was cleared).
+        if let Some((_, after)) = self.recent.back() {
+            let before = n
+                .checked_sub(2)
+                .and_then(|i| self.recent.get(i))
+                .map(|r| &r.1);
+            let tick = Tick::between(before, after, &whole.namespace, &ids);
+            push_capped(&mut self.state.history, tick);
+        }
         if n < 2 {
             return;
         }
         // Sparklines: the rate between the last two scrapes.
         let last_two: Vec<(f64, Scrape)> = self.recent.iter().skip(n - 2).cloned().collect();
         let latest = Window::new(last_two, ns).summary();
+        if let Some(t) = self.state.history.back_mut() {
+            t.prompt_tps = latest.prompt_tokens_per_s;
+            t.generation_tps = latest.generation_tokens_per_s;
+        }
         push_capped(
             &mut self.state.prompt_tps,
             latest.prompt_tokens_per_s.unwrap_or(0.0),
@@ -186,6 +223,13 @@ impl TopModel {
         );
         self.state.ttft = whole.ttft;
         self.state.itl = whole.itl;
+        self.state.ttft_window = window
+            .hist(names::TIME_TO_FIRST_TOKEN_SECONDS, &[])
+            .map(|h| Quantiles::of(&h));
+        self.state.itl_window = window
+            .hist(names::INTER_TOKEN_LATENCY_SECONDS, &[])
+            .or_else(|| window.hist(LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, &[]))
+            .map(|h| Quantiles::of(&h));
         let secs = whole.window_s.max(f64::EPSILON);
         let mut rates: BTreeMap<String, f64> = whole
             .finished_by_reason
@@ -214,6 +258,8 @@ impl TopModel {
         };
         self.state.connection = Connection::Down { error, failures };
         self.recent.clear();
+        // The outage takes its place in the history, so the panels show it.
+        push_capped(&mut self.state.history, Tick::outage());
     }
 }
 
@@ -233,10 +279,6 @@ pub fn bar(frac: f64, width: usize) -> String {
     )
 }
 
-fn ms(v: Option<f64>) -> String {
-    v.map_or_else(|| "–".into(), |x| format!("{:.1} ms", x * 1000.0))
-}
-
 fn rates_line(label: &str, rates: &BTreeMap<String, f64>) -> String {
     if rates.is_empty() {
         return format!("{label}: –");
@@ -245,15 +287,39 @@ fn rates_line(label: &str, rates: &BTreeMap<String, f64>) -> String {
     format!("{label}: {}", parts.join("  "))
 }
 
+/// `TTFT p50 ≤ 100 ms  p99 in 100–250 ms  mean 84.2 ms  n=62`: bucket
+/// bounds for the quantiles, the exact mean beside them.
+fn latency_line(label: &str, q: Option<&Quantiles>) -> String {
+    match q {
+        Some(q) if q.count > 0.0 => format!(
+            "{label} {}  mean {}  n={:.0}",
+            quantiles_text(Some(q)),
+            q.mean.map_or_else(|| "–".into(), history::secs),
+            q.count
+        ),
+        Some(_) => format!("{label} p50 –  p99 –  (no observations)"),
+        None => format!("{label} p50 –  p99 –  (not exported)"),
+    }
+}
+
 /// Draws the whole screen from `s`.
 pub fn render(f: &mut Frame, s: &TopState) {
-    let [head, engines, tput, lat] = Layout::vertical([
+    let area = f.area();
+    // Taller terminals get taller throughput sparklines; the history panels
+    // take the rest, so no row is left empty.
+    let tput_height = match area.height {
+        40.. => 6,
+        30.. => 5,
+        _ => 3,
+    };
+    let [head, engines, tput, hist, lat] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(s.engines.len().max(1) as u16 + 3),
-        Constraint::Length(5),
-        Constraint::Min(5),
+        Constraint::Length(tput_height),
+        Constraint::Fill(1),
+        Constraint::Length(7),
     ])
-    .areas(f.area());
+    .areas(area);
     let (conn, style) = match &s.connection {
         Connection::Starting => ("connecting…".to_string(), Style::default()),
         Connection::Up => ("up".to_string(), Style::default().fg(Color::Green)),
@@ -279,11 +345,7 @@ pub fn render(f: &mut Frame, s: &TopState) {
     );
     let rows = s.engines.iter().map(|e| {
         Row::new(vec![
-            if e.engine.is_empty() {
-                "-".to_string()
-            } else {
-                e.engine.clone()
-            },
+            engine_name(&e.engine).to_string(),
             format!("{:.0}", e.running),
             format!("{:.0}", e.waiting),
             e.kv_usage.map_or_else(|| "n/a".to_string(), |k| bar(k, 20)),
@@ -317,17 +379,14 @@ pub fn render(f: &mut Frame, s: &TopState) {
     );
     let [p, g] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(tput);
-    spark(f, p, "prompt", &s.prompt_tps);
-    spark(f, g, "generation", &s.generation_tps);
+    spark(f, p, "prompt", &s.prompt_tps, s, |t| t.prompt_tps);
+    spark(f, g, "generation", &s.generation_tps, s, |t| {
+        t.generation_tps
+    });
+    render_history(f, hist, s);
     let lines = vec![
-        Line::raw(format!(
-            "TTFT p50 {}  p99 {}    ITL p50 {}  p99 {}    (last {:.0} s)",
-            ms(s.ttft.and_then(|d| d.p50)),
-            ms(s.ttft.and_then(|d| d.p99)),
-            ms(s.itl.and_then(|d| d.p50)),
-            ms(s.itl.and_then(|d| d.p99)),
-            s.window_s
-        )),
+        Line::raw(latency_line("TTFT", s.ttft_window.as_ref())),
+        Line::raw(latency_line("ITL ", s.itl_window.as_ref())),
         Line::raw(rates_line("requests", &s.request_rates)),
         Line::raw(rates_line("http", &s.http_rates)),
         Line::raw(format!(
@@ -340,20 +399,293 @@ pub fn render(f: &mut Frame, s: &TopState) {
         Paragraph::new(lines).block(
             Block::default()
                 .borders(Borders::ALL)
-                .title(" latency and requests "),
+                .title(format!(" latency and requests, last {:.0} s ", s.window_s)),
         ),
         lat,
     );
 }
 
-fn spark(f: &mut Frame, area: Rect, what: &str, data: &VecDeque<f64>) {
-    let now = data.back().copied().unwrap_or(0.0);
+fn engine_name(e: &str) -> &str {
+    if e.is_empty() { "-" } else { e }
+}
+
+/// Marks a refresh whose scrape failed, over the whole height of a sparkline.
+const OUTAGE: &str = "×";
+
+/// The four history panels: waiting and TTFT above, ITL and finished below.
+fn render_history(f: &mut Frame, area: Rect, s: &TopState) {
+    let [upper, lower] =
+        Layout::vertical([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+    let halves = [Constraint::Percentage(50), Constraint::Percentage(50)];
+    let [waiting, ttft] = Layout::horizontal(halves).areas(upper);
+    let [itl, finished] = Layout::horizontal(halves).areas(lower);
+    // Engines of the whole history, numeric ranks in numeric order.
+    let mut ids: Vec<&String> = s
+        .history
+        .iter()
+        .flat_map(|t| t.engines.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    ids.sort_by_key(|e| (e.parse::<u64>().unwrap_or(u64::MAX), *e));
+    let legend = if s.history.iter().any(|t| t.outage) {
+        format!(" ({OUTAGE} = unreachable) ")
+    } else {
+        String::new()
+    };
+    waiting_panel(f, waiting, s, &ids, &legend);
+    latency_panel(f, ttft, s, &ids, "TTFT", &legend, |t| t.ttft.as_ref());
+    latency_panel(f, itl, s, &ids, "ITL", &legend, |t| t.itl.as_ref());
+    finished_panel(f, finished, s, &legend);
+}
+
+/// A bordered panel; returns the areas of the `n` items that fit inside
+/// (one row at least each) and how many did not fit.
+fn panel(f: &mut Frame, area: Rect, title: String, n: usize) -> (Vec<Rect>, usize) {
+    let block = Block::default().borders(Borders::ALL).title(title);
+    let inner = block.inner(area);
+    f.render_widget(block, area);
+    let shown = n.min(inner.height as usize);
+    let areas = Layout::vertical(vec![Constraint::Fill(1); shown])
+        .split(inner)
+        .to_vec();
+    (areas, n - shown)
+}
+
+/// The newest values of `data` that fit in `width` columns.
+fn newest<T: Copy>(data: &[T], width: u16) -> &[T] {
+    &data[data.len().saturating_sub(width as usize)..]
+}
+
+/// A label above a sparkline, or a short label beside it when there is
+/// one row only.
+fn labelled_spark(
+    f: &mut Frame,
+    area: Rect,
+    (long, short): (Line, Line),
+    data: &[Option<u64>],
+    max: u64,
+    color: Color,
+) {
+    let (label, l, sp) = if area.height >= 2 {
+        let [l, sp] = Layout::vertical([Constraint::Length(1), Constraint::Min(1)]).areas(area);
+        (long, l, sp)
+    } else {
+        let w = (short.width() as u16 + 1).min(area.width * 3 / 5);
+        let [l, sp] = Layout::horizontal([Constraint::Length(w), Constraint::Min(1)]).areas(area);
+        (short, l, sp)
+    };
+    f.render_widget(Paragraph::new(label), l);
+    f.render_widget(
+        Sparkline::default()
+            .data(
+                newest(data, sp.width)
+                    .iter()
+                    .copied()
+                    .map(SparklineBar::from),
+            )
+            .max(max.max(1))
+            .style(Style::default().fg(color))
+            .absent_value_symbol(OUTAGE)
+            .absent_value_style(Style::default().fg(Color::Red)),
+        sp,
+    );
+}
+
+/// `engine 0: …` and the short form `e0 …`.
+fn engine_labels(e: &str, long: String, short: String) -> (Line<'static>, Line<'static>) {
+    let yellow = Style::default().fg(Color::Yellow);
+    (
+        Line::from(vec![
+            Span::styled(format!("engine {}", engine_name(e)), yellow),
+            Span::raw(format!(": {long}")),
+        ]),
+        Line::from(vec![
+            Span::styled(format!("e{}", engine_name(e)), yellow),
+            Span::raw(format!(" {short}")),
+        ]),
+    )
+}
+
+fn waiting_panel(f: &mut Frame, area: Rect, s: &TopState, ids: &[&String], legend: &str) {
+    let (areas, hidden) = panel(
+        f,
+        area,
+        format!(" waiting requests per engine{legend}"),
+        ids.len(),
+    );
+    let series: Vec<Vec<Option<u64>>> = ids
+        .iter()
+        .map(|e| {
+            s.history
+                .iter()
+                .map(|t| {
+                    if t.outage {
+                        return None;
+                    }
+                    let w = t.engines.get(*e).and_then(|x| x.waiting).unwrap_or(0.0);
+                    Some(w.max(0.0).round() as u64)
+                })
+                .collect()
+        })
+        .collect();
+    // One scale for all engines, so their heights compare.
+    let max = series
+        .iter()
+        .flatten()
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    for ((e, data), a) in ids.iter().zip(&series).zip(areas) {
+        let now = data.iter().rev().flatten().next().copied().unwrap_or(0);
+        let peak = data.iter().flatten().copied().max().unwrap_or(0);
+        let label = engine_labels(
+            e,
+            format!("{now} now, peak {peak}"),
+            format!("{now} (peak {peak})"),
+        );
+        labelled_spark(f, a, label, data, max, Color::Magenta);
+    }
+    more(f, area, hidden);
+}
+
+fn latency_panel(
+    f: &mut Frame,
+    area: Rect,
+    s: &TopState,
+    ids: &[&String],
+    what: &str,
+    legend: &str,
+    pick: impl Fn(&history::EngineTick) -> Option<&Quantiles>,
+) {
+    let (areas, hidden) = panel(
+        f,
+        area,
+        format!(" {what} per interval, bar = p99 bucket{legend}"),
+        ids.len(),
+    );
+    for (e, a) in ids.iter().zip(areas) {
+        let mut latest: Option<&Quantiles> = None;
+        let mut buckets = 0;
+        // Bar height is the p99 bucket's position: the buckets grow about
+        // geometrically, so this reads like a log scale, and it shows no
+        // more precision than the buckets have.
+        let data: Vec<Option<u64>> = s
+            .history
+            .iter()
+            .map(|t| {
+                if t.outage {
+                    return None;
+                }
+                let q = t.engines.get(*e).and_then(&pick);
+                let p99 = q.filter(|q| q.count > 0.0).and_then(|q| {
+                    latest = Some(q);
+                    q.p99
+                });
+                Some(p99.map_or(0, |b| {
+                    buckets = buckets.max(b.buckets);
+                    b.index as u64 + 1
+                }))
+            })
+            .collect();
+        let p99 = latest
+            .and_then(|q| q.p99)
+            .map_or_else(|| "–".into(), |b| history::bucket_text(&b));
+        let label = engine_labels(e, quantiles_text(latest), format!("p99 {p99}"));
+        labelled_spark(f, a, label, &data, buckets as u64, Color::Cyan);
+    }
+    more(f, area, hidden);
+}
+
+/// Reasons always shown, in this order; others follow when seen.
+const REASONS: [(&str, Color); 4] = [
+    ("stop", Color::Green),
+    ("length", Color::Cyan),
+    ("abort", Color::Yellow),
+    ("error", Color::Red),
+];
+
+fn finished_panel(f: &mut Frame, area: Rect, s: &TopState, legend: &str) {
+    let mut reasons: Vec<(&str, Color)> = REASONS.to_vec();
+    for t in &s.history {
+        for r in t.finished.keys() {
+            if !reasons.iter().any(|(x, _)| x == r) {
+                reasons.push((r.as_str(), Color::White));
+            }
+        }
+    }
+    let (areas, hidden) = panel(
+        f,
+        area,
+        format!(" finished per interval by reason{legend}"),
+        reasons.len(),
+    );
+    let series: Vec<Vec<Option<u64>>> = reasons
+        .iter()
+        .map(|(r, _)| {
+            s.history
+                .iter()
+                .map(|t| {
+                    (!t.outage).then(|| t.finished.get(*r).map_or(0, |v| v.max(0.0).round() as u64))
+                })
+                .collect()
+        })
+        .collect();
+    let max = series
+        .iter()
+        .flatten()
+        .flatten()
+        .copied()
+        .max()
+        .unwrap_or(0);
+    for (((r, color), data), a) in reasons.iter().zip(&series).zip(areas) {
+        let last = data.iter().rev().flatten().next().copied().unwrap_or(0);
+        let total: u64 = data.iter().flatten().sum();
+        let name = Span::styled(r.to_string(), Style::default().fg(*color));
+        let label = (
+            Line::from(vec![
+                name.clone(),
+                Span::raw(format!(": {last} last, {total} shown")),
+            ]),
+            Line::from(vec![name, Span::raw(format!(" {last}"))]),
+        );
+        labelled_spark(f, a, label, data, max, *color);
+    }
+    more(f, area, hidden);
+}
+
+/// Says on the panel's bottom border how many items did not fit.
+fn more(f: &mut Frame, area: Rect, hidden: usize) {
+    if hidden == 0 || area.height < 2 || area.width < 12 {
+        return;
+    }
+    let text = format!(" +{hidden} more ");
+    let w = (text.chars().count() as u16).min(area.width - 2);
+    f.render_widget(
+        Paragraph::new(text),
+        Rect::new(area.x + 1, area.y + area.height - 1, w, 1),
+    );
+}
+
+/// Token throughput: the latest rate in the title, the history below with
+/// the outages marked like the history panels.
+fn spark(
+    f: &mut Frame,
+    area: Rect,
+    what: &str,
+    rates: &VecDeque<f64>,
+    s: &TopState,
+    pick: impl Fn(&Tick) -> Option<f64>,
+) {
+    let now = rates.back().copied().unwrap_or(0.0);
     // Sparklines take integers; the newest points are the rightmost that fit.
     let width = area.width.saturating_sub(2) as usize;
-    let pts: Vec<u64> = data
+    let pts: Vec<Option<u64>> = s
+        .history
         .iter()
-        .skip(data.len().saturating_sub(width))
-        .map(|v| v.max(0.0).round() as u64)
+        .skip(s.history.len().saturating_sub(width))
+        .map(|t| (!t.outage).then(|| pick(t).map_or(0, |v| v.max(0.0).round() as u64)))
         .collect();
     f.render_widget(
         Sparkline::default()
@@ -362,8 +694,10 @@ fn spark(f: &mut Frame, area: Rect, what: &str, data: &VecDeque<f64>) {
                     .borders(Borders::ALL)
                     .title(format!(" {what} {now:.0} tok/s ")),
             )
-            .data(&pts)
-            .style(Style::default().fg(Color::Cyan)),
+            .data(pts.into_iter().map(SparklineBar::from))
+            .style(Style::default().fg(Color::Cyan))
+            .absent_value_symbol(OUTAGE)
+            .absent_value_style(Style::default().fg(Color::Red)),
         area,
     );
 }
