@@ -221,7 +221,11 @@ async fn stop_strings_and_min_tokens() {
     assert_eq!(streamed, text[..cut]);
     assert_eq!(last_finish, "stop");
 
-    let samples = scrape_when(addr, "inferscope:request_success_total", 2.0).await;
+    // All three requests counted (one `length`, two `stop`). A stop string
+    // is found in the server, which then ends the engine request: the engine
+    // counts that finish just after the client has seen it, so wait for the
+    // total, not for any two.
+    let samples = scrape_when(addr, "inferscope:request_success_total", 3.0).await;
     assert_eq!(
         sum(
             &samples,
