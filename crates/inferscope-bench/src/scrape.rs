@@ -7,7 +7,7 @@
 use crate::client::get_text;
 use crate::report::{header, line};
 use inferscope_schema::names;
-use inferscope_schema::scrape::{Delta, Scrape};
+use inferscope_schema::scrape::{BucketBound, Delta, Scrape};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -209,17 +209,24 @@ pub struct ClientCounts {
     pub input_tokens: usize,
     /// Whether prompt lengths are exact (a tokenizer was given).
     pub input_exact: bool,
+    /// Client TTFT `(p50, p99)` in ms, to place inside the server's buckets.
+    pub ttft_ms: Option<(f64, Option<f64>)>,
+    /// Client ITL `(p50, p99)` in ms.
+    pub itl_ms: Option<(f64, Option<f64>)>,
+    /// Client end-to-end latency `(p50, p99)` in ms.
+    pub e2e_ms: Option<(f64, Option<f64>)>,
 }
 
-/// Latency summary from a histogram delta, milliseconds.
+/// Latency summary from a histogram delta. Buckets only say where a
+/// quantile lies, so quantiles are kept as their bucket, never interpolated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HistSummary {
-    /// Mean (sum / count).
+    /// Mean (sum / count), ms: exact.
     pub mean_ms: f64,
-    /// Estimated median.
-    pub p50_ms: f64,
-    /// Estimated 99th percentile.
-    pub p99_ms: f64,
+    /// The median's bucket, seconds.
+    pub p50: BucketBound,
+    /// The 99th percentile's bucket, seconds.
+    pub p99: BucketBound,
     /// Observations.
     pub count: f64,
 }
@@ -255,8 +262,8 @@ fn summarize(h: Option<inferscope_schema::scrape::Histogram>) -> Option<HistSumm
     let d = h?;
     Some(HistSummary {
         mean_ms: d.mean()? * 1000.0,
-        p50_ms: d.quantile(0.5)? * 1000.0,
-        p99_ms: d.quantile(0.99)? * 1000.0,
+        p50: d.quantile_bucket(0.5)?,
+        p99: d.quantile_bucket(0.99)?,
         count: d.count,
     })
 }
@@ -292,6 +299,24 @@ fn vs(server: f64, client: usize, tolerance: f64) -> String {
     let off = (server - c).abs() > tolerance * c.max(1.0);
     let flag = if off { "  <-- disagree" } else { "" };
     format!("{server:.0} / {client}{flag}")
+}
+
+/// The server's bucket and, when the client measured the same quantile,
+/// whether the client's value (ms) lies inside it: two numbers that only look
+/// equally precise are never compared.
+fn in_bucket(b: &BucketBound, client_ms: Option<f64>) -> String {
+    let text = b.secs_text_named();
+    match client_ms {
+        Some(ms) => {
+            let verdict = if b.contains(ms / 1000.0) {
+                "agree"
+            } else {
+                "<-- disagree"
+            };
+            format!("{text}; client {ms:.2} ms: {verdict}")
+        }
+        None => text,
+    }
 }
 
 fn opt(v: Option<f64>, f: impl Fn(f64) -> String) -> String {
@@ -333,26 +358,19 @@ pub fn render(v: &ServerView, c: &ClientCounts) -> String {
         "Preemptions:",
         opt(v.preemptions, |x| format!("{x:.0}")),
     );
-    for (title, h) in [
-        ("Server TTFT", &v.ttft),
-        ("Server ITL", &v.itl),
-        ("Server E2E latency", &v.e2e),
-        ("Server queue time", &v.queue),
+    for (title, h, client) in [
+        ("Server TTFT", &v.ttft, c.ttft_ms),
+        ("Server ITL", &v.itl, c.itl_ms),
+        ("Server E2E latency", &v.e2e, c.e2e_ms),
+        ("Server queue time", &v.queue, None),
     ] {
         header(&mut s, title, '-');
         match h {
             Some(h) => {
                 line(&mut s, "Mean (ms):", format!("{:.2}", h.mean_ms));
-                line(
-                    &mut s,
-                    "P50 (ms, from buckets):",
-                    format!("{:.2}", h.p50_ms),
-                );
-                line(
-                    &mut s,
-                    "P99 (ms, from buckets):",
-                    format!("{:.2}", h.p99_ms),
-                );
+                let (c50, c99) = client.map_or((None, None), |(a, b)| (Some(a), b));
+                line(&mut s, "P50 (server bucket):", in_bucket(&h.p50, c50));
+                line(&mut s, "P99 (server bucket):", in_bucket(&h.p99, c99));
             }
             None => line(&mut s, "No samples:", "n/a"),
         }
@@ -455,6 +473,60 @@ mod tests {
         );
         assert!(text.contains("40 / 40 "), "{text}");
         assert!(text.contains("400 / 399  <-- disagree"), "{text}");
+    }
+
+    #[test]
+    fn report_quantiles_are_buckets_compared_by_containment() {
+        // vLLM's first queue bucket is 0–300 ms: a median in it is only
+        // known to be ≤ 300 ms; interpolation would print 150 ms.
+        let queue = |n: f64| {
+            format!(
+                "vllm:request_queue_time_seconds_bucket{{le=\"0.3\"}} {n}\n\
+                 vllm:request_queue_time_seconds_bucket{{le=\"0.5\"}} {n}\n\
+                 vllm:request_queue_time_seconds_bucket{{le=\"+Inf\"}} {n}\n\
+                 vllm:request_queue_time_seconds_sum {}\n\
+                 vllm:request_queue_time_seconds_count {n}\n",
+                n * 0.0065
+            )
+        };
+        let before = Snapshot::from_text(&(hist("vllm", 1.0) + &queue(0.0)));
+        let after = Snapshot::from_text(&(hist("vllm", 3.0) + &queue(40.0)));
+        let v = server_view(&before, &after, "vllm", GaugePeaks::default());
+        let q = v.queue.as_ref().expect("queue");
+        assert_eq!((q.p50.lower, q.p50.upper), (0.0, 0.3));
+        let text = render(
+            &v,
+            &ClientCounts {
+                completed: 40,
+                // TTFT: the server's p50 bucket is 100–200 ms, p99 above 200 ms.
+                ttft_ms: Some((150.0, Some(90.0))),
+                ..Default::default()
+            },
+        );
+        assert!(text.contains("≤ 300 ms (first bucket)"), "{text}");
+        assert!(
+            !text.contains("150.00 ms\n") && !text.contains(" 150.00\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("in 100–200 ms; client 150.00 ms: agree"),
+            "{text}"
+        );
+        assert!(
+            text.contains("> 200 ms (last bucket); client 90.00 ms: <-- disagree"),
+            "{text}"
+        );
+        // No quantile line prints a bare number as if it were measured.
+        for l in text
+            .lines()
+            .filter(|l| l.starts_with("P50") || l.starts_with("P99"))
+        {
+            let value = l.split(':').nth(1).unwrap_or("").trim_start();
+            assert!(
+                value.starts_with('≤') || value.starts_with("in ") || value.starts_with('>'),
+                "{l}"
+            );
+        }
     }
 
     #[test]

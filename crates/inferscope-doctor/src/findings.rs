@@ -2,7 +2,7 @@
 //! [`Outcome`], with its thresholds as named constants. A finding says what
 //! is wrong, the figures it used, and one concrete action.
 
-use crate::snapshot::Summary;
+use crate::snapshot::{Bucket, Summary};
 use serde::Serialize;
 
 /// How bad a finding is; the report sorts the worst first.
@@ -132,6 +132,25 @@ fn ev(name: &str, value: f64, unit: &str) -> Evidence {
         name: name.to_string(),
         value,
         unit: unit.to_string(),
+    }
+}
+
+/// A bucket of a count (tokens) as text: `≤ 512`, `in 512–1024`, `> 8192`.
+fn count_bucket_text(b: &Bucket) -> String {
+    match b.hi {
+        None => format!("> {:.0}", b.lo),
+        Some(hi) if b.bound.index == 0 => format!("≤ {hi:.0}"),
+        Some(hi) => format!("in {:.0}–{hi:.0}", b.lo),
+    }
+}
+
+/// A quantile as evidence: its bucket's bounds (`NAME_bucket_lo`, and
+/// `NAME_bucket_hi` unless it is the `+Inf` bucket), never an interpolation.
+fn bucket_ev(evidence: &mut Vec<Evidence>, name: &str, b: Option<Bucket>, unit: &str) {
+    let Some(b) = b else { return };
+    evidence.push(ev(&format!("{name}_bucket_lo"), b.lo, unit));
+    if let Some(hi) = b.hi {
+        evidence.push(ev(&format!("{name}_bucket_hi"), hi, unit));
     }
 }
 
@@ -507,16 +526,10 @@ pub fn long_prompts(s: &Summary) -> Outcome {
         ev("prefill_time_mean", prefill.mean, "s"),
         ev("prompt_tokens_mean", prompt.mean, "tokens"),
     ];
-    if let Some(p99) = ttft.p99 {
-        evidence.push(ev("ttft_p99", p99, "s"));
-    }
-    if let Some(p99) = prompt.p99 {
-        evidence.push(ev("prompt_tokens_p99", p99, "tokens"));
-    }
+    bucket_ev(&mut evidence, "ttft_p99", ttft.p99, "s");
+    bucket_ev(&mut evidence, "prompt_tokens_p99", prompt.p99, "tokens");
     let step_tokens = s.iteration_tokens.and_then(|d| d.p99);
-    if let Some(t) = step_tokens {
-        evidence.push(ev("tokens_per_step_p99", t, "tokens"));
-    }
+    bucket_ev(&mut evidence, "tokens_per_step_p99", step_tokens, "tokens");
     fire(
         "long_prompts",
         Severity::Warning,
@@ -532,7 +545,8 @@ pub fn long_prompts(s: &Summary) -> Outcome {
              chunks (at some cost to the inter-token latency of running requests), or shorten \
              prompts / reuse shared prefixes through the prefix cache.",
             step_tokens.map_or(String::new(), |t| format!(
-                " (steps carry up to ~{t:.0} tokens now)"
+                " (the p99 step carries {} tokens now)",
+                count_bucket_text(&t)
             ))
         ),
     )
@@ -669,12 +683,12 @@ fn verdict(s: &Summary) -> Finding {
         headroom.push(format!("device {} busy", pct(u)));
     }
     if let Some(p99) = s.ttft.and_then(|d| d.p99) {
-        evidence.push(ev("ttft_p99", p99, "s"));
-        headroom.push(format!("TTFT p99 {}", ms(p99)));
+        bucket_ev(&mut evidence, "ttft_p99", Some(p99), "s");
+        headroom.push(format!("TTFT p99 {}", p99.bound.secs_text()));
     }
     if let Some(p99) = s.itl.and_then(|d| d.p99) {
-        evidence.push(ev("itl_p99", p99, "s"));
-        headroom.push(format!("ITL p99 {}", ms(p99)));
+        bucket_ev(&mut evidence, "itl_p99", Some(p99), "s");
+        headroom.push(format!("ITL p99 {}", p99.bound.secs_text()));
     }
     Finding {
         id: "healthy",
@@ -692,12 +706,21 @@ mod tests {
     use super::*;
     use crate::snapshot::Dist;
 
+    fn bucket(lower: f64, upper: f64, index: usize) -> Bucket {
+        Bucket::new(inferscope_schema::scrape::BucketBound {
+            lower,
+            upper,
+            index,
+            buckets: 3,
+        })
+    }
+
     fn d(count: f64, mean: f64) -> Option<Dist> {
         Some(Dist {
             count,
             mean,
-            p50: Some(mean),
-            p99: Some(mean * 2.0),
+            p50: Some(bucket(0.0, mean, 0)),
+            p99: Some(bucket(mean, mean * 2.0, 1)),
         })
     }
 

@@ -1,9 +1,9 @@
 //! Scrapes of `/metrics` turned into a window: counter and histogram deltas
 //! between the first and the last scrape, rates, gauge means and peaks over
-//! every scrape, and quantiles estimated from bucket deltas — per engine and
+//! every scrape, and quantiles as the bucket they lie in (from bucket deltas) — per engine and
 //! in total. Everything the rules and the live view read is in [`Summary`].
 
-use inferscope_schema::scrape::{Delta, counter_delta, full_name};
+use inferscope_schema::scrape::{BucketBound, Delta, counter_delta, full_name};
 use inferscope_schema::{names, schema};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,10 +18,34 @@ pub struct Dist {
     pub count: f64,
     /// Mean (exact: from `_sum` and `_count`).
     pub mean: f64,
-    /// Median, estimated from buckets as `histogram_quantile` does.
-    pub p50: Option<f64>,
-    /// 99th percentile, estimated from buckets.
-    pub p99: Option<f64>,
+    /// The median's bucket: buckets say no more than that.
+    pub p50: Option<Bucket>,
+    /// The 99th percentile's bucket.
+    pub p99: Option<Bucket>,
+}
+
+/// The bucket a quantile lies in. JSON carries the bounds (`hi` is `null`
+/// above the highest finite bound), never an interpolated value.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Bucket {
+    /// Lower bound (exclusive; 0 for the first bucket).
+    pub lo: f64,
+    /// Upper bound (inclusive); `None` for the `+Inf` bucket.
+    pub hi: Option<f64>,
+    /// The bucket as the schema crate computed it (text, containment).
+    #[serde(skip)]
+    pub bound: BucketBound,
+}
+
+impl Bucket {
+    /// Wraps the schema crate's bucket.
+    pub fn new(bound: BucketBound) -> Self {
+        Bucket {
+            lo: bound.lower,
+            hi: bound.upper.is_finite().then_some(bound.upper),
+            bound,
+        }
+    }
 }
 
 /// Host time spent per phase of the engine step, and device time, in seconds
@@ -166,8 +190,8 @@ fn dist(h: &Histogram) -> Option<Dist> {
     Some(Dist {
         count: h.count,
         mean: h.mean().unwrap_or(0.0),
-        p50: h.quantile(0.5),
-        p99: h.quantile(0.99),
+        p50: h.quantile_bucket(0.5).map(Bucket::new),
+        p99: h.quantile_bucket(0.99).map(Bucket::new),
     })
 }
 

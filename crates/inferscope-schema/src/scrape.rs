@@ -129,6 +129,101 @@ impl Histogram {
     pub fn mean(&self) -> Option<f64> {
         (self.count > 0.0).then(|| self.sum / self.count)
     }
+
+    /// The bucket holding quantile `q` (0..1]; `None` without observations.
+    /// Buckets only tell where a quantile lies, so this, not
+    /// [`Histogram::quantile`], is what a report should show.
+    pub fn quantile_bucket(&self, q: f64) -> Option<BucketBound> {
+        let total = self.buckets.last()?.1;
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = q * total;
+        let mut lower = 0.0;
+        for (index, &(le, c)) in self.buckets.iter().enumerate() {
+            if c >= rank {
+                return Some(BucketBound {
+                    lower,
+                    upper: le,
+                    index,
+                    buckets: self.buckets.len(),
+                });
+            }
+            lower = le;
+        }
+        None
+    }
+}
+
+/// The bucket a quantile falls in: all that buckets can say about it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketBound {
+    /// Lower bound (exclusive); 0 for the first bucket.
+    pub lower: f64,
+    /// Upper bound (inclusive); infinite above the highest finite bound.
+    pub upper: f64,
+    /// Position of the bucket, 0-based.
+    pub index: usize,
+    /// Buckets in the histogram, `+Inf` included.
+    pub buckets: usize,
+}
+
+impl BucketBound {
+    /// Whether `v` (same unit as the bounds) lies in this bucket.
+    pub fn contains(&self, v: f64) -> bool {
+        (self.index == 0 || v > self.lower) && v <= self.upper
+    }
+
+    /// The bounds in seconds as text: `≤ 5 ms`, `in 40–60 ms`,
+    /// `in 750 ms–1 s`, `> 20 s`.
+    pub fn secs_text(&self) -> String {
+        if self.upper.is_infinite() {
+            return format!("> {}", secs(self.lower));
+        }
+        if self.index == 0 || self.lower <= 0.0 {
+            return format!("≤ {}", secs(self.upper));
+        }
+        let ((lo, lu), (hi, hu)) = (split_secs(self.lower), split_secs(self.upper));
+        if lu == hu {
+            format!("in {lo}–{hi} {hu}")
+        } else {
+            format!("in {lo} {lu}–{hi} {hu}")
+        }
+    }
+
+    /// [`BucketBound::secs_text`] with the edge bucket named:
+    /// `≤ 300 ms (first bucket)`, `> 20 s (last bucket)`.
+    pub fn secs_text_named(&self) -> String {
+        let t = self.secs_text();
+        if self.upper.is_infinite() {
+            format!("{t} (last bucket)")
+        } else if self.index == 0 {
+            format!("{t} (first bucket)")
+        } else {
+            t
+        }
+    }
+}
+
+/// `v` rounded to 3 decimals, without trailing zeros.
+fn num(v: f64) -> String {
+    let r = (v * 1000.0).round() / 1000.0;
+    format!("{r}")
+}
+
+/// `(number, unit)` for seconds: milliseconds below 1 s.
+fn split_secs(v: f64) -> (String, &'static str) {
+    if v < 1.0 {
+        (num(v * 1000.0), "ms")
+    } else {
+        (num(v), "s")
+    }
+}
+
+/// Seconds with a unit: `250 ms`, `1.5 s`.
+pub fn secs(v: f64) -> String {
+    let (n, u) = split_secs(v);
+    format!("{n} {u}")
 }
 
 /// One parsed exposition of `/metrics`.
@@ -352,6 +447,47 @@ mod tests {
             ));
         }
         t
+    }
+
+    #[test]
+    fn quantiles_are_buckets_not_interpolations() {
+        let h = |b: &[(f64, f64)]| Histogram {
+            buckets: b.to_vec(),
+            sum: 1.0,
+            count: b.last().map_or(0.0, |x| x.1),
+        };
+        let x = h(&[
+            (0.005, 0.0),
+            (0.04, 10.0),
+            (0.06, 98.0),
+            (0.1, 100.0),
+            (f64::INFINITY, 100.0),
+        ]);
+        let p50 = x.quantile_bucket(0.5).expect("p50");
+        assert_eq!((p50.lower, p50.upper, p50.index), (0.04, 0.06, 2));
+        assert_eq!(p50.secs_text(), "in 40–60 ms");
+        assert!(p50.contains(0.05) && !p50.contains(0.04) && !p50.contains(0.07));
+        assert_eq!(
+            x.quantile_bucket(0.99).expect("p99").secs_text(),
+            "in 60–100 ms"
+        );
+        let first = h(&[(0.3, 3.0), (f64::INFINITY, 3.0)])
+            .quantile_bucket(0.5)
+            .expect("b");
+        assert_eq!(first.secs_text(), "≤ 300 ms");
+        assert_eq!(first.secs_text_named(), "≤ 300 ms (first bucket)");
+        assert!(first.contains(0.0) && first.contains(0.3));
+        let over = h(&[(20.0, 0.0), (f64::INFINITY, 3.0)])
+            .quantile_bucket(0.99)
+            .expect("b");
+        assert_eq!(over.secs_text_named(), "> 20 s (last bucket)");
+        assert!(over.contains(25.0) && !over.contains(20.0));
+        let mixed = h(&[(0.75, 0.0), (1.0, 3.0), (f64::INFINITY, 3.0)]).quantile_bucket(0.5);
+        assert_eq!(mixed.expect("b").secs_text(), "in 750 ms–1 s");
+        assert_eq!(
+            h(&[(0.1, 0.0), (f64::INFINITY, 0.0)]).quantile_bucket(0.5),
+            None
+        );
     }
 
     #[test]

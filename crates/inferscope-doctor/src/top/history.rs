@@ -9,39 +9,11 @@ use inferscope_schema::names;
 use inferscope_schema::scrape::{Delta, Histogram, Scrape, full_name};
 use std::collections::BTreeMap;
 
-/// The bucket a quantile falls in.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BucketBound {
-    /// Lower bound (exclusive); 0 for the first bucket.
-    pub lower: f64,
-    /// Upper bound (inclusive); infinite above the highest finite bound.
-    pub upper: f64,
-    /// Position of the bucket, 0-based.
-    pub index: usize,
-    /// Buckets in the histogram, `+Inf` included.
-    pub buckets: usize,
-}
+pub use inferscope_schema::scrape::{BucketBound, secs};
 
 /// The bucket holding quantile `q` (0..1] of `h`; `None` without observations.
 pub fn quantile_bucket(h: &Histogram, q: f64) -> Option<BucketBound> {
-    let total = h.buckets.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    let rank = q * total;
-    let mut lower = 0.0;
-    for (index, &(le, c)) in h.buckets.iter().enumerate() {
-        if c >= rank {
-            return Some(BucketBound {
-                lower,
-                upper: le,
-                index,
-                buckets: h.buckets.len(),
-            });
-        }
-        lower = le;
-    }
-    None
+    h.quantile_bucket(q)
 }
 
 /// p50 and p99 of one histogram, as buckets.
@@ -148,41 +120,9 @@ impl Tick {
     }
 }
 
-/// `v` rounded to 3 significant decimals, without trailing zeros.
-fn num(v: f64) -> String {
-    let r = (v * 1000.0).round() / 1000.0;
-    format!("{r}")
-}
-
-/// `(number, unit)` for seconds: milliseconds below 1 s.
-fn split_secs(v: f64) -> (String, &'static str) {
-    if v < 1.0 {
-        (num(v * 1000.0), "ms")
-    } else {
-        (num(v), "s")
-    }
-}
-
-/// Seconds with a unit: `250 ms`, `1.5 s`.
-pub fn secs(v: f64) -> String {
-    let (n, u) = split_secs(v);
-    format!("{n} {u}")
-}
-
 /// A bucket as text: `≤ 5 ms`, `in 40–60 ms`, `in 750 ms–1 s`, `> 20 s`.
 pub fn bucket_text(b: &BucketBound) -> String {
-    if b.upper.is_infinite() {
-        return format!("> {}", secs(b.lower));
-    }
-    if b.lower <= 0.0 {
-        return format!("≤ {}", secs(b.upper));
-    }
-    let ((lo, lu), (hi, hu)) = (split_secs(b.lower), split_secs(b.upper));
-    if lu == hu {
-        format!("in {lo}–{hi} {hu}")
-    } else {
-        format!("in {lo} {lu}–{hi} {hu}")
-    }
+    b.secs_text()
 }
 
 /// `p50 ≤ 5 ms  p99 in 40–60 ms`, or `–` without observations.
