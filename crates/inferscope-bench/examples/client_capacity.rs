@@ -60,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             sampling: Default::default(),
             read_timeout: Duration::from_secs(30),
             api_key: None,
+            request_ids: Default::default(),
         })?);
         let run = client_rt.block_on(execute(
             client,

@@ -124,6 +124,12 @@ pub struct BenchServeArgs {
     /// Send ignore_eos: true (exact output lengths).
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Prefix of each request's `x-request-id` (PREFIX + a random UUID).
+    #[arg(long, value_name = "PREFIX", conflicts_with = "no_request_id")]
+    pub request_id_prefix: Option<String>,
+    /// Send no `x-request-id` header (default: a random UUID per request).
+    #[arg(long)]
+    pub no_request_id: bool,
     /// Sampling temperature sent with each request (default: 0, greedy).
     #[arg(long)]
     pub temperature: Option<f64>,

@@ -69,6 +69,98 @@ pub struct ClientConfig {
     pub read_timeout: Duration,
     /// `Authorization: Bearer` value (from `OPENAI_API_KEY`).
     pub api_key: Option<String>,
+    /// What to send as `x-request-id`.
+    pub request_ids: RequestIds,
+}
+
+/// The `x-request-id` header of each request. Random UUIDs by default:
+/// some servers (llama.cpp's) answer 400 to anything else.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestIds {
+    /// `PREFIX` + a random v4 UUID (an empty prefix sends the bare UUID).
+    Uuid {
+        /// Prepended to each UUID.
+        prefix: String,
+    },
+    /// No header.
+    Off,
+}
+
+impl Default for RequestIds {
+    fn default() -> Self {
+        RequestIds::Uuid {
+            prefix: String::new(),
+        }
+    }
+}
+
+/// SplitMix64's output function: a bijection on u64, so distinct inputs
+/// give distinct outputs.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A random-looking v4 UUID for request `n` of a client seeded with `seed`;
+/// distinct `n` give distinct UUIDs (the high half is a bijection of `n`).
+pub fn uuid_v4(seed: u64, n: u64) -> String {
+    let hi = mix64(seed.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    let lo = mix64(hi ^ seed.rotate_left(32));
+    // Version 4 in the 13th hex digit, variant 10xx in the 17th.
+    let hi = (hi & !0xF000) | 0x4000;
+    let lo = (lo & !(0b11 << 62)) | (0b10 << 62);
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xFFFF,
+        hi & 0xFFFF,
+        lo >> 48,
+        lo & 0xFFFF_FFFF_FFFF
+    )
+}
+
+/// Fields of a completions or chat request that every OpenAI-compatible
+/// server knows; the others are named when a request fails without a reason.
+const STANDARD_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "temperature",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "seed",
+    "stop",
+    "n",
+];
+
+/// What a request carried beyond the standard, for errors the server did
+/// not explain (an empty body).
+fn non_standard(body: &Value, request_id: Option<&str>) -> String {
+    let mut parts = Vec::new();
+    if let Some(id) = request_id {
+        parts.push(format!("header x-request-id: {id}"));
+    }
+    if let Some(o) = body.as_object() {
+        let fields: Vec<&str> = o
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !STANDARD_FIELDS.contains(k))
+            .collect();
+        if !fields.is_empty() {
+            parts.push(format!("body fields {}", fields.join(", ")));
+        }
+    }
+    if parts.is_empty() {
+        "nothing non-standard".to_string()
+    } else {
+        parts.join("; ")
+    }
 }
 
 /// Sampling fields of the requests, as `vllm bench serve` sends them:
@@ -107,6 +199,20 @@ pub struct ApiClient {
     uri: Uri,
     cfg: ClientConfig,
     next_id: AtomicU64,
+    /// Random per client, so ids differ between runs and processes.
+    id_seed: u64,
+}
+
+/// A seed that differs between processes and runs (std's per-process
+/// random hash keys, the time and the pid), without a dependency.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    h.finish()
 }
 
 /// Parses an `http://` URL; https is not supported (this build carries no TLS stack).
@@ -157,6 +263,7 @@ impl ApiClient {
             uri,
             cfg,
             next_id: AtomicU64::new(0),
+            id_seed: random_seed(),
         })
     }
 
@@ -192,11 +299,18 @@ impl ApiClient {
             prompt_len,
             ..Default::default()
         };
-        let body = self.body(prompt, max_tokens).to_string();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut builder = Request::post(self.uri.clone())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", format!("bench-{}-{id}", std::process::id()));
+        let json_body = self.body(prompt, max_tokens);
+        let body = json_body.to_string();
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let request_id = match &self.cfg.request_ids {
+            RequestIds::Uuid { prefix } => Some(format!("{prefix}{}", uuid_v4(self.id_seed, n))),
+            RequestIds::Off => None,
+        };
+        let mut builder =
+            Request::post(self.uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(id) = &request_id {
+            builder = builder.header("x-request-id", id.as_str());
+        }
         if let Some(key) = &self.cfg.api_key {
             builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
         }
@@ -230,7 +344,15 @@ impl ApiClient {
                     .collect(),
                 _ => String::new(),
             };
-            out.error = format!("HTTP {status}: {text}");
+            out.error = if text.trim().is_empty() {
+                // Nothing to go on: say what was sent that a server may refuse.
+                format!(
+                    "HTTP {status} with an empty body; sent {}",
+                    non_standard(&json_body, request_id.as_deref())
+                )
+            } else {
+                format!("HTTP {status}: {text}")
+            };
             return out;
         }
         let mut parser = SseParser::new();
@@ -443,11 +565,30 @@ mod tests {
             api: ApiKind::Completions,
             model: "m".into(),
             ignore_eos: false,
+            request_ids: RequestIds::default(),
             sampling,
             read_timeout: Duration::from_secs(1),
             api_key: None,
         })
         .expect("client")
+    }
+
+    #[test]
+    fn request_ids_are_distinct_v4_uuids() {
+        let ids: std::collections::BTreeSet<String> = (0..1000).map(|n| uuid_v4(7, n)).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            let b = id.as_bytes();
+            assert_eq!(id.len(), 36, "{id}");
+            assert_eq!(
+                (b[8], b[13], b[18], b[23]),
+                (b'-', b'-', b'-', b'-'),
+                "{id}"
+            );
+            assert_eq!(b[14], b'4', "{id}");
+            assert!(matches!(b[19], b'8' | b'9' | b'a' | b'b'), "{id}");
+        }
+        assert_ne!(uuid_v4(7, 0), uuid_v4(8, 0));
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct MockConfig {
     pub metrics_namespace: Option<String>,
     /// Text of each streamed chunk (one chunk per requested token).
     pub chunk_text: String,
+    /// Answer 400 with an empty body to an `x-request-id` that is not a
+    /// UUID, as llama.cpp's server does.
+    pub uuid_request_ids_only: bool,
 }
 
 impl Default for MockConfig {
@@ -54,6 +57,7 @@ impl Default for MockConfig {
             model: "mock-model".to_string(),
             metrics_namespace: None,
             chunk_text: " tok".to_string(),
+            uuid_request_ids_only: false,
         }
     }
 }
@@ -71,6 +75,8 @@ struct State {
     cfg: MockConfig,
     c: Counters,
     started: Instant,
+    /// `x-request-id` of the latest generation request, if it had one.
+    last_request_id: std::sync::Mutex<Option<String>>,
 }
 
 /// A running mock server; stops when dropped.
@@ -110,6 +116,7 @@ impl MockServer {
             cfg,
             c: Counters::default(),
             started: Instant::now(),
+            last_request_id: std::sync::Mutex::new(None),
         });
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -144,6 +151,24 @@ impl MockServer {
     pub fn requests(&self) -> u64 {
         self.state.c.requests.load(Ordering::Relaxed)
     }
+
+    /// The `x-request-id` of the latest generation request (`None`: it sent none).
+    pub fn last_request_id(&self) -> Option<String> {
+        self.state
+            .last_request_id
+            .lock()
+            .map_or(None, |id| id.clone())
+    }
+}
+
+/// `8-4-4-4-12` hex digits, as llama.cpp's server checks.
+pub fn is_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 impl Drop for MockServer {
@@ -188,6 +213,16 @@ async fn handle(req: Request<Incoming>, st: Arc<State>) -> Result<Response<MockB
 async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Response<MockBody> {
     let t0 = Instant::now();
     let n = st.c.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if let Ok(mut last) = st.last_request_id.lock() {
+        last.clone_from(&request_id);
+    }
+    if st.cfg.uuid_request_ids_only && request_id.as_deref().is_some_and(|id| !is_uuid(id)) {
+        return full(StatusCode::BAD_REQUEST, "text/plain", String::new());
+    }
     let body = match req.into_body().collect().await {
         Ok(b) => b.to_bytes(),
         Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "bad body".into()),

@@ -2,7 +2,9 @@
 
 use crate::arrivals;
 use crate::cli::{Backend, BenchServeArgs, DatasetName};
-use crate::client::{ApiClient, ApiKind, ClientConfig, RequestOutput, Sampling, discover_model};
+use crate::client::{
+    ApiClient, ApiKind, ClientConfig, RequestIds, RequestOutput, Sampling, discover_model,
+};
 use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
 use crate::error::BenchError;
 use crate::html::{self, ServeReport};
@@ -211,6 +213,13 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         url: format!("{base}{endpoint}"),
         api,
         model: model.clone(),
+        request_ids: if args.no_request_id {
+            RequestIds::Off
+        } else {
+            RequestIds::Uuid {
+                prefix: args.request_id_prefix.clone().unwrap_or_default(),
+            }
+        },
         ignore_eos: args.ignore_eos,
         sampling: Sampling {
             temperature: args.temperature,
@@ -360,6 +369,9 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     output_tokens: m.total_output,
                     input_tokens: m.total_input,
                     input_exact: tokenizer.is_some(),
+                    ttft_ms: (m.completed > 0).then(|| client_quantiles(&m.ttft)),
+                    itl_ms: (m.completed > 0).then(|| client_quantiles(&m.itl)),
+                    e2e_ms: (m.completed > 0).then(|| client_quantiles(&m.e2el)),
                 };
                 agreement = scrape::render(&view, &counts);
                 print!("{agreement}");
@@ -467,4 +479,14 @@ pub fn write_file(path: &std::path::Path, bytes: &[u8]) -> Result<(), BenchError
         std::fs::create_dir_all(dir).map_err(|e| BenchError::io(dir, e))?;
     }
     std::fs::write(path, bytes).map_err(|e| BenchError::io(path, e))
+}
+
+/// The client's median and, when `--metric-percentiles` asked for it, p99 (ms).
+fn client_quantiles(d: &crate::statistics::Distribution) -> (f64, Option<f64>) {
+    let p99 = d
+        .percentiles_ms
+        .iter()
+        .find(|(p, _)| (*p - 99.0).abs() < 1e-9)
+        .map(|&(_, v)| v);
+    (d.median_ms, p99)
 }

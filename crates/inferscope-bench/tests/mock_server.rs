@@ -288,3 +288,56 @@ async fn tokenizer_counts_prompts_and_outputs() {
         "server counts words = tokens"
     );
 }
+
+/// A server that accepts only UUIDs as `x-request-id` (llama.cpp's): the
+/// default ids pass, `--no-request-id` sends none, and a prefix that breaks
+/// the UUID fails with an error that says what was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_every_server_accepts() {
+    let mock = MockServer::start(MockConfig {
+        uuid_request_ids_only: true,
+        ..Default::default()
+    })
+    .await
+    .expect("mock starts");
+    let base = mock.base_url();
+    let out = run_serve(&args(&base, &["--num-prompts", "3"]))
+        .await
+        .expect("default ids are accepted");
+    assert_eq!(out.metrics.completed, 3);
+    let id = mock.last_request_id().expect("an id was sent");
+    assert!(inferscope_bench::mock::is_uuid(&id), "{id}");
+    // Version 4, variant 10xx.
+    assert_eq!(id.as_bytes()[14], b'4', "{id}");
+    assert!(
+        matches!(id.as_bytes()[19], b'8' | b'9' | b'a' | b'b'),
+        "{id}"
+    );
+
+    let out = run_serve(&args(&base, &["--num-prompts", "2", "--no-request-id"]))
+        .await
+        .expect("no id is accepted");
+    assert_eq!(out.metrics.completed, 2);
+    assert_eq!(mock.last_request_id(), None);
+
+    let err = run_serve(&args(
+        &base,
+        &[
+            "--num-prompts",
+            "2",
+            "--request-id-prefix",
+            "run7-",
+            "--ignore-eos",
+        ],
+    ))
+    .await
+    .err()
+    .expect("the server refuses a non-UUID id");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("HTTP 400 Bad Request with an empty body"),
+        "{msg}"
+    );
+    assert!(msg.contains("header x-request-id: run7-"), "{msg}");
+    assert!(msg.contains("body fields ignore_eos"), "{msg}");
+}
