@@ -2,7 +2,7 @@
 //! charts from [`crate::plot`], no script, nothing fetched when it is viewed).
 //!
 //! Every number shown is measured by the client, or read from the server's
-//! `/metrics` and labelled so (histogram quantiles say "from buckets").
+//! `/metrics` and labelled so (histogram quantiles are shown as their bucket).
 
 use crate::client::RequestOutput;
 use crate::plot::{self, Chart, Series};

@@ -1,6 +1,6 @@
 //! The one view of a server from scrapes of its `/metrics`: sums over label
-//! sets, counter deltas that survive restarts, histogram deltas, quantiles
-//! estimated from buckets as `histogram_quantile` does, namespace detection
+//! sets, counter deltas that survive restarts, histogram deltas, the bucket
+//! a quantile lies in (and its text: `p99 in 40–60 ms`), namespace detection
 //! and the names older vLLM versions export. Bench's server-side view and
 //! the doctor's window are thin users of it.
 
@@ -97,6 +97,7 @@ impl Histogram {
     }
 
     /// Quantile estimate as Prometheus' `histogram_quantile` (linear within a bucket).
+    /// An estimate, not a measurement: reports show [`Histogram::quantile_bucket`].
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let total = self.buckets.last()?.1;
         if total <= 0.0 {
