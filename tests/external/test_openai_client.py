@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import requests
 
 from conftest import MODEL
 
@@ -261,3 +262,25 @@ def test_min_tokens_and_eos(client):
                                       extra_body={"min_tokens": 10})
         assert 10 <= r.usage.completion_tokens <= 50
         assert r.choices[0].finish_reason == ("length" if r.usage.completion_tokens == 50 else "stop")
+
+
+def test_tokenize_with_requests_matches_usage(sim_server, client):
+    """`/tokenize` and `/detokenize` at the root path (vLLM's shapes), with
+    plain `requests`: the count is the completion's `usage.prompt_tokens`."""
+    prompt = "The quick brown fox"
+    r = requests.post(sim_server.base + "/tokenize", json={"model": MODEL, "prompt": prompt},
+                      timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > 0
+    assert body["max_model_len"] > body["count"]
+    usage = client.completions.create(model=MODEL, prompt=prompt, max_tokens=1).usage
+    assert body["count"] == usage.prompt_tokens
+    plain = requests.post(sim_server.base + "/tokenize",
+                          json={"prompt": prompt, "add_special_tokens": False}, timeout=30).json()
+    r = requests.post(sim_server.base + "/detokenize", json={"tokens": plain["tokens"]}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"prompt": prompt}
+    r = requests.post(sim_server.base + "/detokenize", json={"tokens": [-1]}, timeout=30)
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "tokens"

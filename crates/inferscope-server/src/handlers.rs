@@ -114,13 +114,38 @@ pub async fn chat_completions(
     respond(&s, Api::Chat, validated, &headers, arrival).await
 }
 
+/// `POST /tokenize` (vLLM's shape): a prompt or chat messages to token ids,
+/// tokenized on the validation workers exactly as the generation routes do.
+pub async fn tokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = validate(&s, body, |b, s| {
+        validation::parse_and_tokenize(b, &s.validator())
+    })
+    .await;
+    match answer {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /detokenize` (vLLM's shape): token ids to text, on the validation workers.
+pub async fn detokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejection>) -> Response {
+    let answer = validate(&s, body, |b, s| {
+        validation::parse_and_detokenize(b, &s.validator())
+    })
+    .await;
+    match answer {
+        Ok(r) => Json(r).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Runs `check` (parsing, template rendering, tokenization: CPU work that
 /// grows with the prompt) on the validation workers, not on the runtime.
-async fn validate(
+async fn validate<T: Send + 'static>(
     s: &Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
-    check: fn(&[u8], &AppState) -> Result<Validated, ApiError>,
-) -> Result<Validated, ApiError> {
+    check: fn(&[u8], &AppState) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
     let body = body_bytes(body)?;
     let state = s.clone();
     let result = s

@@ -1,5 +1,6 @@
 //! The router: which path goes to which handler, the API-key check in front
-//! of `/v1/*`, the body limit and the HTTP metrics layer around everything.
+//! of `/v1/*` and the tokenizer routes, the body limit and the HTTP metrics
+//! layer around everything.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use crate::error::ApiError;
 use crate::handlers;
 use crate::state::AppState;
 
-/// The router: OpenAI routes (behind the API key), health, version, and
+/// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
 /// `/metrics` when `serve_metrics` (else it answers 404: it is served on a
 /// separate listener), all under the HTTP metrics layer.
 pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Router {
@@ -22,6 +23,9 @@ pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Rou
         .route("/v1/models", get(handlers::models))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        // vLLM serves these at the root, not under /v1; same key as /v1/*.
+        .route("/tokenize", post(handlers::tokenize))
+        .route("/detokenize", post(handlers::detokenize))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -51,7 +55,7 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Rejects /v1/* requests without the right bearer token.
+/// Rejects /v1/*, /tokenize and /detokenize requests without the right bearer token.
 pub async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     if let Some(key) = &s.api_key {
         let given = req

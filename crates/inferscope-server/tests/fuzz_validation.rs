@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use inferscope_model::{ByteTokenizer, Tokenizer};
 use inferscope_server::openai::validation::{
-    Limits, Validated, Validator, parse_and_validate_chat, parse_and_validate_completion,
+    Limits, Validated, Validator, parse_and_detokenize, parse_and_tokenize,
+    parse_and_validate_chat, parse_and_validate_completion,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -44,6 +45,9 @@ const FIELDS: &[&str] = &[
     "content",
     "type",
     "text",
+    "tokens",
+    "add_special_tokens",
+    "add_generation_prompt",
 ];
 
 fn number() -> impl Strategy<Value = Value> {
@@ -191,6 +195,41 @@ fn validation_never_panics_and_refuses_with_4xx() {
     assert!(accepted.get() > 0, "no generated request was valid");
 }
 
+/// `/tokenize` and `/detokenize` bodies: never a panic, refusals are 4xx,
+/// and an accepted tokenization fits the model and the vocabulary.
+#[test]
+fn tokenizer_routes_never_panic_and_refuse_with_4xx() {
+    let tok = ByteTokenizer;
+    let limits = limits(&tok);
+    let served = vec!["demo".to_owned()];
+    let v = Validator {
+        served_model_names: &served,
+        limits: &limits,
+        tokenizer: &tok,
+    };
+    let refused = |e: inferscope_server::ApiError| {
+        assert!(e.status.is_client_error(), "{} {}", e.status, e.message);
+        assert!(!e.message.is_empty());
+    };
+    let mut runner = TestRunner::new(config());
+    runner
+        .run(&body(), |bytes| {
+            match parse_and_tokenize(&bytes, &v) {
+                Ok(r) => {
+                    assert_eq!(r.count, r.tokens.len());
+                    assert!(r.count <= limits.max_model_len);
+                    assert!(r.tokens.iter().all(|&t| (t as usize) < limits.vocab_size));
+                }
+                Err(e) => refused(e),
+            }
+            if let Err(e) = parse_and_detokenize(&bytes, &v) {
+                refused(e);
+            }
+            Ok(())
+        })
+        .expect("no failing input");
+}
+
 #[test]
 fn live_endpoints_never_answer_5xx() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -206,7 +245,12 @@ fn live_endpoints_never_answer_5xx() {
         .run(&body(), |bytes| {
             let body = String::from_utf8_lossy(&bytes).into_owned();
             rt.block_on(async {
-                for path in ["/v1/completions", "/v1/chat/completions"] {
+                for path in [
+                    "/v1/completions",
+                    "/v1/chat/completions",
+                    "/tokenize",
+                    "/detokenize",
+                ] {
                     let r = common::call(addr, "POST", path, &body, &[]).await;
                     assert!(r.status < 500, "{path} {body:?}: {} {}", r.status, r.body);
                     if r.status != 200 {

@@ -209,3 +209,47 @@ pub struct ChatChoice<'a> {
     /// Set on the last chunk of a choice.
     pub finish_reason: Option<&'a str>,
 }
+
+/// `POST /tokenize` (vLLM's shape): a text prompt, or chat messages rendered
+/// with the chat template. Which one is decided by the presence of `messages`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TokenizeRequest {
+    /// The served model name.
+    pub model: Option<String>,
+    /// The text to tokenize (completion form).
+    pub prompt: Option<String>,
+    /// The conversation to render and tokenize (chat form).
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Chat form: end the rendering with the assistant's turn (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Add the tokenizer's special tokens (default true, as this server's
+    /// completion and chat routes do, so `count` is what they count).
+    pub add_special_tokens: Option<bool>,
+}
+
+/// The answer of `POST /tokenize`.
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenizeResponse {
+    /// Number of tokens.
+    pub count: usize,
+    /// The server's longest prompt plus output.
+    pub max_model_len: usize,
+    /// The token ids.
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize` (vLLM's shape).
+#[derive(Debug, Clone, Deserialize)]
+pub struct DetokenizeRequest {
+    /// The served model name.
+    pub model: Option<String>,
+    /// Token ids (signed, so a negative id gets a message naming the field).
+    pub tokens: Option<Vec<i64>>,
+}
+
+/// The answer of `POST /detokenize`.
+#[derive(Debug, Clone, Serialize)]
+pub struct DetokenizeResponse {
+    /// The decoded text.
+    pub prompt: String,
+}

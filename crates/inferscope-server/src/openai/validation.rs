@@ -8,7 +8,8 @@ use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
 use crate::openai::protocol::{
-    ChatContent, ChatRequest, CompletionRequest, PromptInput, SamplingFields,
+    ChatContent, ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest,
+    DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
 
 /// Limits the server validates against.
@@ -79,16 +80,36 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
     let req: ChatRequest = parse_json(body)?;
     let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
-    let messages = req
-        .messages
-        .ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
+    let messages = chat_messages(req.messages)?;
+    let prompt = render_chat(v.tokenizer, &messages, true, true)?;
+    let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(v), _) => (Some(v), "max_completion_tokens"),
+        (None, v) => (v, "max_tokens"),
+    };
+    let max_len = v.limits.max_model_len;
+    let plan = plan(
+        vec![prompt],
+        max_tokens,
+        |prompt_len| max_len.saturating_sub(prompt_len),
+        sampling,
+        v.limits,
+        param,
+    )?;
+    Ok(Validated { model, plan })
+}
+
+/// The request's chat messages as the template sees them (text parts joined);
+/// a missing or empty list, or a non-text part, is a 400 naming `messages`.
+fn chat_messages(messages: Option<Vec<ChatMessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages =
+        messages.ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "`messages` must not be empty",
             Some("messages"),
         ));
     }
-    let messages = messages
+    messages
         .into_iter()
         .map(|m| {
             let content = match m.content {
@@ -118,31 +139,115 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
                 content,
             })
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    let prompt = v
-        .tokenizer
-        .apply_chat_template(&messages, true)
-        .and_then(|text| v.tokenizer.encode(&text, true))
+        .collect()
+}
+
+/// Renders `messages` with the chat template and tokenizes the text.
+fn render_chat(
+    tokenizer: &dyn Tokenizer,
+    messages: &[ChatMessage],
+    add_generation_prompt: bool,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, ApiError> {
+    tokenizer
+        .apply_chat_template(messages, add_generation_prompt)
+        .and_then(|text| tokenizer.encode(&text, add_special_tokens))
         .map_err(|e| {
             ApiError::invalid(
                 format!("cannot render the conversation: {e}"),
                 Some("messages"),
             )
-        })?;
-    let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(v), _) => (Some(v), "max_completion_tokens"),
-        (None, v) => (v, "max_tokens"),
+        })
+}
+
+/// Parses a `/tokenize` body and tokenizes it: the prompt, or the messages
+/// rendered with the chat template, exactly as `/v1/completions` and
+/// `/v1/chat/completions` do with the same defaults, so `count` is the
+/// `usage.prompt_tokens` they would report. A result longer than
+/// `max_model_len` is refused: no request could carry it.
+pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse, ApiError> {
+    let req: TokenizeRequest = parse_json(body)?;
+    check_model(v.served_model_names, req.model.as_deref())?;
+    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    let (tokens, param) = match (req.messages, req.prompt) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "give either `prompt` or `messages`, not both",
+                Some("messages"),
+            ));
+        }
+        (Some(messages), None) => {
+            let messages = chat_messages(Some(messages))?;
+            let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
+            let tokens = render_chat(
+                v.tokenizer,
+                &messages,
+                add_generation_prompt,
+                add_special_tokens,
+            )?;
+            (tokens, "messages")
+        }
+        (None, Some(prompt)) => {
+            let tokens = v
+                .tokenizer
+                .encode(&prompt, add_special_tokens)
+                .map_err(|e| {
+                    ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
+                })?;
+            (tokens, "prompt")
+        }
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "`prompt` or `messages` is required",
+                Some("prompt"),
+            ));
+        }
     };
-    let max_len = v.limits.max_model_len;
-    let plan = plan(
-        vec![prompt],
-        max_tokens,
-        |prompt_len| max_len.saturating_sub(prompt_len),
-        sampling,
-        v.limits,
-        param,
-    )?;
-    Ok(Validated { model, plan })
+    let max_model_len = v.limits.max_model_len;
+    if tokens.len() > max_model_len {
+        return Err(ApiError::invalid(
+            format!(
+                "`{param}` is {} tokens, more than the maximum model length {max_model_len}",
+                tokens.len()
+            ),
+            Some(param),
+        ));
+    }
+    Ok(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len,
+        tokens,
+    })
+}
+
+/// Parses a `/detokenize` body and decodes its token ids (special tokens
+/// included, as vLLM does). Ids outside the vocabulary and lists longer
+/// than `max_model_len` are refused.
+pub fn parse_and_detokenize(body: &[u8], v: &Validator) -> Result<DetokenizeResponse, ApiError> {
+    let req: DetokenizeRequest = parse_json(body)?;
+    check_model(v.served_model_names, req.model.as_deref())?;
+    let tokens = req
+        .tokens
+        .ok_or_else(|| ApiError::invalid("`tokens` is required", Some("tokens")))?;
+    let max_model_len = v.limits.max_model_len;
+    if tokens.len() > max_model_len {
+        return Err(ApiError::invalid(
+            format!(
+                "`tokens` has {} ids, more than the maximum model length {max_model_len}",
+                tokens.len()
+            ),
+            Some("tokens"),
+        ));
+    }
+    let ids = tokens
+        .into_iter()
+        .map(|t| token_id(t, v.limits, "token id", "tokens"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let prompt = v
+        .tokenizer
+        .decode(&ids, false)
+        .map_err(|e| ApiError::invalid(format!("cannot decode the tokens: {e}"), Some("tokens")))?;
+    Ok(DetokenizeResponse { prompt })
 }
 
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {

@@ -145,9 +145,12 @@ pub async fn scrape(addr: SocketAddr) -> Vec<Sample> {
     parse_exposition(&r.body)
 }
 
-/// Scrapes until the samples named `name` sum to at least `at_least`: the
-/// engine counts a finish just after it delivers it, so a client can see its
-/// response before the counters move.
+/// Scrapes until the samples named `name` sum to at least `at_least`. The
+/// engine counts a finish before it delivers it (`engine/src/core.rs`), but
+/// a finish the server causes (a stop string, a client that left) reaches
+/// the engine as an abort after the client has its response, and the HTTP
+/// layer counts a response once its last byte is written, so a client can
+/// see its response before those counters move.
 pub async fn scrape_when(addr: SocketAddr, name: &str, at_least: f64) -> Vec<Sample> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
