@@ -548,3 +548,79 @@ fn duplicate_stop_token_ids_change_nothing() {
     );
     c.shutdown(Duration::from_secs(5));
 }
+
+/// Adds up what the engine reports as schedule, execute, postprocess and idle,
+/// between the first and the last report, and sleeps in every step report:
+/// host work between steps that the phases must still cover.
+#[derive(Default)]
+struct TimeRecorder(Mutex<TimeAccount>);
+
+#[derive(Default)]
+struct TimeAccount {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    accounted: Duration,
+}
+
+impl TimeAccount {
+    fn report(&mut self, at: Instant, d: Duration) {
+        if self.first.is_none() {
+            self.first = Some(at);
+        } else {
+            self.accounted += d;
+        }
+        self.last = Some(at);
+    }
+}
+
+impl StatsRecorder for TimeRecorder {
+    fn record_step(&self, _: usize, _: &SchedulerStats, it: &IterationStats) {
+        let at = Instant::now();
+        let d = it.schedule_time + it.execute_time + it.postprocess_time;
+        assert!(it.device_time <= it.execute_time, "device busy ⊆ execute");
+        self.0.lock().report(at, d);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    fn record_finished(&self, _: usize, _: &[FinishedRequestStats]) {}
+    fn record_engine_failure(&self, _: usize, _: EngineFailure) {}
+    fn record_idle(&self, _: usize, _: &SchedulerStats, idle: Duration) {
+        // Zero: going idle, not a wake-up; no time passes in the account.
+        if !idle.is_zero() {
+            self.0.lock().report(Instant::now(), idle);
+        }
+    }
+}
+
+#[test]
+fn phases_plus_idle_add_up_to_the_loop_wall_time() {
+    let rt = runtime();
+    let rec = Arc::new(TimeRecorder::default());
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        rec.clone(),
+    )
+    .expect("start");
+    for round in 0..4 {
+        let handles: Vec<RequestHandle> = (0..3)
+            .map(|i| {
+                c.add_request(request(&format!("r{round}-{i}"), 20, 8))
+                    .expect("add")
+            })
+            .collect();
+        for h in handles {
+            drain(&rt, h);
+        }
+        // Idle time between the rounds.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.shutdown(Duration::from_secs(5));
+    let a = rec.0.lock();
+    let wall = a.last.expect("reports") - a.first.expect("reports");
+    // The account runs from boundary to boundary; each report comes a few
+    // microseconds after its boundary, so only those offsets differ.
+    let diff = wall.abs_diff(a.accounted);
+    assert!(diff <= wall / 20, "accounted {:?} of {wall:?}", a.accounted);
+}

@@ -2,7 +2,7 @@
 //! paged KV pool and samples one token per sampling sequence.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepOutput};
 
@@ -33,6 +33,12 @@ pub struct CpuExecutor {
     rows: Vec<usize>,
     scratch: Scratch,
     masked: Vec<u32>,
+    // The last step's forward pass (the device time it reports).
+    last_forward: Duration,
+    // Tests: a sleep in input preparation and one in sampling, host work
+    // that must not count as device time.
+    #[cfg(test)]
+    host_pause: Duration,
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -72,6 +78,9 @@ impl CpuExecutor {
             rows: Vec::new(),
             scratch: Scratch::default(),
             masked: Vec::new(),
+            last_forward: Duration::ZERO,
+            #[cfg(test)]
+            host_pause: Duration::ZERO,
         })
     }
 
@@ -159,6 +168,8 @@ impl CpuExecutor {
         pool: &mut KvStorage,
     ) -> Result<(), ExecutorError> {
         self.check(batch, pool)?;
+        #[cfg(test)]
+        std::thread::sleep(self.host_pause);
         self.ctx.clear();
         self.rows.clear();
         for s in &batch.seqs {
@@ -195,12 +206,16 @@ impl CpuExecutor {
         // outside the pool, every section would wake two and put this one
         // to sleep.
         let parallel = model.parallel_step(step.ids.len());
-        match &self.threads {
+        // Only the forward pass is device time: building `ctx` and `rows`
+        // above and sampling afterwards are host work of the execute phase.
+        let start = Instant::now();
+        let result = match &self.threads {
             Some(tp) => tp.install(run),
             None if parallel => rayon::scope(|_| run()),
             None => run(),
-        }
-        .map_err(|e| ExecutorError::Step(e.to_string()))
+        };
+        self.last_forward = start.elapsed();
+        result.map_err(|e| ExecutorError::Step(e.to_string()))
     }
 }
 
@@ -258,9 +273,11 @@ impl Executor for CpuExecutor {
         batch: &ScheduledBatch,
         out: &mut StepOutput,
     ) -> Result<(), ExecutorError> {
-        let start = Instant::now();
+        self.last_forward = Duration::ZERO;
         self.forward(batch)?;
         out.sampled.clear();
+        #[cfg(test)]
+        std::thread::sleep(self.host_pause);
         let vocab = self.model.cfg.vocab_size;
         let mut rows = self.scratch.logits.chunks_exact_mut(vocab);
         let masked = &mut self.masked;
@@ -281,7 +298,60 @@ impl Executor for CpuExecutor {
             out.sampled
                 .push(Some(sample(l, &s.params, masked, &mut rng)));
         }
-        out.device_time = start.elapsed();
+        out.device_time = self.last_forward;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{LoadedModel, ModelOptions};
+    use inferscope_engine::{SamplingParams, ScheduledSeq};
+
+    /// Device time is the forward pass only: host pauses planted in input
+    /// preparation and in sampling stay outside it, whatever the load.
+    #[test]
+    fn device_time_excludes_input_preparation_and_sampling() {
+        let opts = ModelOptions {
+            kv_cache_memory: Some(8 << 20),
+            ..ModelOptions::default()
+        };
+        let m = LoadedModel::load("demo", &opts).unwrap();
+        let mut e = m.cpu_executor().unwrap();
+        e.init_kv_cache(16).unwrap();
+        let pause = Duration::from_millis(50);
+        e.host_pause = pause;
+        let batch = ScheduledBatch {
+            block_size: 16,
+            token_ids: vec![1, 2, 3, 4],
+            block_tables: vec![0],
+            seqs: vec![ScheduledSeq {
+                seq_id: 1,
+                token_offset: 0,
+                num_tokens: 4,
+                start_pos: 0,
+                block_table_offset: 0,
+                block_table_len: 1,
+                is_prefill: true,
+                sample: true,
+                num_generated: 0,
+                seed: 7,
+                params: Arc::new(SamplingParams::default()),
+            }],
+            ..ScheduledBatch::default()
+        };
+        let mut out = StepOutput::default();
+        let start = Instant::now();
+        e.execute(&batch, &mut out).unwrap();
+        let wall = start.elapsed();
+        assert_eq!(out.sampled.len(), 1);
+        assert!(out.device_time > Duration::ZERO);
+        // Sleeps last at least their duration, so this holds on any machine.
+        assert!(
+            wall - out.device_time >= 2 * pause,
+            "wall {wall:?}, device {:?}",
+            out.device_time
+        );
     }
 }

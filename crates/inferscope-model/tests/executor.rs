@@ -150,3 +150,27 @@ fn kv_budget_smaller_than_a_block_fails() {
     let mut e = m.executor().unwrap();
     assert!(e.init_kv_cache(16).is_err());
 }
+
+/// A step's device time is its forward pass: positive, and strictly inside
+/// the executor call, which also prepares inputs and samples.
+#[test]
+fn device_time_is_inside_the_execute_call() {
+    let (m, mut e) = demo();
+    let tok = m.tokenizer();
+    let mut s = Seq::new(
+        1,
+        &tok.encode("Hello there", true).unwrap(),
+        SamplingParams::default(),
+    );
+    let mut alloc = Alloc::new(0);
+    let mut out = StepOutput::default();
+    for _ in 0..3 {
+        let batch = build_batch(&mut [&mut s], &mut alloc, 512);
+        let start = std::time::Instant::now();
+        e.execute(&batch, &mut out).unwrap();
+        let wall = start.elapsed();
+        assert!(out.device_time > std::time::Duration::ZERO);
+        assert!(out.device_time < wall, "{:?} vs {wall:?}", out.device_time);
+        append(&mut [&mut s], &batch, &out.sampled);
+    }
+}

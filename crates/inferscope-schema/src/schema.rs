@@ -375,9 +375,9 @@ metrics! {
     ENGINE_STEPS = ENGINE_STEPS: Counter "engine_steps", unit Steps, scope Engine, labels ENGINE, buckets NB,
         "Engine steps executed";
     DEVICE_BUSY_SECONDS = DEVICE_BUSY_SECONDS: Counter "device_busy_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
-        "Time the executor spent executing steps; its rate is the device utilisation";
+        "Time the device spent on forward passes, a part of the execute phase (the cpu executor's input preparation and sampling are not in it); its rate is the device utilisation";
     ENGINE_STEP_DURATION = ENGINE_STEP_DURATION_SECONDS: Histogram "engine_step_duration_seconds", unit Seconds, scope Engine, labels &["model_name", "engine", "phase"], buckets Fixed(STEP_DURATION_BUCKETS),
-        "Host time per engine step by phase (schedule, execute, postprocess)";
+        "Wall time per engine step by phase: schedule (with the host work between steps), execute (the executor call, device time included), postprocess; the phases plus engine_idle_seconds add up to the engine loop's wall time";
     ENGINE_IDLE_SECONDS = ENGINE_IDLE_SECONDS: Counter "engine_idle_seconds", unit Seconds, scope Engine, labels ENGINE, buckets NB,
         "Time the engine loop waited with nothing to run";
     BATCH_SIZE = BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
