@@ -407,7 +407,7 @@ mod tests {
     use super::*;
 
     fn hist(ns: &str, scale: f64) -> String {
-        // Two engines; cumulative buckets 0.1 → 2·scale, 0.2 → 4·scale, +Inf → 5·scale.
+        // Two engines; cumulative buckets 0.1 → 1·scale, 0.2 → 2·scale, +Inf → 2.5·scale.
         let mut t = String::new();
         for e in ["0", "1"] {
             for (le, c) in [("0.1", 1.0), ("0.2", 2.0), ("+Inf", 2.5)] {

@@ -92,12 +92,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let arrival = Instant::now();
-    let validated = validate(&s, body, |b, s| {
-        validation::parse_and_validate_completion(b, &s.validator())
-    })
-    .await;
-    respond(&s, Api::Completions, validated, &headers, arrival).await
+    generation_route(s, Api::Completions, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -106,12 +101,33 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    generation_route(s, Api::Chat, headers, body).await
+}
+
+/// Both generation routes: validate on the workers with `api`'s parser,
+/// then generate and shape.
+async fn generation_route(
+    s: Arc<AppState>,
+    api: Api,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let arrival = Instant::now();
-    let validated = validate(&s, body, |b, s| {
-        validation::parse_and_validate_chat(b, &s.validator())
-    })
-    .await;
-    respond(&s, Api::Chat, validated, &headers, arrival).await
+    let validated = match api {
+        Api::Completions => {
+            validate(&s, body, |b, s| {
+                validation::parse_and_validate_completion(b, &s.validator())
+            })
+            .await
+        }
+        Api::Chat => {
+            validate(&s, body, |b, s| {
+                validation::parse_and_validate_chat(b, &s.validator())
+            })
+            .await
+        }
+    };
+    respond(&s, api, validated, &headers, arrival).await
 }
 
 /// `POST /tokenize` (vLLM's shape): a prompt or chat messages to token ids,
