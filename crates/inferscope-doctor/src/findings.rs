@@ -456,6 +456,15 @@ pub fn dp_imbalance(s: &Summary) -> Outcome {
     }
     // Device time is the truest load; without it, tokens processed.
     let by_util: Option<Vec<f64>> = s.engines.iter().map(|e| e.device_utilisation).collect();
+    let tokens_known = s
+        .engines
+        .iter()
+        .any(|e| e.prompt_tokens_per_s.is_some() || e.generation_tokens_per_s.is_some());
+    if by_util.is_none() && !tokens_known {
+        return Outcome::Skipped(
+            "no per-engine device time and no per-engine token counters to compare".into(),
+        );
+    }
     let (loads, what, unit) = match by_util {
         Some(u) => (u, "device_utilisation", "ratio"),
         None => (

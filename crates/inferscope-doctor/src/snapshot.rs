@@ -343,6 +343,17 @@ impl Window {
             ids.extend(last.label_values(&self.name(base), "engine"));
         }
         ids.extend(last.label_values(&self.kv_name(), "engine"));
+        if ids.is_empty() {
+            // No engine gauge (a partial exposition): the engines any of the
+            // namespace's series name.
+            let prefix = self.name("");
+            ids.extend(
+                last.samples
+                    .iter()
+                    .filter(|s| s.name.starts_with(&prefix))
+                    .filter_map(|s| s.label("engine").map(str::to_string)),
+            );
+        }
         if ids.is_empty() && last.has(&self.name(names::NUM_REQUESTS_RUNNING)) {
             // A server without an engine label: one anonymous engine.
             ids.insert(String::new());

@@ -253,3 +253,58 @@ fn top_renders_the_older_names_and_the_engine_label() {
     );
     assert!(text.contains("TTFT p50 –  p99 –  (not exported)"), "{text}");
 }
+
+/// vLLM V1 with two data-parallel engines (multiprocess exposition): the
+/// engines come from the `engine` label of its histograms.
+#[test]
+fn data_parallel_sample_per_engine_histograms() {
+    let r = report("vllm_dp2");
+    let s = &r.summary;
+    assert_eq!(r.namespace, "vllm");
+    let engines: Vec<&str> = s.engines.iter().map(|e| e.engine.as_str()).collect();
+    assert_eq!(engines, ["0", "1"]);
+    // Totals over engines: engine 0 finished 3 requests, engine 1 gave 1
+    // first token, each on vLLM 0.10's bucket edges.
+    let e2e = s.e2e.expect("e2e");
+    assert_eq!(
+        e2e.count, 3.0,
+        "from the buckets: the excerpt has no _count"
+    );
+    assert_eq!(bounds(e2e.p50), (5.0, Some(10.0)));
+    assert_eq!(bounds(s.queue.expect("queue").p99), (0.0, Some(15.0)));
+    assert_eq!(s.ttft.map(|d| d.count), Some(1.0));
+    // Means need `_sum`: the queue rule says so rather than judge.
+    let why = |rule: &str| {
+        r.diagnosis
+            .skipped
+            .iter()
+            .find(|k| k.rule == rule)
+            .map(|k| k.reason.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        why("queue_bound").contains("_sum"),
+        "{}",
+        why("queue_bound")
+    );
+    // Two engines but neither device time nor token counters: imbalance
+    // cannot be judged, and is not reported as balanced.
+    assert!(
+        why("dp_imbalance").contains("token counters"),
+        "{}",
+        why("dp_imbalance")
+    );
+    // top: both engines listed, the interval's TTFT on engine 1 only.
+    let (m, text) = screen("vllm_dp2", 120, 30);
+    for e in ["0", "1"] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start_matches('│').starts_with(&format!("{e}  "))),
+            "{text}"
+        );
+    }
+    let tick = m.state.history.back().expect("a tick");
+    assert_eq!(tick.engines["1"].ttft.map(|q| q.count), Some(1.0));
+    assert_eq!(tick.engines["0"].ttft, None, "engine 0 has no TTFT series");
+    assert!(text.contains("engine 1: p50 ≤ 100 ms"), "{text}");
+}
