@@ -308,3 +308,89 @@ fn data_parallel_sample_per_engine_histograms() {
     assert_eq!(tick.engines["0"].ttft, None, "engine 0 has no TTFT series");
     assert!(text.contains("engine 1: p50 ≤ 100 ms"), "{text}");
 }
+
+/// Every vLLM name the doctor and `top` read (the families of
+/// `snapshot.rs` and `top.rs`, current and older names) is one vLLM's own
+/// test requires of a V1 server: nothing is read under a name vLLM lacks
+/// except the inferscope-only families the doctor reports as missing.
+#[test]
+fn every_name_read_under_vllm_is_one_vllm_exposes() {
+    use inferscope_doctor::snapshot::{
+        HOST_FAMILIES, LEGACY_GPU_PREFIX_CACHE_HITS, LEGACY_GPU_PREFIX_CACHE_QUERIES,
+    };
+    use inferscope_schema::names;
+    use inferscope_schema::scrape::{
+        LEGACY_GPU_CACHE_USAGE_PERC, LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, full_name,
+    };
+    let path = format!(
+        "{}/tests/fixtures/vllm_expected_metrics_v1.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let expected: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .collect();
+    assert_eq!(expected.len(), 50);
+    // (schema name, what is read: the series the doctor looks up).
+    let counters = [
+        names::PROMPT_TOKENS,
+        names::GENERATION_TOKENS,
+        names::NUM_PREEMPTIONS,
+        names::REQUEST_SUCCESS,
+        names::PREFIX_CACHE_QUERIES,
+        names::PREFIX_CACHE_HITS,
+        LEGACY_GPU_PREFIX_CACHE_QUERIES,
+        LEGACY_GPU_PREFIX_CACHE_HITS,
+    ];
+    let gauges = [
+        names::NUM_REQUESTS_RUNNING,
+        names::NUM_REQUESTS_WAITING,
+        names::KV_CACHE_USAGE_PERC,
+        LEGACY_GPU_CACHE_USAGE_PERC,
+        names::CACHE_CONFIG_INFO,
+    ];
+    let histograms = [
+        names::TIME_TO_FIRST_TOKEN_SECONDS,
+        names::INTER_TOKEN_LATENCY_SECONDS,
+        LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS,
+        names::E2E_REQUEST_LATENCY_SECONDS,
+        names::REQUEST_QUEUE_TIME_SECONDS,
+        names::REQUEST_PREFILL_TIME_SECONDS,
+        names::REQUEST_PROMPT_TOKENS,
+        names::ITERATION_TOKENS_TOTAL,
+    ];
+    // vLLM's list names a family bare (`vllm:prefix_cache_queries`,
+    // `vllm:iteration_tokens_total`) or by the exposed series.
+    let listed =
+        |family: &str, exposed: &str| expected.contains(&family) || expected.contains(&exposed);
+    let mut unknown = Vec::new();
+    for c in counters {
+        let f = full_name("vllm", c);
+        if !listed(&f, &format!("{f}_total")) {
+            unknown.push(f);
+        }
+    }
+    for g in gauges {
+        let f = full_name("vllm", g);
+        if !listed(&f, &f) {
+            unknown.push(f);
+        }
+    }
+    for h in histograms {
+        let f = full_name("vllm", h);
+        if !listed(&f, &format!("{f}_bucket")) {
+            unknown.push(f);
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "read under vllm but not in vLLM's list: {unknown:?}"
+    );
+    // The inferscope-only families are not in vLLM's list: the doctor says
+    // they are missing (see the fixtures' `missing`).
+    for h in HOST_FAMILIES.iter().chain([&names::ADMISSION_REJECTIONS]) {
+        let f = full_name("vllm", h);
+        assert!(!listed(&f, &format!("{f}_total")), "{f}");
+    }
+}
