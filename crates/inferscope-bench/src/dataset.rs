@@ -394,11 +394,13 @@ fn sample_random(
         .extend(&asks, rng)?
         .into_iter()
         .zip(outs)
-        .map(|((prompt, prompt_len), expected_output_len)| SampleRequest {
-            prompt,
-            prompt_len,
-            expected_output_len,
-        })
+        .map(
+            |((prompt, prompt_len), expected_output_len)| SampleRequest {
+                prompt,
+                prompt_len,
+                expected_output_len,
+            },
+        )
         .collect())
 }
 
@@ -490,7 +492,9 @@ fn sample_sharegpt(
                 src.text_tokens(&replies)?
             }
         };
-        for ((prompt, prompt_len), output_len) in prompts.into_iter().zip(prompt_lens).zip(output_lens) {
+        for ((prompt, prompt_len), output_len) in
+            prompts.into_iter().zip(prompt_lens).zip(output_lens)
+        {
             if out.len() == num_prompts {
                 break;
             }

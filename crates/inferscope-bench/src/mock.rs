@@ -261,7 +261,8 @@ async fn tokenizer(req: Request<Incoming>, st: Arc<State>, encode: bool) -> Resp
     };
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let bad = |m: &str| {
-        let e = json!({"error":{"message":m,"type":"invalid_request_error","param":null,"code":400}});
+        let e =
+            json!({"error":{"message":m,"type":"invalid_request_error","param":null,"code":400}});
         full(StatusCode::BAD_REQUEST, "application/json", e.to_string())
     };
     let Ok(mut vocab) = st.vocab.lock() else {

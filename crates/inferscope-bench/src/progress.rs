@@ -68,7 +68,13 @@ impl Progress {
                 loop {
                     tick.tick().await;
                     drawn.store(true, Ordering::Relaxed);
-                    draw(label, unit, done.load(Ordering::Relaxed), total, start.elapsed());
+                    draw(
+                        label,
+                        unit,
+                        done.load(Ordering::Relaxed),
+                        total,
+                        start.elapsed(),
+                    );
                 }
             })
         });

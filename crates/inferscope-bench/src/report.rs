@@ -184,11 +184,17 @@ mod tests {
         m3.input_counted_by = CountedBy::Estimate;
         let got3 = render(&m3, &ctx);
         let lines: Vec<&str> = got3.lines().collect();
-        assert_eq!(lines[8], "Input tokens:                            estimated ");
+        assert_eq!(
+            lines[8],
+            "Input tokens:                            estimated "
+        );
         assert!(!got3.contains("Output tokens:"));
         m3.output_counted_by = CountedBy::Estimate;
         let got4 = render(&m3, &ctx);
-        assert_eq!(got4.lines().nth(9), Some("Output tokens:                           estimated "));
+        assert_eq!(
+            got4.lines().nth(9),
+            Some("Output tokens:                           estimated ")
+        );
         assert_eq!(got4.lines().count(), got.lines().count() + 2);
     }
 }

@@ -271,9 +271,11 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     .map_or(String::new(), |p| p.display().to_string())
             ),
         ),
-        None => match ServerTokenizer::probe(&base, &model, api_key.clone(), chat, read_timeout).await? {
+        None => match ServerTokenizer::probe(&base, &model, api_key.clone(), chat, read_timeout)
+            .await?
+        {
             Probe::Offered(t) => (
-                Some(Arc::new(ExactSource::new(Arc::new(t)))),
+                Some(Arc::new(ExactSource::new(Arc::new(*t)))),
                 "exact, from the server's /tokenize and /detokenize".to_string(),
             ),
             Probe::Absent(why) => (

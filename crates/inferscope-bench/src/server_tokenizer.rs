@@ -60,19 +60,23 @@ impl Endpoint {
                 .to_bytes();
             if status != StatusCode::OK {
                 let text: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
-                return Err(BenchError::Server(format!("POST {uri}: HTTP {status}: {text}")));
+                return Err(BenchError::Server(format!(
+                    "POST {uri}: HTTP {status}: {text}"
+                )));
             }
             serde_json::from_slice(&bytes).map_err(|source| BenchError::Json {
                 context: format!("POST {uri}"),
                 source,
             })
         };
-        tokio::time::timeout(self.timeout, call).await.map_err(|_| {
-            BenchError::Server(format!(
-                "POST {uri}: no answer within {:.1} s",
-                self.timeout.as_secs_f64()
-            ))
-        })?
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| {
+                BenchError::Server(format!(
+                    "POST {uri}: no answer within {:.1} s",
+                    self.timeout.as_secs_f64()
+                ))
+            })?
     }
 }
 
@@ -95,7 +99,7 @@ pub struct ServerTokenizer {
 /// The answer of a probe.
 pub enum Probe {
     /// The server offers both routes.
-    Offered(ServerTokenizer),
+    Offered(Box<ServerTokenizer>),
     /// It does not; why.
     Absent(String),
 }
@@ -162,14 +166,16 @@ impl ServerTokenizer {
         }
         let with_special = json!({"model": model, "prompt": words, "add_special_tokens": true});
         let special = match endpoint.post(&tokenize, &with_special).await {
-            Ok(v) => ids_of(&v, "POST /tokenize")?.len().saturating_sub(ids.len()),
+            Ok(v) => ids_of(&v, "POST /tokenize")?
+                .len()
+                .saturating_sub(ids.len()),
             Err(e) => return Ok(Probe::Absent(e.to_string())),
         };
         // The ids of common words decode to clean text in any vocabulary.
         let mut pool = ids;
         pool.sort_unstable();
         pool.dedup();
-        Ok(Probe::Offered(ServerTokenizer {
+        Ok(Probe::Offered(Box::new(ServerTokenizer {
             endpoint,
             tokenize,
             detokenize,
@@ -180,7 +186,7 @@ impl ServerTokenizer {
             max_model_len,
             runtime: tokio::runtime::Handle::current(),
             calls: AtomicUsize::new(0),
-        }))
+        })))
     }
 
     /// Calls made so far (the probe's not included).
@@ -220,14 +226,16 @@ impl ServerTokenizer {
             }
             let mut out: Vec<Option<Value>> = vec![None; n];
             while let Some(joined) = tasks.join_next().await {
-                let got: Vec<(usize, Value)> = joined
-                    .map_err(|e| BenchError::Server(format!("tokenizer call: {e}")))??;
+                let got: Vec<(usize, Value)> =
+                    joined.map_err(|e| BenchError::Server(format!("tokenizer call: {e}")))??;
                 for (i, v) in got {
                     out[i] = Some(v);
                 }
             }
             out.into_iter()
-                .map(|v| v.ok_or_else(|| BenchError::Server(format!("{uri}: an answer is missing"))))
+                .map(|v| {
+                    v.ok_or_else(|| BenchError::Server(format!("{uri}: an answer is missing")))
+                })
                 .collect()
         })
     }

@@ -179,7 +179,11 @@ impl PromptSource for ExactSource {
     fn prompt_tokens(&self, texts: &[String]) -> Result<Vec<usize>, BenchError> {
         let counts = match self.codec.prompt_tokens(texts)? {
             Some(c) => c,
-            None => self.text_tokens(texts)?.into_iter().map(|n| n + self.special_tokens()).collect(),
+            None => self
+                .text_tokens(texts)?
+                .into_iter()
+                .map(|n| n + self.special_tokens())
+                .collect(),
         };
         self.done.fetch_add(texts.len(), Ordering::Relaxed);
         Ok(counts)
@@ -244,7 +248,11 @@ impl TextTokenizer {
                 "{what}: no token decodes to plain text"
             )));
         }
-        let len = |special| inner.encode("the", special).map_or(0, |e| e.get_ids().len());
+        let len = |special| {
+            inner
+                .encode("the", special)
+                .map_or(0, |e| e.get_ids().len())
+        };
         let special = len(true).saturating_sub(len(false));
         Ok(TextTokenizer {
             inner,

@@ -383,7 +383,10 @@ async fn server_tokenizer_gives_exact_counts() {
     // an encode each and one count per output; here the prefix's last word and
     // the body's first merge, so most prompts take a second round.
     let calls = mock.tokenizer_calls();
-    assert!((3 + 8 * 2 + 8..=3 + 8 * 10).contains(&calls), "{calls} calls");
+    assert!(
+        (3 + 8 * 2 + 8..=3 + 8 * 10).contains(&calls),
+        "{calls} calls"
+    );
 }
 
 /// The server's usage is preferred to the dataset's count: a custom dataset

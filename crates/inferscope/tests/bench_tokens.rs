@@ -35,7 +35,14 @@ impl Drop for Server {
 /// it and its address (from the start-up log line).
 fn start_server(args: &[&str]) -> (Server, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args(["serve", "--host", "127.0.0.1", "--port", "0", "--disable-log-stats"])
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--disable-log-stats",
+        ])
         .args(args)
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
@@ -147,7 +154,10 @@ fn server_client(report: &str, label: &str) -> (u64, u64) {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("inferscope-bench-tokens-{}-{name}", std::process::id()));
+    let d = std::env::temp_dir().join(format!(
+        "inferscope-bench-tokens-{}-{name}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&d).expect("tmp dir");
     d
 }
