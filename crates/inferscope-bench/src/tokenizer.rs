@@ -35,6 +35,9 @@ pub trait Codec: Send + Sync {
 /// Attempts to reach the exact length before settling for the closest found.
 const FIT_ROUNDS: usize = 8;
 
+/// Prompts fitted together, round by round.
+const FIT_GROUP: usize = 128;
+
 /// A [`PromptSource`] with exact counts and fitted random prompts from a codec.
 pub struct ExactSource {
     codec: Arc<dyn Codec>,
@@ -198,7 +201,12 @@ impl PromptSource for ExactSource {
         asks: &[(String, usize)],
         rng: &mut Rng,
     ) -> Result<Vec<(String, usize)>, BenchError> {
-        let fitted = self.fit(asks, rng)?;
+        // In groups, so progress shows group by group; a group is still
+        // wide enough to keep every concurrent call of a server codec busy.
+        let mut fitted = Vec::with_capacity(asks.len());
+        for group in asks.chunks(FIT_GROUP) {
+            fitted.extend(self.fit(group, rng)?);
+        }
         let special = self.special_tokens();
         let texts: Vec<String> = fitted.iter().map(|(t, _)| t.clone()).collect();
         // A chat template changes the count: ask the codec for the real one.
