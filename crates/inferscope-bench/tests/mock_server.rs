@@ -287,6 +287,27 @@ async fn tokenizer_counts_prompts_and_outputs() {
         Some(5.0 * 34.0),
         "server counts words = tokens"
     );
+    assert_eq!(out.result["input_tokens_counted_by"], "tokenizer");
+    // Chat: the local tokenizer does not know the server's template, so its
+    // prompt counts are labelled estimates (outputs are still counted exactly).
+    let chat = args(
+        &mock.base_url(),
+        &[
+            "--backend",
+            "openai-chat",
+            "--tokenizer",
+            path.to_str().expect("utf-8 path"),
+            "--num-prompts",
+            "2",
+            "--random-input-len",
+            "6",
+            "--random-output-len",
+            "3",
+        ],
+    );
+    let out = run_serve(&chat).await.expect("run succeeds");
+    assert_eq!(out.result["input_tokens_counted_by"], "estimate");
+    assert_eq!(out.result["output_tokens_counted_by"], "tokenizer");
 }
 
 /// A server that accepts only UUIDs as `x-request-id` (llama.cpp's): the
@@ -387,6 +408,33 @@ async fn server_tokenizer_gives_exact_counts() {
         (3 + 8 * 2 + 8..=3 + 8 * 10).contains(&calls),
         "{calls} calls"
     );
+
+    // ShareGPT through the server's tokenizer: prompts counted with the BOS,
+    // output lengths are the replies' word counts.
+    let sg = std::env::temp_dir().join(format!("isb-sg-tok-{}.json", std::process::id()));
+    std::fs::write(
+        &sg,
+        r#"[{"conversations":[{"value":"one two three four five"},{"value":"a b c d e f"}]},
+            {"conversations":[{"value":"six seven eight nine"},{"value":"g h i j"}]}]"#,
+    )
+    .expect("write");
+    let calls_before = mock.tokenizer_calls();
+    let sg_args = args(
+        &mock.base_url(),
+        &[
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            sg.to_str().expect("utf-8 path"),
+            "--num-prompts",
+            "4",
+        ],
+    );
+    let sg_out = run_serve(&sg_args).await.expect("run succeeds");
+    assert_eq!(sg_out.metrics.total_input, 2 * (6 + 5), "words + BOS");
+    assert_eq!(sg_out.metrics.total_output, 2 * (6 + 4), "reply lengths");
+    // Probe 3, two prompts and two replies counted once each, 4 outputs.
+    assert_eq!(mock.tokenizer_calls() - calls_before, 3 + 2 + 2 + 4);
 }
 
 /// The server's usage is preferred to the dataset's count: a custom dataset
