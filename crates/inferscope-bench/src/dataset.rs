@@ -584,6 +584,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_total_is_as_good_as_its_weakest_count() {
+        use CountedBy::*;
+        assert_eq!(Usage.and(Usage), Usage);
+        assert_eq!(Usage.and(ServerTokenizer), ServerTokenizer);
+        assert_eq!(Tokenizer.and(Usage), Tokenizer);
+        assert_eq!(ServerTokenizer.and(Estimate), Estimate);
+        assert_eq!(Estimate.and(Usage), Estimate);
+        assert!(Usage.is_exact() && Tokenizer.is_exact() && !Estimate.is_exact());
+    }
+
+    #[test]
     fn random_lengths_within_range_and_prefix_shared() {
         let mut rng = Rng::new(3);
         let spec = DatasetSpec::Random {
