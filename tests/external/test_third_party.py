@@ -8,6 +8,7 @@ prompt can be compared.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -42,6 +43,13 @@ def test_bench_with_default_flags_completes_against_llama_cpp(llama_cpp_server, 
     assert result["total_input_tokens"] > 0 and result["total_output_tokens"] > 0
     assert result["mean_ttft_ms"] > 0, result
     assert "Successful requests:" in report
+    # llama.cpp's server has no /tokenize route: a count it does not give in
+    # `usage` is an estimate, and the report must say so.
+    for side in ("input", "output"):
+        counted_by = result[f"{side}_tokens_counted_by"]
+        assert counted_by in ("usage", "estimate"), (side, counted_by)
+        labelled = re.search(rf"^{side.capitalize()} tokens:\s+estimated", report, re.M) is not None
+        assert labelled == (counted_by == "estimate"), (side, counted_by, report)
 
 
 def test_llama_cpp_and_inferscope_agree_on_the_same_gguf(llama_cpp_server, tiny_gguf, workdir):
