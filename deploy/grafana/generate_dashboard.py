@@ -2,9 +2,12 @@
 """Writes inferscope-dashboard.json (Grafana, importable) next to this file.
 
 Run: python3 deploy/grafana/generate_dashboard.py
-Every query names metrics as `${namespace}:...`, so the same dashboard serves
-`--metrics-namespace inferscope` (default) and `vllm`. HTTP metrics carry no
-namespace. The metric names are checked against the schema by
+Every query names metrics as `${prefix}...`, where the `prefix` variable is
+`inferscope_` (the default `--metrics-namespace inferscope`) or `vllm:`
+(`--metrics-namespace vllm`), so the same dashboard serves both. The one name
+that differs beyond the prefix (`inferscope_iteration_tokens`, vLLM's
+`vllm:iteration_tokens_total`) is matched by both spellings. HTTP metrics carry
+no namespace. The metric names are checked against the schema by
 crates/inferscope-metrics/tests/deploy_names.rs.
 """
 
@@ -59,21 +62,26 @@ def row(title, y):
 
 def quantiles(metric, what):
     """p50/p90/p99 over all selected engines, plus p99 per engine."""
-    b = f"${{namespace}}:{metric}_bucket{{{SEL}}}"
+    b = f"${{prefix}}{metric}_bucket{{{SEL}}}"
     out = [
         (f"histogram_quantile({q}, sum by (le) (rate({b}[{RI}])))", f"p{int(q * 100)} all engines")
         for q in (0.5, 0.9, 0.99)
     ]
     out.append((f"histogram_quantile(0.99, sum by (le, engine) (rate({b}[{RI}])))",
                 "p99 engine {{engine}}"))
-    s = f"${{namespace}}:{metric}_sum{{{SEL}}}"
-    c = f"${{namespace}}:{metric}_count{{{SEL}}}"
+    s = f"${{prefix}}{metric}_sum{{{SEL}}}"
+    c = f"${{prefix}}{metric}_count{{{SEL}}}"
     out.append((f"sum(rate({s}[{RI}])) / sum(rate({c}[{RI}]))", "mean all engines"))
     return out
 
 
 def ns(metric):
-    return f"${{namespace}}:{metric}{{{SEL}}}"
+    return f"${{prefix}}{metric}{{{SEL}}}"
+
+
+def either(native, vllm, suffix):
+    """A metric named `native` natively and `vllm` by vLLM: match both spellings."""
+    return f'{{__name__=~"${{prefix}}{native}{suffix}|${{prefix}}{vllm}{suffix}", {SEL}}}'
 
 
 def build():
@@ -94,7 +102,7 @@ def build():
         "HTTP metrics carry no namespace and are per server, not per model.",
         [('sum by (status, handler) (rate(http_requests_total{handler=~"/v1/.*"}[' + RI + ']))',
           "{{status}} {{handler}}"),
-         (f'sum by (reason) (rate(${{namespace}}:admission_rejections_total{{model_name=~"$model_name"}}[{RI}]))',
+         (f'sum by (reason) (rate(${{prefix}}admission_rejections_total{{model_name=~"$model_name"}}[{RI}]))',
           "refused at admission: {{reason}}")],
         "reqps", 12, y)); y += 8
     panels.append(panel(
@@ -164,8 +172,9 @@ def build():
         "Mean sequences per engine step and mean tokens per step, per engine.",
         [(f"sum by (engine) (rate({ns('batch_size_sum')}[{RI}])) / sum by (engine) (rate({ns('batch_size_count')}[{RI}]))",
           "sequences/step, engine {{engine}}"),
-         (f"sum by (engine) (rate({ns('iteration_tokens_total_sum')}[{RI}])) / "
-          f"sum by (engine) (rate({ns('iteration_tokens_total_count')}[{RI}]))", "tokens/step, engine {{engine}}")],
+         (f"sum by (engine) (rate({either('iteration_tokens', 'iteration_tokens_total', '_sum')}[{RI}])) / "
+          f"sum by (engine) (rate({either('iteration_tokens', 'iteration_tokens_total', '_count')}[{RI}]))",
+          "tokens/step, engine {{engine}}")],
         "short", 12, y)); y += 8
 
     panels.append(row("Device and host", y)); y += 1
@@ -201,22 +210,25 @@ def build():
     templating = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "refresh": 1, "options": []},
-        {"name": "namespace", "label": "Metric namespace", "type": "custom",
-         "query": "inferscope,vllm",
-         "current": {"text": "inferscope", "value": "inferscope", "selected": True},
-         "options": [{"text": "inferscope", "value": "inferscope", "selected": True},
-                     {"text": "vllm", "value": "vllm", "selected": False}],
+        # Text : value pairs (Grafana's custom-variable syntax): the value is the
+        # prefix the names carry, separator included.
+        {"name": "prefix", "label": "Metric namespace", "type": "custom",
+         "query": "inferscope : inferscope_,vllm : vllm:",
+         "current": {"text": "inferscope", "value": "inferscope_", "selected": True},
+         "options": [{"text": "inferscope", "value": "inferscope_", "selected": True},
+                     {"text": "vllm", "value": "vllm:", "selected": False}],
          "hide": 0, "multi": False, "includeAll": False,
-         "description": "--metrics-namespace of the servers (inferscope by default, vllm in compatibility mode)"},
+         "description": "--metrics-namespace of the servers: inferscope (names inferscope_*) by default, "
+                        "vllm (names vllm:*) in compatibility mode"},
         {"name": "model_name", "label": "Model", "type": "query", "datasource": DS,
-         "query": {"query": "label_values(${namespace}:num_requests_running, model_name)", "refId": "model"},
-         "definition": "label_values(${namespace}:num_requests_running, model_name)",
+         "query": {"query": "label_values(${prefix}num_requests_running, model_name)", "refId": "model"},
+         "definition": "label_values(${prefix}num_requests_running, model_name)",
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "options": [],
          "hide": 0, "sort": 1},
         {"name": "engine", "label": "Engine", "type": "query", "datasource": DS,
-         "query": {"query": 'label_values(${namespace}:num_requests_running{model_name=~"$model_name"}, engine)',
+         "query": {"query": 'label_values(${prefix}num_requests_running{model_name=~"$model_name"}, engine)',
                    "refId": "engine"},
-         "definition": 'label_values(${namespace}:num_requests_running{model_name=~"$model_name"}, engine)',
+         "definition": 'label_values(${prefix}num_requests_running{model_name=~"$model_name"}, engine)',
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "options": [],
          "hide": 0, "sort": 3},
     ]

@@ -1,5 +1,5 @@
 """Scenarios seen through a real Prometheus: `--metrics-namespace vllm` (the
-shipped dashboard, with its `namespace` variable set to `vllm`, works
+shipped dashboard, with its `prefix` variable set to `vllm:`, works
 unchanged, and the series routers read are there under vLLM's names); client
 aborts and invalid requests."""
 
@@ -34,11 +34,11 @@ def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
         assert sorted(s["metric"]["engine"] for s in res) == ["0", "1"], (name, res)
     cfg = prom.query("vllm:cache_config_info", t)[0]["metric"]
     assert int(cfg["block_size"]) > 0 and int(cfg["num_gpu_blocks"]) > 0
-    assert prom.query('{__name__=~"inferscope:.+"}', t) == []
+    assert prom.query('{__name__=~"inferscope[_:].+"}', t) == []
     assert prom.scalar('sum(vllm:request_success_total{finished_reason="length"})', t) == 40
 
     dash = json.loads((REPO / "deploy/grafana/inferscope-dashboard.json").read_text())
-    subst = {"${namespace}": "vllm", "$model_name": MODEL, "$engine": "0|1", "$__rate_interval": "1m"}
+    subst = {"${prefix}": "vllm:", "$model_name": MODEL, "$engine": "0|1", "$__rate_interval": "1m"}
     empty = []
     for p in dash["panels"]:
         for target in p.get("targets", []):
@@ -51,7 +51,7 @@ def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
     # The variables' own queries resolve too.
     for v in dash["templating"]["list"]:
         if v["type"] == "query":
-            q = v["query"]["query"].replace("${namespace}", "vllm").replace("$model_name", MODEL)
+            q = v["query"]["query"].replace("${prefix}", "vllm:").replace("$model_name", MODEL)
             metric = q[len("label_values("):q.rindex(",")]
             label = q[q.rindex(",") + 1:-1].strip()
             values = {s["metric"].get(label) for s in prom.query(metric, t)}
@@ -80,15 +80,15 @@ def test_aborts_and_errors_as_prometheus_sees_them(make_server, make_prometheus)
     deadline = time.time() + 20
     while True:
         t = prom.wait_scrape_after(time.time())
-        aborted = prom.scalar('sum(inferscope:request_success_total{finished_reason="abort"})', t)
+        aborted = prom.scalar('sum(inferscope_request_success_total{finished_reason="abort"})', t)
         if aborted >= 1 or time.time() > deadline:
             break
     print(f"\nabort test: request_success{{abort}}={aborted}")
     assert aborted == 1
-    assert prom.scalar('sum(inferscope:request_success_total{finished_reason!="abort"})', t) == 0
-    assert prom.scalar("sum(inferscope:num_requests_running) + sum(inferscope:num_requests_waiting)", t) == 0
-    assert prom.scalar("max(inferscope:kv_cache_usage_perc)", t) == 0
+    assert prom.scalar('sum(inferscope_request_success_total{finished_reason!="abort"})', t) == 0
+    assert prom.scalar("sum(inferscope_num_requests_running) + sum(inferscope_num_requests_waiting)", t) == 0
+    assert prom.scalar("max(inferscope_kv_cache_usage_perc)", t) == 0
     assert prom.scalar('sum(http_requests_total{handler="/v1/completions",status="4xx"})', t) == 3
     assert prom.scalar('sum(http_requests_total{handler="/v1/completions",status="2xx"})', t) == 1
     # The aborted request produced some tokens, far fewer than asked.
-    assert 1 <= prom.scalar("sum(inferscope:generation_tokens_total)", t) < 500
+    assert 1 <= prom.scalar("sum(inferscope_generation_tokens_total)", t) < 500

@@ -12,6 +12,7 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use inferscope_schema::names;
+use inferscope_schema::schema::name_prefix;
 use serde_json::{Value, json};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,7 +40,8 @@ pub struct MockConfig {
     pub drop_every: Option<u64>,
     /// Model id listed by `/v1/models`.
     pub model: String,
-    /// Metric namespace for `/metrics` (`inferscope`, `vllm`); None → 404.
+    /// Metric namespace for `/metrics` (`inferscope`, `vllm`, or `inferscope:`
+    /// for the older spelling); None → 404.
     pub metrics_namespace: Option<String>,
     /// Text of each streamed chunk (one chunk per requested token).
     pub chunk_text: String,
@@ -441,6 +443,8 @@ fn exposition(st: &State, ns: &str) -> String {
     let running = c.running.load(Ordering::Relaxed);
     let ttft = st.cfg.ttft.as_secs_f64();
     let up = st.started.elapsed().as_secs_f64();
+    // The names as the schema spells them under `ns` (`inferscope_x`, `vllm:x`).
+    let p = name_prefix(ns);
     let mut s = String::new();
     let (rs, busy, ttft_name) = (
         names::REQUEST_SUCCESS,
@@ -450,23 +454,25 @@ fn exposition(st: &State, ns: &str) -> String {
     let l0 = "engine=\"0\",model_name=\"mock-model\"";
     let l1 = "engine=\"1\",model_name=\"mock-model\"";
     s.push_str(&format!(
-        "# HELP {ns}:{rs} Finished requests.\n# TYPE {ns}:{rs} counter\n"
+        "# HELP {p}{rs} Finished requests.\n# TYPE {p}{rs} counter\n"
     ));
     s.push_str(&format!(
-        "{ns}:{rs}_total{{finished_reason=\"length\",{l0}}} {success}\n"
+        "{p}{rs}_total{{finished_reason=\"length\",{l0}}} {success}\n"
     ));
     s.push_str(&format!(
-        "{ns}:{rs}_total{{finished_reason=\"stop\",{l1}}} 0\n"
+        "{p}{rs}_total{{finished_reason=\"stop\",{l1}}} 0\n"
     ));
     for (name, v) in [
         (names::GENERATION_TOKENS, gen_tokens),
         (names::PROMPT_TOKENS, prompt),
         (names::NUM_PREEMPTIONS, 0),
     ] {
-        s.push_str(&format!("# TYPE {ns}:{name} counter\n{ns}:{name}_total{{{l0}}} {v}\n{ns}:{name}_total{{{l1}}} 0\n"));
+        s.push_str(&format!(
+            "# TYPE {p}{name} counter\n{p}{name}_total{{{l0}}} {v}\n{p}{name}_total{{{l1}}} 0\n"
+        ));
     }
     s.push_str(&format!(
-        "# TYPE {ns}:{busy} counter\n{ns}:{busy}_total{{{l0}}} {}\n{ns}:{busy}_total{{{l1}}} 0\n",
+        "# TYPE {p}{busy} counter\n{p}{busy}_total{{{l0}}} {}\n{p}{busy}_total{{{l1}}} 0\n",
         up * 0.5
     ));
     for (name, v) in [
@@ -478,23 +484,21 @@ fn exposition(st: &State, ns: &str) -> String {
         ),
     ] {
         s.push_str(&format!(
-            "# TYPE {ns}:{name} gauge\n{ns}:{name}{{{l0}}} {v}\n{ns}:{name}{{{l1}}} 0\n"
+            "# TYPE {p}{name} gauge\n{p}{name}{{{l0}}} {v}\n{p}{name}{{{l1}}} 0\n"
         ));
     }
-    s.push_str(&format!("# TYPE {ns}:{ttft_name} histogram\n"));
+    s.push_str(&format!("# TYPE {p}{ttft_name} histogram\n"));
     for le in [0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25] {
         let v = if ttft <= le { success } else { 0 };
-        s.push_str(&format!(
-            "{ns}:{ttft_name}_bucket{{{l0},le=\"{le}\"}} {v}\n"
-        ));
+        s.push_str(&format!("{p}{ttft_name}_bucket{{{l0},le=\"{le}\"}} {v}\n"));
     }
     s.push_str(&format!(
-        "{ns}:{ttft_name}_bucket{{{l0},le=\"+Inf\"}} {success}\n"
+        "{p}{ttft_name}_bucket{{{l0},le=\"+Inf\"}} {success}\n"
     ));
     s.push_str(&format!(
-        "{ns}:{ttft_name}_sum{{{l0}}} {}\n",
+        "{p}{ttft_name}_sum{{{l0}}} {}\n",
         ttft * success as f64
     ));
-    s.push_str(&format!("{ns}:{ttft_name}_count{{{l0}}} {success}\n"));
+    s.push_str(&format!("{p}{ttft_name}_count{{{l0}}} {success}\n"));
     s
 }

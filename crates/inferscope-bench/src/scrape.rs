@@ -1,8 +1,9 @@
 //! `--scrape-metrics`: the server's own view of the run, from `/metrics`
 //! scraped before and after (counter and histogram deltas) and sampled during
-//! it (gauge peaks). Works with the `inferscope:` and `vllm:` namespaces and
-//! sums over all label sets (several engines). The parsing, deltas and
-//! quantiles are the schema crate's ([`inferscope_schema::scrape`]).
+//! it (gauge peaks). Works with the `inferscope_` and `vllm:` namespaces (and
+//! the older `inferscope:` spelling) and sums over all label sets (several
+//! engines). The parsing, deltas and quantiles are the schema crate's
+//! ([`inferscope_schema::scrape`]).
 
 use crate::client::get_text;
 use crate::report::{header, line};
@@ -31,7 +32,8 @@ impl Snapshot {
         }
     }
 
-    /// The namespace present (`inferscope` or `vllm`), preferring the one with more series.
+    /// The namespace present (`inferscope`, `inferscope:` for the older
+    /// spelling, or `vllm`), preferring the one with more series.
     pub fn namespace(&self) -> Option<&'static str> {
         self.scrape.detect_namespace()
     }
@@ -408,32 +410,33 @@ mod tests {
 
     fn hist(ns: &str, scale: f64) -> String {
         // Two engines; cumulative buckets 0.1 → 1·scale, 0.2 → 2·scale, +Inf → 2.5·scale.
+        let p = inferscope_schema::schema::name_prefix(ns);
         let mut t = String::new();
         for e in ["0", "1"] {
             for (le, c) in [("0.1", 1.0), ("0.2", 2.0), ("+Inf", 2.5)] {
                 t.push_str(&format!(
-                    "{ns}:time_to_first_token_seconds_bucket{{engine=\"{e}\",le=\"{le}\"}} {}\n",
+                    "{p}time_to_first_token_seconds_bucket{{engine=\"{e}\",le=\"{le}\"}} {}\n",
                     c * scale
                 ));
             }
             t.push_str(&format!(
-                "{ns}:time_to_first_token_seconds_sum{{engine=\"{e}\"}} {}\n",
+                "{p}time_to_first_token_seconds_sum{{engine=\"{e}\"}} {}\n",
                 0.5 * scale
             ));
             t.push_str(&format!(
-                "{ns}:time_to_first_token_seconds_count{{engine=\"{e}\"}} {}\n",
+                "{p}time_to_first_token_seconds_count{{engine=\"{e}\"}} {}\n",
                 2.5 * scale
             ));
             t.push_str(&format!(
-                "{ns}:request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n",
+                "{p}request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n",
                 10.0 * scale
             ));
             t.push_str(&format!(
-                "{ns}:generation_tokens_total{{engine=\"{e}\"}} {}\n",
+                "{p}generation_tokens_total{{engine=\"{e}\"}} {}\n",
                 100.0 * scale
             ));
             t.push_str(&format!(
-                "{ns}:kv_cache_usage_perc{{engine=\"{e}\"}} {}\n",
+                "{p}kv_cache_usage_perc{{engine=\"{e}\"}} {}\n",
                 if e == "0" { 0.3 } else { 0.6 }
             ));
         }

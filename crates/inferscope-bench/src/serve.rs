@@ -357,7 +357,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     scrape_state = Some((before, ns, sampler));
                 }
                 None => println!(
-                    "--scrape-metrics: {metrics_url} has no inferscope: or vllm: metrics; skipping the server-side view"
+                    "--scrape-metrics: {metrics_url} has no inferscope_, inferscope: or vllm: metrics; skipping the server-side view"
                 ),
             },
             Err(e) => println!(

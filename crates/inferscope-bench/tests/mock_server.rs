@@ -108,7 +108,8 @@ async fn dead_server_does_not_hang() {
 /// Server-side view: counter deltas agree with the client's counts; the JSON is saved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scrape_metrics_and_save_result() {
-    for ns in ["vllm", "inferscope"] {
+    // `inferscope:` is how servers before the lint-clean names spelled the default.
+    for ns in ["vllm", "inferscope", "inferscope:"] {
         let mock = MockServer::start(MockConfig {
             ttft: Duration::from_millis(20),
             metrics_namespace: Some(ns.to_string()),

@@ -40,7 +40,8 @@ pub struct DoctorArgs {
     #[arg(long, default_value = "")]
     pub selector: String,
 
-    /// Metric namespace (`inferscope`, `vllm`); detected from the metrics when absent.
+    /// Metric namespace (`inferscope`, `vllm`, or `inferscope:` for servers
+    /// that spelled names `inferscope:x`); detected from the metrics when absent.
     #[arg(long)]
     pub metrics_namespace: Option<String>,
 
@@ -153,7 +154,7 @@ pub async fn run_doctor(args: DoctorArgs) -> anyhow::Result<i32> {
             (url, w)
         }
     };
-    let prefix = format!("{}:", window.namespace);
+    let prefix = inferscope_schema::schema::name_prefix(&window.namespace);
     let found = window
         .scrapes
         .last()

@@ -538,7 +538,7 @@ impl Window {
             queue: self.hist_dist(names::REQUEST_QUEUE_TIME_SECONDS, &[]),
             prefill: self.hist_dist(names::REQUEST_PREFILL_TIME_SECONDS, &[]),
             prompt_len: self.hist_dist(names::REQUEST_PROMPT_TOKENS, &[]),
-            iteration_tokens: self.hist_dist(names::ITERATION_TOKENS_TOTAL, &[]),
+            iteration_tokens: self.hist_dist(names::ITERATION_TOKENS, &[]),
             device_utilisation,
             idle_fraction,
             phases,
@@ -567,21 +567,21 @@ mod tests {
 
     fn text(k: f64, waiting: f64) -> String {
         format!(
-            "inferscope:num_requests_running{{engine=\"0\"}} 2\n\
-             inferscope:num_requests_running{{engine=\"1\"}} 1\n\
-             inferscope:num_requests_waiting{{engine=\"0\"}} {waiting}\n\
-             inferscope:num_requests_waiting{{engine=\"1\"}} 0\n\
-             inferscope:kv_cache_usage_perc{{engine=\"0\"}} 0.5\n\
-             inferscope:kv_cache_usage_perc{{engine=\"1\"}} 0.25\n\
-             inferscope:generation_tokens_total{{engine=\"0\"}} {}\n\
-             inferscope:generation_tokens_total{{engine=\"1\"}} {}\n\
-             inferscope:request_success_total{{engine=\"0\",finished_reason=\"length\"}} {}\n\
-             inferscope:device_busy_seconds_total{{engine=\"0\"}} {}\n\
-             inferscope:device_busy_seconds_total{{engine=\"1\"}} 0\n\
-             inferscope:e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"1\"}} {}\n\
-             inferscope:e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {}\n\
-             inferscope:e2e_request_latency_seconds_sum{{engine=\"0\"}} {}\n\
-             inferscope:e2e_request_latency_seconds_count{{engine=\"0\"}} {}\n",
+            "inferscope_num_requests_running{{engine=\"0\"}} 2\n\
+             inferscope_num_requests_running{{engine=\"1\"}} 1\n\
+             inferscope_num_requests_waiting{{engine=\"0\"}} {waiting}\n\
+             inferscope_num_requests_waiting{{engine=\"1\"}} 0\n\
+             inferscope_kv_cache_usage_perc{{engine=\"0\"}} 0.5\n\
+             inferscope_kv_cache_usage_perc{{engine=\"1\"}} 0.25\n\
+             inferscope_generation_tokens_total{{engine=\"0\"}} {}\n\
+             inferscope_generation_tokens_total{{engine=\"1\"}} {}\n\
+             inferscope_request_success_total{{engine=\"0\",finished_reason=\"length\"}} {}\n\
+             inferscope_device_busy_seconds_total{{engine=\"0\"}} {}\n\
+             inferscope_device_busy_seconds_total{{engine=\"1\"}} 0\n\
+             inferscope_e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"1\"}} {}\n\
+             inferscope_e2e_request_latency_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {}\n\
+             inferscope_e2e_request_latency_seconds_sum{{engine=\"0\"}} {}\n\
+             inferscope_e2e_request_latency_seconds_count{{engine=\"0\"}} {}\n",
             100.0 * k,
             10.0 * k,
             5.0 * k,
@@ -591,6 +591,48 @@ mod tests {
             2.0 * k,
             5.0 * k
         )
+    }
+
+    /// `text` plus a tokens-per-step histogram, spelled as `namespace` spells
+    /// names (the helper's text is in the default spelling).
+    fn spelled(namespace: &str, k: f64) -> String {
+        let base = format!(
+            "{}inferscope_iteration_tokens_bucket{{engine=\"0\",le=\"+Inf\"}} {}\n\
+             inferscope_iteration_tokens_sum{{engine=\"0\"}} {}\n\
+             inferscope_iteration_tokens_count{{engine=\"0\"}} {}\n",
+            text(k, 1.0),
+            10.0 * k,
+            80.0 * k,
+            10.0 * k
+        );
+        let iteration = schema::namespaced_name(namespace, names::ITERATION_TOKENS);
+        base.replace("inferscope_iteration_tokens", &iteration)
+            .replace("inferscope_", &schema::name_prefix(namespace))
+    }
+
+    #[test]
+    fn every_spelling_of_the_names_reads_the_same() {
+        // Today's names, older inferscope servers' and vLLM's.
+        for ns in ["inferscope", "inferscope:", "vllm"] {
+            let first = spelled(ns, 1.0);
+            assert!(first.starts_with(&schema::name_prefix(ns)), "{first}");
+            let w = Window::new(
+                vec![
+                    (0.0, Scrape::parse(&first)),
+                    (2.0, Scrape::parse(&spelled(ns, 2.0))),
+                ],
+                None,
+            );
+            let s = w.summary();
+            assert_eq!(s.namespace, ns);
+            assert_eq!(s.engines.len(), 2, "{ns}");
+            assert_eq!(s.generation_tokens_per_s, Some(55.0), "{ns}");
+            assert_eq!(s.e2e.as_ref().map(|d| d.count), Some(5.0), "{ns}");
+            // 10 steps of 8 tokens: read as `inferscope_iteration_tokens`
+            // natively, `…:iteration_tokens_total` in vLLM's spelling.
+            let it = s.iteration_tokens.expect("iteration tokens");
+            assert_eq!((it.count, it.mean), (10.0, 8.0), "{ns}");
+        }
     }
 
     #[test]
@@ -623,8 +665,8 @@ mod tests {
         assert_eq!(
             s.missing,
             vec![
-                "inferscope:engine_step_duration_seconds",
-                "inferscope:engine_idle_seconds"
+                "inferscope_engine_step_duration_seconds",
+                "inferscope_engine_idle_seconds"
             ]
         );
         // A restart between scrapes: counters go down, the after value is the delta.
@@ -644,9 +686,9 @@ mod tests {
     fn failure_trend_counts_errors_or_5xx_and_rejections_per_half() {
         let at = |errors: f64, http_5xx: f64, rejected: f64| {
             Scrape::parse(&format!(
-                "inferscope:request_success_total{{engine=\"0\",finished_reason=\"error\"}} {errors}\n\
+                "inferscope_request_success_total{{engine=\"0\",finished_reason=\"error\"}} {errors}\n\
                  http_requests_total{{handler=\"/v1/completions\",method=\"POST\",status=\"5xx\"}} {http_5xx}\n\
-                 inferscope:admission_rejections_total{{reason=\"queue_full\"}} {rejected}\n"
+                 inferscope_admission_rejections_total{{reason=\"queue_full\"}} {rejected}\n"
             ))
         };
         let w = Window::new(

@@ -41,7 +41,8 @@ pub struct TopArgs {
     #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
     pub window: Duration,
 
-    /// Metric namespace (`inferscope`, `vllm`); detected from the metrics when absent.
+    /// Metric namespace (`inferscope`, `vllm`, or `inferscope:` for servers
+    /// that spelled names `inferscope:x`); detected from the metrics when absent.
     #[arg(long)]
     pub metrics_namespace: Option<String>,
 }

@@ -459,5 +459,5 @@ async fn a_wrong_namespace_is_an_error() {
     let r = inferscope_doctor::run_doctor(args).await;
     srv.shutdown(Duration::from_secs(5)).await;
     let e = r.expect_err("no sglang: metrics");
-    assert!(format!("{e:#}").contains("no `sglang:` metrics"), "{e:#}");
+    assert!(format!("{e:#}").contains("no `sglang_` metrics"), "{e:#}");
 }

@@ -23,16 +23,16 @@ fn hist(out: &mut String, name: &str, les: &[&str], engine: &str, k: u64) {
     }
     for (le, c) in les.iter().zip(&counts) {
         out.push_str(&format!(
-            "inferscope:{name}_bucket{{engine=\"{engine}\",le=\"{le}\"}} {c}\n"
+            "inferscope_{name}_bucket{{engine=\"{engine}\",le=\"{le}\"}} {c}\n"
         ));
     }
     let n = counts.last().copied().unwrap_or(0);
     out.push_str(&format!(
-        "inferscope:{name}_sum{{engine=\"{engine}\"}} {}\n",
+        "inferscope_{name}_sum{{engine=\"{engine}\"}} {}\n",
         n as f64 * 0.01
     ));
     out.push_str(&format!(
-        "inferscope:{name}_count{{engine=\"{engine}\"}} {n}\n"
+        "inferscope_{name}_count{{engine=\"{engine}\"}} {n}\n"
     ));
 }
 
@@ -42,15 +42,15 @@ fn scrape(k: u64) -> Scrape {
     for (i, e) in ENGINES.iter().enumerate() {
         let waiting = (k * 3 + i as u64 * 5) % 11;
         t.push_str(&format!(
-            "inferscope:num_requests_running{{engine=\"{e}\"}} 4\n\
-             inferscope:num_requests_waiting{{engine=\"{e}\"}} {waiting}\n\
-             inferscope:kv_cache_usage_perc{{engine=\"{e}\"}} 0.5\n\
-             inferscope:prompt_tokens_total{{engine=\"{e}\"}} {}\n\
-             inferscope:generation_tokens_total{{engine=\"{e}\"}} {}\n\
-             inferscope:request_success_total{{engine=\"{e}\",finished_reason=\"stop\"}} {}\n\
-             inferscope:request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n\
-             inferscope:request_success_total{{engine=\"{e}\",finished_reason=\"abort\"}} {}\n\
-             inferscope:request_success_total{{engine=\"{e}\",finished_reason=\"error\"}} 0\n",
+            "inferscope_num_requests_running{{engine=\"{e}\"}} 4\n\
+             inferscope_num_requests_waiting{{engine=\"{e}\"}} {waiting}\n\
+             inferscope_kv_cache_usage_perc{{engine=\"{e}\"}} 0.5\n\
+             inferscope_prompt_tokens_total{{engine=\"{e}\"}} {}\n\
+             inferscope_generation_tokens_total{{engine=\"{e}\"}} {}\n\
+             inferscope_request_success_total{{engine=\"{e}\",finished_reason=\"stop\"}} {}\n\
+             inferscope_request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n\
+             inferscope_request_success_total{{engine=\"{e}\",finished_reason=\"abort\"}} {}\n\
+             inferscope_request_success_total{{engine=\"{e}\",finished_reason=\"error\"}} 0\n",
             1000 * k,
             300 * k,
             2 * k,

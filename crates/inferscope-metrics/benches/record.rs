@@ -1,11 +1,14 @@
 //! Cost of the recording hot paths: the per-token path (one ITL sample
-//! through a resolved engine handle), one `record_step`, and a scrape.
+//! through a resolved engine handle), one `record_step`, and a scrape; and
+//! what the native namespace's finer request latency buckets cost a scrape
+//! against vLLM's (body size printed, render time measured), 1 and 64 engines.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
+use inferscope_schema::schema::{BucketGroup, REQUEST_LATENCY_BUCKETS};
 use inferscope_schema::{
     FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
     StatsRecorder,
@@ -111,11 +114,58 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// A native-namespace manager over `engines` engines with one finished
+/// request recorded per engine; `vllm_buckets` sets the request latency
+/// group to vLLM's edges (what the native namespace had before).
+fn bucket_manager(engines: usize, vllm_buckets: bool) -> StatLoggerManager {
+    let mut config = MetricsConfig {
+        model_name: "bench".into(),
+        engine_indices: (0..engines).collect(),
+        max_model_len: 8192,
+        ..Default::default()
+    };
+    if vllm_buckets {
+        config
+            .buckets
+            .set(
+                BucketGroup::RequestLatency,
+                REQUEST_LATENCY_BUCKETS.to_vec(),
+            )
+            .expect("valid buckets");
+    }
+    let m = StatLoggerManager::new(config).expect("valid config");
+    let sched = SchedulerStats::default();
+    let iter = IterationStats {
+        finished_requests: vec![finished()],
+        ..Default::default()
+    };
+    for e in 0..engines {
+        m.record_step(e, &sched, &iter);
+    }
+    m
+}
+
+fn buckets(c: &mut Criterion) {
+    let mut g = c.benchmark_group("latency_buckets");
+    for engines in [1, 64] {
+        for (label, vllm) in [("vllm_buckets", true), ("finer_buckets", false)] {
+            let m = bucket_manager(engines, vllm);
+            let size = m.render(Format::Prometheus).1.len();
+            // Criterion measures time only; the size goes to stderr, next to it.
+            eprintln!("latency_buckets/{engines}_engines/{label}: /metrics body {size} bytes");
+            g.bench_function(format!("{engines}_engines/{label}"), |b| {
+                b.iter(|| black_box(m.render(Format::Prometheus)))
+            });
+        }
+    }
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    targets = bench
+    targets = bench, buckets
 }
 criterion_main!(benches);

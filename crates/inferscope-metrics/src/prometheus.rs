@@ -272,7 +272,9 @@ impl Registrar<'_> {
     where
         L: Clone + std::hash::Hash + Eq + EncodeLabelSet + std::fmt::Debug + Send + Sync + 'static,
     {
-        let bounds = self.overrides.buckets_for(def, self.max_model_len);
+        let bounds = self
+            .overrides
+            .buckets_for(def, self.namespace, self.max_model_len);
         self.add(
             def,
             Family::new_with_constructor(HistogramBuilder::new(&bounds)),

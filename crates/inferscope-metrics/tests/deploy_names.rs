@@ -5,9 +5,10 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use inferscope_schema::schema::{MetricType, all_metrics};
+use inferscope_schema::schema::{MetricType, all_metrics, name_prefix};
 
 const NS: &str = "inferscope";
+const VLLM: &str = "vllm";
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -18,12 +19,12 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
-/// Every series name a query may use: the exposed family name, plus
-/// `_bucket`, `_sum` and `_count` for histograms.
-fn schema_series_names() -> BTreeSet<String> {
+/// Every series name a query may use under `ns`: the exposed family name,
+/// plus `_bucket`, `_sum` and `_count` for histograms.
+fn schema_series_names(ns: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     for def in all_metrics() {
-        let exposed = def.exposed_name(NS);
+        let exposed = def.exposed_name(ns);
         if def.metric_type == MetricType::Histogram {
             for suffix in ["_bucket", "_sum", "_count"] {
                 names.insert(format!("{exposed}{suffix}"));
@@ -35,15 +36,19 @@ fn schema_series_names() -> BTreeSet<String> {
     names
 }
 
-/// Identifiers in `text` (after substituting the Grafana namespace variable)
-/// that name one of our metrics: namespaced ones and the HTTP ones.
-fn metric_names_in(text: &str) -> BTreeSet<String> {
-    let text = text
-        .replace("${namespace}", NS)
-        .replace("$namespace", NS)
-        .replace("[[namespace]]", NS);
+/// The dashboard's `prefix` variable replaced by the names' prefix under `ns`.
+fn substitute(text: &str, ns: &str) -> String {
+    let prefix = name_prefix(ns);
+    text.replace("${prefix}", &prefix)
+        .replace("$prefix", &prefix)
+        .replace("[[prefix]]", &prefix)
+}
+
+/// Identifiers in `text` that name one of our metrics under `ns`: namespaced
+/// ones and the HTTP ones.
+fn metric_names_in(text: &str, ns: &str) -> BTreeSet<String> {
     let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
-    let ns_prefix = format!("{NS}:");
+    let ns_prefix = name_prefix(ns);
     let mut out = BTreeSet::new();
     let mut token = String::new();
     for c in text.chars().chain(std::iter::once(' ')) {
@@ -51,7 +56,7 @@ fn metric_names_in(text: &str) -> BTreeSet<String> {
             token.push(c);
             continue;
         }
-        // A bare `inferscope:` is prose (comments), not a metric name.
+        // A bare prefix is prose (comments), not a metric name.
         if (token.starts_with(&ns_prefix) && token.len() > ns_prefix.len())
             || token.starts_with("http_")
         {
@@ -62,14 +67,48 @@ fn metric_names_in(text: &str) -> BTreeSet<String> {
     out
 }
 
-fn assert_all_in_schema(file: &str, min_names: usize) -> BTreeSet<String> {
-    let schema = schema_series_names();
-    let used = metric_names_in(&read(file));
+/// The alternatives of every `__name__=~"a|b"` matcher in `text` (quotes
+/// JSON-escaped or not): one name per spelling, of which one must exist.
+fn name_alternations(text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("__name__=~") {
+        let rest = text[i + "__name__=~".len()..].trim_start_matches('\\');
+        let Some(rest) = rest.strip_prefix('"') else {
+            continue;
+        };
+        let end = rest.find('"').unwrap_or(rest.len());
+        let body = rest[..end].trim_end_matches('\\');
+        out.push(body.split('|').map(str::to_owned).collect());
+    }
+    out
+}
+
+/// Checks `text` under `ns`: every name is in the schema, except that of
+/// the alternatives of a `__name__` matcher one suffices. Returns the names
+/// that exist.
+fn check_names(file: &str, text: &str, ns: &str) -> BTreeSet<String> {
+    let text = substitute(text, ns);
+    let schema = schema_series_names(ns);
+    let mut used = metric_names_in(&text, ns);
+    for alternatives in name_alternations(&text) {
+        assert!(
+            alternatives.iter().any(|a| schema.contains(a)),
+            "{file} under {ns}: none of {alternatives:?} is in the schema"
+        );
+        for a in alternatives.iter().filter(|a| !schema.contains(*a)) {
+            used.remove(a);
+        }
+    }
     let unknown: Vec<_> = used.iter().filter(|n| !schema.contains(*n)).collect();
     assert!(
         unknown.is_empty(),
-        "{file} uses metric names that are not in the schema: {unknown:?}"
+        "{file} under {ns} uses metric names that are not in the schema: {unknown:?}"
     );
+    used
+}
+
+fn assert_all_in_schema(file: &str, ns: &str, min_names: usize) -> BTreeSet<String> {
+    let used = check_names(file, &read(file), ns);
     assert!(
         used.len() >= min_names,
         "{file}: expected at least {min_names} metric names, found {used:?}"
@@ -79,22 +118,27 @@ fn assert_all_in_schema(file: &str, min_names: usize) -> BTreeSet<String> {
 
 #[test]
 fn dashboard_uses_only_schema_metrics() {
-    let used = assert_all_in_schema("deploy/grafana/inferscope-dashboard.json", 15);
+    let dashboard = "deploy/grafana/inferscope-dashboard.json";
+    // The same panels under vLLM's spelling (`--metrics-namespace vllm`).
+    let vllm = assert_all_in_schema(dashboard, VLLM, 15);
+    assert!(vllm.contains("vllm:iteration_tokens_total_sum"), "{vllm:?}");
+    let used = assert_all_in_schema(dashboard, NS, 15);
+    assert!(used.contains("inferscope_iteration_tokens_sum"), "{used:?}");
     // The panels the operations guide documents.
     for needed in [
-        "inferscope:request_success_total",
-        "inferscope:time_to_first_token_seconds_bucket",
-        "inferscope:inter_token_latency_seconds_bucket",
-        "inferscope:e2e_request_latency_seconds_bucket",
-        "inferscope:request_queue_time_seconds_bucket",
-        "inferscope:num_requests_running",
-        "inferscope:num_requests_waiting",
-        "inferscope:kv_cache_usage_perc",
-        "inferscope:prefix_cache_hits_total",
-        "inferscope:prefix_cache_queries_total",
-        "inferscope:num_preemptions_total",
-        "inferscope:device_busy_seconds_total",
-        "inferscope:engine_step_duration_seconds_sum",
+        "inferscope_request_success_total",
+        "inferscope_time_to_first_token_seconds_bucket",
+        "inferscope_inter_token_latency_seconds_bucket",
+        "inferscope_e2e_request_latency_seconds_bucket",
+        "inferscope_request_queue_time_seconds_bucket",
+        "inferscope_num_requests_running",
+        "inferscope_num_requests_waiting",
+        "inferscope_kv_cache_usage_perc",
+        "inferscope_prefix_cache_hits_total",
+        "inferscope_prefix_cache_queries_total",
+        "inferscope_num_preemptions_total",
+        "inferscope_device_busy_seconds_total",
+        "inferscope_engine_step_duration_seconds_sum",
         "http_requests_total",
     ] {
         assert!(used.contains(needed), "dashboard lacks {needed}");
@@ -102,27 +146,35 @@ fn dashboard_uses_only_schema_metrics() {
 }
 
 #[test]
-fn dashboard_queries_go_through_the_namespace_variable() {
-    // A literal namespace would break the dashboard for `--metrics-namespace vllm`.
+fn dashboard_queries_go_through_the_prefix_variable() {
+    // A literal namespace would break the dashboard for the other one; only
+    // the variable's own definition may spell the prefixes.
     let text = read("deploy/grafana/inferscope-dashboard.json");
-    for literal in ["inferscope:", "vllm:"] {
-        assert!(
-            !text.contains(literal),
-            "dashboard contains the literal `{literal}`; use `${{namespace}}:`"
-        );
+    let queries: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("\"expr\"") || l.contains("label_values"))
+        .collect();
+    assert!(queries.len() >= 15, "{queries:?}");
+    for q in queries {
+        for literal in ["inferscope:", "inferscope_", "vllm:"] {
+            assert!(
+                !q.contains(literal),
+                "dashboard query contains the literal `{literal}`; use `${{prefix}}`: {q}"
+            );
+        }
     }
 }
 
 #[test]
 fn alert_rules_use_only_schema_metrics() {
-    let used = assert_all_in_schema("deploy/prometheus/alerts.yml", 5);
+    let used = assert_all_in_schema("deploy/prometheus/alerts.yml", NS, 5);
     for needed in [
-        "inferscope:request_queue_time_seconds_bucket",
-        "inferscope:kv_cache_usage_perc",
-        "inferscope:num_preemptions_total",
-        "inferscope:request_success_total",
-        "inferscope:device_busy_seconds_total",
-        "inferscope:num_requests_waiting",
+        "inferscope_request_queue_time_seconds_bucket",
+        "inferscope_kv_cache_usage_perc",
+        "inferscope_num_preemptions_total",
+        "inferscope_request_success_total",
+        "inferscope_device_busy_seconds_total",
+        "inferscope_num_requests_waiting",
     ] {
         assert!(used.contains(needed), "alerts lack {needed}");
     }
@@ -130,24 +182,40 @@ fn alert_rules_use_only_schema_metrics() {
 
 #[test]
 fn alert_rule_tests_use_only_schema_metrics() {
-    assert_all_in_schema("deploy/prometheus/alerts_test.yml", 5);
+    assert_all_in_schema("deploy/prometheus/alerts_test.yml", NS, 5);
 }
 
 #[test]
 fn the_extractor_finds_names_and_suffixes() {
-    let names = metric_names_in(
-        r#"{"expr": "histogram_quantile(0.9, sum by (le) (rate(${namespace}:time_to_first_token_seconds_bucket[5m]))) / http_requests_total{status=\"5xx\"}"}"#,
+    let text = substitute(
+        r#"{"expr": "histogram_quantile(0.9, sum by (le) (rate(${prefix}time_to_first_token_seconds_bucket[5m]))) / http_requests_total{status=\"5xx\"}"}"#,
+        NS,
     );
+    let names = metric_names_in(&text, NS);
     let want: BTreeSet<String> = [
-        "inferscope:time_to_first_token_seconds_bucket",
+        "inferscope_time_to_first_token_seconds_bucket",
         "http_requests_total",
     ]
     .into_iter()
     .map(String::from)
     .collect();
     assert_eq!(names, want);
-    let schema = schema_series_names();
-    assert!(!schema.contains("inferscope:time_to_first_token_seconds"));
-    assert!(schema.contains("inferscope:num_requests_running"));
-    assert!(!schema.contains("inferscope:request_success"));
+    let schema = schema_series_names(NS);
+    assert!(!schema.contains("inferscope_time_to_first_token_seconds"));
+    assert!(schema.contains("inferscope_num_requests_running"));
+    assert!(!schema.contains("inferscope_request_success"));
+    assert!(!schema.contains("inferscope:num_requests_running"));
+    // Alternations: one spelling must exist; a misspelt pair is caught.
+    let alt = r#"rate({__name__=~\"${prefix}iteration_tokens_sum|${prefix}iteration_tokens_total_sum\", engine=~\"$engine\"}[1m])"#;
+    assert_eq!(
+        name_alternations(&substitute(alt, VLLM)),
+        [[
+            "vllm:iteration_tokens_sum",
+            "vllm:iteration_tokens_total_sum"
+        ]]
+    );
+    assert_eq!(check_names("t", alt, VLLM).len(), 1);
+    assert_eq!(check_names("t", alt, NS).len(), 1);
+    let bad = alt.replace("iteration_tokens_sum|", "iteration_token_sum|");
+    assert!(std::panic::catch_unwind(|| check_names("t", &bad, NS)).is_err());
 }

@@ -139,75 +139,75 @@ fn values_land_where_expected() {
         e.value(name, &labels)
             .unwrap_or_else(|| panic!("{name} {extra:?} missing\n{body}"))
     };
-    assert_eq!(v("inferscope:num_requests_running", &[]), 0.0, "idle after");
-    assert_eq!(v("inferscope:num_requests_waiting", &[]), 2.0);
-    assert_eq!(v("inferscope:kv_cache_usage_perc", &[]), 0.25);
-    assert_eq!(v("inferscope:prompt_tokens_total", &[]), 40.0);
-    assert_eq!(v("inferscope:generation_tokens_total", &[]), 3.0);
-    assert_eq!(v("inferscope:num_preemptions_total", &[]), 2.0);
-    assert_eq!(v("inferscope:prefix_cache_queries_total", &[]), 80.0);
-    assert_eq!(v("inferscope:prefix_cache_hits_total", &[]), 32.0);
-    assert_eq!(v("inferscope:prompt_tokens_cached_total", &[]), 16.0);
+    assert_eq!(v("inferscope_num_requests_running", &[]), 0.0, "idle after");
+    assert_eq!(v("inferscope_num_requests_waiting", &[]), 2.0);
+    assert_eq!(v("inferscope_kv_cache_usage_perc", &[]), 0.25);
+    assert_eq!(v("inferscope_prompt_tokens_total", &[]), 40.0);
+    assert_eq!(v("inferscope_generation_tokens_total", &[]), 3.0);
+    assert_eq!(v("inferscope_num_preemptions_total", &[]), 2.0);
+    assert_eq!(v("inferscope_prefix_cache_queries_total", &[]), 80.0);
+    assert_eq!(v("inferscope_prefix_cache_hits_total", &[]), 32.0);
+    assert_eq!(v("inferscope_prompt_tokens_cached_total", &[]), 16.0);
     assert_eq!(
         v(
-            "inferscope:request_success_total",
+            "inferscope_request_success_total",
             &[("finished_reason", "stop")]
         ),
         1.0
     );
     assert_eq!(
         v(
-            "inferscope:request_success_total",
+            "inferscope_request_success_total",
             &[("finished_reason", "abort")]
         ),
         1.0
     );
     assert_eq!(
         v(
-            "inferscope:request_success_total",
+            "inferscope_request_success_total",
             &[("finished_reason", "error")]
         ),
         0.0,
         "every reason pre-created"
     );
-    assert_eq!(v("inferscope:engine_steps_total", &[]), 1.0);
-    assert!((v("inferscope:device_busy_seconds_total", &[]) - 0.005).abs() < 1e-9);
-    assert!((v("inferscope:engine_idle_seconds_total", &[]) - 0.25).abs() < 1e-9);
-    assert_eq!(v("inferscope:inter_token_latency_seconds_count", &[]), 6.0);
-    assert_eq!(v("inferscope:time_to_first_token_seconds_count", &[]), 1.0);
+    assert_eq!(v("inferscope_engine_steps_total", &[]), 1.0);
+    assert!((v("inferscope_device_busy_seconds_total", &[]) - 0.005).abs() < 1e-9);
+    assert!((v("inferscope_engine_idle_seconds_total", &[]) - 0.25).abs() < 1e-9);
+    assert_eq!(v("inferscope_inter_token_latency_seconds_count", &[]), 6.0);
+    assert_eq!(v("inferscope_time_to_first_token_seconds_count", &[]), 1.0);
     // TPOT = (0.3 - 0.12) / 6 = 0.03
-    assert!((v("inferscope:request_time_per_output_token_seconds_sum", &[]) - 0.03).abs() < 1e-9);
-    assert_eq!(v("inferscope:e2e_request_latency_seconds_count", &[]), 1.0);
-    assert_eq!(v("inferscope:request_queue_time_seconds_count", &[]), 2.0);
+    assert!((v("inferscope_request_time_per_output_token_seconds_sum", &[]) - 0.03).abs() < 1e-9);
+    assert_eq!(v("inferscope_e2e_request_latency_seconds_count", &[]), 1.0);
+    assert_eq!(v("inferscope_request_queue_time_seconds_count", &[]), 2.0);
     assert_eq!(
-        v("inferscope:iteration_tokens_total_bucket", &[("le", "32")]),
+        v("inferscope_iteration_tokens_bucket", &[("le", "32")]),
         0.0
     );
     assert_eq!(
-        v("inferscope:iteration_tokens_total_bucket", &[("le", "64")]),
+        v("inferscope_iteration_tokens_bucket", &[("le", "64")]),
         1.0
     );
     assert_eq!(
-        v("inferscope:request_prompt_tokens_bucket", &[("le", "50")]),
+        v("inferscope_request_prompt_tokens_bucket", &[("le", "50")]),
         2.0
     );
     assert_eq!(
         v(
-            "inferscope:engine_step_duration_seconds_count",
+            "inferscope_engine_step_duration_seconds_count",
             &[("phase", "execute")]
         ),
         1.0
     );
     assert_eq!(
         e.value(
-            "inferscope:admission_rejections_total",
+            "inferscope_admission_rejections_total",
             &[("model_name", "demo"), ("reason", "queue_full")]
         ),
         Some(1.0)
     );
     assert_eq!(
         e.value(
-            "inferscope:cache_config_info",
+            "inferscope_cache_config_info",
             &[
                 ("engine", "0"),
                 ("block_size", "16"),
@@ -226,7 +226,7 @@ fn request_token_buckets_follow_max_model_len() {
     let (_, body) = m.render(Format::Prometheus);
     let e = parse(&body).unwrap();
     let les: Vec<&str> = e
-        .family("inferscope:request_prompt_tokens")
+        .family("inferscope_request_prompt_tokens")
         .unwrap()
         .samples
         .iter()
@@ -247,26 +247,26 @@ fn engines_do_not_overwrite_each_other() {
             let l = [("model_name", "demo"), ("engine", idx.as_str())];
             let k = k as f64 + 1.0;
             assert_eq!(
-                e.value("inferscope:engine_steps_total", &l),
+                e.value("inferscope_engine_steps_total", &l),
                 Some(k),
                 "{body}"
             );
             assert_eq!(
-                e.value("inferscope:prompt_tokens_total", &l),
+                e.value("inferscope_prompt_tokens_total", &l),
                 Some(40.0 * k)
             );
             assert_eq!(
-                e.value("inferscope:time_to_first_token_seconds_count", &l),
+                e.value("inferscope_time_to_first_token_seconds_count", &l),
                 Some(1.0)
             );
             assert!(
-                e.value("inferscope:cache_config_info", &[("engine", idx.as_str())])
+                e.value("inferscope_cache_config_info", &[("engine", idx.as_str())])
                     .is_some()
             );
         }
-        assert_eq!(e.series_count("inferscope:num_requests_running"), 2);
+        assert_eq!(e.series_count("inferscope_num_requests_running"), 2);
         assert!(
-            e.value("inferscope:engine_steps_total", &[("engine", "7")])
+            e.value("inferscope_engine_steps_total", &[("engine", "7")])
                 .is_none()
         );
     }
@@ -328,7 +328,7 @@ fn bucket_overrides_apply() {
     let (_, body) = m.render(Format::Prometheus);
     let e = parse(&body).unwrap();
     let les: Vec<&str> = e
-        .family("inferscope:time_to_first_token_seconds")
+        .family("inferscope_time_to_first_token_seconds")
         .unwrap()
         .samples
         .iter()
@@ -337,10 +337,75 @@ fn bucket_overrides_apply() {
     assert_eq!(les, ["0.5", "1", "+Inf"]);
     assert_eq!(
         e.value(
-            "inferscope:time_to_first_token_seconds_bucket",
+            "inferscope_time_to_first_token_seconds_bucket",
             &[("le", "1")]
         ),
         Some(1.0)
+    );
+}
+
+/// The `le` bounds of histogram family `family` in `body`, `+Inf` included.
+fn bounds_of(body: &str, family: &str) -> Vec<String> {
+    parse(body)
+        .unwrap()
+        .family(family)
+        .unwrap_or_else(|| panic!("{family} missing\n{body}"))
+        .samples
+        .iter()
+        .filter_map(|s| s.labels.get("le").cloned())
+        .collect()
+}
+
+#[test]
+fn latency_buckets_are_finer_natively_and_vllms_under_vllm() {
+    let le = |b: &[f64]| {
+        let mut v: Vec<String> = b.iter().map(|x| format!("{x}")).collect();
+        v.push("+Inf".into());
+        v
+    };
+    // Native: every request_latency histogram resolves 1 ms to 200 ms.
+    let m = StatLoggerManager::new(config("inferscope", &[0])).unwrap();
+    let mut f = finished(FinishReason::Stop);
+    f.queue_time = Duration::from_millis(7);
+    let mut s = step(1, 1);
+    s.finished_requests = vec![f];
+    m.record_step(0, &sched(1), &s);
+    let (_, body) = m.render(Format::Prometheus);
+    for def in [
+        &schema::E2E_REQUEST_LATENCY,
+        &schema::REQUEST_QUEUE_TIME,
+        &schema::REQUEST_INFERENCE_TIME,
+        &schema::REQUEST_PREFILL_TIME,
+        &schema::REQUEST_DECODE_TIME,
+    ] {
+        let name = def.exposed_name("inferscope");
+        assert_eq!(
+            bounds_of(&body, &name),
+            le(schema::REQUEST_LATENCY_FINE_BUCKETS),
+            "{name}"
+        );
+    }
+    // A 7 ms wait lands in (5 ms, 10 ms], not in vLLM's 0–300 ms.
+    let e = parse(&body).unwrap();
+    let q = "inferscope_request_queue_time_seconds_bucket";
+    assert_eq!(e.value(q, &[("le", "0.005")]), Some(0.0));
+    assert_eq!(e.value(q, &[("le", "0.01")]), Some(1.0));
+    // vllm: vLLM's defaults exactly, unless overridden.
+    let (_, body) = StatLoggerManager::new(config("vllm", &[0]))
+        .unwrap()
+        .render(Format::Prometheus);
+    assert_eq!(
+        bounds_of(&body, "vllm:request_queue_time_seconds"),
+        le(schema::REQUEST_LATENCY_BUCKETS)
+    );
+    let mut c = config("vllm", &[0]);
+    c.buckets.set_from_str("request_latency=0.01,0.1").unwrap();
+    let (_, body) = StatLoggerManager::new(c)
+        .unwrap()
+        .render(Format::Prometheus);
+    assert_eq!(
+        bounds_of(&body, "vllm:e2e_request_latency_seconds"),
+        ["0.01", "0.1", "+Inf"]
     );
 }
 
@@ -352,7 +417,7 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
     m.record_step(0, &sched(1), &step(1, 1));
     m.engine(0).unwrap().observe_itl(0.1);
     let (_, body) = m.render(Format::Prometheus);
-    assert!(!body.contains("inferscope:"), "{body}");
+    assert!(!body.contains("inferscope_"), "{body}");
     assert!(body.contains("http_request_duration_highr_seconds"));
 }
 

@@ -532,11 +532,11 @@ mod tests {
 
     #[test]
     fn openmetrics_with_exemplars_and_eof() {
-        let text = "# TYPE inferscope:time_to_first_token_seconds histogram\n\
-                    # UNIT inferscope:time_to_first_token_seconds seconds\n\
-                    inferscope:time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\"} 7 # {trace_id=\"abc\"} 0.05 1700000000.1\n\
-                    # TYPE inferscope:request_success counter\n\
-                    inferscope:request_success_total{finished_reason=\"length\", engine=\"0\"} 1.5e3\n\
+        let text = "# TYPE inferscope_time_to_first_token_seconds histogram\n\
+                    # UNIT inferscope_time_to_first_token_seconds seconds\n\
+                    inferscope_time_to_first_token_seconds_bucket{engine=\"0\",le=\"0.1\"} 7 # {trace_id=\"abc\"} 0.05 1700000000.1\n\
+                    # TYPE inferscope_request_success counter\n\
+                    inferscope_request_success_total{finished_reason=\"length\", engine=\"0\"} 1.5e3\n\
                     # EOF\n";
         for e in [parse_lenient(text), parse(text).expect("strict")] {
             let samples: Vec<&Sample> = e.samples().collect();
@@ -552,7 +552,7 @@ mod tests {
             assert_eq!(samples[1].value, 1500.0);
             assert_eq!(samples[1].label("engine"), Some("0"));
             assert!(samples[1].exemplar.is_none());
-            let f = e.family("inferscope:time_to_first_token_seconds");
+            let f = e.family("inferscope_time_to_first_token_seconds");
             assert_eq!(f.and_then(|f| f.unit.as_deref()), Some("seconds"));
         }
         assert!(parse(&format!("{text}x 1\n")).is_err(), "content after EOF");

@@ -7,10 +7,69 @@ use std::str::FromStr;
 
 use thiserror::Error;
 
-/// Default namespace (`inferscope:…`).
+/// Default namespace (`inferscope_…`).
 pub const DEFAULT_NAMESPACE: &str = "inferscope";
 /// Namespace for drop-in compatibility with vLLM dashboards and routers.
 pub const VLLM_NAMESPACE: &str = "vllm";
+/// How servers before the lint-clean names spelled the default namespace
+/// (`inferscope:x`, vLLM's names): a namespace readers still accept; the
+/// trailing colon selects [`Style::Vllm`].
+pub const LEGACY_DEFAULT_NAMESPACE: &str = "inferscope:";
+
+/// How engine metric names are spelled under a namespace, and which default
+/// buckets they get: the one place that decides both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Style {
+    /// vLLM's: `ns:name` with vLLM's names where ours differ
+    /// (`iteration_tokens_total`) and vLLM's default buckets, so vLLM's
+    /// dashboards and routers work unchanged. Colons are reserved for
+    /// recording rules, so `promtool check metrics` objects to these names.
+    Vllm,
+    /// Prometheus' conventions: `ns_name`, no `_total` on non-counters, and
+    /// request latency buckets that resolve sub-300 ms times.
+    Native,
+}
+
+impl Style {
+    /// The style of `namespace`: [`Style::Vllm`] for `vllm` and for a
+    /// namespace written with a trailing colon (`inferscope:`, the older
+    /// spelling readers still accept); [`Style::Native`] otherwise.
+    pub fn of(namespace: &str) -> Style {
+        if namespace == VLLM_NAMESPACE || namespace.ends_with(':') {
+            Style::Vllm
+        } else {
+            Style::Native
+        }
+    }
+}
+
+/// What engine metric names start with under `namespace`: `inferscope_`,
+/// `vllm:`, `inferscope:` for [`LEGACY_DEFAULT_NAMESPACE`], or nothing for
+/// the empty namespace.
+pub fn name_prefix(namespace: &str) -> String {
+    let stem = namespace.strip_suffix(':').unwrap_or(namespace);
+    if stem.is_empty() {
+        return String::new();
+    }
+    match Style::of(namespace) {
+        Style::Vllm => format!("{stem}:"),
+        Style::Native => format!("{stem}_"),
+    }
+}
+
+/// The name of engine metric `base` (a [`names`] constant; other names pass
+/// through unchanged) under `namespace`, without the counter `_total`:
+/// `inferscope_iteration_tokens`, `vllm:iteration_tokens_total`.
+pub fn namespaced_name(namespace: &str, base: &str) -> String {
+    let base = match Style::of(namespace) {
+        Style::Vllm => ENGINE_METRICS
+            .iter()
+            .find(|d| d.name == base)
+            .map_or(base, |d| d.vllm_base()),
+        Style::Native => base,
+    };
+    format!("{}{base}", name_prefix(namespace))
+}
 
 /// The kind of a metric, as exposed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -114,12 +173,16 @@ impl BucketGroup {
         }
     }
 
-    /// The default buckets; `max_model_len` bounds the 1-2-5 token series.
-    pub fn default_buckets(self, max_model_len: usize) -> Vec<f64> {
+    /// The default buckets under `namespace` (its [`Style`] decides);
+    /// `max_model_len` bounds the 1-2-5 token series.
+    pub fn default_buckets(self, namespace: &str, max_model_len: usize) -> Vec<f64> {
         match self {
             Self::TimeToFirstToken => TTFT_BUCKETS.to_vec(),
             Self::InterTokenLatency => ITL_BUCKETS.to_vec(),
-            Self::RequestLatency => REQUEST_LATENCY_BUCKETS.to_vec(),
+            Self::RequestLatency => match Style::of(namespace) {
+                Style::Vllm => REQUEST_LATENCY_BUCKETS.to_vec(),
+                Style::Native => REQUEST_LATENCY_FINE_BUCKETS.to_vec(),
+            },
             Self::RequestTokens => one_two_five_buckets(max_model_len),
             Self::IterationTokens => ITERATION_TOKENS_BUCKETS.to_vec(),
         }
@@ -170,6 +233,8 @@ pub enum Scope {
 pub struct MetricDef {
     /// Name without namespace and without the counter `_total` suffix.
     pub name: &'static str,
+    /// vLLM's name where it differs from `name` (used under [`Style::Vllm`]).
+    pub vllm_name: Option<&'static str>,
     /// HELP text, without the final period (the encoder adds it).
     pub help: &'static str,
     /// Counter, gauge or histogram.
@@ -189,9 +254,13 @@ impl MetricDef {
     pub fn registered_name(&self, namespace: &str) -> String {
         match self.scope {
             Scope::Http => self.name.to_owned(),
-            Scope::Engine | Scope::Model if namespace.is_empty() => self.name.to_owned(),
-            Scope::Engine | Scope::Model => format!("{namespace}:{}", self.name),
+            Scope::Engine | Scope::Model => namespaced_name(namespace, self.name),
         }
+    }
+
+    /// The name without namespace under [`Style::Vllm`].
+    pub fn vllm_base(&self) -> &'static str {
+        self.vllm_name.unwrap_or(self.name)
     }
 
     /// The family name as it appears in the exposition (`_total` on counters).
@@ -217,10 +286,18 @@ pub const ITL_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 ];
-/// Default e2e / queue / inference / prefill / decode buckets (seconds).
+/// vLLM's e2e / queue / inference / prefill / decode buckets (seconds), the
+/// defaults under [`Style::Vllm`].
 pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
+];
+/// The native default for the same group: 1 ms to 200 ms below vLLM's
+/// edges, which are all kept so dashboards built on them still work (a
+/// queue time of a few ms otherwise lands in 0–300 ms).
+pub const REQUEST_LATENCY_FINE_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0,
+    10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 ];
 /// Default tokens-per-step buckets.
 pub const ITERATION_TOKENS_BUCKETS: &[f64] = &[
@@ -276,7 +353,7 @@ pub fn one_two_five_buckets(max: usize) -> Vec<f64> {
 macro_rules! metrics {
     ($(
         $(#[$meta:meta])*
-        $id:ident = $cname:ident: $ty:ident $name:literal, unit $unit:ident, scope $scope:ident,
+        $id:ident = $cname:ident: $ty:ident $name:literal $(vllm $vllm:literal)?, unit $unit:ident, scope $scope:ident,
         labels $labels:expr, buckets $buckets:expr, $help:literal;
     )*) => {
         /// Every metric's name as a constant, without namespace and without the
@@ -294,6 +371,7 @@ macro_rules! metrics {
             #[doc = concat!("`", $name, "`: ", $help, ".")]
             pub const $id: MetricDef = MetricDef {
                 name: names::$cname,
+                vllm_name: [$(Some($vllm),)? None][0],
                 help: $help,
                 metric_type: MetricType::$ty,
                 unit: Unit::$unit,
@@ -364,7 +442,7 @@ metrics! {
         "Histogram of the max_tokens request parameter";
     REQUEST_MAX_NUM_GENERATION_TOKENS = REQUEST_MAX_NUM_GENERATION_TOKENS: Histogram "request_max_num_generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
         "Histogram of maximum number of requested generation tokens";
-    ITERATION_TOKENS = ITERATION_TOKENS_TOTAL: Histogram "iteration_tokens_total", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::IterationTokens),
+    ITERATION_TOKENS = ITERATION_TOKENS: Histogram "iteration_tokens" vllm "iteration_tokens_total", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::IterationTokens),
         "Histogram of number of tokens per engine step";
     REQUEST_PARAMS_N = REQUEST_PARAMS_N: Histogram "request_params_n", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(PARAMS_N_BUCKETS),
         "Histogram of the n request parameter";
@@ -609,15 +687,16 @@ impl BucketOverrides {
         Ok(())
     }
 
-    /// The buckets in force for `def` (an empty list for non-histograms).
-    pub fn buckets_for(&self, def: &MetricDef, max_model_len: usize) -> Vec<f64> {
+    /// The buckets in force for `def` under `namespace` (an empty list for
+    /// non-histograms).
+    pub fn buckets_for(&self, def: &MetricDef, namespace: &str, max_model_len: usize) -> Vec<f64> {
         match def.buckets {
             Buckets::None => Vec::new(),
             Buckets::Fixed(b) => b.to_vec(),
             Buckets::Group(g) => self
                 .slot(g)
                 .cloned()
-                .unwrap_or_else(|| g.default_buckets(max_model_len)),
+                .unwrap_or_else(|| g.default_buckets(namespace, max_model_len)),
         }
     }
 }
@@ -642,13 +721,35 @@ pub fn render_markdown(namespace: &str) -> String {
         "<!-- GENERATED from crates/inferscope-schema/src/schema.rs by `schema::render_markdown`. \
          Do not edit: run `INFERSCOPE_BLESS=1 cargo test -p inferscope-schema` to regenerate. -->\n"
     );
+    let renamed: Vec<String> = ENGINE_METRICS
+        .iter()
+        .filter(|d| d.vllm_name.is_some())
+        .map(|d| {
+            format!(
+                "`{}` is `{}`",
+                d.exposed_name(namespace),
+                d.exposed_name(VLLM_NAMESPACE)
+            )
+        })
+        .collect();
     let _ = writeln!(
         out,
-        "Names are shown with the default namespace `{namespace}`; `--metrics-namespace vllm` \
-         renames `{namespace}:x` to `vllm:x` for drop-in compatibility with vLLM dashboards and \
-         routers. HTTP metrics carry no namespace. Counters are shown with the `_total` suffix \
-         the exposition adds. Engine-level series carry `model_name` and `engine` (the global \
-         data-parallel rank, in decimal).\n"
+        "Names are shown with the default namespace `{namespace}`, joined with `_` so that \
+         `promtool check metrics` accepts them; any other namespace but `vllm` is joined the \
+         same way. `--metrics-namespace vllm` spells names exactly as vLLM does, for drop-in \
+         compatibility with vLLM dashboards and routers: `{prefix}x` becomes `vllm:x`, and {renamed}. \
+         HTTP metrics carry no namespace. Counters are shown with the `_total` suffix the \
+         exposition adds. Engine-level series carry `model_name` and `engine` (the global \
+         data-parallel rank, in decimal).\n",
+        prefix = name_prefix(namespace),
+        renamed = renamed.join(", "),
+    );
+    let _ = writeln!(
+        out,
+        "inferscope servers before these lint-clean names spelled the default namespace \
+         `{LEGACY_DEFAULT_NAMESPACE}x` (vLLM's separator and names); `doctor`, `top` and \
+         `bench serve --scrape-metrics` still read that \
+         spelling.\n"
     );
     let _ = writeln!(
         out,
@@ -680,7 +781,17 @@ pub fn render_markdown(namespace: &str) -> String {
                     "group `request_tokens`: 1, 2, 5, 10, 20, 50, … up to max_model_len".to_owned()
                 }
                 Buckets::Group(g) => {
-                    format!("group `{g}`: {}", fmt_bounds(&g.default_buckets(0)))
+                    let ours = g.default_buckets(namespace, 0);
+                    let vllm = g.default_buckets(VLLM_NAMESPACE, 0);
+                    if ours == vllm {
+                        format!("group `{g}`: {}", fmt_bounds(&ours))
+                    } else {
+                        format!(
+                            "group `{g}`: {}; under `vllm`: {}",
+                            fmt_bounds(&ours),
+                            fmt_bounds(&vllm)
+                        )
+                    }
                 }
             };
             let _ = writeln!(
@@ -734,7 +845,9 @@ pub fn render_markdown(namespace: &str) -> String {
     let _ = writeln!(
         out,
         "Each bucket group can be overridden with a comma-separated list of strictly increasing \
-         finite bounds (`+Inf` is implicit):\n"
+         finite bounds (`+Inf` is implicit), in any namespace; without an override \
+         `request_latency` resolves 1 ms to 200 ms in the native namespace and keeps vLLM's \
+         defaults under `vllm`:\n"
     );
     for g in BucketGroup::ALL {
         let users: Vec<String> = ENGINE_METRICS
@@ -794,16 +907,29 @@ mod tests {
     fn overrides_from_spec() {
         let mut o = BucketOverrides::default();
         o.set_from_str("time_to_first_token=0.1,1").unwrap();
-        assert_eq!(o.buckets_for(&TIME_TO_FIRST_TOKEN, 10), vec![0.1, 1.0]);
         assert_eq!(
-            o.buckets_for(&E2E_REQUEST_LATENCY, 10),
+            o.buckets_for(&TIME_TO_FIRST_TOKEN, "vllm", 10),
+            vec![0.1, 1.0]
+        );
+        assert_eq!(
+            o.buckets_for(&E2E_REQUEST_LATENCY, "vllm", 10),
             REQUEST_LATENCY_BUCKETS
+        );
+        assert_eq!(
+            o.buckets_for(&E2E_REQUEST_LATENCY, DEFAULT_NAMESPACE, 10),
+            REQUEST_LATENCY_FINE_BUCKETS
         );
         assert!(o.set_from_str("ttft=1").is_err());
         assert!(o.set_from_str("request_latency=2,1").is_err());
         assert_eq!(
-            o.buckets_for(&REQUEST_PROMPT_TOKENS, 100),
+            o.buckets_for(&REQUEST_PROMPT_TOKENS, "vllm", 100),
             one_two_five_buckets(100)
+        );
+        // An override wins in the native namespace too.
+        o.set_from_str("request_latency=0.5,1").unwrap();
+        assert_eq!(
+            o.buckets_for(&REQUEST_QUEUE_TIME, DEFAULT_NAMESPACE, 10),
+            vec![0.5, 1.0]
         );
     }
 
@@ -832,7 +958,8 @@ mod tests {
             }
         }
         for g in BucketGroup::ALL {
-            validate_buckets(&g.default_buckets(1000)).unwrap();
+            validate_buckets(&g.default_buckets(DEFAULT_NAMESPACE, 1000)).unwrap();
+            validate_buckets(&g.default_buckets(VLLM_NAMESPACE, 1000)).unwrap();
             assert_eq!(g.as_str().parse::<BucketGroup>().unwrap(), g);
         }
     }
@@ -845,12 +972,78 @@ mod tests {
         );
         assert_eq!(
             NUM_REQUESTS_RUNNING.exposed_name("inferscope"),
-            "inferscope:num_requests_running"
+            "inferscope_num_requests_running"
         );
         assert_eq!(HTTP_REQUESTS.exposed_name("vllm"), "http_requests_total");
         assert_eq!(
-            ITERATION_TOKENS.exposed_name("x"),
-            "x:iteration_tokens_total"
+            HTTP_REQUESTS.exposed_name("inferscope"),
+            "http_requests_total"
         );
+        // The histogram of tokens per step: lint-clean natively, vLLM's name under vllm.
+        assert_eq!(
+            ITERATION_TOKENS.exposed_name("inferscope"),
+            "inferscope_iteration_tokens"
+        );
+        assert_eq!(
+            ITERATION_TOKENS.exposed_name("vllm"),
+            "vllm:iteration_tokens_total"
+        );
+        // Any other namespace follows the native rule.
+        assert_eq!(ITERATION_TOKENS.exposed_name("x"), "x_iteration_tokens");
+        assert_eq!(PROMPT_TOKENS.exposed_name("x"), "x_prompt_tokens_total");
+        assert_eq!(PROMPT_TOKENS.exposed_name(""), "prompt_tokens_total");
+        // The older spelling, as readers name it.
+        assert_eq!(
+            ITERATION_TOKENS.exposed_name(LEGACY_DEFAULT_NAMESPACE),
+            "inferscope:iteration_tokens_total"
+        );
+        assert_eq!(
+            namespaced_name(LEGACY_DEFAULT_NAMESPACE, names::KV_CACHE_USAGE_PERC),
+            "inferscope:kv_cache_usage_perc"
+        );
+        // Names outside the schema (older vLLM names, `_total` forms) pass through.
+        assert_eq!(
+            namespaced_name("vllm", "gpu_cache_usage_perc"),
+            "vllm:gpu_cache_usage_perc"
+        );
+        assert_eq!(name_prefix(""), "");
+        assert_eq!(name_prefix("inferscope"), "inferscope_");
+        assert_eq!(name_prefix("vllm"), "vllm:");
+        // No name in the native style carries a colon or a `_total` it should not.
+        for def in all_metrics() {
+            let n = def.exposed_name(DEFAULT_NAMESPACE);
+            assert!(!n.contains(':'), "{n}");
+            assert_eq!(
+                n.ends_with("_total"),
+                def.metric_type == MetricType::Counter,
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn latency_buckets_depend_on_the_style() {
+        let fine = BucketGroup::RequestLatency.default_buckets(DEFAULT_NAMESPACE, 0);
+        let vllm = BucketGroup::RequestLatency.default_buckets(VLLM_NAMESPACE, 0);
+        assert_eq!(vllm, REQUEST_LATENCY_BUCKETS);
+        // The finer edges below 300 ms, then every one of vLLM's.
+        let below: Vec<f64> = fine.iter().copied().filter(|&b| b < 0.3).collect();
+        assert_eq!(below, [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2]);
+        assert_eq!(&fine[below.len()..], REQUEST_LATENCY_BUCKETS);
+        // A custom namespace is native; only the other groups match vLLM's.
+        assert_eq!(BucketGroup::RequestLatency.default_buckets("acme", 0), fine);
+        for g in BucketGroup::ALL {
+            if g != BucketGroup::RequestLatency {
+                assert_eq!(
+                    g.default_buckets(DEFAULT_NAMESPACE, 100),
+                    g.default_buckets(VLLM_NAMESPACE, 100),
+                    "{g}"
+                );
+            }
+        }
+        assert_eq!(Style::of("vllm"), Style::Vllm);
+        assert_eq!(Style::of(LEGACY_DEFAULT_NAMESPACE), Style::Vllm);
+        assert_eq!(Style::of("inferscope"), Style::Native);
+        assert_eq!(Style::of(""), Style::Native);
     }
 }

@@ -7,21 +7,27 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::promtext::{self, Sample};
-use crate::schema::{DEFAULT_NAMESPACE, VLLM_NAMESPACE, names};
+use crate::schema::{
+    DEFAULT_NAMESPACE, LEGACY_DEFAULT_NAMESPACE, VLLM_NAMESPACE, name_prefix, names,
+    namespaced_name,
+};
 
 /// vLLM before V1 called the KV-cache gauge `gpu_cache_usage_perc`.
 pub const LEGACY_GPU_CACHE_USAGE_PERC: &str = "gpu_cache_usage_perc";
 /// Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
 pub const LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS: &str = "time_per_output_token_seconds";
 
-/// `{namespace}:{base}`, or `base` when the namespace is empty.
+/// The exposed name of `base` under `namespace`, spelled as the schema
+/// decides ([`namespaced_name`]): `inferscope_x`, `vllm:x`, `inferscope:x`
+/// for [`LEGACY_DEFAULT_NAMESPACE`], or `base` when the namespace is empty.
 pub fn full_name(namespace: &str, base: &str) -> String {
-    if namespace.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{namespace}:{base}")
-    }
+    namespaced_name(namespace, base)
 }
+
+/// The namespaces [`Scrape::detect_namespace`] recognises, preferred in this
+/// order on a tie.
+pub const KNOWN_NAMESPACES: [&str; 3] =
+    [DEFAULT_NAMESPACE, LEGACY_DEFAULT_NAMESPACE, VLLM_NAMESPACE];
 
 /// `after − before`, or `after` when the counter went down (the server
 /// restarted and counts from zero again).
@@ -242,24 +248,27 @@ impl Scrape {
         }
     }
 
-    /// The metric namespace found: `inferscope` or `vllm`, whichever has more
-    /// series (`inferscope` on a tie); `None` when neither appears.
+    /// The metric namespace found, as readers name it (see
+    /// [`KNOWN_NAMESPACES`]): `inferscope` (`inferscope_x`), `inferscope:`
+    /// (older servers' `inferscope:x`) or `vllm` (`vllm:x`), whichever has
+    /// the most series (earlier in that list on a tie); `None` when none
+    /// appears.
     pub fn detect_namespace(&self) -> Option<&'static str> {
         let count = |ns: &str| {
+            let prefix = name_prefix(ns);
             self.samples
                 .iter()
-                .filter(|s| {
-                    s.name
-                        .strip_prefix(ns)
-                        .is_some_and(|rest| rest.starts_with(':'))
-                })
+                .filter(|s| s.name.starts_with(&prefix))
                 .count()
         };
-        match (count(DEFAULT_NAMESPACE), count(VLLM_NAMESPACE)) {
-            (0, 0) => None,
-            (a, b) if a >= b => Some(DEFAULT_NAMESPACE),
-            _ => Some(VLLM_NAMESPACE),
+        let mut best: Option<(&'static str, usize)> = None;
+        for ns in KNOWN_NAMESPACES {
+            let n = count(ns);
+            if n > 0 && best.is_none_or(|(_, m)| n > m) {
+                best = Some((ns, n));
+            }
         }
+        best.map(|(ns, _)| ns)
     }
 
     /// Samples named `name` carrying every label in `filter`.
@@ -426,24 +435,25 @@ mod tests {
 
     /// Two engines; cumulative buckets 0.1 → 1·scale, 0.2 → 2·scale, +Inf → 2.5·scale.
     fn hist(ns: &str, scale: f64) -> String {
+        let p = name_prefix(ns);
         let mut t = String::new();
         for e in ["0", "1"] {
             for (le, c) in [("0.1", 1.0), ("0.2", 2.0), ("+Inf", 2.5)] {
                 t.push_str(&format!(
-                    "{ns}:time_to_first_token_seconds_bucket{{engine=\"{e}\",le=\"{le}\"}} {}\n",
+                    "{p}time_to_first_token_seconds_bucket{{engine=\"{e}\",le=\"{le}\"}} {}\n",
                     c * scale
                 ));
             }
             t.push_str(&format!(
-                "{ns}:time_to_first_token_seconds_sum{{engine=\"{e}\"}} {}\n",
+                "{p}time_to_first_token_seconds_sum{{engine=\"{e}\"}} {}\n",
                 0.5 * scale
             ));
             t.push_str(&format!(
-                "{ns}:time_to_first_token_seconds_count{{engine=\"{e}\"}} {}\n",
+                "{p}time_to_first_token_seconds_count{{engine=\"{e}\"}} {}\n",
                 2.5 * scale
             ));
             t.push_str(&format!(
-                "{ns}:request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n",
+                "{p}request_success_total{{engine=\"{e}\",finished_reason=\"length\"}} {}\n",
                 10.0 * scale
             ));
         }
@@ -562,5 +572,58 @@ mod tests {
         assert_eq!(d.inter_token_latency(&[]).map(|h| h.count), Some(3.0));
         assert_eq!(Scrape::parse("# nothing\n").detect_namespace(), None);
         assert_eq!(full_name("", "http_requests_total"), "http_requests_total");
+    }
+
+    #[test]
+    fn detection_reads_both_spellings_of_the_default_namespace() {
+        // Today's lint-clean names, older servers' colon names, and vLLM's.
+        for (ns, text) in [
+            ("inferscope", hist("inferscope", 1.0)),
+            (LEGACY_DEFAULT_NAMESPACE, hist("inferscope:", 1.0)),
+            ("vllm", hist("vllm", 1.0)),
+        ] {
+            assert!(text.starts_with(&name_prefix(ns)), "{text}");
+            let s = Scrape::parse(&text);
+            assert_eq!(s.detect_namespace(), Some(ns), "{text}");
+            let d = Delta::new(None, &s, ns);
+            assert_eq!(d.counter(names::REQUEST_SUCCESS, &[]), Some(20.0), "{ns}");
+            let h = d
+                .histogram(names::TIME_TO_FIRST_TOKEN_SECONDS, &[])
+                .expect("histogram");
+            assert_eq!(h.count, 5.0, "{ns}");
+        }
+        let legacy = Scrape::parse(&hist("inferscope:", 1.0));
+        assert_eq!(
+            full_name(LEGACY_DEFAULT_NAMESPACE, names::TIME_TO_FIRST_TOKEN_SECONDS),
+            "inferscope:time_to_first_token_seconds"
+        );
+        // The new spelling finds nothing in an old scrape, and the reverse.
+        assert_eq!(
+            Delta::new(None, &legacy, "inferscope").counter(names::REQUEST_SUCCESS, &[]),
+            None
+        );
+        // Names of the tokens-per-step histogram follow the spelling.
+        assert_eq!(
+            full_name("inferscope", names::ITERATION_TOKENS),
+            "inferscope_iteration_tokens"
+        );
+        assert_eq!(
+            full_name(LEGACY_DEFAULT_NAMESPACE, names::ITERATION_TOKENS),
+            "inferscope:iteration_tokens_total"
+        );
+        // Mixed: the spelling with more series wins; a tie prefers the new one.
+        let mixed = format!("{}{}", hist("vllm", 1.0), hist("inferscope", 1.0));
+        assert_eq!(Scrape::parse(&mixed).detect_namespace(), Some("inferscope"));
+        let more_vllm = format!(
+            "{}{}vllm:num_requests_running 1\n",
+            hist("vllm", 1.0),
+            hist("inferscope:", 1.0)
+        );
+        assert_eq!(Scrape::parse(&more_vllm).detect_namespace(), Some("vllm"));
+        // HTTP series alone carry no namespace.
+        assert_eq!(
+            Scrape::parse("http_requests_total{handler=\"none\"} 1\n").detect_namespace(),
+            None
+        );
     }
 }

@@ -96,7 +96,7 @@ pub struct IterationStats {
     /// counted twice).
     pub num_prompt_tokens: u64,
     /// Tokens the step actually ran through the model (prefill chunks,
-    /// recomputes and decodes): the `iteration_tokens_total` sample.
+    /// recomputes and decodes): the `iteration_tokens` sample.
     pub num_scheduled_tokens: u64,
     /// Tokens generated this step.
     pub num_generation_tokens: u64,

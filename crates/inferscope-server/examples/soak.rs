@@ -229,7 +229,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         // Let aborts and finishes settle before measuring.
         loop {
             let text = get_metrics(&client, addr).await?;
-            let (series, running) = series_and_gauge(&text, "inferscope:num_requests_running");
+            let (series, running) = series_and_gauge(&text, "inferscope_num_requests_running");
             if running == 0.0 {
                 rows.push(Row {
                     label,

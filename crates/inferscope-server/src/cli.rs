@@ -105,7 +105,8 @@ pub struct ServeArgs {
     #[arg(long)]
     pub disable_metrics: bool,
 
-    /// Namespace of the engine metrics; `vllm` gives vLLM's exact names for existing dashboards.
+    /// Namespace of the engine metrics (`NS_name`); `vllm` gives vLLM's exact
+    /// names (`vllm:name`) and default buckets for existing dashboards.
     #[arg(long, default_value = "inferscope")]
     pub metrics_namespace: String,
 

@@ -225,11 +225,11 @@ async fn stop_strings_and_min_tokens() {
     // is found in the server, which then ends the engine request: the engine
     // counts that finish just after the client has seen it, so wait for the
     // total, not for any two.
-    let samples = scrape_when(addr, "inferscope:request_success_total", 3.0).await;
+    let samples = scrape_when(addr, "inferscope_request_success_total", 3.0).await;
     assert_eq!(
         sum(
             &samples,
-            "inferscope:request_success_total",
+            "inferscope_request_success_total",
             &[("finished_reason", "stop")]
         ),
         2.0
@@ -355,8 +355,8 @@ async fn bad_input_gets_4xx_with_an_openai_error() {
     assert!(msg.contains("64") && msg.contains("100"), "{msg}");
     // Nothing leaked: the engine is idle and healthy.
     let samples = scrape(addr).await;
-    assert_eq!(sum(&samples, "inferscope:num_requests_running", &[]), 0.0);
-    assert_eq!(sum(&samples, "inferscope:request_success_total", &[]), 0.0);
+    assert_eq!(sum(&samples, "inferscope_num_requests_running", &[]), 0.0);
+    assert_eq!(sum(&samples, "inferscope_request_success_total", &[]), 0.0);
     assert_eq!(call(addr, "GET", "/health", "", &[]).await.status, 200);
     server.shutdown(Duration::from_secs(5)).await;
 }
@@ -430,7 +430,7 @@ async fn admission_limit_answers_429() {
     assert!(statuses.contains(&429), "{statuses:?}");
     assert!(statuses.contains(&200), "{statuses:?}");
     let samples = scrape(addr).await;
-    let rejected = sum(&samples, "inferscope:admission_rejections_total", &[]);
+    let rejected = sum(&samples, "inferscope_admission_rejections_total", &[]);
     assert_eq!(
         rejected,
         statuses.iter().filter(|&&s| s == 429).count() as f64

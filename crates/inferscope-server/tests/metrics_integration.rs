@@ -10,7 +10,7 @@ use common::*;
 use http_body_util::BodyExt;
 use serde_json::json;
 
-const NS: &str = "inferscope:";
+const NS: &str = "inferscope_";
 
 fn m(name: &str) -> String {
     format!("{NS}{name}")
@@ -224,7 +224,14 @@ async fn vllm_namespace_and_openmetrics() {
     ] {
         assert!(samples.iter().any(|s| s.name == name), "missing {name}");
     }
-    assert!(!samples.iter().any(|s| s.name.starts_with("inferscope:")));
+    assert!(!samples.iter().any(|s| s.name.starts_with("inferscope_")));
+    // vLLM's latency buckets, not the native finer ones: 0.3 s is the first edge.
+    let queue_le: Vec<&str> = samples
+        .iter()
+        .filter(|s| s.name == "vllm:request_queue_time_seconds_bucket")
+        .filter_map(|s| s.label("le"))
+        .collect();
+    assert_eq!(queue_le.first(), Some(&"0.3"), "{queue_le:?}");
     let om = call(
         addr,
         "GET",

@@ -16,7 +16,7 @@ use inferscope_server::RunningServer;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-const NS: &str = "inferscope:";
+const NS: &str = "inferscope_";
 
 fn m(name: &str) -> String {
     format!("{NS}{name}")

@@ -59,7 +59,7 @@ async fn cache_dtype(addr: std::net::SocketAddr) -> Option<String> {
     scrape(addr)
         .await
         .into_iter()
-        .find(|s| s.name == "inferscope:cache_config_info")
+        .find(|s| s.name == "inferscope_cache_config_info")
         .and_then(|s| s.labels.get("cache_dtype").cloned())
 }
 

@@ -107,9 +107,9 @@ fn wait_admitted(addr: SocketAddr, n: f64) {
     while metrics_sum(
         addr,
         &[
-            "inferscope:num_requests_running",
-            "inferscope:num_requests_waiting",
-            "inferscope:request_success_total",
+            "inferscope_num_requests_running",
+            "inferscope_num_requests_waiting",
+            "inferscope_request_success_total",
         ],
     ) < n
     {
