@@ -17,8 +17,9 @@ What must agree, and why it can be exact:
   the last sample is at the evaluation time) and returns last - first: an
   exact count. The bench sends one unmeasured test request before the run
   (docs/bench.md, "Failures and timeouts"), with the first prompt and
-  OUTPUT_LEN tokens: the server's counts are the client's plus 1 request and
-  plus OUTPUT_LEN tokens.
+  OUTPUT_LEN tokens: the server's counts are the client's plus 1 request,
+  plus OUTPUT_LEN generated tokens and plus INPUT_LEN prompt tokens (the bench
+  fits its prompts to exact lengths with the server's /tokenize).
 
 * Quantiles. `histogram_quantile(0.5, ...)` interpolates linearly inside the
   bucket where the server's median rank falls, so it lies within that bucket's
@@ -146,6 +147,9 @@ def test_request_and_token_counts_are_exact(run):
     res = run.result
     want_requests = res["completed"] + 1  # + the bench's initial test request
     want_tokens = res["total_output_tokens"] + OUTPUT_LEN
+    # No --tokenizer: the bench fits its prompts with the server's /tokenize,
+    # so the prompt counts are exact too (the test request has INPUT_LEN).
+    want_prompt = res["total_input_tokens"] + INPUT_LEN
 
     ok = f'{P}request_success_total{{finished_reason=~"stop|length"}}'
     requests_inc = q(run, inc(run, ok))
@@ -165,9 +169,12 @@ def test_request_and_token_counts_are_exact(run):
         f"{'  by finished_reason':<34} server {by_reason}",
         f"{'  HTTP 2xx on /v1/completions':<34} server {http_2xx:g}; other statuses {http_other or 'none'}",
         f"{'  e2e histogram count':<34} server {e2e_count:g}; request_generation_tokens sum {gen_hist_sum:g}",
-        f"{'prompt tokens (informational)':<34} client {res['total_input_tokens']:>8} (word estimate)"
-        f"   server {prompt_inc:g} (byte tokenizer, incl. test request)",
+        f"{'prompt tokens':<34} client {res['total_input_tokens']:>8} (+{INPUT_LEN} = {want_prompt}, "
+        f"counted by {res['input_tokens_counted_by']})   server increase(prompt_tokens) {prompt_inc:g}",
     ]
+    assert res["input_tokens_counted_by"] in ("usage", "server_tokenize"), res["input_tokens_counted_by"]
+    assert res["total_input_tokens"] == NUM_PROMPTS * INPUT_LEN
+    assert prompt_inc == want_prompt
     assert requests_inc == want_requests
     assert tokens_inc == want_tokens
     assert by_reason.get("abort", 0) == 0 and by_reason.get("error", 0) == 0, by_reason
