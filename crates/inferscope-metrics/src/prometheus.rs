@@ -200,11 +200,12 @@ impl EngineMetrics {
         if let (Some(ttft), Some(g)) = (req.ttft, req.generation_tokens)
             && g > 1
         {
-            self.tpot.observe(time_per_output_token(&FrontendRequestStats {
-                ttft: Some(ttft),
-                e2e: req.e2e,
-                num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
-            }));
+            self.tpot
+                .observe(time_per_output_token(&FrontendRequestStats {
+                    ttft: Some(ttft),
+                    e2e: req.e2e,
+                    num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
+                }));
         }
     }
 
@@ -547,6 +548,61 @@ mod tests {
         assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 1)), 0.0);
         assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 0)), 0.0);
         assert_eq!(time_per_output_token(&s(None, 3.0, 5)), 0.0);
+    }
+
+    #[test]
+    fn a_filter_leaves_families_out_of_the_registry() {
+        let mut registry = Registry::default();
+        let keep: MetricFilter = |d| d.name == schema::TIME_TO_FIRST_TOKEN.name;
+        let p = PrometheusLogger::new(
+            Some((&mut registry, keep)),
+            "x",
+            "m",
+            &[0],
+            100,
+            &Default::default(),
+            &[],
+        );
+        p.engine(0).unwrap().observe_ttft(0.5);
+        let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
+        assert!(
+            text.contains("x:time_to_first_token_seconds_count{"),
+            "{text}"
+        );
+        assert!(!text.contains("kv_cache_usage_perc"), "{text}");
+        assert!(!text.contains("request_success"), "{text}");
+    }
+
+    #[test]
+    fn observed_requests_record_only_what_is_known() {
+        let p = PrometheusLogger::new(None, "x", "m", &[0], 100, &Default::default(), &[]);
+        let e = p.engine(0).unwrap();
+        let mut req = ObservedRequest {
+            finish_reason: FinishReason::Length,
+            prompt_tokens: Some(7),
+            generation_tokens: Some(5),
+            max_tokens: None,
+            n: 1,
+            ttft: Some(Duration::from_secs(1)),
+            e2e: Duration::from_secs(3),
+        };
+        e.record_observed(&req);
+        assert_eq!(e.request_success[FinishReason::Length.index()].get(), 1);
+        assert_eq!((e.prompt_tokens.get(), e.generation_tokens.get()), (7, 5));
+        assert_eq!(
+            e.request_params_max_tokens.count(),
+            0,
+            "unknown: not a zero"
+        );
+        assert_eq!((e.e2e.count(), e.tpot.count()), (1, 1));
+        req.generation_tokens = None;
+        req.ttft = None;
+        e.record_observed(&req);
+        assert_eq!(e.request_generation_tokens.count(), 1);
+        assert_eq!(e.tpot.count(), 1, "no TPOT without tokens and TTFT");
+        e.add_running(2);
+        e.add_running(-1);
+        assert_eq!(e.num_running.get(), 1);
     }
 
     #[test]

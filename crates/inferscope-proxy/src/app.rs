@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -66,6 +67,7 @@ struct AppState {
     upstream_timeout: Duration,
     max_body: usize,
     inject_usage: bool,
+    warned_collisions: AtomicBool,
 }
 
 /// A proxy serving in the background (tests, embedding).
@@ -93,7 +95,11 @@ fn seconds(flag: &str, v: f64) -> Result<Duration, ProxyError> {
     Duration::try_from_secs_f64(v)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| ProxyError::Flag(format!("--{flag} must be a positive number of seconds, got {v}")))
+        .ok_or_else(|| {
+            ProxyError::Flag(format!(
+                "--{flag} must be a positive number of seconds, got {v}"
+            ))
+        })
 }
 
 fn metrics_url(url: &str) -> Result<Uri, ProxyError> {
@@ -132,7 +138,11 @@ async fn discover_model(client: &UpstreamClient, base: &BaseUrl) -> Option<Strin
 /// Builds everything and serves on `args.host:args.port` in the background.
 pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
     let base = BaseUrl::parse(&args.upstream)?;
-    let upstream_metrics = args.upstream_metrics.as_deref().map(metrics_url).transpose()?;
+    let upstream_metrics = args
+        .upstream_metrics
+        .as_deref()
+        .map(metrics_url)
+        .transpose()?;
     let connect_timeout = seconds("connect-timeout", args.connect_timeout)?;
     let upstream_timeout = seconds("upstream-timeout", args.upstream_timeout)?;
     let upstream_auth = args
@@ -140,7 +150,9 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
         .as_deref()
         .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
         .transpose()
-        .map_err(|_| ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into()))?;
+        .map_err(|_| {
+            ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into())
+        })?;
     let client = upstream::client(connect_timeout);
     let model_name = match &args.served_model_name {
         Some(name) => name.clone(),
@@ -179,6 +191,7 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
         upstream_timeout,
         max_body: args.max_request_body,
         inject_usage: !args.no_usage_injection,
+        warned_collisions: AtomicBool::new(false),
     });
 
     let addr = format!("{}:{}", args.host, args.port);
@@ -371,7 +384,10 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
                 error_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "invalid_request_error",
-                    format!("request body over {} bytes (--max-request-body)", app.max_body),
+                    format!(
+                        "request body over {} bytes (--max-request-body)",
+                        app.max_body
+                    ),
                 )
             } else {
                 error_response(
@@ -452,12 +468,21 @@ async fn metrics(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Respon
     // Two expositions concatenate only in the text format (OpenMetrics ends in `# EOF`).
     let (content_type, mut body) = app.manager.render(Format::Prometheus);
     match fetch_upstream_metrics(&app, url).await {
-        Ok(text) => append_upstream(&mut body, &text),
-        Err(why) => {
-            body.push_str("# inferscope proxy: upstream metrics unavailable: ");
-            body.push_str(&why.replace(['\n', '\r'], " "));
-            body.push('\n');
+        Ok(text) => {
+            let dropped = append_upstream(&mut body, &text);
+            // Said once: the set only changes when the upstream changes.
+            if !dropped.is_empty() && !app.warned_collisions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    families = dropped.join(" "),
+                    "upstream metric families with the proxy's own names are left out (see --metrics-namespace)"
+                );
+            }
         }
+        // Free-form comments would trip strict parsers: say it in the log.
+        Err(why) => tracing::warn!(
+            error = why,
+            "upstream metrics unavailable; serving the proxy's own"
+        ),
     }
     ([(header::CONTENT_TYPE, content_type)], body).into_response()
 }
@@ -499,12 +524,15 @@ fn line_family(line: &str) -> Option<&str> {
     if line.starts_with('#') {
         return None;
     }
-    line.split(['{', ' ', '\t']).next().filter(|n| !n.is_empty())
+    line.split(['{', ' ', '\t'])
+        .next()
+        .filter(|n| !n.is_empty())
 }
 
 /// Appends the upstream's lines to `own`, leaving out `# EOF` and the
-/// families `own` already has (two families of one name break a scrape).
-pub fn append_upstream(own: &mut String, upstream: &str) {
+/// families `own` already has (two families of one name break a scrape);
+/// returns the names left out.
+pub fn append_upstream(own: &mut String, upstream: &str) -> Vec<String> {
     let mine: std::collections::HashSet<String> = own
         .lines()
         .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -534,13 +562,8 @@ pub fn append_upstream(own: &mut String, upstream: &str) {
             }
         }
     }
-    if !dropped.is_empty() {
-        let names: Vec<&str> = dropped.iter().map(String::as_str).collect();
-        own.push_str("# inferscope proxy: upstream series with the proxy's own names left out: ");
-        own.push_str(&names.join(" "));
-        own.push('\n');
-    }
     own.push_str(&kept);
+    dropped.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -551,10 +574,20 @@ mod tests {
     fn upstream_exposition_appended_without_collisions() {
         let mut own = "# HELP http_requests Total.\n# TYPE http_requests counter\nhttp_requests_total{handler=\"/v1/models\"} 1\n".to_owned();
         let upstream = "# HELP http_requests Total.\n# TYPE http_requests counter\nhttp_requests_total{handler=\"x\"} 9\n# HELP llamacpp:tokens_predicted_total n\n# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 42\n# EOF\n";
-        append_upstream(&mut own, upstream);
-        assert_eq!(own.matches("# TYPE http_requests counter").count(), 1, "{own}");
+        assert_eq!(
+            append_upstream(&mut own, upstream),
+            ["http_requests", "http_requests_total"]
+        );
+        assert_eq!(
+            own.matches("# TYPE http_requests counter").count(),
+            1,
+            "{own}"
+        );
         assert!(!own.contains("handler=\"x\""), "{own}");
-        assert!(own.contains("llamacpp:tokens_predicted_total 42\n"), "{own}");
+        assert!(
+            own.contains("llamacpp:tokens_predicted_total 42\n"),
+            "{own}"
+        );
         assert!(!own.contains("# EOF"), "{own}");
     }
 

@@ -53,7 +53,10 @@ impl RequestView {
                 .get("max_tokens")
                 .or_else(|| body.get("max_completion_tokens"))
                 .and_then(serde_json::Value::as_u64),
-            n: body.get("n").and_then(serde_json::Value::as_u64).unwrap_or(1),
+            n: body
+                .get("n")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(1),
         }
     }
 }
@@ -367,6 +370,7 @@ pin_project! {
         view: View,
         observer: Observer,
         outcome_if_done: Outcome,
+        done: bool,
     }
 }
 
@@ -389,6 +393,7 @@ impl<B> ObservedBody<B> {
             view,
             observer,
             outcome_if_done: on_complete,
+            done: false,
         }
     }
 }
@@ -524,21 +529,40 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let mut this = self.project();
+        if *this.done {
+            return Poll::Ready(None);
+        }
         loop {
             match ready!(this.inner.as_mut().poll_frame(cx)) {
                 None => {
+                    *this.done = true;
                     let rest = this.view.end(this.observer);
                     this.observer.finish(*this.outcome_if_done);
                     return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
                 }
                 Some(Err(e)) => {
+                    *this.done = true;
                     this.observer.finish(Outcome::Failed);
                     return Poll::Ready(Some(Err(e)));
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        let out = this.view.pass(data, this.observer);
+                        let mut out = this.view.pass(data, this.observer);
+                        // A body of known length is not polled past its last
+                        // byte (hyper stops at Content-Length): end it here.
+                        if this.inner.is_end_stream() {
+                            *this.done = true;
+                            if let Some(rest) = this.view.end(this.observer) {
+                                let mut joined = BytesMut::from(&out[..]);
+                                joined.extend_from_slice(&rest);
+                                out = joined.freeze();
+                            }
+                            this.observer.finish(*this.outcome_if_done);
+                        }
                         if out.is_empty() {
+                            if *this.done {
+                                return Poll::Ready(None);
+                            }
                             // Everything was held back or left out: read on.
                             continue;
                         }
@@ -551,7 +575,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        false
+        self.done
     }
 
     fn size_hint(&self) -> SizeHint {

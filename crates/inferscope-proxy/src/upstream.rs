@@ -56,9 +56,7 @@ impl BaseUrl {
             }
             _ => return Err(bad("expected http://host:port")),
         }
-        let authority = uri
-            .authority()
-            .ok_or_else(|| bad("no host in the URL"))?;
+        let authority = uri.authority().ok_or_else(|| bad("no host in the URL"))?;
         if uri.query().is_some() {
             return Err(bad("a base URL takes no query string"));
         }
@@ -208,7 +206,13 @@ mod tests {
             BaseUrl::parse("http://h:1/api/v1").unwrap().as_str(),
             "http://h:1/api"
         );
-        for bad in ["https://h:1", "h:1", "http://", "ftp://h", "http://h:1/?q=1"] {
+        for bad in [
+            "https://h:1",
+            "h:1",
+            "http://",
+            "ftp://h",
+            "http://h:1/?q=1",
+        ] {
             assert!(BaseUrl::parse(bad).is_err(), "{bad}");
         }
     }
