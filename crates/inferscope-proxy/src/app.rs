@@ -318,15 +318,12 @@ fn upstream_request(
     parts: &http::request::Parts,
     body: Body,
     measured: bool,
-) -> Result<http::Request<Body>, Response> {
+) -> Result<http::Request<Body>, String> {
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri = app.base.join(pq).map_err(|_| {
-        error_response(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            format!("cannot forward the path {pq:?}"),
-        )
-    })?;
+    let uri = app
+        .base
+        .join(pq)
+        .map_err(|_| format!("cannot forward the path {pq:?}"))?;
     let mut req = http::Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
@@ -360,7 +357,9 @@ async fn pass_through(State(app): State<Arc<AppState>>, req: Request) -> Respons
     let (parts, body) = req.into_parts();
     let req = match upstream_request(&app, &parts, body, false) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+        }
     };
     match upstream::send(&app.client, &app.base, req, app.upstream_timeout).await {
         Ok(resp) => {
@@ -421,7 +420,9 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
     };
     let req = match upstream_request(&app, &parts, Body::from(body), true) {
         Ok(r) => r,
-        Err(resp) => return resp,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+        }
     };
     // From here a drop (the client went away) counts as an abort.
     let mut observer = Observer::new(app.engine.clone(), start, view);
