@@ -648,9 +648,38 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
     if !findings.iter().any(|f| f.severity >= Severity::Warning) {
         findings.push(verdict(s));
     }
+    if client_side_only(s) {
+        findings.push(client_side_note());
+    }
     // Stable: equal severities keep the rule order above.
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     Diagnosis { findings, skipped }
+}
+
+/// Latencies but no engine series at all: the exposition of `inferscope
+/// proxy` (or another front end that measures only what the client sees).
+pub fn client_side_only(s: &Summary) -> bool {
+    s.ttft.is_some()
+        && s.kv_usage_peak.is_none()
+        && s.waiting_peak.is_none()
+        && s.queue.is_none()
+        && s.device_utilisation.is_none()
+}
+
+/// What doctor cannot tell from a client-side exposition.
+fn client_side_note() -> Finding {
+    Finding {
+        id: "client_side_only",
+        severity: Severity::Info,
+        title: "Measured from the client side (inferscope proxy): cannot tell KV-cache \
+                saturation, queueing, host versus device time, prefix-cache reuse or \
+                data-parallel balance"
+            .into(),
+        evidence: Vec::new(),
+        action: "Scrape the upstream's own metrics too (`inferscope proxy --upstream-metrics`), \
+                 or run doctor against the upstream if it exposes vLLM's or inferscope's names."
+            .into(),
+    }
 }
 
 /// The verdict when no rule found a problem: healthy with headroom, or idle.
@@ -668,16 +697,21 @@ fn verdict(s: &Summary) -> Finding {
             action: "Run doctor while the server takes its usual load, or widen --window.".into(),
         };
     }
-    let mut evidence = vec![
-        ev("requests_per_s", s.requests_per_s.unwrap_or(0.0), "per_s"),
-        ev("kv_usage_peak", s.kv_usage_peak.unwrap_or(0.0), "ratio"),
-        ev("kv_headroom", 1.0 - s.kv_usage_peak.unwrap_or(0.0), "ratio"),
-        ev("waiting_peak", s.waiting_peak.unwrap_or(0.0), "requests"),
-    ];
-    let mut headroom = vec![format!(
-        "KV cache peaked at {}",
-        pct(s.kv_usage_peak.unwrap_or(0.0))
+    let mut evidence = vec![ev(
+        "requests_per_s",
+        s.requests_per_s.unwrap_or(0.0),
+        "per_s",
     )];
+    let mut headroom = Vec::new();
+    // Without the engine gauges (a proxy) there is no KV figure to quote, not a zero.
+    if let Some(kv) = s.kv_usage_peak {
+        evidence.push(ev("kv_usage_peak", kv, "ratio"));
+        evidence.push(ev("kv_headroom", 1.0 - kv, "ratio"));
+        headroom.push(format!("KV cache peaked at {}", pct(kv)));
+    }
+    if let Some(w) = s.waiting_peak {
+        evidence.push(ev("waiting_peak", w, "requests"));
+    }
     if let Some(u) = s.device_utilisation {
         evidence.push(ev("device_utilisation", u, "ratio"));
         headroom.push(format!("device {} busy", pct(u)));
@@ -693,7 +727,11 @@ fn verdict(s: &Summary) -> Finding {
     Finding {
         id: "healthy",
         severity: Severity::Ok,
-        title: format!("Healthy: no problem found ({})", headroom.join(", ")),
+        title: if headroom.is_empty() {
+            "Healthy: no problem found".into()
+        } else {
+            format!("Healthy: no problem found ({})", headroom.join(", "))
+        },
         evidence,
         action: "Nothing to change. The headroom left is the KV cache not in use and the device \
                  time not busy; load beyond it will first show as queueing."
@@ -830,5 +868,35 @@ mod tests {
         };
         let dg = diagnose(&s, None);
         assert_eq!(dg.findings[0].id, "no_traffic");
+    }
+
+    #[test]
+    fn a_proxy_exposition_says_what_it_cannot_tell_and_quotes_no_kv_zero() {
+        let s = Summary {
+            waiting_mean: None,
+            waiting_peak: None,
+            kv_usage_peak: None,
+            kv_usage_mean: None,
+            queue: None,
+            prefill: None,
+            device_utilisation: None,
+            idle_fraction: None,
+            phases: None,
+            preemptions: None,
+            ..busy()
+        };
+        let dg = diagnose(&s, None);
+        let ids: Vec<&str> = dg.findings.iter().map(|f| f.id).collect();
+        assert!(ids.contains(&"client_side_only"), "{ids:?}");
+        let healthy = dg
+            .findings
+            .iter()
+            .find(|f| f.id == "healthy")
+            .expect("verdict");
+        assert!(!healthy.title.contains("KV"), "{}", healthy.title);
+        assert!(healthy.evidence("kv_usage_peak").is_none());
+        // A server's exposition is not mistaken for a proxy's.
+        let dg = diagnose(&busy(), None);
+        assert!(dg.findings.iter().all(|f| f.id != "client_side_only"));
     }
 }
