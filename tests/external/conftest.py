@@ -4,6 +4,10 @@ Environment:
   INFERSCOPE_BIN   the binary (default: <repo>/target/release/inferscope)
   PROMETHEUS_BIN   default /usr/bin/prometheus (Debian's `prometheus` package)
   PROMTOOL_BIN     default /usr/bin/promtool (same package)
+
+The third-party server (`llama_cpp_server`) is llama.cpp's OpenAI-compatible
+server from the `llama-cpp-python[server]` package, which .ci/run installs into
+the suite's virtual environment (built from source once, then cached).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,32 +55,40 @@ def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         proc.wait(timeout=timeout)
 
 
-class Server:
-    """`inferscope serve --executor sim` on 127.0.0.1 and a free port."""
+def _wait_ready(proc: subprocess.Popen, url: str, log: Path, what: str, timeout: float = 60) -> None:
+    """Polls `url` until it answers 200; fails with the log's tail if `proc` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{_tail(log)}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            _stop(proc)
+            pytest.fail(f"{what} not ready after {timeout:.0f} s:\n{_tail(log)}")
+        time.sleep(0.1)
 
-    def __init__(self, args: list[str], workdir: Path):
+
+class Server:
+    """`inferscope serve` on 127.0.0.1 and a free port: the sim executor unless
+    `model_args` names another executor and model."""
+
+    def __init__(self, args: list[str], workdir: Path, model_args: list[str] | None = None):
         if not INFERSCOPE_BIN.exists():
             pytest.fail(f"{INFERSCOPE_BIN} missing: run `cargo build --release -p inferscope` first")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = workdir / f"server-{self.port}.log"
+        if model_args is None:
+            model_args = ["--executor", "sim", "--model", MODEL]
         cmd = [str(INFERSCOPE_BIN), "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               "--executor", "sim", "--model", MODEL, "--shutdown-timeout", "1", *args]
+               *model_args, "--shutdown-timeout", "1", *args]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"server exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            try:
-                if requests.get(self.base + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                _stop(self.proc)
-                pytest.fail(f"server not healthy after 60 s:\n{_tail(self.log)}")
-            time.sleep(0.1)
+        _wait_ready(self.proc, self.base + "/health", self.log, "server")
 
     def metrics_text(self) -> str:
         r = requests.get(self.base + "/metrics", timeout=10)
@@ -110,19 +123,7 @@ class Prometheus:
             [PROMETHEUS_BIN, f"--config.file={self.config}", f"--storage.tsdb.path={self.dir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=self.dir)
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"prometheus exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            try:
-                if requests.get(self.base + "/-/ready", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                _stop(self.proc)
-                pytest.fail(f"prometheus not ready after 60 s:\n{_tail(self.log)}")
-            time.sleep(0.2)
+        _wait_ready(self.proc, self.base + "/-/ready", self.log, "prometheus")
 
     def query(self, expr: str, at: float | str | None = None) -> list[dict]:
         params = {"query": expr}
@@ -205,6 +206,47 @@ def make_prometheus(workdir):
     yield make
     for p in started:
         p.stop()
+
+
+class LlamaCppServer:
+    """llama.cpp's OpenAI-compatible server (`python -m llama_cpp.server`) on
+    127.0.0.1 and a free port, serving `gguf_path` as `model`."""
+
+    def __init__(self, gguf_path: Path, workdir: Path, model: str = "tiny-llama"):
+        try:
+            import llama_cpp  # noqa: F401  (only to fail early with a clear message)
+        except ImportError as e:
+            pytest.fail(f"llama-cpp-python is not installed ({e}); .ci/run installs it "
+                        "(`pip install llama-cpp-python[server]`)")
+        self.gguf_path = gguf_path
+        self.model = model
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / f"llama-cpp-{self.port}.log"
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf_path),
+               "--model_alias", model, "--host", "127.0.0.1", "--port", str(self.port),
+               "--n_ctx", "4096", "--n_threads", "2", "--verbose", "false"]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
+        _wait_ready(self.proc, self.base_url + "/v1/models", self.log, "llama.cpp server", timeout=120)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(workdir) -> Path:
+    """A tiny random-weight Llama GGUF with a SentencePiece vocabulary (tiny_gguf.py)."""
+    from tiny_gguf import write_tiny_llama
+
+    return write_tiny_llama(workdir / "tiny-llama.gguf")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_server(tiny_gguf, workdir):
+    """A third-party OpenAI-compatible server: llama.cpp serving `tiny_gguf`."""
+    s = LlamaCppServer(tiny_gguf, workdir)
+    yield s
+    s.stop()
 
 
 def run_promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -31,6 +31,11 @@ pub struct RequestOutput {
     pub generated_text: String,
     /// `completion_tokens` from the usage chunk, when the server sent one.
     pub usage_output_tokens: Option<usize>,
+    /// `prompt_tokens` from the usage chunk, when the server sent one.
+    pub usage_prompt_tokens: Option<usize>,
+    /// Tokens of `generated_text` counted by a tokenizer after the run
+    /// (only where the server sent no usage).
+    pub counted_output_tokens: Option<usize>,
     /// Number of choice-bearing events.
     pub chunks: usize,
     /// Time to first token, seconds.
@@ -46,7 +51,8 @@ pub struct RequestOutput {
     /// How late the scheduler thread handed the request to the runtime, seconds
     /// (the part of `send_lag` before the runtime picked the task up).
     pub dispatch_lag: f64,
-    /// Prompt length (from the dataset).
+    /// Prompt length from the dataset (the server's `usage`, when it sends
+    /// one, is `usage_prompt_tokens`).
     pub prompt_len: usize,
     /// Why it failed (empty on success).
     pub error: String,
@@ -396,6 +402,7 @@ struct StreamState {
     text: String,
     chunks: usize,
     usage: Option<usize>,
+    usage_prompt: Option<usize>,
     done: bool,
     error: Option<String>,
 }
@@ -410,6 +417,7 @@ impl StreamState {
             text: String::new(),
             chunks: 0,
             usage: None,
+            usage_prompt: None,
             done: false,
             error: None,
         }
@@ -461,12 +469,17 @@ impl StreamState {
             }
             _ => {
                 // Usage is read only from a chunk whose choices are empty or absent.
-                if let Some(n) = v
-                    .get("usage")
-                    .and_then(|u| u.get("completion_tokens"))
-                    .and_then(Value::as_u64)
-                {
-                    self.usage = Some(n as usize);
+                let usage = |k: &str| {
+                    v.get("usage")
+                        .and_then(|u| u.get(k))
+                        .and_then(Value::as_u64)
+                        .and_then(|n| usize::try_from(n).ok())
+                };
+                if let Some(n) = usage("completion_tokens") {
+                    self.usage = Some(n);
+                }
+                if let Some(n) = usage("prompt_tokens") {
+                    self.usage_prompt = Some(n);
                 }
             }
         }
@@ -478,6 +491,7 @@ impl StreamState {
         out.generated_text = self.text;
         out.chunks = self.chunks;
         out.usage_output_tokens = self.usage;
+        out.usage_prompt_tokens = self.usage_prompt;
         out.latency = self
             .last
             .map(|l| l.duration_since(self.st).as_secs_f64())
@@ -617,7 +631,7 @@ mod tests {
             (r#"{"choices":[{"index":0,"text":"b"}]}"#, 60),
             (r#"{"choices":[{"index":0,"delta":{"content":"c"}}]}"#, 75),
             (
-                r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}"#,
                 90,
             ),
             ("[DONE]", 95),
@@ -625,6 +639,7 @@ mod tests {
         assert!(out.success);
         assert_eq!(out.generated_text, "abc");
         assert_eq!(out.usage_output_tokens, Some(3));
+        assert_eq!(out.usage_prompt_tokens, Some(7));
         assert!((out.ttft - 0.050).abs() < 1e-9);
         assert!((out.latency - 0.075).abs() < 1e-9);
         assert_eq!(out.itl.len(), 2);

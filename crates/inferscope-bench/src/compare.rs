@@ -16,6 +16,8 @@ const SETTINGS: &[&str] = &[
     "request_rate",
     "burstiness",
     "max_concurrency",
+    "input_tokens_counted_by",
+    "output_tokens_counted_by",
 ];
 
 /// Headline figures, in report order.

@@ -1,10 +1,11 @@
 //! Datasets: the prompts to send and the output length asked of each.
 //!
-//! Without a tokenizer, prompt lengths are approximate: generated prompts are
+//! With a tokenizer (`--tokenizer`, or the server's `/tokenize`), prompt
+//! lengths are exact. Without one they are estimates: generated prompts are
 //! made of common English words that BPE tokenizers (GPT, Llama, Qwen, Mistral)
 //! encode as one token each when preceded by a space, so `n` words ≈ `n`
 //! tokens; lengths of real text (ShareGPT, custom) are estimated as
-//! ⌈characters / 4⌉.
+//! ⌈characters / 4⌉. Reports say which ([`CountedBy`]).
 
 use crate::error::BenchError;
 use crate::rng::Rng;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 pub struct SampleRequest {
     /// The prompt text.
     pub prompt: String,
-    /// Prompt length in tokens (approximate without a tokenizer).
+    /// Prompt length in tokens as the server counts it (an estimate without a tokenizer).
     pub prompt_len: usize,
     /// `max_tokens` to ask for.
     pub expected_output_len: usize,
@@ -65,7 +66,7 @@ pub enum DatasetSpec {
 }
 
 /// Words that are one token each (with a leading space) in common BPE vocabularies.
-const WORDS: &[&str] = &[
+pub(crate) const WORDS: &[&str] = &[
     "the",
     "of",
     "and",
@@ -176,14 +177,67 @@ const WORDS: &[&str] = &[
     "fact",
 ];
 
+/// How a token count was obtained. Reports say which, so an estimate is never
+/// read as a measurement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CountedBy {
+    /// The server's `usage` in each response.
+    Usage,
+    /// The server's `POST /tokenize`.
+    ServerTokenizer,
+    /// A local `tokenizer.json` (`--tokenizer`).
+    Tokenizer,
+    /// Estimated: words or characters for prompts, stream chunks for outputs.
+    #[default]
+    Estimate,
+}
+
+impl CountedBy {
+    /// The value in the result JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            CountedBy::Usage => "usage",
+            CountedBy::ServerTokenizer => "server_tokenize",
+            CountedBy::Tokenizer => "tokenizer",
+            CountedBy::Estimate => "estimate",
+        }
+    }
+
+    /// Whether the count is exact.
+    pub fn is_exact(self) -> bool {
+        self != CountedBy::Estimate
+    }
+
+    /// The weaker of two (a total mixing an estimate with exact counts is an estimate).
+    pub fn and(self, other: CountedBy) -> CountedBy {
+        match (self, other) {
+            (CountedBy::Estimate, _) | (_, CountedBy::Estimate) => CountedBy::Estimate,
+            (CountedBy::Usage, o) => o,
+            (s, _) => s,
+        }
+    }
+}
+
 /// Where prompt text and token counts come from: a word list without a
-/// tokenizer, or a real tokenizer for exact lengths.
-pub trait PromptSource {
-    /// Tokens in `text`.
-    fn count(&self, text: &str) -> usize;
-    /// `prefix` (of `prefix_len` tokens) followed by random text, about
-    /// `prefix_len + n` tokens in all; returns the prompt and its length.
-    fn extend(&self, prefix: &str, prefix_len: usize, n: usize, rng: &mut Rng) -> (String, usize);
+/// tokenizer, or a tokenizer (local or the server's) for exact lengths.
+/// Batched, so a tokenizer behind HTTP can answer many texts at once.
+pub trait PromptSource: Send + Sync {
+    /// How this source counts.
+    fn counted_by(&self) -> CountedBy;
+    /// Tokens the server adds to every prompt (BOS and the like).
+    fn special_tokens(&self) -> usize;
+    /// Tokens of each text as the server counts it as a prompt (special
+    /// tokens included).
+    fn prompt_tokens(&self, texts: &[String]) -> Result<Vec<usize>, BenchError>;
+    /// Tokens of each text on its own (no special tokens): generated text.
+    fn text_tokens(&self, texts: &[String]) -> Result<Vec<usize>, BenchError>;
+    /// For each `(prefix, n)`: `prefix` followed by random text, `n` tokens
+    /// more than the prefix; returns each prompt and its `prompt_tokens`.
+    fn extend(
+        &self,
+        asks: &[(String, usize)],
+        rng: &mut Rng,
+    ) -> Result<Vec<(String, usize)>, BenchError>;
 }
 
 /// Prompts from the built-in word list; counts of real text are ⌈chars/4⌉.
@@ -191,18 +245,41 @@ pub trait PromptSource {
 pub struct WordSource;
 
 impl PromptSource for WordSource {
-    fn count(&self, text: &str) -> usize {
-        estimate_tokens(text)
+    fn counted_by(&self) -> CountedBy {
+        CountedBy::Estimate
     }
 
-    fn extend(&self, prefix: &str, prefix_len: usize, n: usize, rng: &mut Rng) -> (String, usize) {
-        let body = random_words(n, rng);
-        let prompt = match (prefix.is_empty(), body.is_empty()) {
-            (true, _) => body,
-            (false, true) => prefix.to_string(),
-            (false, false) => format!("{prefix} {body}"),
-        };
-        (prompt, prefix_len + n)
+    fn special_tokens(&self) -> usize {
+        0
+    }
+
+    fn prompt_tokens(&self, texts: &[String]) -> Result<Vec<usize>, BenchError> {
+        Ok(texts.iter().map(|t| estimate_tokens(t)).collect())
+    }
+
+    fn text_tokens(&self, texts: &[String]) -> Result<Vec<usize>, BenchError> {
+        self.prompt_tokens(texts)
+    }
+
+    fn extend(
+        &self,
+        asks: &[(String, usize)],
+        rng: &mut Rng,
+    ) -> Result<Vec<(String, usize)>, BenchError> {
+        Ok(asks
+            .iter()
+            .map(|(prefix, n)| {
+                // Prefixes come from this source: one word per token.
+                let prefix_len = prefix.split(' ').filter(|w| !w.is_empty()).count();
+                let body = random_words(*n, rng);
+                let prompt = match (prefix.is_empty(), body.is_empty()) {
+                    (true, _) => body,
+                    (false, true) => prefix.clone(),
+                    (false, false) => format!("{prefix} {body}"),
+                };
+                (prompt, prefix_len + n)
+            })
+            .collect())
     }
 }
 
@@ -265,7 +342,7 @@ pub fn sample_with(
             suffix_len,
             num_prefixes,
             output_len,
-        } => Ok(sample_prefix_repetition(
+        } => sample_prefix_repetition(
             *prefix_len,
             *suffix_len,
             *num_prefixes,
@@ -273,7 +350,7 @@ pub fn sample_with(
             num_prompts,
             rng,
             src,
-        )),
+        ),
     }
 }
 
@@ -297,21 +374,41 @@ fn sample_random(
             "--random-range-ratio must be in [0, 1), got {range_ratio}"
         )));
     }
-    let (prefix, prefix_len) = src.extend("", 0, prefix_len, rng);
+    let prefix = match prefix_len {
+        0 => String::new(),
+        n => first(src.extend(&[(String::new(), n)], rng)?)?.0,
+    };
     let (in_lo, in_hi) = length_bounds(input_len, range_ratio);
     let (out_lo, out_hi) = length_bounds(output_len, range_ratio);
-    Ok((0..num_prompts)
-        .map(|_| {
-            let n_in = rng.range_inclusive(in_lo, in_hi);
-            let n_out = rng.range_inclusive(out_lo, out_hi).max(1);
-            let (prompt, prompt_len) = src.extend(&prefix, prefix_len, n_in, rng);
-            SampleRequest {
+    // As vLLM does: the server's special tokens are part of the input length,
+    // so the server sees `prefix_len + input_len` tokens.
+    let special = src.special_tokens();
+    let mut asks = Vec::with_capacity(num_prompts);
+    let mut outs = Vec::with_capacity(num_prompts);
+    for _ in 0..num_prompts {
+        let n_in = rng.range_inclusive(in_lo, in_hi);
+        outs.push(rng.range_inclusive(out_lo, out_hi).max(1));
+        asks.push((prefix.clone(), n_in.saturating_sub(special)));
+    }
+    Ok(src
+        .extend(&asks, rng)?
+        .into_iter()
+        .zip(outs)
+        .map(
+            |((prompt, prompt_len), expected_output_len)| SampleRequest {
                 prompt,
                 prompt_len,
-                expected_output_len: n_out,
-            }
-        })
+                expected_output_len,
+            },
+        )
         .collect())
+}
+
+/// The one answer to a one-ask `extend`.
+fn first<T>(v: Vec<T>) -> Result<T, BenchError> {
+    v.into_iter()
+        .next()
+        .ok_or_else(|| BenchError::Dataset("the prompt source answered nothing".into()))
 }
 
 fn sample_prefix_repetition(
@@ -322,23 +419,23 @@ fn sample_prefix_repetition(
     num_prompts: usize,
     rng: &mut Rng,
     src: &dyn PromptSource,
-) -> Vec<SampleRequest> {
-    let prefixes: Vec<(String, usize)> = (0..num_prefixes.max(1))
-        .map(|_| src.extend("", 0, prefix_len, rng))
+) -> Result<Vec<SampleRequest>, BenchError> {
+    let empty: Vec<(String, usize)> = vec![(String::new(), prefix_len); num_prefixes.max(1)];
+    let prefixes = src.extend(&empty, rng)?;
+    let asks: Vec<(String, usize)> = (0..num_prompts)
+        .map(|i| (prefixes[i % prefixes.len()].0.clone(), suffix_len))
         .collect();
-    let mut out: Vec<SampleRequest> = (0..num_prompts)
-        .map(|i| {
-            let (prefix, plen) = &prefixes[i % prefixes.len()];
-            let (prompt, prompt_len) = src.extend(prefix, *plen, suffix_len, rng);
-            SampleRequest {
-                prompt,
-                prompt_len,
-                expected_output_len: output_len.max(1),
-            }
+    let mut out: Vec<SampleRequest> = src
+        .extend(&asks, rng)?
+        .into_iter()
+        .map(|(prompt, prompt_len)| SampleRequest {
+            prompt,
+            prompt_len,
+            expected_output_len: output_len.max(1),
         })
         .collect();
     rng.shuffle(&mut out);
-    out
+    Ok(out)
 }
 
 fn read_file(path: &Path) -> Result<String, BenchError> {
@@ -373,27 +470,49 @@ fn sample_sharegpt(
     entries.retain(|e| e.conversations.len() >= 2);
     rng.shuffle(&mut entries);
     let mut out = Vec::with_capacity(num_prompts);
-    for e in &entries {
-        if out.len() == num_prompts {
-            break;
-        }
-        let prompt = &e.conversations[0].value;
-        let prompt_len = src.count(prompt);
-        let output_len = fixed_output_len.unwrap_or_else(|| src.count(&e.conversations[1].value));
-        // Same filter as vLLM: drop very short and very long pairs.
-        if fixed_output_len.is_none()
-            && (prompt_len < 4
-                || output_len < 4
-                || prompt_len > 1024
-                || prompt_len + output_len > 2048)
+    // Counted in batches of what is still missing (a server tokenizer answers
+    // a batch concurrently), not the whole file.
+    let mut rest = entries.as_slice();
+    while out.len() < num_prompts && !rest.is_empty() {
+        let take = (num_prompts - out.len()).max(16).min(rest.len());
+        let (batch, tail) = rest.split_at(take);
+        rest = tail;
+        let prompts: Vec<String> = batch
+            .iter()
+            .map(|e| e.conversations[0].value.clone())
+            .collect();
+        let prompt_lens = src.prompt_tokens(&prompts)?;
+        let output_lens = match fixed_output_len {
+            Some(n) => vec![n; batch.len()],
+            None => {
+                let replies: Vec<String> = batch
+                    .iter()
+                    .map(|e| e.conversations[1].value.clone())
+                    .collect();
+                src.text_tokens(&replies)?
+            }
+        };
+        for ((prompt, prompt_len), output_len) in
+            prompts.into_iter().zip(prompt_lens).zip(output_lens)
         {
-            continue;
+            if out.len() == num_prompts {
+                break;
+            }
+            // Same filter as vLLM: drop very short and very long pairs.
+            if fixed_output_len.is_none()
+                && (prompt_len < 4
+                    || output_len < 4
+                    || prompt_len > 1024
+                    || prompt_len + output_len > 2048)
+            {
+                continue;
+            }
+            out.push(SampleRequest {
+                prompt,
+                prompt_len,
+                expected_output_len: output_len.max(1),
+            });
         }
-        out.push(SampleRequest {
-            prompt: prompt.clone(),
-            prompt_len,
-            expected_output_len: output_len.max(1),
-        });
     }
     if out.is_empty() {
         return Err(BenchError::Dataset(format!(
@@ -419,7 +538,7 @@ fn sample_custom(
     src: &dyn PromptSource,
 ) -> Result<Vec<SampleRequest>, BenchError> {
     let file = std::fs::File::open(path).map_err(|e| BenchError::io(path, e))?;
-    let mut out = Vec::new();
+    let mut lines: Vec<CustomLine> = Vec::new();
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.map_err(|e| BenchError::io(path, e))?;
         if line.trim().is_empty() {
@@ -430,19 +549,28 @@ fn sample_custom(
                 context: format!("{} line {}", path.display(), i + 1),
                 source,
             })?;
-        out.push(SampleRequest {
-            prompt_len: src.count(&parsed.prompt),
-            prompt: parsed.prompt,
-            expected_output_len: parsed.output_tokens.unwrap_or(output_len).max(1),
-        });
+        lines.push(parsed);
     }
-    if out.is_empty() {
+    if lines.is_empty() {
         return Err(BenchError::Dataset(format!(
             "no prompt in {}",
             path.display()
         )));
     }
-    rng.shuffle(&mut out);
+    rng.shuffle(&mut lines);
+    // Only the prompts that will be sent are counted.
+    lines.truncate(num_prompts);
+    let prompts: Vec<String> = lines.iter().map(|l| l.prompt.clone()).collect();
+    let lens = src.prompt_tokens(&prompts)?;
+    let out = lines
+        .into_iter()
+        .zip(lens)
+        .map(|(l, prompt_len)| SampleRequest {
+            prompt: l.prompt,
+            prompt_len,
+            expected_output_len: l.output_tokens.unwrap_or(output_len).max(1),
+        })
+        .collect();
     Ok(cycle_to(out, num_prompts))
 }
 
@@ -454,6 +582,17 @@ fn cycle_to(samples: Vec<SampleRequest>, n: usize) -> Vec<SampleRequest> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_total_is_as_good_as_its_weakest_count() {
+        use CountedBy::*;
+        assert_eq!(Usage.and(Usage), Usage);
+        assert_eq!(Usage.and(ServerTokenizer), ServerTokenizer);
+        assert_eq!(Tokenizer.and(Usage), Tokenizer);
+        assert_eq!(ServerTokenizer.and(Estimate), Estimate);
+        assert_eq!(Estimate.and(Usage), Estimate);
+        assert!(Usage.is_exact() && Tokenizer.is_exact() && !Estimate.is_exact());
+    }
 
     #[test]
     fn random_lengths_within_range_and_prefix_shared() {

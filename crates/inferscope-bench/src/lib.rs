@@ -18,6 +18,7 @@ pub mod rng;
 pub mod runner;
 pub mod scrape;
 pub mod serve;
+pub mod server_tokenizer;
 pub mod sse;
 pub mod statistics;
 pub mod sweep;

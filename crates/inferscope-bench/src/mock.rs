@@ -1,6 +1,8 @@
 //! A mock OpenAI-compatible streaming server with fixed delays, for tests and
 //! the client-capacity benchmark. Each token is sent as `chunk_text`; prompt tokens are
-//! counted as whitespace-separated words (matching the random dataset).
+//! counted as whitespace-separated words (matching the random dataset), plus
+//! a BOS token when the mock offers a tokenizer (`/tokenize`, `/detokenize`:
+//! one id per word, a vocabulary grown as words are first seen).
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -44,6 +46,8 @@ pub struct MockConfig {
     /// Answer 400 with an empty body to an `x-request-id` that is not a
     /// UUID, as llama.cpp's server does.
     pub uuid_request_ids_only: bool,
+    /// Offer vLLM's `/tokenize` and `/detokenize` (word-level, with a BOS).
+    pub tokenizer: bool,
 }
 
 impl Default for MockConfig {
@@ -58,6 +62,7 @@ impl Default for MockConfig {
             metrics_namespace: None,
             chunk_text: " tok".to_string(),
             uuid_request_ids_only: false,
+            tokenizer: false,
         }
     }
 }
@@ -77,6 +82,32 @@ struct State {
     started: Instant,
     /// `x-request-id` of the latest generation request, if it had one.
     last_request_id: std::sync::Mutex<Option<String>>,
+    /// The word vocabulary of the mock tokenizer (id 0 is BOS).
+    vocab: std::sync::Mutex<Vocab>,
+    /// `/tokenize` and `/detokenize` calls.
+    tokenizer_calls: AtomicU64,
+}
+
+/// Words to ids and back; id 0 is BOS.
+#[derive(Default)]
+struct Vocab {
+    ids: std::collections::HashMap<String, u32>,
+    words: Vec<String>,
+}
+
+impl Vocab {
+    fn id(&mut self, w: &str) -> u32 {
+        if self.words.is_empty() {
+            self.words.push("<s>".into());
+        }
+        if let Some(&id) = self.ids.get(w) {
+            return id;
+        }
+        let id = u32::try_from(self.words.len()).unwrap_or(u32::MAX);
+        self.words.push(w.to_string());
+        self.ids.insert(w.to_string(), id);
+        id
+    }
 }
 
 /// A running mock server; stops when dropped.
@@ -117,6 +148,8 @@ impl MockServer {
             c: Counters::default(),
             started: Instant::now(),
             last_request_id: std::sync::Mutex::new(None),
+            vocab: std::sync::Mutex::new(Vocab::default()),
+            tokenizer_calls: AtomicU64::new(0),
         });
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -145,6 +178,11 @@ impl MockServer {
     /// `http://127.0.0.1:PORT`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `/tokenize` and `/detokenize` calls received so far.
+    pub fn tokenizer_calls(&self) -> u64 {
+        self.state.tokenizer_calls.load(Ordering::Relaxed)
     }
 
     /// Generation requests received so far.
@@ -204,10 +242,66 @@ async fn handle(req: Request<Incoming>, st: Arc<State>) -> Result<Response<MockB
             ),
             None => full(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
         },
+        (Method::POST, "/tokenize" | "/detokenize") if st.cfg.tokenizer => {
+            tokenizer(req, st, path == "/tokenize").await
+        }
         (Method::POST, "/v1/completions") => generate(req, st, false).await,
         (Method::POST, "/v1/chat/completions") => generate(req, st, true).await,
         _ => full(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
     })
+}
+
+/// `/tokenize` (prompt → word ids, BOS first unless `add_special_tokens` is
+/// false) and `/detokenize` (ids → words joined by spaces).
+async fn tokenizer(req: Request<Incoming>, st: Arc<State>, encode: bool) -> Response<MockBody> {
+    st.tokenizer_calls.fetch_add(1, Ordering::Relaxed);
+    let body = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return full(StatusCode::BAD_REQUEST, "text/plain", "bad body".into()),
+    };
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let bad = |m: &str| {
+        let e =
+            json!({"error":{"message":m,"type":"invalid_request_error","param":null,"code":400}});
+        full(StatusCode::BAD_REQUEST, "application/json", e.to_string())
+    };
+    let Ok(mut vocab) = st.vocab.lock() else {
+        return bad("vocabulary poisoned");
+    };
+    let answer = if encode {
+        let text = match (v.get("prompt"), v.pointer("/messages/0/content")) {
+            (Some(p), _) => p.as_str(),
+            (None, Some(c)) => c.as_str(),
+            (None, None) => None,
+        };
+        let Some(text) = text else {
+            return bad("`prompt` or `messages` is required");
+        };
+        let mut tokens: Vec<u32> = Vec::new();
+        if v.get("add_special_tokens").and_then(Value::as_bool) != Some(false) {
+            tokens.push(0);
+        }
+        tokens.extend(text.split_whitespace().map(|w| vocab.id(w)));
+        json!({"count": tokens.len(), "max_model_len": 4096, "tokens": tokens})
+    } else {
+        let Some(ids) = v.get("tokens").and_then(Value::as_array) else {
+            return bad("`tokens` is required");
+        };
+        let mut words = Vec::new();
+        for id in ids {
+            let w = id
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok())
+                .and_then(|i| vocab.words.get(i));
+            match w {
+                Some(w) if w != "<s>" => words.push(w.clone()),
+                Some(_) => {}
+                None => return bad("token id out of vocabulary"),
+            }
+        }
+        json!({"prompt": words.join(" ")})
+    };
+    full(StatusCode::OK, "application/json", answer.to_string())
 }
 
 async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Response<MockBody> {
@@ -250,7 +344,8 @@ async fn generate(req: Request<Incoming>, st: Arc<State>, chat: bool) -> Respons
     } else {
         v.get("prompt").and_then(Value::as_str)
     }
-    .map_or(0, |p| p.split_whitespace().count()) as u64;
+    .map_or(0, |p| p.split_whitespace().count()) as u64
+        + u64::from(st.cfg.tokenizer);
     let drop_after = st
         .cfg
         .drop_every

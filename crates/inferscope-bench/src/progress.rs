@@ -12,6 +12,10 @@ pub struct Progress {
     total: usize,
     done: Arc<AtomicUsize>,
     start: Instant,
+    label: &'static str,
+    unit: &'static str,
+    /// Whether the bar has been drawn (a delayed one may never be).
+    drawn: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Whether a bar should be shown (stdout is a terminal and not disabled).
@@ -19,8 +23,9 @@ pub fn wanted(disabled: bool) -> bool {
     !disabled && std::io::stdout().is_terminal()
 }
 
-fn draw(done: usize, total: usize, elapsed: Duration) {
+fn draw(label: &str, unit: &str, done: usize, total: usize, elapsed: Duration) {
     let width = 30;
+    let done = done.min(total);
     let filled = (done * width)
         .checked_div(total)
         .unwrap_or(width)
@@ -29,7 +34,7 @@ fn draw(done: usize, total: usize, elapsed: Duration) {
     let mut err = std::io::stderr().lock();
     let _ = write!(
         err,
-        "\r[{}{}] {done}/{total} {:.1}s {rate:.1} req/s ",
+        "\r{label}[{}{}] {done}/{total} {:.1}s {rate:.1} {unit}/s ",
         "#".repeat(filled),
         " ".repeat(width - filled),
         elapsed.as_secs_f64()
@@ -40,14 +45,36 @@ fn draw(done: usize, total: usize, elapsed: Duration) {
 impl Progress {
     /// Starts redrawing every 200 ms when `enabled`; counts come from `done`.
     pub fn start(total: usize, enabled: bool, done: Arc<AtomicUsize>) -> Self {
+        Self::start_after("", "req", Duration::ZERO, total, enabled, done)
+    }
+
+    /// A bar `label[###   ] done/total … unit/s`, first drawn after `delay`
+    /// (work that ends sooner shows no bar at all).
+    pub fn start_after(
+        label: &'static str,
+        unit: &'static str,
+        delay: Duration,
+        total: usize,
+        enabled: bool,
+        done: Arc<AtomicUsize>,
+    ) -> Self {
         let start = Instant::now();
+        let drawn = Arc::new(std::sync::atomic::AtomicBool::new(delay.is_zero()));
         let task = enabled.then(|| {
-            let done = done.clone();
+            let (done, drawn) = (done.clone(), drawn.clone());
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(200));
+                let first = tokio::time::Instant::from_std(start + delay);
+                let mut tick = tokio::time::interval_at(first, Duration::from_millis(200));
                 loop {
                     tick.tick().await;
-                    draw(done.load(Ordering::Relaxed), total, start.elapsed());
+                    drawn.store(true, Ordering::Relaxed);
+                    draw(
+                        label,
+                        unit,
+                        done.load(Ordering::Relaxed),
+                        total,
+                        start.elapsed(),
+                    );
                 }
             })
         });
@@ -56,6 +83,9 @@ impl Progress {
             total,
             done,
             start,
+            label,
+            unit,
+            drawn,
         }
     }
 
@@ -63,7 +93,12 @@ impl Progress {
     pub fn finish(mut self) {
         if let Some(t) = self.task.take() {
             t.abort();
+            if !self.drawn.load(Ordering::Relaxed) {
+                return;
+            }
             draw(
+                self.label,
+                self.unit,
                 self.done.load(Ordering::Relaxed),
                 self.total,
                 self.start.elapsed(),

@@ -60,6 +60,14 @@ pub fn render(m: &BenchmarkMetrics, ctx: &ReportContext) -> String {
     line(&mut s, "Benchmark duration (s):", f2(ctx.duration_s));
     line(&mut s, "Total input tokens:", m.total_input);
     line(&mut s, "Total generated tokens:", m.total_output);
+    // vLLM's layout has no such line: it appears only when a count is not
+    // exact, so an estimate is never read as a measurement.
+    if !m.input_counted_by.is_exact() {
+        line(&mut s, "Input tokens:", "estimated");
+    }
+    if !m.output_counted_by.is_exact() {
+        line(&mut s, "Output tokens:", "estimated");
+    }
     line(
         &mut s,
         "Request throughput (req/s):",
@@ -112,6 +120,7 @@ pub fn render(m: &BenchmarkMetrics, ctx: &ReportContext) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dataset::CountedBy;
     use crate::statistics::Distribution;
 
     fn dist(base: f64) -> Distribution {
@@ -142,6 +151,8 @@ mod tests {
             itl: dist(19.0),
             e2el: dist(3000.0),
             output_lens: vec![],
+            input_counted_by: CountedBy::Usage,
+            output_counted_by: CountedBy::Tokenizer,
         };
         let ctx = ReportContext {
             max_concurrency: Some(256),
@@ -161,12 +172,29 @@ mod tests {
         let ctx2 = ReportContext {
             max_concurrency: None,
             request_rate: f64::INFINITY,
-            ..ctx
+            ..ctx.clone()
         };
         let got2 = render(&m2, &ctx2);
         assert!(!got2.contains("Request rate configured"));
         assert!(!got2.contains("goodput"));
         assert!(!got2.contains("Maximum request concurrency"));
         assert_eq!(got2.lines().count(), got.lines().count() - 3);
+        // Estimated counts are said so, right under the totals.
+        let mut m3 = m.clone();
+        m3.input_counted_by = CountedBy::Estimate;
+        let got3 = render(&m3, &ctx);
+        let lines: Vec<&str> = got3.lines().collect();
+        assert_eq!(
+            lines[8],
+            "Input tokens:                            estimated "
+        );
+        assert!(!got3.contains("Output tokens:"));
+        m3.output_counted_by = CountedBy::Estimate;
+        let got4 = render(&m3, &ctx);
+        assert_eq!(
+            got4.lines().nth(9),
+            Some("Output tokens:                           estimated ")
+        );
+        assert_eq!(got4.lines().count(), got.lines().count() + 2);
     }
 }

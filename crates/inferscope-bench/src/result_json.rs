@@ -85,6 +85,15 @@ pub fn insert_metrics(r: &mut Map<String, Value>, m: &BenchmarkMetrics, selected
     r.insert("failed".into(), json!(m.failed));
     r.insert("total_input_tokens".into(), json!(m.total_input));
     r.insert("total_output_tokens".into(), json!(m.total_output));
+    // Not in vLLM's result: whether the totals are exact, and from what.
+    r.insert(
+        "input_tokens_counted_by".into(),
+        json!(m.input_counted_by.key()),
+    );
+    r.insert(
+        "output_tokens_counted_by".into(),
+        json!(m.output_counted_by.key()),
+    );
     r.insert("request_throughput".into(), num(m.request_throughput));
     r.insert(
         "request_goodput".into(),
@@ -264,6 +273,9 @@ mod tests {
         want.sort_unstable();
         assert_eq!(keys, want);
         assert_eq!(r["request_rate"], json!("inf"));
+        // The default metrics counted nothing exactly: the result says so.
+        assert_eq!(r["input_tokens_counted_by"], json!("estimate"));
+        assert_eq!(r["output_tokens_counted_by"], json!("estimate"));
         assert_eq!(r["request_goodput"], Value::Null);
         assert_eq!(r["max_concurrency"], json!(4));
         let brief = build(&meta, &m, &sel, None);

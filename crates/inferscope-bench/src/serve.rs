@@ -5,18 +5,19 @@ use crate::cli::{Backend, BenchServeArgs, DatasetName};
 use crate::client::{
     ApiClient, ApiKind, ClientConfig, RequestIds, RequestOutput, Sampling, discover_model,
 };
-use crate::dataset::{self, DatasetSpec, PromptSource, SampleRequest};
+use crate::dataset::{self, CountedBy, DatasetSpec, PromptSource, SampleRequest, WordSource};
 use crate::error::BenchError;
 use crate::html::{self, ServeReport};
-use crate::progress;
+use crate::progress::{self, Progress};
 use crate::report::{self, ReportContext};
 use crate::result_json::{self, RunMeta};
 use crate::rng::Rng;
 use crate::runner::{self, Plan};
 use crate::scrape::{self, ClientCounts, GaugeSampler, ServerView};
-use crate::statistics::{self, BenchmarkMetrics, Slo};
+use crate::server_tokenizer::{Probe, ServerTokenizer};
+use crate::statistics::{self, BenchmarkMetrics, Counting, Slo};
 use crate::timeline::{self, Slice};
-use crate::tokenizer::TextTokenizer;
+use crate::tokenizer::{ExactSource, TextTokenizer};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -132,6 +133,58 @@ async fn initial_test(
     }
 }
 
+/// Draws the requests on a blocking thread (a server tokenizer blocks on its
+/// calls), with a progress bar when that takes noticeable time.
+async fn prepare(
+    spec: &DatasetSpec,
+    args: &BenchServeArgs,
+    source: Arc<dyn PromptSource>,
+    exact: Option<&ExactSource>,
+) -> Result<(Vec<SampleRequest>, Rng), BenchError> {
+    let done = exact.map_or_else(Default::default, |e| e.done.clone());
+    let bar = Progress::start_after(
+        "Preparing prompts ",
+        "prompts",
+        Duration::from_millis(500),
+        args.num_prompts,
+        progress::wanted(args.disable_tqdm),
+        done,
+    );
+    let (spec, n, seed) = (spec.clone(), args.num_prompts, args.seed);
+    let drawn = tokio::task::spawn_blocking(move || {
+        let mut rng = Rng::new(seed);
+        dataset::sample_with(&spec, n, &mut rng, source.as_ref()).map(|r| (r, rng))
+    })
+    .await;
+    bar.finish();
+    drawn.map_err(|e| BenchError::Dataset(format!("preparing prompts: {e}")))?
+}
+
+/// Counts the generated text of successful requests the server sent no
+/// usage for, with the run's tokenizer.
+async fn count_outputs(
+    outputs: &mut [RequestOutput],
+    source: Arc<dyn PromptSource>,
+) -> Result<(), BenchError> {
+    let todo: Vec<usize> = (0..outputs.len())
+        .filter(|&i| outputs[i].success && outputs[i].usage_output_tokens.is_none())
+        .collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
+    let texts: Vec<String> = todo
+        .iter()
+        .map(|&i| outputs[i].generated_text.clone())
+        .collect();
+    let counts = tokio::task::spawn_blocking(move || source.text_tokens(&texts))
+        .await
+        .map_err(|e| BenchError::Dataset(format!("counting outputs: {e}")))??;
+    for (i, n) in todo.into_iter().zip(counts) {
+        outputs[i].counted_output_tokens = Some(n);
+    }
+    Ok(())
+}
+
 /// The first distinct errors, for the console.
 pub fn first_errors(outputs: &[RequestOutput], k: usize) -> Vec<String> {
     let mut seen: Vec<String> = Vec::new();
@@ -184,7 +237,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         ));
     }
     let tokenizer = match &args.tokenizer {
-        Some(p) => Some(TextTokenizer::from_file(p)?),
+        Some(p) => Some(Arc::new(TextTokenizer::from_file(p)?)),
         None => None,
     };
     let read_timeout = Duration::try_from_secs_f64(args.request_timeout)
@@ -203,12 +256,54 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         Some(m) => m.clone(),
         None => discover_model(&base, Duration::from_secs(10)).await?,
     };
-    let mut rng = Rng::new(args.seed);
     let spec = dataset_spec(args)?;
-    let requests = match &tokenizer {
-        Some(t) => t.sample(&spec, args.num_prompts, &mut rng)?,
-        None => dataset::sample(&spec, args.num_prompts, &mut rng)?,
+    let api_key = std::env::var("OPENAI_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    let chat = api == ApiKind::Chat;
+    let (exact, about) = match tokenizer {
+        Some(t) => (
+            Some(Arc::new(ExactSource::new(t))),
+            format!(
+                "exact, from {}{}",
+                args.tokenizer
+                    .as_ref()
+                    .map_or(String::new(), |p| p.display().to_string()),
+                if chat {
+                    " (the server's chat template not counted: an estimate of what it sees)"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        None => match ServerTokenizer::probe(&base, &model, api_key.clone(), chat, read_timeout)
+            .await?
+        {
+            Probe::Offered(t) => (
+                Some(Arc::new(ExactSource::new(Arc::new(*t)))),
+                "exact, from the server's /tokenize and /detokenize".to_string(),
+            ),
+            Probe::Absent(why) => (
+                None,
+                format!("estimated from words (no --tokenizer, and no server tokenizer: {why})"),
+            ),
+        },
     };
+    println!("Prompt lengths: {about}");
+    let source: Arc<dyn PromptSource> = match &exact {
+        Some(e) => e.clone(),
+        None => Arc::new(WordSource),
+    };
+    let counting = Counting {
+        // A local tokenizer does not know the server's chat template.
+        prompts: if chat && args.tokenizer.is_some() {
+            CountedBy::Estimate
+        } else {
+            source.counted_by()
+        },
+        outputs: source.counted_by(),
+    };
+    let (requests, mut rng) = prepare(&spec, args, source.clone(), exact.as_deref()).await?;
     let client = Arc::new(ApiClient::new(ClientConfig {
         url: format!("{base}{endpoint}"),
         api,
@@ -228,9 +323,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
             min_p: args.min_p,
         },
         read_timeout,
-        api_key: std::env::var("OPENAI_API_KEY")
-            .ok()
-            .filter(|k| !k.is_empty()),
+        api_key,
     })?);
 
     println!("Starting initial single prompt test run...");
@@ -291,19 +384,20 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
     // The runner starts its clock right after this; the server's samples are
     // put on the same axis.
     let run_start = Instant::now();
-    let run = runner::execute(client.clone(), plan).await;
-
-    let count_fn = tokenizer
-        .as_ref()
-        .map(|t| move |s: &str| PromptSource::count(t, s));
-    let count_ref: Option<&dyn Fn(&str) -> usize> =
-        count_fn.as_ref().map(|f| f as &dyn Fn(&str) -> usize);
+    let mut run = runner::execute(client.clone(), plan).await;
+    if exact.is_some()
+        && let Err(e) = count_outputs(&mut run.outputs, source.clone()).await
+    {
+        // The run's figures are still worth having: those outputs stay
+        // counted as stream events, and the report labels them estimated.
+        println!("Could not count the generated text ({e})");
+    }
     let m = statistics::compute(
         &run.outputs,
         run.duration_s,
         slo.as_ref(),
         &percentiles,
-        count_ref,
+        counting,
     );
 
     let errors = first_errors(&run.outputs, 5);
@@ -338,7 +432,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
             d,
             slo.as_ref(),
             &percentiles,
-            count_ref,
+            counting,
         ),
         None => Vec::new(),
     };
@@ -368,7 +462,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     failed: m.failed,
                     output_tokens: m.total_output,
                     input_tokens: m.total_input,
-                    input_exact: tokenizer.is_some(),
+                    input_exact: m.input_counted_by.is_exact(),
                     ttft_ms: (m.completed > 0).then(|| client_quantiles(&m.ttft)),
                     itl_ms: (m.completed > 0).then(|| client_quantiles(&m.itl)),
                     e2e_ms: (m.completed > 0).then(|| client_quantiles(&m.e2el)),

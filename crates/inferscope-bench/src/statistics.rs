@@ -1,6 +1,7 @@
 //! Benchmark statistics: per-request measurements to the report's figures.
 
 use crate::client::RequestOutput;
+use crate::dataset::CountedBy;
 use crate::error::BenchError;
 
 /// Linear-interpolation percentile (numpy's default) of sorted data; 0 when empty.
@@ -223,6 +224,10 @@ pub struct BenchmarkMetrics {
     pub e2el: Distribution,
     /// Output length per request (0 for failures), in request order.
     pub output_lens: Vec<usize>,
+    /// How `total_input` was counted (the weakest of its parts).
+    pub input_counted_by: CountedBy,
+    /// How `total_output` was counted (the weakest of its parts).
+    pub output_counted_by: CountedBy,
 }
 
 impl BenchmarkMetrics {
@@ -237,12 +242,34 @@ impl BenchmarkMetrics {
     }
 }
 
-/// Output tokens of one request: the usage chunk, else the tokenizer's count of
-/// the text (when one is given), else the number of choice-bearing events.
-pub fn output_tokens(o: &RequestOutput, count_text: Option<&dyn Fn(&str) -> usize>) -> usize {
-    o.usage_output_tokens
-        .or_else(|| count_text.map(|f| f(&o.generated_text)))
-        .unwrap_or(o.chunks)
+/// How the dataset's prompt lengths, and outputs the server sent no usage
+/// for, were counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counting {
+    /// The dataset's prompt lengths.
+    pub prompts: CountedBy,
+    /// `counted_output_tokens`.
+    pub outputs: CountedBy,
+}
+
+/// Output tokens of one request and how they were counted: the usage chunk,
+/// else a tokenizer's count of the text (when one counted it), else the number
+/// of choice-bearing events (an estimate: a chunk may carry several tokens).
+pub fn output_tokens(o: &RequestOutput, counting: Counting) -> (usize, CountedBy) {
+    match (o.usage_output_tokens, o.counted_output_tokens) {
+        (Some(n), _) => (n, CountedBy::Usage),
+        (None, Some(n)) => (n, counting.outputs),
+        (None, None) => (o.chunks, CountedBy::Estimate),
+    }
+}
+
+/// Prompt tokens of one request and how they were counted: the server's
+/// usage, else the dataset's length.
+pub fn input_tokens(o: &RequestOutput, counting: Counting) -> (usize, CountedBy) {
+    match o.usage_prompt_tokens {
+        Some(n) => (n, CountedBy::Usage),
+        None => (o.prompt_len, counting.prompts),
+    }
 }
 
 /// Computes the report's figures from per-request outputs.
@@ -251,21 +278,25 @@ pub fn compute(
     duration_s: f64,
     slo: Option<&Slo>,
     percentiles: &[f64],
-    count_text: Option<&dyn Fn(&str) -> usize>,
+    counting: Counting,
 ) -> BenchmarkMetrics {
     let mut m = BenchmarkMetrics::default();
     let (mut ttfts, mut tpots, mut itls, mut e2els) = (vec![], vec![], vec![], vec![]);
     let mut good = 0usize;
+    let (mut input_by, mut output_by) = (None::<CountedBy>, None::<CountedBy>);
     for o in outputs {
         if !o.success {
             m.failed += 1;
             m.output_lens.push(0);
             continue;
         }
-        let n = output_tokens(o, count_text);
+        let (n, out_by) = output_tokens(o, counting);
+        let (n_in, in_by) = input_tokens(o, counting);
+        output_by = Some(output_by.map_or(out_by, |b| b.and(out_by)));
+        input_by = Some(input_by.map_or(in_by, |b| b.and(in_by)));
         m.output_lens.push(n);
         m.completed += 1;
-        m.total_input += o.prompt_len;
+        m.total_input += n_in;
         m.total_output += n;
         // TPOT is 0 for single-token outputs when judging SLOs (as vLLM does),
         // but such requests do not enter the TPOT distribution.
@@ -286,6 +317,9 @@ pub fn compute(
             good += usize::from(ok);
         }
     }
+    // With nothing completed the totals are 0; say how they would have been counted.
+    m.input_counted_by = input_by.unwrap_or(counting.prompts);
+    m.output_counted_by = output_by.unwrap_or(counting.outputs);
     let d = if duration_s > 0.0 {
         duration_s
     } else {
@@ -409,7 +443,11 @@ mod tests {
             ttft_ms: Some(200.0),
             ..Default::default()
         };
-        let m = compute(&outs, 2.0, Some(&slo), &[99.0], None);
+        let exact = Counting {
+            prompts: CountedBy::Tokenizer,
+            outputs: CountedBy::Tokenizer,
+        };
+        let m = compute(&outs, 2.0, Some(&slo), &[99.0], exact);
         assert_eq!((m.completed, m.failed), (2, 1));
         assert_eq!(m.total_input, 20);
         assert_eq!(m.total_output, 4 + 2);
@@ -426,11 +464,24 @@ mod tests {
         assert!((m.itl.mean_ms - 17.5).abs() < 1e-9);
         assert_eq!(m.max_concurrent_requests, 1.0);
         assert_eq!(m.max_output_tokens_per_s, 6.0);
-        let text_count = |s: &str| s.len();
-        let f: &dyn Fn(&str) -> usize = &text_count;
-        let m2 = compute(&outs, 2.0, None, &[99.0], Some(f));
-        assert_eq!(m2.output_lens, vec![4, 0, 0]);
+        // One output's length is the chunk count: the total is an estimate.
+        assert_eq!(m.output_counted_by, CountedBy::Estimate);
+        assert_eq!(m.input_counted_by, CountedBy::Tokenizer);
+        // A tokenizer counted the text: its count wins over the chunks.
+        let mut outs2 = outs.clone();
+        outs2[1].counted_output_tokens = Some(9);
+        outs2[0].usage_prompt_tokens = Some(11);
+        outs2[1].usage_prompt_tokens = Some(12);
+        let m2 = compute(&outs2, 2.0, None, &[99.0], exact);
+        assert_eq!(m2.output_lens, vec![4, 9, 0]);
+        assert_eq!(m2.output_counted_by, CountedBy::Tokenizer);
         assert_eq!(m2.request_goodput, None);
+        // Usage's prompt counts win over the dataset's.
+        assert_eq!(m2.total_input, 23);
+        assert_eq!(m2.input_counted_by, CountedBy::Usage);
+        // Dataset lengths from words: an estimate, said so.
+        let m3 = compute(&outs, 2.0, None, &[99.0], Counting::default());
+        assert_eq!(m3.input_counted_by, CountedBy::Estimate);
     }
 
     #[test]

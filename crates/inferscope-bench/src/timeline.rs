@@ -122,7 +122,7 @@ pub fn slices(
     slice_s: f64,
     slo: Option<&Slo>,
     percentiles: &[f64],
-    count_text: Option<&dyn Fn(&str) -> usize>,
+    counting: statistics::Counting,
 ) -> Vec<Slice> {
     if !(slice_s > 0.0 && slice_s.is_finite()) || outputs.is_empty() {
         return Vec::new();
@@ -156,7 +156,7 @@ pub fn slices(
             Some(Slice {
                 start_s,
                 end_s,
-                metrics: statistics::compute(&g, len, slo, percentiles, count_text),
+                metrics: statistics::compute(&g, len, slo, percentiles, counting),
             })
         })
         .collect()
@@ -191,7 +191,7 @@ mod tests {
             req(1.5, 0.5, &[]),
             req(2.1, 0.2, &[0.1]),
         ];
-        let s = slices(&outs, 2.5, 1.0, None, &[99.0], None);
+        let s = slices(&outs, 2.5, 1.0, None, &[99.0], Default::default());
         assert_eq!(s.len(), 3);
         assert_eq!(
             s.iter().map(|w| w.metrics.completed).collect::<Vec<_>>(),
@@ -210,12 +210,12 @@ mod tests {
 
     #[test]
     fn slicing_degenerate_inputs() {
-        assert!(slices(&[], 1.0, 1.0, None, &[], None).is_empty());
+        assert!(slices(&[], 1.0, 1.0, None, &[], Default::default()).is_empty());
         let outs = vec![req(0.5, 0.1, &[])];
-        assert!(slices(&outs, 1.0, 0.0, None, &[], None).is_empty());
-        assert!(slices(&outs, 1.0, f64::NAN, None, &[], None).is_empty());
+        assert!(slices(&outs, 1.0, 0.0, None, &[], Default::default()).is_empty());
+        assert!(slices(&outs, 1.0, f64::NAN, None, &[], Default::default()).is_empty());
         // A run shorter than one window is one window.
-        let s = slices(&outs, 0.7, 10.0, None, &[], None);
+        let s = slices(&outs, 0.7, 10.0, None, &[], Default::default());
         assert_eq!(s.len(), 1);
         assert_eq!(s[0].end_s, 0.7);
     }

@@ -287,6 +287,27 @@ async fn tokenizer_counts_prompts_and_outputs() {
         Some(5.0 * 34.0),
         "server counts words = tokens"
     );
+    assert_eq!(out.result["input_tokens_counted_by"], "tokenizer");
+    // Chat: the local tokenizer does not know the server's template, so its
+    // prompt counts are labelled estimates (outputs are still counted exactly).
+    let chat = args(
+        &mock.base_url(),
+        &[
+            "--backend",
+            "openai-chat",
+            "--tokenizer",
+            path.to_str().expect("utf-8 path"),
+            "--num-prompts",
+            "2",
+            "--random-input-len",
+            "6",
+            "--random-output-len",
+            "3",
+        ],
+    );
+    let out = run_serve(&chat).await.expect("run succeeds");
+    assert_eq!(out.result["input_tokens_counted_by"], "estimate");
+    assert_eq!(out.result["output_tokens_counted_by"], "tokenizer");
 }
 
 /// A server that accepts only UUIDs as `x-request-id` (llama.cpp's): the
@@ -340,4 +361,126 @@ async fn request_ids_every_server_accepts() {
     );
     assert!(msg.contains("header x-request-id: run7-"), "{msg}");
     assert!(msg.contains("body fields ignore_eos"), "{msg}");
+}
+
+/// Without `--tokenizer`, a server that offers `/tokenize` and `/detokenize`
+/// gives exact prompt lengths (its BOS included in the asked length) and,
+/// without usage, exact output counts; the number of tokenizer calls stays
+/// bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tokenizer_gives_exact_counts() {
+    let mock = MockServer::start(MockConfig {
+        tokenizer: true,
+        send_usage: false,
+        metrics_namespace: Some("inferscope".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("mock starts");
+    let a = args(
+        &mock.base_url(),
+        &[
+            "--num-prompts",
+            "8",
+            "--random-input-len",
+            "20",
+            "--random-prefix-len",
+            "4",
+            "--random-output-len",
+            "5",
+            "--scrape-metrics",
+        ],
+    );
+    let out = run_serve(&a).await.expect("run succeeds");
+    // 4 prefix words + 19 words + BOS = 24 tokens as the server counts them.
+    assert_eq!(out.metrics.total_input, 8 * 24);
+    assert_eq!(out.metrics.total_output, 8 * 5);
+    assert_eq!(out.result["input_tokens_counted_by"], "server_tokenize");
+    assert_eq!(out.result["output_tokens_counted_by"], "server_tokenize");
+    let v = out.server_view.expect("server view");
+    assert_eq!(v.prompt_tokens, Some(8.0 * 24.0));
+    assert_eq!(v.generation_tokens, Some(8.0 * 5.0));
+    // The probe (3 calls), then a few calls per prompt: at least a decode and
+    // an encode each and one count per output; here the prefix's last word and
+    // the body's first merge, so most prompts take a second round.
+    let calls = mock.tokenizer_calls();
+    assert!(
+        (3 + 8 * 2 + 8..=3 + 8 * 10).contains(&calls),
+        "{calls} calls"
+    );
+
+    // ShareGPT through the server's tokenizer: prompts counted with the BOS,
+    // output lengths are the replies' word counts.
+    let sg = std::env::temp_dir().join(format!("isb-sg-tok-{}.json", std::process::id()));
+    std::fs::write(
+        &sg,
+        r#"[{"conversations":[{"value":"one two three four five"},{"value":"a b c d e f"}]},
+            {"conversations":[{"value":"six seven eight nine"},{"value":"g h i j"}]}]"#,
+    )
+    .expect("write");
+    let calls_before = mock.tokenizer_calls();
+    let sg_args = args(
+        &mock.base_url(),
+        &[
+            "--dataset-name",
+            "sharegpt",
+            "--dataset-path",
+            sg.to_str().expect("utf-8 path"),
+            "--num-prompts",
+            "4",
+        ],
+    );
+    let sg_out = run_serve(&sg_args).await.expect("run succeeds");
+    assert_eq!(sg_out.metrics.total_input, 2 * (6 + 5), "words + BOS");
+    assert_eq!(sg_out.metrics.total_output, 2 * (6 + 4), "reply lengths");
+    // Probe 3, two prompts and two replies counted once each, 4 outputs.
+    assert_eq!(mock.tokenizer_calls() - calls_before, 3 + 2 + 2 + 4);
+}
+
+/// The server's usage is preferred to the dataset's count: a custom dataset
+/// counted as ⌈chars/4⌉ (no tokenizer) reports the server's word counts.
+/// With neither usage nor a tokenizer, the result says "estimate".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_preferred_and_estimates_are_labelled() {
+    let dir = std::env::temp_dir().join(format!("isb-usage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("prompts.jsonl");
+    // 4 words, 27 characters: the estimate (7) is not the server's count (4).
+    std::fs::write(&path, "{\"prompt\":\"aaaaaa bbbbbb cccccc dddddd\"}\n").expect("write");
+    for usage in [true, false] {
+        let mock = MockServer::start(MockConfig {
+            send_usage: usage,
+            metrics_namespace: Some("inferscope".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("mock starts");
+        let a = args(
+            &mock.base_url(),
+            &[
+                "--dataset-name",
+                "custom",
+                "--dataset-path",
+                path.to_str().expect("utf-8 path"),
+                "--custom-output-len",
+                "3",
+                "--num-prompts",
+                "5",
+                "--scrape-metrics",
+            ],
+        );
+        let out = run_serve(&a).await.expect("run succeeds");
+        let v = out.server_view.expect("server view");
+        assert_eq!(v.prompt_tokens, Some(5.0 * 4.0));
+        if usage {
+            assert_eq!(out.metrics.total_input, 5 * 4, "the server's usage");
+            assert_eq!(out.result["input_tokens_counted_by"], "usage");
+            assert_eq!(out.result["output_tokens_counted_by"], "usage");
+        } else {
+            assert_eq!(out.metrics.total_input, 5 * 7, "⌈27 chars / 4⌉");
+            assert_eq!(out.result["input_tokens_counted_by"], "estimate");
+            assert_eq!(out.result["output_tokens_counted_by"], "estimate");
+        }
+        assert_eq!(out.metrics.total_output, 5 * 3);
+    }
 }

@@ -3,6 +3,7 @@
 //! is wrong, the figures it used, and one concrete action.
 
 use crate::snapshot::{Bucket, Summary};
+use inferscope_schema::schema::DEFAULT_NAMESPACE;
 use serde::Serialize;
 
 /// How bad a finding is; the report sorts the worst first.
@@ -126,6 +127,9 @@ pub const IMBALANCE_RATIO: f64 = 1.5;
 pub const IMBALANCE_MIN_BUSY: f64 = 0.2;
 /// Late-half over early-half error rate that counts as rising.
 pub const RISING_RATIO: f64 = 1.5;
+
+/// Why a rule that needs a mean did not run.
+const NO_SUM: &str = "a histogram it needs has no `_sum` in the exposition: the mean is unknown";
 
 fn ev(name: &str, value: f64, unit: &str) -> Evidence {
     Evidence {
@@ -314,13 +318,20 @@ pub fn queue_bound(s: &Summary) -> Outcome {
     let (Some(queue), Some(e2e)) = (s.queue, s.e2e) else {
         return Outcome::Skipped("no request_queue_time or e2e_request_latency histogram".into());
     };
-    if e2e.count < MIN_REQUESTS || e2e.mean <= 0.0 {
+    let (Some(queue_mean), Some(e2e_mean)) = (queue.mean, e2e.mean) else {
+        return if e2e.count < MIN_REQUESTS {
+            Outcome::Clear
+        } else {
+            Outcome::Skipped(NO_SUM.into())
+        };
+    };
+    if e2e.count < MIN_REQUESTS || e2e_mean <= 0.0 {
         return Outcome::Clear;
     }
-    let share = queue.mean / e2e.mean;
+    let share = queue_mean / e2e_mean;
     let kv_peak = s.kv_usage_peak.unwrap_or(0.0);
     if share < QUEUE_SHARE_WARN
-        || queue.mean < QUEUE_MIN_MEAN_S
+        || queue_mean < QUEUE_MIN_MEAN_S
         || kv_peak >= KV_ROOM
         || s.preemptions.unwrap_or(0.0) >= 1.0
     {
@@ -344,8 +355,8 @@ pub fn queue_bound(s: &Summary) -> Outcome {
         .unwrap_or(0.0);
     let mut evidence = vec![
         ev("queue_share_of_e2e", share, "ratio"),
-        ev("queue_time_mean", queue.mean, "s"),
-        ev("e2e_latency_mean", e2e.mean, "s"),
+        ev("queue_time_mean", queue_mean, "s"),
+        ev("e2e_latency_mean", e2e_mean, "s"),
         ev("waiting_mean", s.waiting_mean.unwrap_or(0.0), "requests"),
         ev("running_peak_per_engine", running_peak_engine, "requests"),
         ev("kv_usage_peak", kv_peak, "ratio"),
@@ -359,8 +370,8 @@ pub fn queue_bound(s: &Summary) -> Outcome {
         format!(
             "Latency is dominated by queueing: {} of the mean end-to-end latency ({} of {}) is spent waiting, while the KV cache peaked at only {}",
             pct(share),
-            ms(queue.mean),
-            ms(e2e.mean),
+            ms(queue_mean),
+            ms(e2e_mean),
             pct(kv_peak)
         ),
         evidence,
@@ -445,6 +456,15 @@ pub fn dp_imbalance(s: &Summary) -> Outcome {
     }
     // Device time is the truest load; without it, tokens processed.
     let by_util: Option<Vec<f64>> = s.engines.iter().map(|e| e.device_utilisation).collect();
+    let tokens_known = s
+        .engines
+        .iter()
+        .any(|e| e.prompt_tokens_per_s.is_some() || e.generation_tokens_per_s.is_some());
+    if by_util.is_none() && !tokens_known {
+        return Outcome::Skipped(
+            "no per-engine device time and no per-engine token counters to compare".into(),
+        );
+    }
     let (loads, what, unit) = match by_util {
         Some(u) => (u, "device_utilisation", "ratio"),
         None => (
@@ -497,9 +517,14 @@ pub fn dp_imbalance(s: &Summary) -> Outcome {
 
 /// Whether prompts are long and prefill is most of the time to first token.
 fn prefill_dominated(s: &Summary) -> bool {
-    match (s.ttft, s.prefill, s.prompt_len) {
+    let means = (
+        s.ttft.and_then(|d| d.mean),
+        s.prefill.and_then(|d| d.mean),
+        s.prompt_len.and_then(|d| d.mean),
+    );
+    match means {
         (Some(t), Some(p), Some(len)) => {
-            t.mean > 0.0 && p.mean / t.mean >= PREFILL_SHARE && len.mean >= LONG_PROMPT_TOKENS
+            t > 0.0 && p / t >= PREFILL_SHARE && len >= LONG_PROMPT_TOKENS
         }
         _ => false,
     }
@@ -513,18 +538,26 @@ pub fn long_prompts(s: &Summary) -> Outcome {
                 .into(),
         );
     };
-    if ttft.count < MIN_REQUESTS || ttft.mean < TTFT_SLOW_S || ttft.mean <= 0.0 {
+    if ttft.count < MIN_REQUESTS {
         return Outcome::Clear;
     }
-    let share = prefill.mean / ttft.mean;
-    if share < PREFILL_SHARE || prompt.mean < LONG_PROMPT_TOKENS {
+    let (Some(ttft_mean), Some(prefill_mean), Some(prompt_mean)) =
+        (ttft.mean, prefill.mean, prompt.mean)
+    else {
+        return Outcome::Skipped(NO_SUM.into());
+    };
+    if ttft_mean < TTFT_SLOW_S || ttft_mean <= 0.0 {
+        return Outcome::Clear;
+    }
+    let share = prefill_mean / ttft_mean;
+    if share < PREFILL_SHARE || prompt_mean < LONG_PROMPT_TOKENS {
         return Outcome::Clear;
     }
     let mut evidence = vec![
         ev("prefill_share_of_ttft", share, "ratio"),
-        ev("ttft_mean", ttft.mean, "s"),
-        ev("prefill_time_mean", prefill.mean, "s"),
-        ev("prompt_tokens_mean", prompt.mean, "tokens"),
+        ev("ttft_mean", ttft_mean, "s"),
+        ev("prefill_time_mean", prefill_mean, "s"),
+        ev("prompt_tokens_mean", prompt_mean, "tokens"),
     ];
     bucket_ev(&mut evidence, "ttft_p99", ttft.p99, "s");
     bucket_ev(&mut evidence, "prompt_tokens_p99", prompt.p99, "tokens");
@@ -536,8 +569,8 @@ pub fn long_prompts(s: &Summary) -> Outcome {
         format!(
             "Long prompts dominate time to first token: prefill takes {} of the mean TTFT ({}), prompts average {:.0} tokens",
             pct(share),
-            ms(ttft.mean),
-            prompt.mean
+            ms(ttft_mean),
+            prompt_mean
         ),
         evidence,
         format!(
@@ -557,10 +590,17 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
     let Some(prompt) = s.prompt_len else {
         return Outcome::Skipped("no request_prompt_tokens histogram".into());
     };
+    let Some(prompt_mean) = prompt.mean else {
+        return if prompt.count < MIN_REQUESTS {
+            Outcome::Clear
+        } else {
+            Outcome::Skipped(NO_SUM.into())
+        };
+    };
     let prompt_tps = s.prompt_tokens_per_s.unwrap_or(0.0);
     let total_tps = prompt_tps + s.generation_tokens_per_s.unwrap_or(0.0);
     if prompt.count < MIN_REQUESTS
-        || prompt.mean < PREFIX_PAYOFF_PROMPT_TOKENS
+        || prompt_mean < PREFIX_PAYOFF_PROMPT_TOKENS
         || total_tps <= 0.0
         || prompt_tps / total_tps < PREFIX_PAYOFF_PROMPT_SHARE
     {
@@ -568,7 +608,7 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
     }
     let evidence = |hit: Option<f64>| {
         let mut v = vec![
-            ev("prompt_tokens_mean", prompt.mean, "tokens"),
+            ev("prompt_tokens_mean", prompt_mean, "tokens"),
             ev("prompt_token_share", prompt_tps / total_tps, "ratio"),
         ];
         if let Some(h) = hit {
@@ -587,7 +627,7 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
             Severity::Info,
             format!(
                 "Prefix caching is off while prompts average {:.0} tokens and are {} of the tokens processed",
-                prompt.mean,
+                prompt_mean,
                 pct(prompt_tps / total_tps)
             ),
             evidence(None),
@@ -612,7 +652,7 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
         format!(
             "Prefix-cache hit rate is {} while prompts average {:.0} tokens: prefill work could be saved",
             pct(rate),
-            prompt.mean
+            prompt_mean
         ),
         evidence(Some(rate)),
         "Put the shared part of prompts (system prompt, instructions, documents) first and \
@@ -645,8 +685,19 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
             Outcome::Skipped(reason) => skipped.push(Skipped { rule, reason }),
         }
     }
+    if s.admission_rejections.is_none() && s.namespace != DEFAULT_NAMESPACE {
+        // inferscope always counts refusals (the family appears with the
+        // first one); vLLM has no such counter, so absence proves nothing.
+        skipped.push(Skipped {
+            rule: "admission_rejections",
+            reason: "no admission_rejections counter in the exposition (vLLM exports none): \
+                     requests refused before reaching the engine are not counted; the errors \
+                     rule still reads finished_reason=\"error\" and HTTP 5xx"
+                .into(),
+        });
+    }
     if !findings.iter().any(|f| f.severity >= Severity::Warning) {
-        findings.push(verdict(s));
+        findings.push(verdict(s, &skipped));
     }
     if client_side_only(s) {
         findings.push(client_side_note());
@@ -682,10 +733,26 @@ fn client_side_note() -> Finding {
     }
 }
 
-/// The verdict when no rule found a problem: healthy with headroom, or idle.
-fn verdict(s: &Summary) -> Finding {
-    let traffic = attempts(s) > 0.0 || s.running_peak.unwrap_or(0.0) > 0.0;
-    if !traffic {
+/// Whether the window saw any work: requests finished or refused, requests
+/// running, tokens, or latency observations (a partial exposition may lack
+/// the request counter but still show tokens and histograms).
+fn traffic(s: &Summary) -> bool {
+    let positive = |v: Option<f64>| v.is_some_and(|v| v > 0.0);
+    let observed = |d: Option<crate::snapshot::Dist>| d.is_some_and(|d| d.count > 0.0);
+    attempts(s) > 0.0
+        || positive(s.running_peak)
+        || positive(s.prompt_tokens_per_s)
+        || positive(s.generation_tokens_per_s)
+        || observed(s.ttft)
+        || observed(s.itl)
+        || observed(s.e2e)
+        || observed(s.queue)
+}
+
+/// The verdict when no rule found a problem: healthy with headroom, no
+/// problem found in what could be judged (some rules lacked metrics), or idle.
+fn verdict(s: &Summary, skipped: &[Skipped]) -> Finding {
+    if !traffic(s) {
         return Finding {
             id: "no_traffic",
             severity: Severity::Info,
@@ -697,17 +764,20 @@ fn verdict(s: &Summary) -> Finding {
             action: "Run doctor while the server takes its usual load, or widen --window.".into(),
         };
     }
-    let mut evidence = vec![ev(
-        "requests_per_s",
-        s.requests_per_s.unwrap_or(0.0),
-        "per_s",
-    )];
+    // Only measured figures: a gauge the server does not export is said to
+    // be missing, never shown as 0.
+    let mut evidence = Vec::new();
+    if let Some(r) = s.requests_per_s {
+        evidence.push(ev("requests_per_s", r, "per_s"));
+    }
     let mut headroom = Vec::new();
-    // Without the engine gauges (a proxy) there is no KV figure to quote, not a zero.
-    if let Some(kv) = s.kv_usage_peak {
-        evidence.push(ev("kv_usage_peak", kv, "ratio"));
-        evidence.push(ev("kv_headroom", 1.0 - kv, "ratio"));
-        headroom.push(format!("KV cache peaked at {}", pct(kv)));
+    match s.kv_usage_peak {
+        Some(k) => {
+            evidence.push(ev("kv_usage_peak", k, "ratio"));
+            evidence.push(ev("kv_headroom", 1.0 - k, "ratio"));
+            headroom.push(format!("KV cache peaked at {}", pct(k)));
+        }
+        None => headroom.push("KV cache usage not exported".to_string()),
     }
     if let Some(w) = s.waiting_peak {
         evidence.push(ev("waiting_peak", w, "requests"));
@@ -724,17 +794,32 @@ fn verdict(s: &Summary) -> Finding {
         bucket_ev(&mut evidence, "itl_p99", Some(p99), "s");
         headroom.push(format!("ITL p99 {}", p99.bound.secs_text()));
     }
+    if skipped.is_empty() {
+        return Finding {
+            id: "healthy",
+            severity: Severity::Ok,
+            title: format!("Healthy: no problem found ({})", headroom.join(", ")),
+            evidence,
+            action: "Nothing to change. The headroom left is the KV cache not in use and the \
+                     device time not busy; load beyond it will first show as queueing."
+                .into(),
+        };
+    }
+    // Some rules could not run: say what was judged and what was not,
+    // rather than call the server healthy.
+    let rules: Vec<&str> = skipped.iter().map(|k| k.rule).collect();
     Finding {
-        id: "healthy",
+        id: "no_problem_found",
         severity: Severity::Ok,
-        title: if headroom.is_empty() {
-            "Healthy: no problem found".into()
-        } else {
-            format!("Healthy: no problem found ({})", headroom.join(", "))
-        },
+        title: format!(
+            "No problem found in what the server exports ({}); not evaluated: {}",
+            headroom.join(", "),
+            rules.join(", ")
+        ),
         evidence,
-        action: "Nothing to change. The headroom left is the KV cache not in use and the device \
-                 time not busy; load beyond it will first show as queueing."
+        action: "Nothing to change on this evidence. The rules listed under \"rules not \
+                 evaluated\" lacked the metrics they need: judge those causes another way \
+                 (device profiler, server logs) before calling the server healthy."
             .into(),
     }
 }
@@ -756,7 +841,7 @@ mod tests {
     fn d(count: f64, mean: f64) -> Option<Dist> {
         Some(Dist {
             count,
-            mean,
+            mean: Some(mean),
             p50: Some(bucket(0.0, mean, 0)),
             p99: Some(bucket(mean, mean * 2.0, 1)),
         })
@@ -790,12 +875,44 @@ mod tests {
 
     #[test]
     fn a_busy_unremarkable_server_is_healthy() {
+        // Without device metrics the host rule says why it did not run, and
+        // the verdict does not claim health.
         let dg = diagnose(&busy(), None);
         assert_eq!(dg.findings.len(), 1);
+        assert_eq!(dg.findings[0].id, "no_problem_found");
+        assert!(dg.skipped.iter().any(|s| s.rule == "host_bound"));
+        assert!(
+            dg.findings[0].title.ends_with("not evaluated: host_bound"),
+            "{}",
+            dg.findings[0].title
+        );
+        // With them, every rule ran: healthy.
+        let mut s = busy();
+        s.device_utilisation = Some(0.9);
+        s.idle_fraction = Some(0.05);
+        s.phases = Some(crate::snapshot::Phases {
+            schedule: 0.01,
+            execute: 0.9,
+            postprocess: 0.01,
+            device: Some(0.85),
+        });
+        let dg = diagnose(&s, None);
+        assert!(dg.skipped.is_empty(), "{:?}", dg.skipped);
         assert_eq!(dg.findings[0].id, "healthy");
         assert_eq!(dg.findings[0].evidence("kv_headroom"), Some(0.7));
-        // Without device metrics the host rule says why it did not run.
-        assert!(dg.skipped.iter().any(|s| s.rule == "host_bound"));
+    }
+
+    #[test]
+    fn a_vllm_summary_notes_the_missing_rejection_counter() {
+        let mut s = busy();
+        s.namespace = "vllm".into();
+        let dg = diagnose(&s, None);
+        assert!(dg.skipped.iter().any(|k| k.rule == "admission_rejections"));
+        // Once the counter is there (inferscope under the vllm namespace
+        // after a refusal), it is read, not noted.
+        s.admission_rejections = Some(0.0);
+        let dg = diagnose(&s, None);
+        assert!(!dg.skipped.iter().any(|k| k.rule == "admission_rejections"));
     }
 
     #[test]
@@ -871,7 +988,7 @@ mod tests {
     }
 
     #[test]
-    fn a_proxy_exposition_says_what_it_cannot_tell_and_quotes_no_kv_zero() {
+    fn a_proxy_exposition_says_what_it_cannot_tell() {
         let s = Summary {
             waiting_mean: None,
             waiting_peak: None,
@@ -888,13 +1005,6 @@ mod tests {
         let dg = diagnose(&s, None);
         let ids: Vec<&str> = dg.findings.iter().map(|f| f.id).collect();
         assert!(ids.contains(&"client_side_only"), "{ids:?}");
-        let healthy = dg
-            .findings
-            .iter()
-            .find(|f| f.id == "healthy")
-            .expect("verdict");
-        assert!(!healthy.title.contains("KV"), "{}", healthy.title);
-        assert!(healthy.evidence("kv_usage_peak").is_none());
         // A server's exposition is not mistaken for a proxy's.
         let dg = diagnose(&busy(), None);
         assert!(dg.findings.iter().all(|f| f.id != "client_side_only"));

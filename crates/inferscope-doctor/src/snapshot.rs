@@ -3,7 +3,9 @@
 //! every scrape, and quantiles as the bucket they lie in (from bucket deltas) — per engine and
 //! in total. Everything the rules and the live view read is in [`Summary`].
 
-use inferscope_schema::scrape::{BucketBound, Delta, counter_delta, full_name};
+use inferscope_schema::scrape::{
+    BucketBound, Delta, LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, counter_delta, full_name,
+};
 use inferscope_schema::{names, schema};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,8 +18,9 @@ pub use inferscope_schema::scrape::{Histogram, Scrape};
 pub struct Dist {
     /// Observations in the window.
     pub count: f64,
-    /// Mean (exact: from `_sum` and `_count`).
-    pub mean: f64,
+    /// Mean (exact: from `_sum` and `_count`); `None` without observations
+    /// or when the server does not expose `_sum`.
+    pub mean: Option<f64>,
     /// The median's bucket: buckets say no more than that.
     pub p50: Option<Bucket>,
     /// The 99th percentile's bucket.
@@ -168,6 +171,12 @@ pub struct Summary {
     pub missing: Vec<String>,
 }
 
+/// vLLM V1 before 0.11 named the prefix-cache query counter so (deprecated
+/// in 0.10 for `prefix_cache_queries`).
+pub const LEGACY_GPU_PREFIX_CACHE_QUERIES: &str = "gpu_prefix_cache_queries";
+/// The hits counter paired with [`LEGACY_GPU_PREFIX_CACHE_QUERIES`].
+pub const LEGACY_GPU_PREFIX_CACHE_HITS: &str = "gpu_prefix_cache_hits";
+
 /// Families only inferscope exposes: the device and host view.
 pub const HOST_FAMILIES: [&str; 3] = [
     names::DEVICE_BUSY_SECONDS,
@@ -184,12 +193,17 @@ pub struct Window {
     pub scrapes: Vec<(f64, Scrape)>,
 }
 
-/// `None` only when the histogram is absent: an empty one has count 0 (and
-/// mean 0), so rules can tell "no traffic" from "not exported".
-fn dist(h: &Histogram) -> Option<Dist> {
+/// `None` only when the histogram is absent: an empty one has count 0, so
+/// rules can tell "no traffic" from "not exported". `has_sum` says whether
+/// the exposition carries `_sum` (a partial one may not): without it the
+/// mean is unknown, not 0. Without `_count` the highest bucket is the count
+/// (buckets are cumulative; with `+Inf` it is exactly the count).
+fn dist(h: &Histogram, has_sum: bool) -> Option<Dist> {
+    let highest = h.buckets.last().map_or(0.0, |b| b.1);
+    let count = if h.count > 0.0 { h.count } else { highest };
     Some(Dist {
-        count: h.count,
-        mean: h.mean().unwrap_or(0.0),
+        count,
+        mean: (has_sum && count > 0.0).then(|| h.sum / count),
         p50: h.quantile_bucket(0.5).map(Bucket::new),
         p99: h.quantile_bucket(0.99).map(Bucket::new),
     })
@@ -273,7 +287,36 @@ impl Window {
     }
 
     fn hist_dist(&self, base: &str, filter: &[(&str, &str)]) -> Option<Dist> {
-        self.hist(base, filter).as_ref().and_then(dist)
+        let has_sum = self.has_sum(base);
+        self.hist(base, filter)
+            .as_ref()
+            .and_then(|h| dist(h, has_sum))
+    }
+
+    /// Whether the last scrape carries `_sum` of histogram `base` (a schema
+    /// name): published samples of vLLM's output sometimes lack it.
+    pub fn has_sum(&self, base: &str) -> bool {
+        self.last()
+            .is_some_and(|s| s.has(&format!("{}_sum", self.name(base))))
+    }
+
+    /// Prefix-cache queries and hits in the window, as a pair from one
+    /// generation of names: vLLM's V1 `prefix_cache_*`, else its deprecated
+    /// `gpu_prefix_cache_*` (V1 before 0.11; counted blocks at first, tokens
+    /// later, so the two generations are never mixed in one ratio).
+    fn prefix_cache(&self, filter: &[(&str, &str)]) -> (Option<f64>, Option<f64>) {
+        let pair = |q: &str, h: &str| match (self.ns_delta(q, filter), self.ns_delta(h, filter)) {
+            (Some(q), Some(h)) => Some((q, h)),
+            _ => None,
+        };
+        pair(names::PREFIX_CACHE_QUERIES, names::PREFIX_CACHE_HITS)
+            .or_else(|| {
+                pair(
+                    LEGACY_GPU_PREFIX_CACHE_QUERIES,
+                    LEGACY_GPU_PREFIX_CACHE_HITS,
+                )
+            })
+            .map_or((None, None), |(q, h)| (Some(q), Some(h)))
     }
 
     /// Values of a gauge over the scrapes (summed over matching label sets).
@@ -300,6 +343,17 @@ impl Window {
             ids.extend(last.label_values(&self.name(base), "engine"));
         }
         ids.extend(last.label_values(&self.kv_name(), "engine"));
+        if ids.is_empty() {
+            // No engine gauge (a partial exposition): the engines any of the
+            // namespace's series name.
+            let prefix = self.name("");
+            ids.extend(
+                last.samples
+                    .iter()
+                    .filter(|s| s.name.starts_with(&prefix))
+                    .filter_map(|s| s.label("engine").map(str::to_string)),
+            );
+        }
         if ids.is_empty() && last.has(&self.name(names::NUM_REQUESTS_RUNNING)) {
             // A server without an engine label: one anonymous engine.
             ids.insert(String::new());
@@ -419,6 +473,7 @@ impl Window {
             )
             .map(|v| v.eq_ignore_ascii_case("true"))
         });
+        let (prefix_cache_queries, prefix_cache_hits) = self.prefix_cache(&[]);
         let engines_n = engines.len().max(1) as f64;
         let device_utilisation =
             rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &[])).map(|u| u / engines_n);
@@ -471,16 +526,14 @@ impl Window {
             preemptions: self.ns_delta(names::NUM_PREEMPTIONS, &[]),
             admission_rejections: self.ns_delta(names::ADMISSION_REJECTIONS, &[]),
             http_by_status: self.delta_by(&schema::HTTP_REQUESTS.exposed_name(""), "status"),
-            prefix_cache_queries: self.ns_delta(names::PREFIX_CACHE_QUERIES, &[]),
-            prefix_cache_hits: self.ns_delta(names::PREFIX_CACHE_HITS, &[]),
+            prefix_cache_queries,
+            prefix_cache_hits,
             prefix_caching_enabled,
             ttft: self.hist_dist(names::TIME_TO_FIRST_TOKEN_SECONDS, &[]),
             // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.
             itl: self
-                .pair()
-                .and_then(|d| d.inter_token_latency(&[]))
-                .as_ref()
-                .and_then(dist),
+                .hist_dist(names::INTER_TOKEN_LATENCY_SECONDS, &[])
+                .or_else(|| self.hist_dist(LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, &[])),
             e2e: self.hist_dist(names::E2E_REQUEST_LATENCY_SECONDS, &[]),
             queue: self.hist_dist(names::REQUEST_QUEUE_TIME_SECONDS, &[]),
             prefill: self.hist_dist(names::REQUEST_PREFILL_TIME_SECONDS, &[]),
@@ -565,7 +618,7 @@ mod tests {
         assert_eq!(s.finished_by_reason.get("length"), Some(&5.0));
         let e2e = s.e2e.expect("e2e");
         assert_eq!(e2e.count, 5.0);
-        assert!((e2e.mean - 0.4).abs() < 1e-12);
+        assert!((e2e.mean.expect("mean") - 0.4).abs() < 1e-12);
         // Only the host families the fixture lacks are reported missing.
         assert_eq!(
             s.missing,

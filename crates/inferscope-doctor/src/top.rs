@@ -54,10 +54,10 @@ pub const HISTORY: usize = 120;
 pub struct EngineRow {
     /// The `engine` label.
     pub engine: String,
-    /// Running requests now.
-    pub running: f64,
-    /// Waiting requests now.
-    pub waiting: f64,
+    /// Running requests now; `None` when the server does not export the gauge.
+    pub running: Option<f64>,
+    /// Waiting requests now; `None` when the server does not export the gauge.
+    pub waiting: Option<f64>,
     /// KV-cache usage now, fraction.
     pub kv_usage: Option<f64>,
     /// Device utilisation over the window, fraction (inferscope only).
@@ -186,8 +186,8 @@ impl TopModel {
             .iter()
             .map(|e| EngineRow {
                 engine: e.engine.clone(),
-                running: e.running_now.unwrap_or(0.0),
-                waiting: e.waiting_now.unwrap_or(0.0),
+                running: e.running_now,
+                waiting: e.waiting_now,
                 kv_usage: e.kv_usage_now,
                 device_utilisation: e.device_utilisation,
             })
@@ -223,13 +223,16 @@ impl TopModel {
         );
         self.state.ttft = whole.ttft;
         self.state.itl = whole.itl;
-        self.state.ttft_window = window
-            .hist(names::TIME_TO_FIRST_TOKEN_SECONDS, &[])
-            .map(|h| Quantiles::of(&h));
-        self.state.itl_window = window
-            .hist(names::INTER_TOKEN_LATENCY_SECONDS, &[])
-            .or_else(|| window.hist(LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, &[]))
-            .map(|h| Quantiles::of(&h));
+        // A mean needs `_sum`: without it (a partial exposition) none is shown.
+        let quantiles = |base: &str| {
+            window.hist(base, &[]).map(|h| Quantiles {
+                mean: Quantiles::of(&h).mean.filter(|_| window.has_sum(base)),
+                ..Quantiles::of(&h)
+            })
+        };
+        self.state.ttft_window = quantiles(names::TIME_TO_FIRST_TOKEN_SECONDS);
+        self.state.itl_window = quantiles(names::INTER_TOKEN_LATENCY_SECONDS)
+            .or_else(|| quantiles(LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS));
         let secs = whole.window_s.max(f64::EPSILON);
         let mut rates: BTreeMap<String, f64> = whole
             .finished_by_reason
@@ -346,8 +349,8 @@ pub fn render(f: &mut Frame, s: &TopState) {
     let rows = s.engines.iter().map(|e| {
         Row::new(vec![
             engine_name(&e.engine).to_string(),
-            format!("{:.0}", e.running),
-            format!("{:.0}", e.waiting),
+            count_or_na(e.running),
+            count_or_na(e.waiting),
             e.kv_usage.map_or_else(|| "n/a".to_string(), |k| bar(k, 20)),
             e.device_utilisation
                 .map_or_else(|| "n/a".to_string(), |u| bar(u, 10)),
@@ -403,6 +406,11 @@ pub fn render(f: &mut Frame, s: &TopState) {
         ),
         lat,
     );
+}
+
+/// A gauge of requests, or `n/a` when the server does not export it.
+fn count_or_na(v: Option<f64>) -> String {
+    v.map_or_else(|| "n/a".to_string(), |v| format!("{v:.0}"))
 }
 
 fn engine_name(e: &str) -> &str {
@@ -540,11 +548,21 @@ fn waiting_panel(f: &mut Frame, area: Rect, s: &TopState, ids: &[&String], legen
     for ((e, data), a) in ids.iter().zip(&series).zip(areas) {
         let now = data.iter().rev().flatten().next().copied().unwrap_or(0);
         let peak = data.iter().flatten().copied().max().unwrap_or(0);
-        let label = engine_labels(
-            e,
-            format!("{now} now, peak {peak}"),
-            format!("{now} (peak {peak})"),
-        );
+        // vLLM's published samples do not always carry the gauge: say so
+        // rather than draw zeros.
+        let exported = s
+            .history
+            .iter()
+            .any(|t| t.engines.get(*e).is_some_and(|x| x.waiting.is_some()));
+        let label = if exported {
+            engine_labels(
+                e,
+                format!("{now} now, peak {peak}"),
+                format!("{now} (peak {peak})"),
+            )
+        } else {
+            engine_labels(e, "not exported".into(), "n/a".into())
+        };
         labelled_spark(f, a, label, data, max, Color::Magenta);
     }
     more(f, area, hidden);
@@ -679,6 +697,11 @@ fn spark(
     pick: impl Fn(&Tick) -> Option<f64>,
 ) {
     let now = rates.back().copied().unwrap_or(0.0);
+    let title = if s.history.iter().any(|t| pick(t).is_some()) {
+        format!(" {what} {now:.0} tok/s ")
+    } else {
+        format!(" {what}: not exported ")
+    };
     // Sparklines take integers; the newest points are the rightmost that fit.
     let width = area.width.saturating_sub(2) as usize;
     let pts: Vec<Option<u64>> = s
@@ -689,11 +712,7 @@ fn spark(
         .collect();
     f.render_widget(
         Sparkline::default()
-            .block(
-                Block::default()
-                    .borders(Borders::ALL)
-                    .title(format!(" {what} {now:.0} tok/s ")),
-            )
+            .block(Block::default().borders(Borders::ALL).title(title))
             .data(pts.into_iter().map(SparklineBar::from))
             .style(Style::default().fg(Color::Cyan))
             .absent_value_symbol(OUTAGE)

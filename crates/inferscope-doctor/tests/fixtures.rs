@@ -1,6 +1,8 @@
-//! Fixture tests: recorded `/metrics` texts (two scrapes two seconds apart,
-//! re-recorded by the ignored `record_fixtures` scenario) through the doctor
-//! and the `top` view, without a server.
+//! Fixture tests: `/metrics` texts recorded from inferscope itself (two
+//! scrapes two seconds apart, re-recorded by the ignored `record_fixtures`
+//! scenario; `inferscope_as_vllm_kv` under `--metrics-namespace vllm`)
+//! through the doctor and the `top` view, without a server. vLLM's own
+//! published output is tested in `vllm_published.rs`.
 
 use inferscope_doctor::findings::Severity;
 use inferscope_doctor::snapshot::{Scrape, Window};
@@ -40,8 +42,8 @@ fn inferscope_queue_fixture() {
 }
 
 #[test]
-fn vllm_fixture_is_detected_and_degrades_gracefully() {
-    let r = inferscope_doctor::diagnose_window("fixture", &window("vllm_kv", None));
+fn inferscope_as_vllm_fixture_is_detected_and_degrades_gracefully() {
+    let r = inferscope_doctor::diagnose_window("fixture", &window("inferscope_as_vllm_kv", None));
     println!("{}", r.to_text());
     assert_eq!(r.namespace, "vllm");
     assert_eq!(r.summary.engines.len(), 2);
@@ -89,7 +91,10 @@ fn vllm_fixture_is_detected_and_degrades_gracefully() {
 
 #[test]
 fn forced_namespace_reads_nothing_from_other_names() {
-    let r = inferscope_doctor::diagnose_window("fixture", &window("vllm_kv", Some("inferscope")));
+    let r = inferscope_doctor::diagnose_window(
+        "fixture",
+        &window("inferscope_as_vllm_kv", Some("inferscope")),
+    );
     assert_eq!(r.namespace, "inferscope");
     assert!(r.summary.engines.is_empty());
     assert_eq!(r.diagnosis.findings[0].id, "no_traffic");
@@ -108,8 +113,8 @@ fn screen(model: &TopModel, w: u16, h: u16) -> Vec<String> {
 #[test]
 fn top_renders_recorded_metrics() {
     let mut m = TopModel::new("http://h:8000/metrics", 10.0, None);
-    m.on_scrape(0.0, fixture("vllm_kv_before"));
-    m.on_scrape(2.0, fixture("vllm_kv_after"));
+    m.on_scrape(0.0, fixture("inferscope_as_vllm_kv_before"));
+    m.on_scrape(2.0, fixture("inferscope_as_vllm_kv_after"));
     let lines = screen(&m, 110, 24);
     let text = lines.join("\n");
     println!("{text}");
@@ -202,7 +207,7 @@ async fn prometheus_range_query_mode() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let body = matrix("vllm_kv").to_string();
+    let body = matrix("inferscope_as_vllm_kv").to_string();
     let server = tokio::spawn(async move {
         let (mut sock, _) = listener.accept().await.expect("accept");
         let mut req = Vec::new();

@@ -387,7 +387,7 @@ async fn record_fixtures() {
             },
         ),
         (
-            "vllm_kv",
+            "inferscope_as_vllm_kv",
             &[
                 "--sim-profile",
                 "tiny,t_weights_ms=2,kv_tokens=2000",

@@ -30,10 +30,12 @@ pub struct Quantiles {
 }
 
 impl Quantiles {
-    /// The quantiles of `h`.
+    /// The quantiles of `h`. Without `_count` (a partial exposition) the
+    /// highest bucket is the count: buckets are cumulative.
     pub fn of(h: &Histogram) -> Self {
+        let highest = h.buckets.last().map_or(0.0, |b| b.1);
         Quantiles {
-            count: h.count,
+            count: if h.count > 0.0 { h.count } else { highest },
             mean: h.mean(),
             p50: quantile_bucket(h, 0.5),
             p99: quantile_bucket(h, 0.99),

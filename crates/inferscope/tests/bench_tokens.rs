@@ -1,0 +1,307 @@
+//! Exact tokens on both sides: `bench serve --scrape-metrics` against the
+//! real server, with no `--tokenizer` on the bench side, builds its random
+//! prompts through the server's `/tokenize` and `/detokenize`; the server's
+//! prompt and generation counters (`/metrics` deltas, as the report's
+//! server-side view shows them) must equal the client's totals exactly, and
+//! every prompt must be exactly the length asked for.
+//!
+//! Runs the built binary for both sides (the bench crate does not depend on
+//! the server crate), on the sim executor (byte tokenizer with BOS; and a
+//! byte-level BPE `tokenizer.json` whose merges make decoded random ids
+//! re-encode to other lengths) and on the cpu executor's built-in demo model.
+
+#![cfg(unix)]
+
+use inferscope_schema::promtext;
+use inferscope_schema::schema::{self, MetricDef};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Kills the server when the test ends, however it ends.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `inferscope serve` on a free 127.0.0.1 port with `args`; returns
+/// it and its address (from the start-up log line).
+fn start_server(args: &[&str]) -> (Server, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args([
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--disable-log-stats",
+        ])
+        .args(args)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let stderr = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // Keep draining so the server never blocks on a full pipe.
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let server = Server(child);
+    let addr = loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the server logs its address");
+        if let Some(rest) = line.split("addr=").nth(1) {
+            break rest.split_whitespace().next().unwrap_or("").to_owned();
+        }
+    };
+    (server, addr.parse().expect("an address"))
+}
+
+/// `GET /metrics` over HTTP/1.0 (so the body is not chunked).
+fn metrics(addr: SocketAddr) -> promtext::Exposition {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    promtext::parse_lenient(body)
+}
+
+/// Sum over engines of a counter of the default namespace.
+fn counter(expo: &promtext::Exposition, def: &MetricDef) -> f64 {
+    promtext::sum(
+        expo.samples(),
+        &def.exposed_name(schema::DEFAULT_NAMESPACE),
+        &[],
+    )
+}
+
+/// Prompt and generation token counters.
+fn tokens(addr: SocketAddr) -> (f64, f64) {
+    let m = metrics(addr);
+    (
+        counter(&m, &schema::PROMPT_TOKENS),
+        counter(&m, &schema::GENERATION_TOKENS),
+    )
+}
+
+/// Runs `bench serve` against `addr`; its stdout and result JSON.
+fn bench(addr: SocketAddr, dir: &Path, extra: &[&str]) -> (String, Value) {
+    let base = format!("http://{addr}");
+    let out = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+        .args([
+            "bench",
+            "serve",
+            "--base-url",
+            &base,
+            "--scrape-metrics",
+            "--scrape-interval",
+            "0.05",
+            "--disable-tqdm",
+            "--ignore-eos",
+            "--seed",
+            "7",
+            "--save-result",
+            "--result-dir",
+            dir.to_str().expect("utf-8 path"),
+            "--result-filename",
+            "r.json",
+        ])
+        .args(extra)
+        .env_remove("OPENAI_API_KEY")
+        .output()
+        .expect("bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "bench failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let saved = std::fs::read_to_string(dir.join("r.json")).expect("result file");
+    (stdout, serde_json::from_str(&saved).expect("valid JSON"))
+}
+
+/// The `server / client` pair of a line of the server-side view.
+fn server_client(report: &str, label: &str) -> (u64, u64) {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(label))
+        .unwrap_or_else(|| panic!("no {label:?} line in:\n{report}"));
+    let value = line[label.len()..].trim();
+    let nums: Vec<u64> = value
+        .split(['/', ' '])
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 2, "{line:?}");
+    assert!(!line.contains("disagree"), "{line:?}");
+    (nums[0], nums[1])
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "inferscope-bench-tokens-{}-{name}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d
+}
+
+/// One random run of `n` prompts of `prefix + input` tokens and `output`
+/// generated tokens: every count agrees, exactly.
+fn exact_run(addr: SocketAddr, name: &str, n: u64, prefix: u64, input: u64, output: u64) {
+    let dir = temp_dir(name);
+    let before = tokens(addr);
+    let (report, result) = bench(
+        addr,
+        &dir,
+        &[
+            "--num-prompts",
+            &n.to_string(),
+            "--random-prefix-len",
+            &prefix.to_string(),
+            "--random-input-len",
+            &input.to_string(),
+            "--random-output-len",
+            &output.to_string(),
+        ],
+    );
+    let after = tokens(addr);
+    assert!(
+        report.contains("Prompt lengths: exact, from the server's /tokenize"),
+        "{report}"
+    );
+    assert!(!report.contains("estimated"), "{report}");
+    let per_prompt = prefix + input;
+    // The bench's own view: the server's deltas equal the client's totals,
+    // and both are what was asked for.
+    assert_eq!(
+        server_client(&report, "Prompt tokens (server / client):"),
+        (n * per_prompt, n * per_prompt),
+        "{report}"
+    );
+    assert_eq!(
+        server_client(&report, "Generated tokens (server / client):"),
+        (n * output, n * output),
+        "{report}"
+    );
+    assert_eq!(result["total_input_tokens"], json!(n * per_prompt));
+    assert_eq!(result["total_output_tokens"], json!(n * output));
+    assert_eq!(result["input_tokens_counted_by"], "usage");
+    assert_eq!(result["output_tokens_counted_by"], "usage");
+    // Independently of the bench's scraper: the counters moved by the run
+    // plus its initial test request (one more prompt of the same shape).
+    assert_eq!(after.0 - before.0, ((n + 1) * per_prompt) as f64);
+    assert_eq!(after.1 - before.1, ((n + 1) * output) as f64);
+}
+
+#[test]
+fn sim_server_and_bench_count_the_same_tokens() {
+    let (_server, addr) = start_server(&["--executor", "sim", "--sim-profile", "tiny"]);
+    // Byte tokenizer with BOS: the BOS is part of the asked input length.
+    exact_run(addr, "sim", 16, 8, 64, 8);
+    // Range of lengths, chat: the client counts what the server counts
+    // (template included), whatever the lengths.
+    let dir = temp_dir("sim-chat");
+    let (report, result) = bench(
+        addr,
+        &dir,
+        &[
+            "--backend",
+            "openai-chat",
+            "--num-prompts",
+            "12",
+            "--random-input-len",
+            "40",
+            "--random-range-ratio",
+            "0.5",
+            "--random-output-len",
+            "6",
+        ],
+    );
+    let (server, client) = server_client(&report, "Prompt tokens (server / client):");
+    assert_eq!(server, client, "{report}");
+    assert_eq!(result["total_input_tokens"], json!(client));
+    let (server, client) = server_client(&report, "Generated tokens (server / client):");
+    assert_eq!((server, client), (12 * 6, 12 * 6), "{report}");
+}
+
+/// A byte-level BPE (the 256 byte symbols and a few merges) as `tokenizer.json`:
+/// random ids decode to text that often re-encodes to another length.
+fn byte_bpe(path: &Path) {
+    let mut chars: Vec<char> = Vec::new();
+    let mut n = 0u32;
+    for b in 0u32..256 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        if printable {
+            chars.push(char::from_u32(b).expect("char"));
+        } else {
+            chars.push(char::from_u32(256 + n).expect("char"));
+            n += 1;
+        }
+    }
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(i));
+    }
+    let sp = chars[32];
+    let merges = [
+        format!("{sp} t"),
+        format!("{sp} a"),
+        "t h".to_string(),
+        "h e".to_string(),
+        format!("{sp} th"),
+    ];
+    for (i, m) in merges.iter().enumerate() {
+        vocab.insert(m.replace(' ', ""), json!(256 + i));
+    }
+    let j = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges}
+    });
+    std::fs::write(path, j.to_string()).expect("write tokenizer");
+}
+
+#[test]
+fn sim_server_with_a_bpe_tokenizer_counts_the_same_tokens() {
+    let dir = temp_dir("bpe");
+    let path = dir.join("tokenizer.json");
+    byte_bpe(&path);
+    let (_server, addr) = start_server(&[
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+        "--tokenizer",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    exact_run(addr, "bpe-run", 16, 6, 50, 5);
+}
+
+#[test]
+fn cpu_demo_model_and_bench_count_the_same_tokens() {
+    let (_server, addr) = start_server(&["--executor", "cpu", "--model", "demo"]);
+    exact_run(addr, "cpu", 4, 0, 24, 4);
+}
