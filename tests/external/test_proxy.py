@@ -160,3 +160,41 @@ def _names(text: str) -> list[str]:
     """The counters both sides expose under the same names."""
     ns = "inferscope:" if "inferscope:" in text else "inferscope_"
     return [f"{ns}request_success_total", f"{ns}prompt_tokens_total", f"{ns}generation_tokens_total"]
+
+
+def test_proxy_in_front_of_llama_cpp(llama_cpp_server, workdir):
+    """A third-party upstream: llama.cpp's server (llama-cpp-python) serving a tiny GGUF."""
+    up = llama_cpp_server
+    p = Proxy(up.base_url, workdir)
+    try:
+        via = openai.OpenAI(base_url=p.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        direct = openai.OpenAI(base_url=up.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        text = p.metrics_text()
+        ns = "inferscope:" if "inferscope:" in text else "inferscope_"
+        assert f'model_name="{up.model}"' in text, "label from llama.cpp's /v1/models"
+
+        r = via.completions.create(model=up.model, prompt="Hello there", max_tokens=8)
+        assert r.usage.completion_tokens > 0
+        chunks = list(via.completions.create(model=up.model, prompt="Hello again", max_tokens=8, stream=True))
+        assert chunks and all(c.choices for c in chunks), "no usage chunk the client did not ask for"
+        # Does this server answer include_usage at all? (Then the proxy counted the stream's tokens.)
+        usage = [c.usage for c in direct.completions.create(
+            model=up.model, prompt="Hello again", max_tokens=8, stream=True,
+            stream_options={"include_usage": True}) if c.usage is not None]
+
+        text = p.metrics_text()
+        assert total(text, f"{ns}request_success_total") == 2
+        stream_prompt = usage[-1].prompt_tokens if usage else 0
+        assert total(text, f"{ns}prompt_tokens_total") == r.usage.prompt_tokens + stream_prompt
+        if usage:
+            # The proxied stream's own count: at least one token, at most max_tokens.
+            assert r.usage.completion_tokens < total(text, f"{ns}generation_tokens_total") <= r.usage.completion_tokens + 8
+        else:
+            assert total(text, f"{ns}generation_tokens_total") == r.usage.completion_tokens
+        assert total(text, f"{ns}time_to_first_token_seconds_count") == 1, "the stream's TTFT"
+        assert total(text, f"{ns}e2e_request_latency_seconds_count") == 2
+        assert f"{ns}kv_cache_usage_perc" not in text, "engine-only series are absent"
+        # llama-cpp-python's server has no /metrics: --upstream-metrics has nothing to re-expose.
+        assert requests.get(up.base_url + "/metrics", timeout=10).status_code == 404
+    finally:
+        p.stop()
