@@ -715,6 +715,8 @@ pub fn client_side_only(s: &Summary) -> bool {
         && s.waiting_peak.is_none()
         && s.queue.is_none()
         && s.device_utilisation.is_none()
+        && s.prefix_caching_enabled.is_none()
+        && s.iteration_tokens.is_none()
 }
 
 /// What doctor cannot tell from a client-side exposition.
@@ -1000,6 +1002,8 @@ mod tests {
             idle_fraction: None,
             phases: None,
             preemptions: None,
+            prefix_caching_enabled: None,
+            iteration_tokens: None,
             ..busy()
         };
         let dg = diagnose(&s, None);
