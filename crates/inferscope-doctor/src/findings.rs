@@ -699,9 +699,40 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
     if !findings.iter().any(|f| f.severity >= Severity::Warning) {
         findings.push(verdict(s, &skipped));
     }
+    if client_side_only(s) {
+        findings.push(client_side_note());
+    }
     // Stable: equal severities keep the rule order above.
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     Diagnosis { findings, skipped }
+}
+
+/// Latencies but no engine series at all: the exposition of `inferscope
+/// proxy` (or another front end that measures only what the client sees).
+pub fn client_side_only(s: &Summary) -> bool {
+    s.ttft.is_some()
+        && s.kv_usage_peak.is_none()
+        && s.waiting_peak.is_none()
+        && s.queue.is_none()
+        && s.device_utilisation.is_none()
+        && s.prefix_caching_enabled.is_none()
+        && s.iteration_tokens.is_none()
+}
+
+/// What doctor cannot tell from a client-side exposition.
+fn client_side_note() -> Finding {
+    Finding {
+        id: "client_side_only",
+        severity: Severity::Info,
+        title: "Measured from the client side (inferscope proxy): cannot tell KV-cache \
+                saturation, queueing, host versus device time, prefix-cache reuse or \
+                data-parallel balance"
+            .into(),
+        evidence: Vec::new(),
+        action: "Scrape the upstream's own metrics too (`inferscope proxy --upstream-metrics`), \
+                 or run doctor against the upstream if it exposes vLLM's or inferscope's names."
+            .into(),
+    }
 }
 
 /// Whether the window saw any work: requests finished or refused, requests
@@ -956,5 +987,30 @@ mod tests {
         };
         let dg = diagnose(&s, None);
         assert_eq!(dg.findings[0].id, "no_traffic");
+    }
+
+    #[test]
+    fn a_proxy_exposition_says_what_it_cannot_tell() {
+        let s = Summary {
+            waiting_mean: None,
+            waiting_peak: None,
+            kv_usage_peak: None,
+            kv_usage_mean: None,
+            queue: None,
+            prefill: None,
+            device_utilisation: None,
+            idle_fraction: None,
+            phases: None,
+            preemptions: None,
+            prefix_caching_enabled: None,
+            iteration_tokens: None,
+            ..busy()
+        };
+        let dg = diagnose(&s, None);
+        let ids: Vec<&str> = dg.findings.iter().map(|f| f.id).collect();
+        assert!(ids.contains(&"client_side_only"), "{ids:?}");
+        // A server's exposition is not mistaken for a proxy's.
+        let dg = diagnose(&busy(), None);
+        assert!(dg.findings.iter().all(|f| f.id != "client_side_only"));
     }
 }

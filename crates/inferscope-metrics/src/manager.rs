@@ -11,7 +11,7 @@ use thiserror::Error;
 use crate::exposition::{self, Format};
 use crate::http::{HttpMetrics, HttpMetricsLayer};
 use crate::log_line::{self, LogLineLogger};
-use crate::prometheus::{CacheConfig, EngineMetrics, PrometheusLogger};
+use crate::prometheus::{CacheConfig, EngineMetrics, MetricFilter, PrometheusLogger, every_metric};
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -39,6 +39,10 @@ pub struct MetricsConfig {
     pub enable_log_stats: bool,
     /// One `N Engines Aggregated: …` line instead of one line per engine.
     pub aggregate_log_lines: bool,
+    /// Which engine and model metrics `/metrics` exposes ([`every_metric`] on
+    /// a server; the proxy leaves out the series only an engine knows, so they
+    /// are absent rather than zero). HTTP metrics are always exposed.
+    pub metric_filter: MetricFilter,
 }
 
 impl Default for MetricsConfig {
@@ -53,6 +57,7 @@ impl Default for MetricsConfig {
             enable_prometheus: true,
             enable_log_stats: true,
             aggregate_log_lines: false,
+            metric_filter: every_metric,
         }
     }
 }
@@ -147,7 +152,9 @@ impl StatLoggerManager {
 
         let mut registry = Registry::default();
         let prometheus = PrometheusLogger::new(
-            config.enable_prometheus.then_some(&mut registry),
+            config
+                .enable_prometheus
+                .then_some((&mut registry, config.metric_filter)),
             &config.namespace,
             &config.model_name,
             &config.engine_indices,

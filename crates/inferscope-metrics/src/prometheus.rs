@@ -79,6 +79,26 @@ pub struct CacheConfig {
     pub cache_dtype: String,
 }
 
+/// A finished request as a front end without an engine sees it (the proxy
+/// reads the figures from the response's `usage` and the request body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRequest {
+    /// Why it finished.
+    pub finish_reason: FinishReason,
+    /// `usage.prompt_tokens`, if the response had it.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.completion_tokens`, if the response had it.
+    pub generation_tokens: Option<u64>,
+    /// The request's `max_tokens` (or `max_completion_tokens`), if it set one.
+    pub max_tokens: Option<u64>,
+    /// The request's `n` (1 when not set).
+    pub n: u64,
+    /// Arrival to the first chunk with content (streams only).
+    pub ttft: Option<Duration>,
+    /// Arrival to the end of the response (or to the abort).
+    pub e2e: Duration,
+}
+
 type F64Counter = Counter<f64, AtomicU64>;
 type F64Gauge = Gauge<f64, AtomicU64>;
 type HistFamily<L> = Family<L, AtomicHistogram, HistogramBuilder>;
@@ -145,6 +165,48 @@ impl EngineMetrics {
         let e2e = stats.e2e.as_secs_f64();
         self.e2e.observe(e2e);
         self.tpot.observe(time_per_output_token(stats));
+    }
+
+    /// Moves the running-requests gauge by `delta`: a front end without an
+    /// engine (the proxy) counts its requests in flight here.
+    pub fn add_running(&self, delta: i64) {
+        self.num_running.inc_by(delta);
+    }
+
+    /// A request finished as seen from outside an engine (the proxy): the
+    /// success counter, e2e, and the token counters, TPOT and request
+    /// histograms for the figures that are known; an unknown figure is not
+    /// observed, so it never shows up as a zero. TTFT and ITL are observed
+    /// as they happen ([`Self::observe_ttft`], [`Self::observe_itl`]).
+    pub fn record_observed(&self, req: &ObservedRequest) {
+        if let Some(c) = self.request_success.get(req.finish_reason.index()) {
+            c.inc();
+        }
+        if let Some(p) = req.prompt_tokens {
+            self.prompt_tokens.inc_by(p);
+            self.request_prompt_tokens.observe(p as f64);
+        }
+        if let Some(g) = req.generation_tokens {
+            self.generation_tokens.inc_by(g);
+            self.request_generation_tokens.observe(g as f64);
+            self.request_max_num_generation_tokens.observe(g as f64);
+        }
+        if let Some(m) = req.max_tokens {
+            self.request_params_max_tokens.observe(m as f64);
+        }
+        self.request_params_n.observe(req.n as f64);
+        self.e2e.observe(req.e2e.as_secs_f64());
+        // TPOT needs both the first token's time and the token count.
+        if let (Some(ttft), Some(g)) = (req.ttft, req.generation_tokens)
+            && g > 1
+        {
+            self.tpot
+                .observe(time_per_output_token(&FrontendRequestStats {
+                    ttft: Some(ttft),
+                    e2e: req.e2e,
+                    num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
+                }));
+        }
     }
 
     /// The engine core died of `cause`.
@@ -237,10 +299,20 @@ pub struct PrometheusLogger {
     rejections: Family<RejectionLabels, Counter>,
 }
 
+/// Which schema metrics a registry exposes: `true` registers the family.
+/// Handles of a family left out still count, they are just not rendered.
+pub type MetricFilter = fn(&MetricDef) -> bool;
+
+/// The default [`MetricFilter`]: every metric of the schema.
+pub fn every_metric(_: &MetricDef) -> bool {
+    true
+}
+
 /// Registers families in the registry (when `register` is set) under the
-/// namespaced schema names.
+/// namespaced schema names, skipping those the filter leaves out.
 struct Registrar<'a> {
     registry: Option<&'a mut Registry>,
+    keep: MetricFilter,
     namespace: &'a str,
     overrides: &'a BucketOverrides,
     max_model_len: usize,
@@ -251,7 +323,9 @@ impl Registrar<'_> {
     where
         M: prometheus_client::registry::Metric + Clone,
     {
-        if let Some(registry) = self.registry.as_deref_mut() {
+        if let Some(registry) = self.registry.as_deref_mut()
+            && (self.keep)(def)
+        {
             registry.register(
                 def.registered_name(self.namespace),
                 def.help,
@@ -283,10 +357,11 @@ impl Registrar<'_> {
 }
 
 impl PrometheusLogger {
-    /// Creates every engine's handles; registers the families in `registry`
-    /// when it is given (without one, handles work but nothing is exposed).
+    /// Creates every engine's handles; registers the families `keep` accepts
+    /// in the registry when one is given (without one, handles work but
+    /// nothing is exposed).
     pub fn new(
-        registry: Option<&mut Registry>,
+        registry: Option<(&mut Registry, MetricFilter)>,
         namespace: &str,
         model_name: &str,
         engine_indices: &[usize],
@@ -295,8 +370,13 @@ impl PrometheusLogger {
         cache_configs: &[(usize, CacheConfig)],
     ) -> Self {
         use schema as s;
+        let (registry, keep) = match registry {
+            Some((registry, keep)) => (Some(registry), keep),
+            None => (None, every_metric as MetricFilter),
+        };
         let mut r = Registrar {
             registry,
+            keep,
             namespace,
             overrides,
             max_model_len,
@@ -470,6 +550,61 @@ mod tests {
         assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 1)), 0.0);
         assert_eq!(time_per_output_token(&s(Some(1.0), 3.0, 0)), 0.0);
         assert_eq!(time_per_output_token(&s(None, 3.0, 5)), 0.0);
+    }
+
+    #[test]
+    fn a_filter_leaves_families_out_of_the_registry() {
+        let mut registry = Registry::default();
+        let keep: MetricFilter = |d| d.name == schema::TIME_TO_FIRST_TOKEN.name;
+        let p = PrometheusLogger::new(
+            Some((&mut registry, keep)),
+            "x",
+            "m",
+            &[0],
+            100,
+            &Default::default(),
+            &[],
+        );
+        p.engine(0).unwrap().observe_ttft(0.5);
+        let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
+        assert!(
+            text.contains("x:time_to_first_token_seconds_count{"),
+            "{text}"
+        );
+        assert!(!text.contains("kv_cache_usage_perc"), "{text}");
+        assert!(!text.contains("request_success"), "{text}");
+    }
+
+    #[test]
+    fn observed_requests_record_only_what_is_known() {
+        let p = PrometheusLogger::new(None, "x", "m", &[0], 100, &Default::default(), &[]);
+        let e = p.engine(0).unwrap();
+        let mut req = ObservedRequest {
+            finish_reason: FinishReason::Length,
+            prompt_tokens: Some(7),
+            generation_tokens: Some(5),
+            max_tokens: None,
+            n: 1,
+            ttft: Some(Duration::from_secs(1)),
+            e2e: Duration::from_secs(3),
+        };
+        e.record_observed(&req);
+        assert_eq!(e.request_success[FinishReason::Length.index()].get(), 1);
+        assert_eq!((e.prompt_tokens.get(), e.generation_tokens.get()), (7, 5));
+        assert_eq!(
+            e.request_params_max_tokens.count(),
+            0,
+            "unknown: not a zero"
+        );
+        assert_eq!((e.e2e.count(), e.tpot.count()), (1, 1));
+        req.generation_tokens = None;
+        req.ttft = None;
+        e.record_observed(&req);
+        assert_eq!(e.request_generation_tokens.count(), 1);
+        assert_eq!(e.tpot.count(), 1, "no TPOT without tokens and TTFT");
+        e.add_running(2);
+        e.add_running(-1);
+        assert_eq!(e.num_running.get(), 1);
     }
 
     #[test]

@@ -241,6 +241,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         enable_prometheus: !args.disable_metrics,
         enable_log_stats: !args.disable_log_stats,
         aggregate_log_lines: false,
+        metric_filter: inferscope_metrics::every_metric,
     })?);
     forward.set(metrics.clone());
 

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use clap::{Parser, Subcommand, ValueEnum};
 use inferscope_bench::BenchCommand;
 use inferscope_doctor::{DoctorArgs, TopArgs};
+use inferscope_proxy::ProxyArgs;
 use inferscope_server::ServeArgs;
 
 /// inferscope: an LLM inference server with first-class observability.
@@ -84,6 +85,8 @@ enum Command {
     Doctor(DoctorArgs),
     /// Live terminal view of a server's /metrics.
     Top(TopArgs),
+    /// Reverse proxy that gives any OpenAI-compatible server (llama.cpp, Ollama, vLLM) these metrics.
+    Proxy(Box<ProxyArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -104,6 +107,10 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(cmd) => inferscope_bench::run(cmd).await.map(|()| 0),
             Command::Doctor(args) => inferscope_doctor::run_doctor(args).await,
             Command::Top(args) => inferscope_doctor::run_top(args).await.map(|()| 0),
+            Command::Proxy(args) => {
+                inferscope_proxy::run(*args).await?;
+                Ok(0)
+            }
         }
     })?;
     // Exit only after the runtime is gone, so nothing is cut off mid-write.

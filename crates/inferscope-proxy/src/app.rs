@@ -1,0 +1,602 @@
+//! The proxy's router and handlers: the generation routes (measured), every
+//! other path (passed through, counted by the HTTP layer only), `/metrics`
+//! (the proxy's registry, then the upstream's exposition), start and run.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use inferscope_metrics::{EngineMetrics, Format, MetricsConfig, StatLoggerManager, negotiate};
+use inferscope_schema::schema::{self, MetricDef};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::observe::{BodyKind, ObservedBody, Observer, Outcome, RequestView, inject_usage};
+use crate::upstream::{self, BaseUrl, UpstreamClient, copy_end_to_end, error_response};
+use crate::{ProxyArgs, ProxyError};
+
+/// The metrics the proxy can measure from outside an engine; the rest of the
+/// schema (queue, prefill and decode time, KV cache, steps, device time,
+/// preemptions, waiting requests, admission) is left unregistered, so absent.
+/// `num_requests_running` is the number of requests in flight through the proxy.
+pub const PROXY_METRICS: &[MetricDef] = &[
+    schema::NUM_REQUESTS_RUNNING,
+    schema::PROMPT_TOKENS,
+    schema::GENERATION_TOKENS,
+    schema::REQUEST_SUCCESS,
+    schema::TIME_TO_FIRST_TOKEN,
+    schema::INTER_TOKEN_LATENCY,
+    schema::TIME_PER_OUTPUT_TOKEN,
+    schema::E2E_REQUEST_LATENCY,
+    schema::REQUEST_PROMPT_TOKENS,
+    schema::REQUEST_GENERATION_TOKENS,
+    schema::REQUEST_PARAMS_MAX_TOKENS,
+    schema::REQUEST_MAX_NUM_GENERATION_TOKENS,
+    schema::REQUEST_PARAMS_N,
+];
+
+/// The proxy's [`inferscope_metrics::MetricFilter`]: [`PROXY_METRICS`] only.
+pub fn measurable_by_proxy(def: &MetricDef) -> bool {
+    PROXY_METRICS.iter().any(|d| d.name == def.name)
+}
+
+/// How long a scrape of the upstream's `/metrics` may take.
+const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(5);
+/// The largest upstream exposition re-exposed.
+const MAX_UPSTREAM_METRICS: usize = 64 * 1024 * 1024;
+
+/// Everything the handlers share.
+struct AppState {
+    base: BaseUrl,
+    upstream_metrics: Option<Uri>,
+    client: UpstreamClient,
+    manager: Arc<StatLoggerManager>,
+    engine: EngineMetrics,
+    api_key: Option<String>,
+    upstream_auth: Option<HeaderValue>,
+    upstream_timeout: Duration,
+    max_body: usize,
+    inject_usage: bool,
+    warned_collisions: AtomicBool,
+}
+
+/// A proxy serving in the background (tests, embedding).
+pub struct RunningProxy {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The `model_name` label in use.
+    pub model_name: String,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<Result<(), std::io::Error>>,
+}
+
+impl RunningProxy {
+    /// Stops accepting; open streams get `timeout` to finish, then are cut.
+    pub async fn shutdown(self, timeout: Duration) {
+        let _ = self.stop.send(true);
+        let mut task = self.task;
+        if tokio::time::timeout(timeout, &mut task).await.is_err() {
+            task.abort();
+        }
+    }
+}
+
+fn seconds(flag: &str, v: f64) -> Result<Duration, ProxyError> {
+    Duration::try_from_secs_f64(v)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            ProxyError::Flag(format!(
+                "--{flag} must be a positive number of seconds, got {v}"
+            ))
+        })
+}
+
+fn metrics_url(url: &str) -> Result<Uri, ProxyError> {
+    let bad = |reason: &str| ProxyError::Upstream {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| bad("not a URL (expected http://host:port/metrics)"))?;
+    if uri.scheme_str() != Some("http") || uri.authority().is_none() {
+        return Err(bad("expected http://host:port/metrics"));
+    }
+    Ok(uri)
+}
+
+/// The first model the upstream lists, to label the metrics with.
+async fn discover_model(client: &UpstreamClient, base: &BaseUrl) -> Option<String> {
+    let uri = base.join("/v1/models").ok()?;
+    let req = http::Request::get(uri).body(Body::empty()).ok()?;
+    let resp = upstream::send(client, base, req, Duration::from_secs(10))
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let body = Limited::new(resp.into_body(), 4 * 1024 * 1024)
+        .collect()
+        .await
+        .ok()?
+        .to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    v.pointer("/data/0/id")?.as_str().map(str::to_owned)
+}
+
+/// Builds everything and serves on `args.host:args.port` in the background.
+pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
+    let base = BaseUrl::parse(&args.upstream)?;
+    let upstream_metrics = args
+        .upstream_metrics
+        .as_deref()
+        .map(metrics_url)
+        .transpose()?;
+    let connect_timeout = seconds("connect-timeout", args.connect_timeout)?;
+    let upstream_timeout = seconds("upstream-timeout", args.upstream_timeout)?;
+    let upstream_auth = args
+        .upstream_api_key
+        .as_deref()
+        .map(|k| HeaderValue::from_str(&format!("Bearer {k}")))
+        .transpose()
+        .map_err(|_| {
+            ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into())
+        })?;
+    let client = upstream::client(connect_timeout);
+    let model_name = match &args.served_model_name {
+        Some(name) => name.clone(),
+        None => match discover_model(&client, &base).await {
+            Some(name) => name,
+            None => {
+                tracing::warn!(
+                    upstream = base.as_str(),
+                    "the upstream listed no model at /v1/models: labelling metrics model_name=\"unknown\" (set --served-model-name)"
+                );
+                "unknown".to_owned()
+            }
+        },
+    };
+    let manager = Arc::new(StatLoggerManager::new(MetricsConfig {
+        namespace: args.metrics_namespace.clone(),
+        model_name: model_name.clone(),
+        engine_indices: vec![0],
+        max_model_len: args.max_model_len.max(1),
+        enable_log_stats: false,
+        metric_filter: measurable_by_proxy,
+        ..Default::default()
+    })?);
+    let engine = manager
+        .engine(0)
+        .cloned()
+        .ok_or_else(|| ProxyError::Flag("no engine handles".into()))?;
+    let state = Arc::new(AppState {
+        base,
+        upstream_metrics,
+        client,
+        manager,
+        engine,
+        api_key: args.api_key.clone(),
+        upstream_auth,
+        upstream_timeout,
+        max_body: args.max_request_body,
+        inject_usage: !args.no_usage_injection,
+        warned_collisions: AtomicBool::new(false),
+    });
+
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ProxyError::Listen {
+            addr: addr.clone(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ProxyError::Listen { addr, source })?;
+    // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let (stop, mut stopped) = watch::channel(false);
+    let app = router(state.clone());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(
+        listen = %local,
+        upstream = state.base.as_str(),
+        model_name,
+        "proxying; metrics at /metrics"
+    );
+    Ok(RunningProxy {
+        addr: local,
+        model_name,
+        stop,
+        task,
+    })
+}
+
+/// `inferscope proxy`: serves until SIGINT or SIGTERM.
+pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+    let proxy = start(&args).await?;
+    shutdown_signal().await;
+    tracing::info!("shutting down: open streams get 10 s");
+    proxy.shutdown(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM (what a container runtime sends).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => {
+                tokio::select! {
+                    _ = int.recv() => {},
+                    _ = term.recv() => {},
+                }
+            }
+            _ => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(generation))
+        .route("/v1/chat/completions", post(generation))
+        .route("/v1/models", get(pass_through))
+        .route("/v1/{*rest}", any(pass_through))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/metrics", get(metrics))
+        .fallback(pass_through)
+        .layer(state.manager.http_layer())
+        .with_state(state)
+}
+
+async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
+            return error_response(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
+            );
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without stopping at the first difference (no timing oracle).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
+/// The upstream request for a client's `parts` and `body`.
+fn upstream_request(
+    app: &AppState,
+    parts: &http::request::Parts,
+    body: Body,
+    measured: bool,
+) -> Result<http::Request<Body>, String> {
+    let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri = app
+        .base
+        .join(pq)
+        .map_err(|_| format!("cannot forward the path {pq:?}"))?;
+    let mut req = http::Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    copy_end_to_end(&parts.headers, req.headers_mut());
+    if measured {
+        // The body may be rewritten (its length is set from it), and the
+        // response must be readable, so not compressed.
+        req.headers_mut().remove(header::CONTENT_LENGTH);
+        req.headers_mut().remove(header::ACCEPT_ENCODING);
+    }
+    if let Some(auth) = &app.upstream_auth {
+        req.headers_mut()
+            .insert(header::AUTHORIZATION, auth.clone());
+    }
+    Ok(req)
+}
+
+/// The client's response: the upstream's status and headers, and `body`.
+fn client_response(parts: &http::response::Parts, body: Body, length_changes: bool) -> Response {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = parts.status;
+    copy_end_to_end(&parts.headers, resp.headers_mut());
+    if length_changes {
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+    }
+    resp
+}
+
+/// Any path but the generation routes and `/metrics`: forwarded as it is.
+async fn pass_through(State(app): State<Arc<AppState>>, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let req = match upstream_request(&app, &parts, body, false) {
+        Ok(r) => r,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+        }
+    };
+    match upstream::send(&app.client, &app.base, req, app.upstream_timeout).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            client_response(&parts, Body::new(body), false)
+        }
+        Err(failure) => failure.into_response(),
+    }
+}
+
+/// `/v1/completions` and `/v1/chat/completions`: forwarded and measured.
+async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response {
+    let start = Instant::now();
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, app.max_body).await {
+        Ok(b) => b,
+        Err(e) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                error_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    format!(
+                        "request body over {} bytes (--max-request-body)",
+                        app.max_body
+                    ),
+                )
+            } else {
+                error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("could not read the request body: {e}"),
+                )
+            };
+        }
+    };
+    let parsed: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
+    let view = parsed.as_ref().map_or(
+        RequestView {
+            n: 1,
+            ..RequestView::default()
+        },
+        RequestView::of,
+    );
+    // Ask for the usage chunk on the client's behalf, to count tokens.
+    let mut strip_usage = false;
+    let body = match parsed {
+        Some(mut v) if app.inject_usage && view.stream && !view.include_usage => {
+            if inject_usage(&mut v) {
+                strip_usage = true;
+                serde_json::to_vec(&v).map_or(bytes, Bytes::from)
+            } else {
+                bytes
+            }
+        }
+        _ => bytes,
+    };
+    let req = match upstream_request(&app, &parts, Body::from(body), true) {
+        Ok(r) => r,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
+        }
+    };
+    // From here a drop (the client went away) counts as an abort.
+    let mut observer = Observer::new(app.engine.clone(), start, view);
+    let resp = match upstream::send(&app.client, &app.base, req, app.upstream_timeout).await {
+        Ok(resp) => resp,
+        Err(failure) => {
+            tracing::warn!(error = ?failure, "upstream failed");
+            observer.finish(Outcome::Failed);
+            return failure.into_response();
+        }
+    };
+    let (parts, incoming) = resp.into_parts();
+    if parts.status.is_client_error() {
+        // Refused by the upstream (bad request, 404, 429): it never ran, as
+        // `serve` does not count a request it refuses.
+        observer.discard();
+        return client_response(&parts, Body::new(incoming), false);
+    }
+    let is_sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.trim_start().starts_with("text/event-stream"));
+    let (kind, on_complete) = if parts.status.is_server_error() {
+        (BodyKind::Opaque, Outcome::Failed)
+    } else if is_sse {
+        (BodyKind::Sse { strip_usage }, Outcome::Complete)
+    } else {
+        (BodyKind::Json, Outcome::Complete)
+    };
+    let strips = matches!(kind, BodyKind::Sse { strip_usage: true });
+    let body = ObservedBody::new(incoming, kind, observer, on_complete);
+    client_response(&parts, Body::new(body), strips)
+}
+
+/// `GET /metrics`: the proxy's registry, then (with `--upstream-metrics`) the
+/// upstream's exposition as it came, less the families the proxy exposes.
+async fn metrics(State(app): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let Some(url) = &app.upstream_metrics else {
+        let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+        let (content_type, body) = app.manager.render(negotiate(accept));
+        return ([(header::CONTENT_TYPE, content_type)], body).into_response();
+    };
+    // Two expositions concatenate only in the text format (OpenMetrics ends in `# EOF`).
+    let (content_type, mut body) = app.manager.render(Format::Prometheus);
+    match fetch_upstream_metrics(&app, url).await {
+        Ok(text) => {
+            let dropped = append_upstream(&mut body, &text);
+            // Said once: the set only changes when the upstream changes.
+            if !dropped.is_empty() && !app.warned_collisions.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    families = dropped.join(" "),
+                    "upstream metric families with the proxy's own names are left out (see --metrics-namespace)"
+                );
+            }
+        }
+        // Free-form comments would trip strict parsers: say it in the log.
+        Err(why) => tracing::warn!(
+            error = why,
+            "upstream metrics unavailable; serving the proxy's own"
+        ),
+    }
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn fetch_upstream_metrics(app: &AppState, url: &Uri) -> Result<String, String> {
+    let mut req = http::Request::get(url.clone())
+        .body(Body::empty())
+        .map_err(|e| e.to_string())?;
+    req.headers_mut().insert(
+        header::ACCEPT,
+        HeaderValue::from_static("text/plain;version=0.0.4"),
+    );
+    let resp = upstream::send(&app.client, &app.base, req, UPSTREAM_METRICS_TIMEOUT)
+        .await
+        .map_err(|f| format!("{f:?}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("{url} answered {}", resp.status()));
+    }
+    let body = tokio::time::timeout(
+        UPSTREAM_METRICS_TIMEOUT,
+        Limited::new(resp.into_body(), MAX_UPSTREAM_METRICS).collect(),
+    )
+    .await
+    .map_err(|_| format!("{url} did not finish its body in time"))?
+    .map_err(|e| format!("reading {url}: {e}"))?
+    .to_bytes();
+    String::from_utf8(body.to_vec()).map_err(|_| format!("{url} sent a body that is not UTF-8"))
+}
+
+/// The family a sample or metadata line belongs to.
+fn line_family(line: &str) -> Option<&str> {
+    if let Some(meta) = line
+        .strip_prefix("# HELP ")
+        .or_else(|| line.strip_prefix("# TYPE "))
+        .or_else(|| line.strip_prefix("# UNIT "))
+    {
+        return meta.split_whitespace().next();
+    }
+    if line.starts_with('#') {
+        return None;
+    }
+    line.split(['{', ' ', '\t'])
+        .next()
+        .filter(|n| !n.is_empty())
+}
+
+/// Appends the upstream's lines to `own`, leaving out `# EOF` and the
+/// families `own` already has (two families of one name break a scrape);
+/// returns the names left out.
+pub fn append_upstream(own: &mut String, upstream: &str) -> Vec<String> {
+    let mine: std::collections::HashSet<String> = own
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    let taken = |name: &str| {
+        mine.contains(name)
+            || ["_bucket", "_sum", "_count", "_total", "_created"]
+                .iter()
+                .filter_map(|s| name.strip_suffix(s))
+                .any(|base| mine.contains(base))
+    };
+    let mut dropped = std::collections::BTreeSet::new();
+    let mut kept = String::with_capacity(upstream.len());
+    for line in upstream.lines() {
+        if line.trim() == "# EOF" {
+            continue;
+        }
+        match line_family(line) {
+            Some(name) if taken(name) => {
+                dropped.insert(name.to_owned());
+            }
+            _ => {
+                kept.push_str(line);
+                kept.push('\n');
+            }
+        }
+    }
+    own.push_str(&kept);
+    dropped.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_exposition_appended_without_collisions() {
+        let mut own = "# HELP http_requests Total.\n# TYPE http_requests counter\nhttp_requests_total{handler=\"/v1/models\"} 1\n".to_owned();
+        let upstream = "# HELP http_requests Total.\n# TYPE http_requests counter\nhttp_requests_total{handler=\"x\"} 9\n# HELP llamacpp:tokens_predicted_total n\n# TYPE llamacpp:tokens_predicted_total counter\nllamacpp:tokens_predicted_total 42\n# EOF\n";
+        assert_eq!(
+            append_upstream(&mut own, upstream),
+            ["http_requests", "http_requests_total"]
+        );
+        assert_eq!(
+            own.matches("# TYPE http_requests counter").count(),
+            1,
+            "{own}"
+        );
+        assert!(!own.contains("handler=\"x\""), "{own}");
+        assert!(
+            own.contains("llamacpp:tokens_predicted_total 42\n"),
+            "{own}"
+        );
+        assert!(!own.contains("# EOF"), "{own}");
+    }
+
+    #[test]
+    fn only_measurable_metrics() {
+        assert!(measurable_by_proxy(&schema::TIME_TO_FIRST_TOKEN));
+        assert!(!measurable_by_proxy(&schema::KV_CACHE_USAGE_PERC));
+        assert!(!measurable_by_proxy(&schema::REQUEST_QUEUE_TIME));
+        assert!(!measurable_by_proxy(&schema::DEVICE_BUSY_SECONDS));
+    }
+}

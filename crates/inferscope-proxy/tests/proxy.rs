@@ -1,0 +1,584 @@
+//! The proxy in front of three upstreams started in-process: `inferscope
+//! serve` (sim executor; the proxy's counts must equal the server's own),
+//! the bench's mock server (byte-exact pass-through, usage stripping), and
+//! nothing at all (502, 504).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use inferscope_bench::mock::{MockConfig, MockServer};
+use inferscope_proxy::{ProxyArgs, RunningProxy};
+use inferscope_schema::promtext::{self, Exposition};
+use inferscope_schema::schema::{self, MetricDef};
+
+const NS: &str = "inferscope";
+
+async fn proxy(upstream: &str, flags: &[&str]) -> RunningProxy {
+    let mut all = vec!["--upstream", upstream, "--host", "127.0.0.1", "--port", "0"];
+    all.extend_from_slice(flags);
+    let args = ProxyArgs::try_parse_flags(all).expect("flags");
+    inferscope_proxy::start(&args).await.expect("proxy starts")
+}
+
+async fn serve(flags: &[&str]) -> inferscope_server::RunningServer {
+    let mut all = vec![
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--disable-log-stats",
+    ];
+    all.extend_from_slice(flags);
+    let args = inferscope_server::ServeArgs::try_parse_flags(all).expect("flags");
+    inferscope_server::start(&args)
+        .await
+        .expect("server starts")
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> hyper::Response<Incoming> {
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .expect("request");
+    tokio::time::timeout(Duration::from_secs(30), client().request(req))
+        .await
+        .expect("no timeout")
+        .expect("response")
+}
+
+async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let resp = send(addr, method, path, body, &[]).await;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8(bytes.to_vec()).expect("utf-8"))
+}
+
+async fn scrape(addr: SocketAddr) -> Exposition {
+    let (status, text) = call(addr, "GET", "/metrics", "").await;
+    assert_eq!(status, 200, "{text}");
+    promtext::parse(&text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+}
+
+fn mock_addr(m: &MockServer) -> SocketAddr {
+    m.base_url()
+        .trim_start_matches("http://")
+        .parse()
+        .expect("mock address")
+}
+
+/// Whether the exposition has the family (counters are named with `_total`).
+fn has_family(e: &Exposition, def: &MetricDef) -> bool {
+    e.family(&def.registered_name(NS)).is_some() || e.family(&def.exposed_name(NS)).is_some()
+}
+
+fn name(def: &MetricDef) -> String {
+    def.exposed_name(NS)
+}
+
+fn value(e: &Exposition, def: &MetricDef, labels: &[(&str, &str)]) -> f64 {
+    promtext::sum(e.samples(), &name(def), labels)
+}
+
+fn finished(e: &Exposition, reason: &str) -> f64 {
+    value(e, &schema::REQUEST_SUCCESS, &[("finished_reason", reason)])
+}
+
+/// Cumulative bucket counts of a histogram, by `le`.
+fn buckets(e: &Exposition, def: &MetricDef) -> Vec<(String, f64)> {
+    let bucket = format!("{}_bucket", def.exposed_name(NS));
+    e.samples()
+        .filter(|s| s.name == bucket)
+        .map(|s| (s.label("le").unwrap_or("").to_owned(), s.value))
+        .collect()
+}
+
+fn hist_count(e: &Exposition, def: &MetricDef) -> f64 {
+    promtext::sum(e.samples(), &format!("{}_count", def.exposed_name(NS)), &[])
+}
+
+/// The JSON payloads of an SSE body, `[DONE]` excluded.
+fn events(body: &str) -> Vec<serde_json::Value> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+/// Waits until `f(scrape)` holds (the server records some figures just
+/// after the client sees the end).
+async fn eventually(addr: SocketAddr, what: &str, f: impl Fn(&Exposition) -> bool) -> Exposition {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let e = scrape(addr).await;
+        if f(&e) {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_equal_the_servers_own_and_latencies_fall_in_the_same_buckets() {
+    // 25 ms steps: TTFT ≈ 25 ms, inside (0.02, 0.04]; 8 tokens ≈ 0.2 s,
+    // inside (0, 0.3]: far enough from the bucket bounds that the proxy's
+    // sub-millisecond cost cannot move a sample.
+    let server = serve(&[
+        "--sim-profile",
+        "tiny,t_fixed_ms=25",
+        "--served-model-name",
+        "m",
+    ])
+    .await;
+    let p = proxy(&format!("http://{}", server.addr), &[]).await;
+    assert_eq!(
+        p.model_name, "m",
+        "the label comes from the upstream's /v1/models"
+    );
+
+    let streams = [
+        r#"{"model":"m","prompt":"one two three","max_tokens":8,"stream":true}"#,
+        r#"{"model":"m","prompt":"a b c d e f","max_tokens":8,"stream":true,"stream_options":{"include_usage":true}}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"hi there"}],"max_tokens":8,"stream":true}"#,
+        r#"{"model":"m","prompt":"x","max_tokens":3,"stream":true,"ignore_eos":true}"#,
+    ];
+    for body in streams {
+        let path = if body.contains("messages") {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, text) = call(p.addr, "POST", path, body).await;
+        assert_eq!(status, 200, "{text}");
+        let asked = body.contains("include_usage");
+        let usage_chunks = events(&text)
+            .iter()
+            .filter(|e| !e["usage"].is_null())
+            .count();
+        assert_eq!(
+            usage_chunks,
+            usize::from(asked),
+            "usage chunk only when asked: {text}"
+        );
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    }
+    let s = eventually(server.addr, "the server's e2e of 4 requests", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 4.0
+    })
+    .await;
+    let px = scrape(p.addr).await;
+    for reason in ["stop", "length", "abort", "error"] {
+        assert_eq!(
+            finished(&px, reason),
+            finished(&s, reason),
+            "finished_reason={reason}"
+        );
+    }
+    assert_eq!(finished(&px, "stop") + finished(&px, "length"), 4.0);
+    for def in [&schema::PROMPT_TOKENS, &schema::GENERATION_TOKENS] {
+        assert_eq!(value(&px, def, &[]), value(&s, def, &[]), "{}", def.name);
+        assert!(value(&px, def, &[]) > 0.0, "{}", def.name);
+    }
+    for def in [&schema::TIME_TO_FIRST_TOKEN, &schema::E2E_REQUEST_LATENCY] {
+        let (a, b) = (buckets(&px, def), buckets(&s, def));
+        assert!(!a.is_empty(), "{}", def.name);
+        assert_eq!(a, b, "{} buckets, proxy vs server", def.name);
+    }
+    assert_eq!(hist_count(&px, &schema::TIME_TO_FIRST_TOKEN), 4.0);
+    // One sample per content chunk after the first, as the server does.
+    assert_eq!(
+        hist_count(&px, &schema::INTER_TOKEN_LATENCY),
+        hist_count(&s, &schema::INTER_TOKEN_LATENCY)
+    );
+
+    // Not streamed: counted from the JSON body's usage and finish_reason.
+    for body in [
+        r#"{"model":"m","prompt":"one two","max_tokens":5}"#,
+        r#"{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":5}"#,
+    ] {
+        let path = if body.contains("messages") {
+            "/v1/chat/completions"
+        } else {
+            "/v1/completions"
+        };
+        let (status, text) = call(p.addr, "POST", path, body).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    // Refused by the upstream: passed through, counted by neither.
+    let (status, text) = call(p.addr, "POST", "/v1/completions", "{not json").await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("\"error\""), "{text}");
+
+    let s = eventually(server.addr, "6 e2e samples", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 6.0
+    })
+    .await;
+    let px = scrape(p.addr).await;
+    for reason in ["stop", "length", "abort", "error"] {
+        assert_eq!(
+            finished(&px, reason),
+            finished(&s, reason),
+            "finished_reason={reason}"
+        );
+    }
+    for def in [&schema::PROMPT_TOKENS, &schema::GENERATION_TOKENS] {
+        assert_eq!(value(&px, def, &[]), value(&s, def, &[]), "{}", def.name);
+    }
+    assert_eq!(hist_count(&px, &schema::E2E_REQUEST_LATENCY), 6.0);
+    assert_eq!(value(&px, &schema::NUM_REQUESTS_RUNNING, &[]), 0.0);
+    // The HTTP layer counted each route by its template.
+    let http = name(&schema::HTTP_REQUESTS);
+    assert_eq!(
+        promtext::sum(px.samples(), &http, &[("handler", "/v1/completions")]),
+        5.0
+    );
+    assert_eq!(
+        promtext::sum(px.samples(), &http, &[("handler", "/v1/chat/completions")]),
+        2.0
+    );
+
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_ends_the_upstream_request_and_counts_abort() {
+    // 200 tokens at 20 ms a step: 4 s unless the upstream request is ended.
+    let server = serve(&[
+        "--sim-profile",
+        "tiny,t_fixed_ms=20",
+        "--served-model-name",
+        "m",
+    ])
+    .await;
+    let p = proxy(&format!("http://{}", server.addr), &[]).await;
+    let resp = send(
+        p.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"m","prompt":"go","max_tokens":200,"ignore_eos":true,"stream":true}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = 0;
+    while got < 3 {
+        let frame = body.frame().await.expect("a frame").expect("no error");
+        if frame.data_ref().is_some_and(|d| d.starts_with(b"data: {")) {
+            got += 1;
+        }
+    }
+    let px = scrape(p.addr).await;
+    assert_eq!(
+        value(&px, &schema::NUM_REQUESTS_RUNNING, &[]),
+        1.0,
+        "in flight"
+    );
+    let dropped = Instant::now();
+    drop(body);
+    let s = eventually(server.addr, "the server's abort", |e| {
+        finished(e, "abort") == 1.0
+    })
+    .await;
+    assert!(
+        dropped.elapsed() < Duration::from_secs(2),
+        "the upstream request ended {:?} after the disconnect",
+        dropped.elapsed()
+    );
+    assert_eq!(finished(&s, "length"), 0.0);
+    let px = eventually(p.addr, "the proxy's abort", |e| finished(e, "abort") == 1.0).await;
+    assert_eq!(value(&px, &schema::NUM_REQUESTS_RUNNING, &[]), 0.0);
+    assert_eq!(
+        finished(&px, "length") + finished(&px, "stop") + finished(&px, "error"),
+        0.0
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mock_upstream_passes_through_unchanged_and_strips_only_the_injected_usage() {
+    let mock = MockServer::start(MockConfig {
+        ttft: Duration::from_millis(5),
+        itl: Duration::from_millis(2),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock");
+    let p = proxy(&mock.base_url(), &["--served-model-name", "mock-model"]).await;
+
+    // The client asked for usage: the proxied body is the upstream's, byte for byte.
+    let asked = r#"{"model":"mock-model","prompt":"a b c","max_tokens":6,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let direct = call(mock_addr(&mock), "POST", "/v1/completions", asked).await;
+    let via = call(p.addr, "POST", "/v1/completions", asked).await;
+    assert_eq!(via, direct);
+    assert_eq!(
+        events(&via.1).last().unwrap()["usage"]["completion_tokens"],
+        6
+    );
+
+    // It did not: the same body less the usage event.
+    let not_asked = r#"{"model":"mock-model","prompt":"a b c","max_tokens":6,"stream":true}"#;
+    let (status, via) = call(p.addr, "POST", "/v1/completions", not_asked).await;
+    assert_eq!(status, 200);
+    let usage_event = direct
+        .1
+        .split("\n\n")
+        .find(|e| e.contains("\"usage\""))
+        .unwrap();
+    assert_eq!(via, direct.1.replace(&format!("{usage_event}\n\n"), ""));
+    assert_eq!(events(&via).len(), 6, "six token chunks");
+
+    // The request id passes through both ways.
+    let resp = send(
+        p.addr,
+        "POST",
+        "/v1/completions",
+        not_asked,
+        &[("x-request-id", "req-42")],
+    )
+    .await;
+    let _ = resp.into_body().collect().await;
+    assert_eq!(mock.last_request_id().as_deref(), Some("req-42"));
+
+    let px = scrape(p.addr).await;
+    // The mock sends no finish_reason: a stream that ends without one was cut short.
+    assert_eq!(finished(&px, "error"), 3.0);
+    assert_eq!(
+        value(&px, &schema::GENERATION_TOKENS, &[]),
+        18.0,
+        "from the usage chunks, stripped or not"
+    );
+    assert_eq!(value(&px, &schema::PROMPT_TOKENS, &[]), 9.0);
+    assert_eq!(hist_count(&px, &schema::TIME_TO_FIRST_TOKEN), 3.0);
+    assert_eq!(
+        hist_count(&px, &schema::INTER_TOKEN_LATENCY),
+        15.0,
+        "5 gaps per stream"
+    );
+    assert_eq!(
+        promtext::sum(
+            px.samples(),
+            &format!("{}_sum", name(&schema::REQUEST_PARAMS_MAX_TOKENS)),
+            &[]
+        ),
+        18.0
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_only_series_are_absent_and_upstream_metrics_appear_beside() {
+    let mock = MockServer::start(MockConfig {
+        metrics_namespace: Some("vllm".into()),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock");
+    let p = proxy(
+        &mock.base_url(),
+        &[
+            "--upstream-metrics",
+            &format!("{}/metrics", mock.base_url()),
+        ],
+    )
+    .await;
+    assert_eq!(p.model_name, "mock-model");
+    let (status, text) = call(p.addr, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let e = promtext::parse(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    for absent in [
+        &schema::KV_CACHE_USAGE_PERC,
+        &schema::NUM_REQUESTS_WAITING,
+        &schema::REQUEST_QUEUE_TIME,
+        &schema::DEVICE_BUSY_SECONDS,
+        &schema::ENGINE_STEP_DURATION,
+        &schema::CACHE_CONFIG_INFO,
+    ] {
+        assert!(!has_family(&e, absent), "{} present:\n{text}", absent.name);
+    }
+    for present in [
+        &schema::TIME_TO_FIRST_TOKEN,
+        &schema::REQUEST_SUCCESS,
+        &schema::NUM_REQUESTS_RUNNING,
+    ] {
+        assert!(has_family(&e, present), "{} absent:\n{text}", present.name);
+    }
+    // The upstream's own exposition, unchanged, after the proxy's.
+    let (_, upstream) = call(mock_addr(&mock), "GET", "/metrics", "").await;
+    let busy = upstream
+        .lines()
+        .find(|l| l.starts_with("vllm:device_busy_seconds_total{"))
+        .unwrap();
+    assert!(
+        text.contains(&format!("\n{}", upstream.lines().next().unwrap())),
+        "{text}"
+    );
+    assert!(
+        e.value("vllm:num_requests_waiting", &[("engine", "0")])
+            .is_some(),
+        "{text}"
+    );
+    // The busy counter grows with uptime, so compare its labels, not its value.
+    let busy_labels = &busy[..busy.find('}').unwrap()];
+    assert!(text.contains(busy_labels), "{text}");
+
+    // Upstream metrics down: the proxy's own still scrape.
+    let p2 = proxy(
+        &mock.base_url(),
+        &["--upstream-metrics", "http://127.0.0.1:9/metrics"],
+    )
+    .await;
+    let (status, text) = call(p2.addr, "GET", "/metrics", "").await;
+    assert_eq!(status, 200);
+    let e = promtext::parse(&text).unwrap_or_else(|err| panic!("{err}\n{text}"));
+    assert!(has_family(&e, &schema::TIME_TO_FIRST_TOKEN), "{text}");
+
+    // --api-key: refused without it, OpenAI error body.
+    let p3 = proxy(&mock.base_url(), &["--api-key", "sekrit"]).await;
+    let (status, body) = call(p3.addr, "GET", "/v1/models", "").await;
+    assert_eq!(status, 401, "{body}");
+    let resp = send(
+        p3.addr,
+        "GET",
+        "/v1/models",
+        "",
+        &[("authorization", "Bearer sekrit")],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    for p in [p, p2, p3] {
+        p.shutdown(Duration::from_secs(1)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_502_and_a_silent_one_504() {
+    // A port nobody listens on.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let p = proxy(&format!("http://{free}"), &["--served-model-name", "m"]).await;
+    let (status, body) = call(
+        p.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt":"x","stream":true}"#,
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error body");
+    assert_eq!(v["error"]["type"], "bad_gateway");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&free.to_string()),
+        "{body}"
+    );
+    let (status, _) = call(p.addr, "GET", "/v1/models", "").await;
+    assert_eq!(status, 502);
+    let px = scrape(p.addr).await;
+    assert_eq!(
+        finished(&px, "error"),
+        1.0,
+        "the generation request, not /v1/models"
+    );
+
+    // Accepts connections, never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let p2 = proxy(
+        &format!("http://{silent_addr}"),
+        &["--served-model-name", "m", "--upstream-timeout", "0.3"],
+    )
+    .await;
+    let t = Instant::now();
+    let (status, body) = call(
+        p2.addr,
+        "POST",
+        "/v1/chat/completions",
+        r#"{"messages":[]}"#,
+    )
+    .await;
+    assert_eq!(status, 504, "{body}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON error body");
+    assert_eq!(v["error"]["type"], "gateway_timeout");
+    assert_eq!(finished(&scrape(p2.addr).await, "error"), 1.0);
+    hold.abort();
+    p.shutdown(Duration::from_secs(1)).await;
+    p2.shutdown(Duration::from_secs(1)).await;
+}
+
+#[test]
+fn bad_flags_are_named() {
+    let err = |flags: &[&str]| {
+        let args = ProxyArgs::try_parse_flags(flags.iter().copied()).expect("parses");
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        match rt.block_on(inferscope_proxy::start(&args)) {
+            Ok(_) => panic!("{flags:?} started"),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert!(err(&["--upstream", "https://x:1"]).contains("https"));
+    assert!(err(&["--upstream", "nope"]).contains("nope"));
+    assert!(
+        err(&[
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--served-model-name",
+            "m",
+            "--upstream-timeout=-1"
+        ])
+        .contains("--upstream-timeout")
+    );
+    assert!(
+        err(&[
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--served-model-name",
+            "m",
+            "--metrics-namespace",
+            "a-b"
+        ])
+        .contains("a-b")
+    );
+    assert!(
+        ProxyArgs::try_parse_flags(["--port", "1"]).is_err(),
+        "--upstream is required"
+    );
+}
