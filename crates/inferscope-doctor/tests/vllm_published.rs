@@ -358,7 +358,7 @@ fn every_name_read_under_vllm_is_one_vllm_exposes() {
         names::REQUEST_QUEUE_TIME_SECONDS,
         names::REQUEST_PREFILL_TIME_SECONDS,
         names::REQUEST_PROMPT_TOKENS,
-        names::ITERATION_TOKENS_TOTAL,
+        names::ITERATION_TOKENS,
     ];
     // vLLM's list names a family bare (`vllm:prefix_cache_queries`,
     // `vllm:iteration_tokens_total`) or by the exposed series.

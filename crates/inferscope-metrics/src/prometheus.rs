@@ -568,7 +568,7 @@ mod tests {
         p.engine(0).unwrap().observe_ttft(0.5);
         let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
         assert!(
-            text.contains("x:time_to_first_token_seconds_count{"),
+            text.contains("x_time_to_first_token_seconds_count{"),
             "{text}"
         );
         assert!(!text.contains("kv_cache_usage_perc"), "{text}");
