@@ -502,3 +502,41 @@ fn exposition(st: &State, ns: &str) -> String {
     s.push_str(&format!("{p}{ttft_name}_count{{{l0}}} {success}\n"));
     s
 }
+
+/// A small byte-level BPE as `tokenizer.json` text: the 256 byte symbols (GPT-2's
+/// byte-to-char map, so a space is `Ġ`) plus `merges` such as `"Ġ t"`, each
+/// merged piece a token after the bytes. Random ids decode to bytes that often
+/// re-encode to another length: what exact-length prompt fitting must handle.
+pub fn byte_level_bpe_json(merges: &[&str]) -> String {
+    let mut chars: Vec<char> = Vec::with_capacity(256);
+    let mut unprintable = 0u32;
+    for b in 0u32..256 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        let code = if printable {
+            b
+        } else {
+            unprintable += 1;
+            256 + unprintable - 1
+        };
+        chars.push(char::from_u32(code).unwrap_or('?'));
+    }
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(i));
+    }
+    for (i, m) in merges.iter().enumerate() {
+        vocab.insert(m.replace(' ', ""), json!(256 + i));
+    }
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "vocab": vocab, "merges": merges}
+    })
+    .to_string()
+}

@@ -311,44 +311,12 @@ impl Codec for TextTokenizer {
 mod tests {
     use super::*;
     use crate::dataset::{DatasetSpec, sample_with};
-    use serde_json::json;
 
-    /// A byte-level BPE over the 256 byte symbols plus a few merges: random ids
-    /// decode to arbitrary bytes, so re-encoding often changes the length.
+    /// A byte-level BPE whose merges (Ġt, Ġa, th) make lengths depend on
+    /// neighbours.
     fn byte_bpe() -> TextTokenizer {
-        let mut chars: Vec<char> = Vec::new();
-        let mut n = 0u32;
-        for b in 0u32..256 {
-            let printable =
-                (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-            if printable {
-                chars.push(char::from_u32(b).unwrap_or('?'));
-            } else {
-                chars.push(char::from_u32(256 + n).unwrap_or('?'));
-                n += 1;
-            }
-        }
-        let mut vocab = serde_json::Map::new();
-        for (i, c) in chars.iter().enumerate() {
-            vocab.insert(c.to_string(), json!(i));
-        }
-        // Ġt, Ġa, th: merges make lengths depend on neighbours.
-        let sp = chars[32];
-        let merges = [format!("{sp} t"), format!("{sp} a"), "t h".to_string()];
-        for (i, m) in merges.iter().enumerate() {
-            vocab.insert(m.replace(' ', ""), json!(256 + i));
-        }
-        let j = json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": null,
-            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-            "post_processor": null,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                      "vocab": vocab, "merges": merges}
-        });
-        TextTokenizer::from_bytes(j.to_string().as_bytes()).expect("tokenizer loads")
+        let json = crate::mock::byte_level_bpe_json(&["Ġ t", "Ġ a", "t h"]);
+        TextTokenizer::from_bytes(json.as_bytes()).expect("tokenizer loads")
     }
 
     #[test]

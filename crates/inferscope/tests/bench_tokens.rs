@@ -12,6 +12,7 @@
 
 #![cfg(unix)]
 
+use inferscope_bench::mock::byte_level_bpe_json;
 use inferscope_schema::promtext;
 use inferscope_schema::schema::{self, MetricDef};
 use serde_json::{Value, json};
@@ -244,44 +245,8 @@ fn sim_server_and_bench_count_the_same_tokens() {
 /// A byte-level BPE (the 256 byte symbols and a few merges) as `tokenizer.json`:
 /// random ids decode to text that often re-encodes to another length.
 fn byte_bpe(path: &Path) {
-    let mut chars: Vec<char> = Vec::new();
-    let mut n = 0u32;
-    for b in 0u32..256 {
-        let printable =
-            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-        if printable {
-            chars.push(char::from_u32(b).expect("char"));
-        } else {
-            chars.push(char::from_u32(256 + n).expect("char"));
-            n += 1;
-        }
-    }
-    let mut vocab = serde_json::Map::new();
-    for (i, c) in chars.iter().enumerate() {
-        vocab.insert(c.to_string(), json!(i));
-    }
-    let sp = chars[32];
-    let merges = [
-        format!("{sp} t"),
-        format!("{sp} a"),
-        "t h".to_string(),
-        "h e".to_string(),
-        format!("{sp} th"),
-    ];
-    for (i, m) in merges.iter().enumerate() {
-        vocab.insert(m.replace(' ', ""), json!(256 + i));
-    }
-    let j = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-                  "vocab": vocab, "merges": merges}
-    });
-    std::fs::write(path, j.to_string()).expect("write tokenizer");
+    let json = byte_level_bpe_json(&["Ġ t", "Ġ a", "t h", "h e", "Ġ th"]);
+    std::fs::write(path, json).expect("write tokenizer");
 }
 
 #[test]
