@@ -12,7 +12,7 @@ import openai
 import pytest
 import requests
 
-from conftest import INFERSCOPE_BIN, MODEL, _stop, _tail, free_port
+from conftest import INFERSCOPE_BIN, MODEL, _stop, _wait_ready, free_port
 
 
 class Proxy:
@@ -25,19 +25,7 @@ class Proxy:
         cmd = [str(INFERSCOPE_BIN), "proxy", "--upstream", upstream, "--host", "127.0.0.1",
                "--port", str(self.port), *(args or [])]
         self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"proxy exited with {self.proc.returncode}:\n{_tail(self.log)}")
-            try:
-                if requests.get(self.base + "/metrics", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                _stop(self.proc)
-                pytest.fail(f"proxy not up after 30 s:\n{_tail(self.log)}")
-            time.sleep(0.1)
+        _wait_ready(self.proc, self.base + "/metrics", self.log, "proxy", timeout=30)
 
     def metrics_text(self) -> str:
         r = requests.get(self.base + "/metrics", timeout=10)
