@@ -12,63 +12,23 @@
 
 #![cfg(unix)]
 
+mod common;
+
+use common::Server;
 use inferscope_bench::mock::byte_level_bpe_json;
 use inferscope_schema::promtext;
 use inferscope_schema::schema::{self, MetricDef};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `inferscope serve` on a free 127.0.0.1 port with `args`; returns
-/// it and its address (from the start-up log line).
+/// Starts `inferscope serve` with `args`; returns it and its address.
 fn start_server(args: &[&str]) -> (Server, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args([
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--disable-log-stats",
-        ])
-        .args(args)
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Keep draining so the server never blocks on a full pipe.
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let server = Server(child);
-    let addr = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(120))
-            .expect("the server logs its address");
-        if let Some(rest) = line.split("addr=").nth(1) {
-            break rest.split_whitespace().next().unwrap_or("").to_owned();
-        }
-    };
-    (server, addr.parse().expect("an address"))
+    let (server, addr, _log) = common::start_server(args);
+    (server, addr)
 }
 
 /// `GET /metrics` over HTTP/1.0 (so the body is not chunked).

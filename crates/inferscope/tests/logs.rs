@@ -5,21 +5,14 @@
 
 #![cfg(unix)]
 
+mod common;
+
+use common::Server;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Runs `inferscope [global] serve` (sim `tiny`, stats every 0.2 s, then
 /// `extra`) with stderr piped; passes each line to `done` until it says the

@@ -8,88 +8,29 @@
 
 #![cfg(unix)]
 
+mod common;
+
+use common::Server;
 use inferscope_schema::promtext;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// Kills the server if the test fails before it exits on its own.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Removes ANSI colour sequences from a log line.
-fn strip_ansi(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Starts `inferscope serve` on a free port with `--shutdown-timeout
-/// timeout`; returns it, its address (read from the start-up log line) and
-/// the rest of its log lines.
+/// Starts `inferscope serve` (sim, 32 sequences) with `--shutdown-timeout
+/// timeout`; returns it, its address and the rest of its log lines.
 fn start_server(timeout: &str) -> (Server, SocketAddr, mpsc::Receiver<String>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferscope"))
-        .args([
-            "serve",
-            "--executor",
-            "sim",
-            "--sim-profile",
-            "tiny,t_weights_ms=2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--max-num-seqs",
-            "32",
-            "--shutdown-timeout",
-            timeout,
-            "--disable-log-stats",
-        ])
-        .env("NO_COLOR", "1")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let stderr = child.stderr.take().expect("stderr");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        // Keep draining so the server never blocks on a full pipe.
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let line = strip_ansi(&line);
-            eprintln!("server: {line}");
-            let _ = tx.send(line);
-        }
-    });
-    let server = Server(child);
-    let addr = loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server logs its address");
-        if let Some(rest) = line.split("addr=").nth(1) {
-            break rest.split_whitespace().next().unwrap_or("").to_owned();
-        }
-    };
-    (server, addr.parse().expect("an address"), rx)
+    common::start_server(&[
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny,t_weights_ms=2",
+        "--max-num-seqs",
+        "32",
+        "--shutdown-timeout",
+        timeout,
+    ])
 }
 
 /// Sends SIGTERM to the server.
