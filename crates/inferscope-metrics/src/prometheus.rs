@@ -195,17 +195,15 @@ impl EngineMetrics {
             self.request_params_max_tokens.observe(m as f64);
         }
         self.request_params_n.observe(req.n as f64);
-        self.e2e.observe(req.e2e.as_secs_f64());
-        // TPOT needs both the first token's time and the token count.
-        if let (Some(ttft), Some(g)) = (req.ttft, req.generation_tokens)
-            && g > 1
-        {
-            self.tpot
-                .observe(time_per_output_token(&FrontendRequestStats {
-                    ttft: Some(ttft),
-                    e2e: req.e2e,
-                    num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
-                }));
+        // TPOT needs both the first token's time and the token count; with
+        // them the request is recorded as the server's front end records it.
+        match (req.ttft, req.generation_tokens) {
+            (Some(ttft), Some(g)) => self.record_frontend(&FrontendRequestStats {
+                ttft: Some(ttft),
+                e2e: req.e2e,
+                num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
+            }),
+            _ => self.e2e.observe(req.e2e.as_secs_f64()),
         }
     }
 
