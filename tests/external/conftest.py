@@ -72,23 +72,20 @@ def _wait_ready(proc: subprocess.Popen, url: str, log: Path, what: str, timeout:
         time.sleep(0.1)
 
 
-class Server:
-    """`inferscope serve` on 127.0.0.1 and a free port: the sim executor unless
-    `model_args` names another executor and model."""
+class InferscopeProcess:
+    """`inferscope SUBCOMMAND … --host 127.0.0.1 --port P` on a free port, ready
+    once `ready_path` answers 200."""
 
-    def __init__(self, args: list[str], workdir: Path, model_args: list[str] | None = None):
+    def __init__(self, subcommand: list[str], workdir: Path, what: str, ready_path: str,
+                 timeout: float = 60):
         if not INFERSCOPE_BIN.exists():
             pytest.fail(f"{INFERSCOPE_BIN} missing: run `cargo build --release -p inferscope` first")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"server-{self.port}.log"
-        if model_args is None:
-            model_args = ["--executor", "sim", "--model", MODEL]
-        cmd = [str(INFERSCOPE_BIN), "serve", "--host", "127.0.0.1", "--port", str(self.port),
-               *model_args, "--shutdown-timeout", "1", *args]
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-        _wait_ready(self.proc, self.base + "/health", self.log, "server")
+        self.log = workdir / f"{what}-{self.port}.log"
+        self.cmd = [str(INFERSCOPE_BIN), *subcommand, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(self.cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
+        _wait_ready(self.proc, self.base + ready_path, self.log, what, timeout)
 
     def metrics_text(self) -> str:
         r = requests.get(self.base + "/metrics", timeout=10)
@@ -97,6 +94,17 @@ class Server:
 
     def stop(self) -> None:
         _stop(self.proc)
+
+
+class Server(InferscopeProcess):
+    """`inferscope serve` on 127.0.0.1 and a free port: the sim executor unless
+    `model_args` names another executor and model."""
+
+    def __init__(self, args: list[str], workdir: Path, model_args: list[str] | None = None):
+        if model_args is None:
+            model_args = ["--executor", "sim", "--model", MODEL]
+        super().__init__(["serve", *model_args, "--shutdown-timeout", "1", *args], workdir,
+                         "server", "/health")
 
 
 class Prometheus:

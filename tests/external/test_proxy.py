@@ -5,35 +5,21 @@ straight from the server, and the proxy's counts equal the server's own.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import openai
 import pytest
 import requests
 
-from conftest import INFERSCOPE_BIN, MODEL, _stop, _wait_ready, free_port
+from conftest import MODEL, InferscopeProcess
 
 
-class Proxy:
+class Proxy(InferscopeProcess):
     """`inferscope proxy` on 127.0.0.1 and a free port."""
 
     def __init__(self, upstream: str, workdir, args: list[str] | None = None):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / f"proxy-{self.port}.log"
-        cmd = [str(INFERSCOPE_BIN), "proxy", "--upstream", upstream, "--host", "127.0.0.1",
-               "--port", str(self.port), *(args or [])]
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-        _wait_ready(self.proc, self.base + "/metrics", self.log, "proxy", timeout=30)
-
-    def metrics_text(self) -> str:
-        r = requests.get(self.base + "/metrics", timeout=10)
-        r.raise_for_status()
-        return r.text
-
-    def stop(self) -> None:
-        _stop(self.proc)
+        super().__init__(["proxy", "--upstream", upstream, *(args or [])], workdir, "proxy",
+                         "/metrics", timeout=30)
 
 
 def total(text: str, name: str, **labels: str) -> float:
