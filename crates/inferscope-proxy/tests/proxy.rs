@@ -191,7 +191,12 @@ async fn counts_equal_the_servers_own_and_latencies_fall_in_the_same_buckets() {
         hist_count(e, &schema::E2E_REQUEST_LATENCY) == 4.0
     })
     .await;
-    let px = scrape(p.addr).await;
+    // The proxy, too, records a stream's end as its body finishes, which
+    // can be just after the client has read `[DONE]`.
+    let px = eventually(p.addr, "the proxy's e2e of 4 requests", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 4.0
+    })
+    .await;
     for reason in ["stop", "length", "abort", "error"] {
         assert_eq!(
             finished(&px, reason),
