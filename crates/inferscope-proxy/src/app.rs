@@ -204,19 +204,9 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
     let local = listener
         .local_addr()
         .map_err(|source| ProxyError::Listen { addr, source })?;
-    // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let (stop, mut stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(false);
     let app = router(state.clone());
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let task = tokio::spawn(serve_http1(listener, app, stopped));
     tracing::info!(
         listen = %local,
         upstream = state.base.as_str(),
@@ -229,6 +219,54 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
         stop,
         task,
     })
+}
+
+/// Accepts connections and serves each over HTTP/1.1 until `stop`, then lets
+/// open connections finish (the caller bounds how long).
+///
+/// Not `axum::serve`: it speaks HTTP/1 and HTTP/2 and so reads the first 24
+/// bytes of every connection on their own to look for the HTTP/2 preface, a
+/// syscall and a poll more on the path of every first request; OpenAI
+/// clients speak HTTP/1.1, and a proxy's added latency is its whole cost.
+async fn serve_http1(
+    listener: TcpListener,
+    app: Router,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), std::io::Error> {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let stopping = async move {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopping);
+    loop {
+        let (stream, _) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of descriptors or a connection reset before accept:
+                // the listener itself is fine; pause so a storm does not spin.
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+            () = &mut stopping => break,
+        };
+        // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
+        let _ = stream.set_nodelay(true);
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service.clone());
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// `inferscope proxy`: serves until SIGINT or SIGTERM.

@@ -1,17 +1,24 @@
-//! The upstream side: the base URL, the pooled HTTP/1 client (TCP_NODELAY),
+//! The upstream side: the base URL, the HTTP/1 connection pool (TCP_NODELAY),
 //! header forwarding, and upstream failures as OpenAI error bodies (502, 504).
 
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{StatusCode, Uri};
+use http_body::Frame;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper_util::rt::TokioIo;
+use pin_project_lite::pin_project;
 use serde_json::json;
+use tokio::net::TcpStream;
 
 use crate::ProxyError;
 
@@ -78,18 +85,218 @@ impl BaseUrl {
     }
 }
 
-/// The pooled upstream client: HTTP/1, TCP_NODELAY, a connect timeout.
-pub type UpstreamClient = Client<HttpConnector, Body>;
+/// The upstream client: HTTP/1 connections (TCP_NODELAY) kept per host and
+/// reused, LIFO.
+///
+/// Not hyper-util's pooled client: it gets a connection back only after its
+/// own connection task has read the end of the previous response, which on
+/// loopback is often after the client has already sent its next request, and
+/// its checkout then races a new connection against the pool and the connect
+/// wins; at one request at a time a third of the requests paid for a new
+/// upstream connection. Here the connection is handed back by the response
+/// body the moment it ends, and a checkout waits for it to be ready.
+#[derive(Clone)]
+pub struct UpstreamClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    connect_timeout: Duration,
+    /// Idle (or about to be idle) connections, by `host:port`.
+    idle: Mutex<HashMap<String, Vec<SendRequest<Body>>>>,
+}
+
+/// How long a checkout waits for a pooled connection to finish its previous
+/// exchange before it opens a new one.
+const READY_WAIT: Duration = Duration::from_millis(50);
+/// Idle connections kept per host (more are closed).
+const MAX_IDLE_PER_HOST: usize = 64;
 
 /// Builds the client.
 pub fn client(connect_timeout: Duration) -> UpstreamClient {
-    let mut connector = HttpConnector::new();
-    // Without it, small SSE chunks wait for delayed ACKs (Nagle's algorithm).
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(connect_timeout));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
-        .build(connector)
+    UpstreamClient {
+        inner: Arc::new(ClientInner {
+            connect_timeout,
+            idle: Mutex::new(HashMap::new()),
+        }),
+    }
+}
+
+impl UpstreamClient {
+    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<SendRequest<Body>>>> {
+        // A panic while holding it leaves only a map of connections behind.
+        self.inner.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A connection to `authority` that is ready for a request: a pooled one
+    /// (waiting briefly for one that is finishing), else a new one.
+    async fn checkout(
+        &self,
+        authority: &str,
+        fresh_only: bool,
+    ) -> Result<SendRequest<Body>, ConnectError> {
+        if !fresh_only {
+            loop {
+                let pooled = self.idle().get_mut(authority).and_then(Vec::pop);
+                let Some(mut sender) = pooled else { break };
+                if sender.is_closed() {
+                    continue;
+                }
+                if sender.is_ready() {
+                    return Ok(sender);
+                }
+                if let Ok(Ok(())) = tokio::time::timeout(READY_WAIT, sender.ready()).await {
+                    return Ok(sender);
+                }
+            }
+        }
+        self.connect(authority).await
+    }
+
+    async fn connect(&self, authority: &str) -> Result<SendRequest<Body>, ConnectError> {
+        let stream =
+            tokio::time::timeout(self.inner.connect_timeout, TcpStream::connect(authority))
+                .await
+                .map_err(|_| ConnectError::Timeout)?
+                .map_err(ConnectError::Io)?;
+        // Without it, small SSE chunks wait for delayed ACKs (Nagle's algorithm).
+        stream.set_nodelay(true).map_err(ConnectError::Io)?;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(ConnectError::Http)?;
+        tokio::spawn(async move {
+            // Its end (the upstream closed, or every sender and body dropped)
+            // is seen by the senders as `is_closed`.
+            let _ = conn.await;
+        });
+        Ok(sender)
+    }
+
+    fn checkin(&self, authority: &str, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle();
+        let list = idle.entry(authority.to_owned()).or_default();
+        if list.len() < MAX_IDLE_PER_HOST {
+            list.push(sender);
+        }
+    }
+
+    /// Sends `req` (absolute URI) and returns the response, whose body gives
+    /// the connection back when it ends. A pooled connection that turns out
+    /// to be closed is replaced by a new one, once, before anything is sent.
+    async fn request(
+        &self,
+        mut req: http::Request<Body>,
+    ) -> Result<http::Response<PooledBody>, ConnectError> {
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .ok_or(ConnectError::NoAuthority)?;
+        // HTTP/1 wants the origin form and a Host header.
+        let host = HeaderValue::from_str(&authority).map_err(|_| ConnectError::NoAuthority)?;
+        req.headers_mut().insert(header::HOST, host);
+        let origin: Uri = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .parse()
+            .map_err(|_| ConnectError::NoAuthority)?;
+        *req.uri_mut() = origin;
+        let mut fresh_only = false;
+        loop {
+            let mut sender = self.checkout(&authority, fresh_only).await?;
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    let (parts, incoming) = resp.into_parts();
+                    let body = PooledBody {
+                        inner: incoming,
+                        lease: Some(Lease {
+                            client: self.clone(),
+                            authority,
+                            sender,
+                        }),
+                    };
+                    return Ok(http::Response::from_parts(parts, body));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not sent: the pooled connection was closed under us.
+                    Some(again) if !fresh_only => {
+                        req = again;
+                        fresh_only = true;
+                    }
+                    _ => return Err(ConnectError::Http(e.into_error())),
+                },
+            }
+        }
+    }
+}
+
+/// A checked-out connection, handed back when the response body ends.
+struct Lease {
+    client: UpstreamClient,
+    authority: String,
+    sender: SendRequest<Body>,
+}
+
+pin_project! {
+    /// An upstream response body that returns its connection to the pool as
+    /// soon as its last frame is read (dropped early, the connection closes).
+    pub struct PooledBody {
+        #[pin]
+        inner: Incoming,
+        lease: Option<Lease>,
+    }
+}
+
+impl PooledBody {
+    fn release(lease: &mut Option<Lease>) {
+        if let Some(l) = lease.take() {
+            l.client.checkin(&l.authority, l.sender);
+        }
+    }
+}
+
+impl http_body::Body for PooledBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let mut this = self.project();
+        if this.inner.is_end_stream() {
+            Self::release(this.lease);
+            return Poll::Ready(None);
+        }
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        match &frame {
+            None => Self::release(this.lease),
+            Some(Ok(_)) if this.inner.is_end_stream() => Self::release(this.lease),
+            _ => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Why no connection or no response came.
+#[derive(Debug)]
+enum ConnectError {
+    NoAuthority,
+    Timeout,
+    Io(std::io::Error),
+    Http(hyper::Error),
 }
 
 /// Copies `from` into `to` without the hop-by-hop headers.
@@ -111,29 +318,30 @@ pub enum UpstreamFailure {
 }
 
 impl UpstreamFailure {
-    /// Classifies a client error.
-    pub fn from_client_error(base: &str, err: &hyper_util::client::legacy::Error) -> Self {
-        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
-        let mut detail = String::new();
-        let mut timed_out = false;
-        while let Some(e) = source {
-            if !detail.is_empty() {
-                detail.push_str(": ");
+    fn from_connect_error(base: &str, err: &ConnectError) -> Self {
+        match err {
+            ConnectError::Timeout => {
+                Self::Timeout(format!("upstream {base} timed out: no connection in time"))
             }
-            detail.push_str(&e.to_string());
-            if e.downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-                || e.to_string().contains("timed out")
-                || e.to_string().contains("timeout")
-            {
-                timed_out = true;
+            ConnectError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                Self::Timeout(format!("upstream {base} timed out: {e}"))
             }
-            source = e.source();
-        }
-        if timed_out {
-            Self::Timeout(format!("upstream {base} timed out: {detail}"))
-        } else {
-            Self::Unreachable(format!("upstream {base} could not be reached: {detail}"))
+            ConnectError::Io(e) => {
+                Self::Unreachable(format!("upstream {base} could not be reached: {e}"))
+            }
+            ConnectError::Http(e) => {
+                let mut detail = e.to_string();
+                let mut source = std::error::Error::source(e);
+                while let Some(inner) = source {
+                    detail.push_str(": ");
+                    detail.push_str(&inner.to_string());
+                    source = inner.source();
+                }
+                Self::Unreachable(format!("upstream {base} failed: {detail}"))
+            }
+            ConnectError::NoAuthority => {
+                Self::Unreachable(format!("upstream {base}: the URL has no host"))
+            }
         }
     }
 
@@ -175,14 +383,14 @@ pub async fn send(
     base: &BaseUrl,
     req: http::Request<Body>,
     timeout: Duration,
-) -> Result<http::Response<Incoming>, UpstreamFailure> {
+) -> Result<http::Response<PooledBody>, UpstreamFailure> {
     match tokio::time::timeout(timeout, client.request(req)).await {
         Err(_) => Err(UpstreamFailure::Timeout(format!(
             "upstream {} sent no response within {:.1} s",
             base.as_str(),
             timeout.as_secs_f64()
         ))),
-        Ok(Err(e)) => Err(UpstreamFailure::from_client_error(base.as_str(), &e)),
+        Ok(Err(e)) => Err(UpstreamFailure::from_connect_error(base.as_str(), &e)),
         Ok(Ok(resp)) => Ok(resp),
     }
 }

@@ -587,3 +587,62 @@ fn bad_flags_are_named() {
         "--upstream is required"
     );
 }
+
+/// A TCP relay in front of `to` that counts the connections it accepts.
+async fn counting_relay(
+    to: SocketAddr,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut upstream) = tokio::net::TcpStream::connect(to).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_at_a_time_reuses_one_upstream_connection() {
+    let mock = MockServer::start(MockConfig {
+        ttft: Duration::from_millis(1),
+        itl: Duration::from_millis(1),
+        ..MockConfig::default()
+    })
+    .await
+    .expect("mock");
+    let (relay, accepted) = counting_relay(mock_addr(&mock)).await;
+    let p = proxy(
+        &format!("http://{relay}"),
+        &["--served-model-name", "mock-model"],
+    )
+    .await;
+    let stream = r#"{"model":"mock-model","prompt":"a b","max_tokens":4,"stream":true}"#;
+    let whole = r#"{"model":"mock-model","prompt":"a b","max_tokens":4}"#;
+    for i in 0..20 {
+        // The next request leaves as soon as the client has read the end of
+        // the last one: the upstream connection must be back by then.
+        let body = if i % 2 == 0 { stream } else { whole };
+        let (status, text) = call(p.addr, "POST", "/v1/completions", body).await;
+        assert_eq!(status, 200, "{text}");
+        let (status, _) = call(p.addr, "GET", "/v1/models", "").await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "40 sequential requests, streamed and not, over one upstream connection"
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+}
