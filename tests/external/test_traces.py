@@ -102,9 +102,11 @@ def traced_server(receiver, workdir):
     mp.setenv("OTEL_SERVICE_NAME", "inferscope-test")
     mp.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=ci")
     try:
-        # No path: the server adds /v1/traces. A small step budget chunks prompts.
+        # No path: the server adds /v1/traces. A small step budget chunks prompts;
+        # without prefix caching every prompt token is prefilled (counted below).
         s = Server(["--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}",
-                    "--max-num-batched-tokens", "64", "--sim-profile", "tiny"], workdir)
+                    "--max-num-batched-tokens", "64", "--sim-profile", "tiny",
+                    "--no-enable-prefix-caching"], workdir)
     finally:
         mp.undo()
     yield s
@@ -131,10 +133,10 @@ def read_stream(r) -> dict:
 
 
 CASES = [
-    ("/v1/completions", False, {"prompt": "x" * 150}),
-    ("/v1/completions", True, {"prompt": "x" * 150}),
-    ("/v1/chat/completions", False, {"messages": [{"role": "user", "content": "y" * 150}]}),
-    ("/v1/chat/completions", True, {"messages": [{"role": "user", "content": "y" * 150}]}),
+    ("/v1/completions", False, {"prompt": "PROMPT"}),
+    ("/v1/completions", True, {"prompt": "PROMPT"}),
+    ("/v1/chat/completions", False, {"messages": [{"role": "user", "content": "PROMPT"}]}),
+    ("/v1/chat/completions", True, {"messages": [{"role": "user", "content": "PROMPT"}]}),
 ]
 
 
@@ -142,6 +144,8 @@ CASES = [
                                                        "chat", "chat-stream"])
 def test_request_spans_match_the_response(traced_server, receiver, path, stream, body):
     trace_id, parent_id = new_parent()
+    # A prompt of its own, so each trace is easy to tell apart in the logs.
+    body = json.loads(json.dumps(body).replace("PROMPT", trace_id + "x" * 150))
     body = {"model": MODEL, "max_tokens": 12, "ignore_eos": True, "temperature": 0.5,
             "stream": stream, **body}
     if stream:

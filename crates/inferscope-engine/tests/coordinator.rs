@@ -685,7 +685,11 @@ fn the_timeline_records_preemptions_and_recomputed_prefills() {
     let rt = runtime();
     let rec = Arc::new(TestRecorder::default());
     let c = Coordinator::start(
-        EngineConfig::default(),
+        EngineConfig {
+            // Each recompute then prefills everything again, in one step.
+            enable_prefix_caching: false,
+            ..Default::default()
+        },
         1,
         0,
         tiny(16 * 30, SimFaults::default()),
@@ -715,9 +719,14 @@ fn the_timeline_records_preemptions_and_recomputed_prefills() {
         } else {
             // Each recompute prefills the prompt plus the tokens generated so far.
             assert!(prefilled > 60, "recompute prefills again: {prefilled}");
-            assert!(t.prefill_chunks.len() > t.preemptions.len());
-            let after = t.preemptions[t.preemptions.len() - 1];
-            assert!(t.prefill_chunks.last().is_some_and(|p| p.start >= after));
+            assert_eq!(
+                t.prefill_chunks.len(),
+                1 + t.preemptions.len(),
+                "one prefill per admission"
+            );
+            for (chunk, p) in t.prefill_chunks[1..].iter().zip(&t.preemptions) {
+                assert!(chunk.start >= *p, "each recompute follows its preemption");
+            }
         }
     }
 }
