@@ -16,6 +16,7 @@ pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
 pub use inferscope_schema::FinishReason;
 pub use request::{
-    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
+    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
+    StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};

@@ -143,6 +143,24 @@ pub struct RequestTimeline {
     pub last_token: Option<Instant>,
     /// The request finished.
     pub finished: Option<Instant>,
+    /// Every prefill step, in order: one per chunk when chunked prefill splits
+    /// the prompt, and again after each preemption (recompute). One push per
+    /// chunk, never per token; empty (no allocation) until the first one.
+    pub prefill_chunks: Vec<PrefillChunk>,
+    /// When each preemption happened, in order (rare: no allocation without one).
+    pub preemptions: Vec<Instant>,
+}
+
+/// One engine step that computed part of a request's prompt (or, after a
+/// preemption, its recomputed tokens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PrefillChunk {
+    /// When the step that ran the chunk was scheduled.
+    pub start: Instant,
+    /// When that step's output was applied.
+    pub end: Instant,
+    /// Tokens the chunk computed.
+    pub num_tokens: usize,
 }
 
 impl RequestTimeline {
@@ -154,6 +172,8 @@ impl RequestTimeline {
             first_token: None,
             last_token: None,
             finished: None,
+            prefill_chunks: Vec::new(),
+            preemptions: Vec::new(),
         }
     }
 }

@@ -20,7 +20,8 @@ use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
 use crate::request::{
-    EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
+    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
+    StopTokenIds,
 };
 
 /// Where a request's outputs go.
@@ -99,6 +100,8 @@ pub struct Scheduler {
     batch: ScheduledBatch,
     /// For each sequence of `batch`, its index in `running`.
     batch_running_idx: Vec<usize>,
+    /// When `batch` was built: the start of its prefill chunks' spans.
+    batch_scheduled_at: Instant,
     /// Indices in `running` of sequences that finish this update.
     finishing: Vec<(usize, FinishReason, Option<u32>)>,
     preemptions_since_snapshot: u64,
@@ -127,6 +130,7 @@ impl Scheduler {
             next_seq_id: 0,
             batch,
             batch_running_idx: Vec::new(),
+            batch_scheduled_at: Instant::now(),
             finishing: Vec::new(),
             preemptions_since_snapshot: 0,
             stats: IterationStats::default(),
@@ -311,6 +315,7 @@ impl Scheduler {
     /// Builds the next batch; [`Scheduler::batch`] returns it.
     pub fn schedule(&mut self) {
         let now = Instant::now();
+        self.batch_scheduled_at = now;
         self.batch.clear();
         self.batch_running_idx.clear();
         self.batch.finished_seq_ids.append(&mut self.ended_seq_ids);
@@ -439,6 +444,7 @@ impl Scheduler {
         seq.num_computed = 0;
         seq.num_cached_blocks = 0;
         seq.num_preemptions += 1;
+        seq.timeline.preemptions.push(Instant::now());
         self.preemptions_since_snapshot += 1;
         self.waiting.push_front(seq);
     }
@@ -454,6 +460,13 @@ impl Scheduler {
             let idx = self.batch_running_idx[k];
             let seq = &mut self.running[idx];
             seq.num_computed += sseq.num_tokens;
+            if sseq.is_prefill {
+                seq.timeline.prefill_chunks.push(PrefillChunk {
+                    start: self.batch_scheduled_at,
+                    end: now,
+                    num_tokens: sseq.num_tokens,
+                });
+            }
             if sseq.sample {
                 let Some(token) = out.sampled.get(k).copied().flatten() else {
                     self.finishing.push((idx, FinishReason::Error, None));

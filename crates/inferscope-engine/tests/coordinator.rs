@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use inferscope_engine::sim::{SimFaults, SimTokens};
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
-    RequestHandle, SamplingParams, SimExecutor, SimProfile,
+    FinishedOutput, RequestHandle, SamplingParams, SimExecutor, SimProfile,
 };
 use inferscope_schema::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -623,4 +623,110 @@ fn phases_plus_idle_add_up_to_the_loop_wall_time() {
     // microseconds after its boundary, so only those offsets differ.
     let diff = wall.abs_diff(a.accounted);
     assert!(diff <= wall / 20, "accounted {:?} of {wall:?}", a.accounted);
+}
+
+/// Drains a request to its end and returns its final output.
+fn drain_finished(rt: &tokio::runtime::Runtime, mut h: RequestHandle) -> FinishedOutput {
+    rt.block_on(async move {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(20), h.recv()).await {
+                Ok(Some(o)) => {
+                    if let Some(f) = o.finished {
+                        return *f;
+                    }
+                }
+                Ok(None) => panic!("stream ended without a finish event"),
+                Err(_) => panic!("request stuck"),
+            }
+        }
+    })
+}
+
+#[test]
+fn the_timeline_records_each_prefill_chunk() {
+    let rt = runtime();
+    let config = EngineConfig {
+        max_num_batched_tokens: 32,
+        ..Default::default()
+    };
+    let c = Coordinator::start(
+        config,
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(TestRecorder::default()),
+    )
+    .expect("start");
+    let f = drain_finished(&rt, c.add_request(request("chunky", 100, 5)).expect("add"));
+    c.shutdown(Duration::from_secs(1));
+    let t = &f.timeline;
+    let sizes: Vec<usize> = t.prefill_chunks.iter().map(|p| p.num_tokens).collect();
+    assert_eq!(
+        sizes,
+        [32, 32, 32, 4],
+        "a 100-token prompt under a 32-token budget"
+    );
+    assert!(t.preemptions.is_empty());
+    let first = t.prefill_chunks[0];
+    let last = t.prefill_chunks[3];
+    assert_eq!(Some(first.start), t.first_scheduled);
+    assert_eq!(
+        Some(last.end),
+        t.first_token,
+        "the last chunk samples the first token"
+    );
+    for w in t.prefill_chunks.windows(2) {
+        assert!(w[0].start <= w[0].end && w[0].end <= w[1].start, "{w:?}");
+    }
+}
+
+#[test]
+fn the_timeline_records_preemptions_and_recomputed_prefills() {
+    let rt = runtime();
+    let rec = Arc::new(TestRecorder::default());
+    let c = Coordinator::start(
+        EngineConfig {
+            // Each recompute then prefills everything again, in one step.
+            enable_prefix_caching: false,
+            ..Default::default()
+        },
+        1,
+        0,
+        tiny(16 * 30, SimFaults::default()),
+        rec.clone(),
+    )
+    .expect("start");
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            c.add_request(request(&format!("q{i}"), 60, 90))
+                .expect("add")
+        })
+        .collect();
+    let done: Vec<FinishedOutput> = handles
+        .into_iter()
+        .map(|h| drain_finished(&rt, h))
+        .collect();
+    c.shutdown(Duration::from_secs(1));
+    let total = rec.0.lock().preemptions;
+    assert!(total > 0, "the workload must preempt");
+    let recorded: usize = done.iter().map(|f| f.timeline.preemptions.len()).sum();
+    assert_eq!(recorded as u64, total, "one instant per preemption");
+    for f in &done {
+        let t = &f.timeline;
+        let prefilled: usize = t.prefill_chunks.iter().map(|p| p.num_tokens).sum();
+        if t.preemptions.is_empty() {
+            assert_eq!(prefilled, 60, "one prefill of the prompt");
+        } else {
+            // Each recompute prefills the prompt plus the tokens generated so far.
+            assert!(prefilled > 60, "recompute prefills again: {prefilled}");
+            assert_eq!(
+                t.prefill_chunks.len(),
+                1 + t.preemptions.len(),
+                "one prefill per admission"
+            );
+            for (chunk, p) in t.prefill_chunks[1..].iter().zip(&t.preemptions) {
+                assert!(chunk.start >= *p, "each recompute follows its preemption");
+            }
+        }
+    }
 }

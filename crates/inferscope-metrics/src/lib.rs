@@ -73,5 +73,5 @@ pub mod prometheus;
 
 pub use exposition::{Format, negotiate};
 pub use http::{HttpMetrics, HttpMetricsLayer};
-pub use manager::{ConfigError, MetricsConfig, StatLoggerManager};
+pub use manager::{ConfigError, MetricsConfig, StatLoggerManager, TraceSpanDrops};
 pub use prometheus::{CacheConfig, EngineMetrics, MetricFilter, ObservedRequest, every_metric};

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use thiserror::Error;
 
@@ -102,6 +104,45 @@ fn valid_namespace(ns: &str) -> bool {
     }
 }
 
+/// `trace_spans_dropped` by reason, each series resolved once at start-up
+/// (so a drop costs one atomic add, and both series exist from the start).
+#[derive(Debug, Clone)]
+pub struct TraceSpanDrops {
+    /// Spans refused because the export queue was full.
+    pub queue_full: Counter,
+    /// Spans the collector did not accept (unreachable, error status, timeout).
+    pub export_failed: Counter,
+}
+
+impl TraceSpanDrops {
+    /// The two series, registered in `registry` when given and the filter keeps them.
+    fn register(
+        registry: Option<(&mut Registry, MetricFilter)>,
+        namespace: &str,
+        model_name: &str,
+    ) -> Self {
+        let family: Family<Vec<(String, String)>, Counter> = Family::default();
+        let def = &schema::TRACE_SPANS_DROPPED;
+        if let Some((registry, keep)) = registry
+            && keep(def)
+        {
+            registry.register(def.registered_name(namespace), def.help, family.clone());
+        }
+        let series = |reason: &str| {
+            family
+                .get_or_create(&vec![
+                    ("model_name".to_owned(), model_name.to_owned()),
+                    ("reason".to_owned(), reason.to_owned()),
+                ])
+                .clone()
+        };
+        Self {
+            queue_full: series("queue_full"),
+            export_failed: series("export_failed"),
+        }
+    }
+}
+
 /// Fans stats out to the Prometheus logger and the log-line loggers.
 #[derive(Debug)]
 pub struct StatLoggerManager {
@@ -109,6 +150,7 @@ pub struct StatLoggerManager {
     prometheus: PrometheusLogger,
     log_lines: Vec<LogLineLogger>,
     http: Arc<HttpMetrics>,
+    trace_span_drops: TraceSpanDrops,
     enable_prometheus: bool,
     aggregate_log_lines: bool,
 }
@@ -162,6 +204,13 @@ impl StatLoggerManager {
             &config.buckets,
             &cache_configs,
         );
+        let trace_span_drops = TraceSpanDrops::register(
+            config
+                .enable_prometheus
+                .then_some((&mut registry, config.metric_filter)),
+            &config.namespace,
+            &config.model_name,
+        );
         let http = Arc::new(HttpMetrics::new(&mut registry));
         let now = Instant::now();
         let log_lines = if config.enable_log_stats {
@@ -178,6 +227,7 @@ impl StatLoggerManager {
             prometheus,
             log_lines,
             http,
+            trace_span_drops,
             enable_prometheus: config.enable_prometheus,
             aggregate_log_lines: config.aggregate_log_lines,
         })
@@ -193,6 +243,11 @@ impl StatLoggerManager {
     /// Every engine's handles, in configuration order.
     pub fn engines(&self) -> &[EngineMetrics] {
         self.prometheus.engines()
+    }
+
+    /// The counters of trace spans the server could not deliver (cheap to clone).
+    pub fn trace_span_drops(&self) -> TraceSpanDrops {
+        self.trace_span_drops.clone()
     }
 
     /// Counts one request refused at admission (label `reason`; keep the set of

@@ -117,6 +117,8 @@ pub enum Unit {
     Failures,
     /// A constant 1 whose labels carry information.
     Info,
+    /// Trace spans.
+    Spans,
 }
 
 impl Unit {
@@ -133,6 +135,7 @@ impl Unit {
             Self::Preemptions => "preemptions",
             Self::Failures => "failures",
             Self::Info => "info",
+            Self::Spans => "spans",
         }
     }
 }
@@ -462,6 +465,8 @@ metrics! {
         "Sequences per engine step";
     ENGINE_CORE_FAILURES = ENGINE_CORE_FAILURES: Counter "engine_core_failures", unit Failures, scope Engine, labels &["model_name", "engine", "cause"], buckets NB,
         "Engine cores that stopped serving for good, by cause (panic, executor_error); the log and /health give the message";
+    TRACE_SPANS_DROPPED = TRACE_SPANS_DROPPED: Counter "trace_spans_dropped", unit Spans, scope Model, labels &["model_name", "reason"], buckets NB,
+        "Request trace spans not delivered to the OTLP collector, by reason (queue_full: the export queue was full; export_failed: the collector did not accept them)";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
@@ -513,6 +518,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     ENGINE_IDLE_SECONDS,
     BATCH_SIZE,
     ENGINE_CORE_FAILURES,
+    TRACE_SPANS_DROPPED,
 ];
 
 /// Every HTTP metric, in exposition order.

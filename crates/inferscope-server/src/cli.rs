@@ -168,6 +168,21 @@ pub struct ServeArgs {
     #[arg(long)]
     pub metrics_port: Option<u16>,
 
+    /// Export an OpenTelemetry trace of each sampled request (span `llm_request` with phase
+    /// children) to this OTLP collector: over HTTP/protobuf by default (a URL without a path gets
+    /// `/v1/traces`), over gRPC when OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc. OTEL_SERVICE_NAME,
+    /// OTEL_RESOURCE_ATTRIBUTES, OTEL_EXPORTER_OTLP_[TRACES_]HEADERS, OTEL_TRACES_SAMPLER[_ARG] and
+    /// OTEL_BSP_* apply. Responses then carry a `traceparent` header.
+    #[arg(long, value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
+
+    /// Fraction of requests to trace, 0 to 1: the same as OTEL_TRACES_SAMPLER=parentbased_traceidratio
+    /// with OTEL_TRACES_SAMPLER_ARG=RATIO, and it overrides both. Parent-based: a request whose
+    /// `traceparent` is marked sampled is traced whatever the ratio. Default: every request
+    /// (or what OTEL_TRACES_SAMPLER says).
+    #[arg(long, value_name = "RATIO", requires = "otlp_traces_endpoint")]
+    pub otlp_traces_sample_ratio: Option<f64>,
+
     /// Test only: every Nth step of each sim executor fails (its requests end with `error`).
     #[arg(long, hide = true, default_value_t = 0)]
     pub sim_fail_every_n_steps: u64,

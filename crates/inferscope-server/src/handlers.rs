@@ -16,6 +16,7 @@ use serde_json::json;
 use crate::error::ApiError;
 use crate::openai::response::{self, Api, Shape};
 use crate::openai::validation::{self, Validated};
+use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
 use crate::workers::REASON_VALIDATION_QUEUE;
 
@@ -113,6 +114,25 @@ async fn generation_route(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrival = Instant::now();
+    // Decided at arrival, so that the response headers can name the span.
+    let trace = s.traces.as_ref().map(|t| t.context(&headers));
+    let span = match (&s.traces, &trace) {
+        (Some(traces), Some(cx)) => traces.start_span(
+            cx,
+            arrival,
+            SpanStart {
+                operation: match api {
+                    Api::Completions => "text_completion",
+                    Api::Chat => "chat",
+                },
+                route: match api {
+                    Api::Completions => "/v1/completions",
+                    Api::Chat => "/v1/chat/completions",
+                },
+            },
+        ),
+        _ => None,
+    };
     let validated = match api {
         Api::Completions => {
             validate(&s, body, |b, s| {
@@ -127,7 +147,14 @@ async fn generation_route(
             .await
         }
     };
-    respond(&s, api, validated, &headers, arrival).await
+    let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
+    let mut response = respond(&s, api, validated, &headers, arrival, trace_id, span).await;
+    if let Some(cx) = &trace {
+        response
+            .headers_mut()
+            .insert("traceparent", cx.traceparent());
+    }
+    response
 }
 
 /// `POST /tokenize` (vLLM's shape): a prompt or chat messages to token ids,
@@ -179,32 +206,57 @@ async fn validate<T: Send + 'static>(
 }
 
 /// Generates a validated request and shapes the answer; every answer past
-/// validation carries the request id.
+/// validation carries the request id. `trace_id` is the request's sampled
+/// trace, `span` its span when traced.
 async fn respond(
     s: &AppState,
     api: Api,
     validated: Result<Validated, ApiError>,
     headers: &HeaderMap,
     arrival: Instant,
+    trace_id: Option<[u8; 16]>,
+    mut span: Option<RequestSpan>,
 ) -> Response {
     let Validated { model, plan } = match validated {
         Ok(v) => v,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused(e, span),
     };
     let request_id = s.request_ids.external(headers);
-    let generated = s.infer().generate(&request_id, &plan, arrival);
+    if let Some(span) = &mut span {
+        let p = &plan.params;
+        span.set_request(
+            &request_id,
+            &model,
+            p.max_tokens,
+            p.temperature,
+            p.top_p,
+            p.n,
+        );
+    }
+    let generated = s.infer().generate(&request_id, &plan, arrival, trace_id);
     let response = match generated {
         Ok(generation) => {
             let shape = Shape::new(api, &request_id, model, unix_now());
             if plan.stream {
-                response::stream(shape, generation, plan.include_usage)
+                response::stream(shape, generation, plan.include_usage, span)
             } else {
-                response::full(shape, generation).await
+                response::full(shape, generation, span).await
             }
         }
-        Err(e) => e.into_response(),
+        Err(e) => refused(e, span),
     };
     with_request_id(response, &request_id)
+}
+
+/// The error answer to a request refused before generation; its span (when
+/// traced) ends with the status and `error.type` = the status code.
+fn refused(e: ApiError, span: Option<RequestSpan>) -> Response {
+    if let Some(mut span) = span {
+        span.set_status_code(e.status.as_u16());
+        span.set_error(e.status.as_u16().to_string(), e.message.clone());
+        span.end();
+    }
+    e.into_response()
 }
 
 /// The body, or the extractor's rejection (413 over the limit) as an OpenAI error.

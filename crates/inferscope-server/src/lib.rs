@@ -4,7 +4,8 @@
 //! shut down) → [`router`] (routes, API key, HTTP metrics layer) →
 //! [`handlers`] (thin) → [`state`] (what handlers share, built at start-up)
 //! → [`openai`] (protocol, validation, generate, response) and the leaves
-//! [`workers`], [`request_ids`], [`admission`], [`error`], [`cli`].
+//! [`workers`], [`request_ids`], [`admission`], [`error`], [`cli`]; [`otel`]
+//! exports request traces.
 
 pub mod admission;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod handlers;
 pub mod lifecycle;
 pub mod openai;
+pub mod otel;
 pub mod request_ids;
 pub mod router;
 pub mod state;

@@ -40,6 +40,10 @@ impl RunningServer {
         // The cores are gone, so every stream has its final event; give the
         // connections a moment to deliver it.
         let _ = tokio::time::timeout(timeout + Duration::from_secs(1), self.task).await;
+        // The last requests' spans: sent before the process goes.
+        if let Some(traces) = &self.state.traces {
+            traces.shutdown(timeout + Duration::from_secs(1)).await;
+        }
         if let Some(t) = self.metrics_task {
             t.abort();
         }

@@ -22,6 +22,7 @@ use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
 use crate::openai::generate::Infer;
 use crate::openai::validation::{Limits, Validator};
+use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::workers::ValidationWorkers;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     pub request_ids: RequestIds,
     /// Where requests are parsed, rendered and tokenized, off the runtime.
     pub validation_workers: ValidationWorkers,
+    /// Request tracing, when `--otlp-traces-endpoint` is set.
+    pub traces: Option<Arc<Traces>>,
 }
 
 impl AppState {
@@ -106,6 +109,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             "--log-stats-interval must be a positive number of seconds".into(),
         ));
     }
+    // Checked before anything starts, so a bad tracing setting fails fast.
+    let trace_config = args
+        .otlp_traces_endpoint
+        .as_deref()
+        .map(|url| TraceConfig::from_env(url, args.otlp_traces_sample_ratio))
+        .transpose()?;
     let mut buckets = BucketOverrides::default();
     for spec in &args.histogram_buckets {
         buckets
@@ -245,6 +254,14 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     })?);
     forward.set(metrics.clone());
 
+    let traces = match &trace_config {
+        Some(config) => {
+            let traces = Traces::start(config, metrics.trace_span_drops())?;
+            tracing::info!(endpoint = %config.endpoint, protocol = ?config.protocol, sampler = ?config.sampler, "exporting request traces over OTLP");
+            Some(traces)
+        }
+        None => None,
+    };
     let limits = Limits {
         max_model_len: max_model_len.min(coordinator.max_sequence_tokens()),
         vocab_size: tokenizer.vocab_size(),
@@ -270,6 +287,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             args.validation_workers,
             args.max_validation_queue_bytes,
         ),
+        traces,
     }))
 }
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::Stream;
-use inferscope_engine::{Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle};
+use inferscope_engine::{
+    Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
+};
 use inferscope_metrics::{EngineMetrics, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
 use inferscope_schema::FrontendRequestStats;
@@ -46,13 +48,17 @@ impl Infer<'_> {
     /// Admits the request and starts one engine request per prompt and
     /// choice, each with its own engine id made from `request_id` (so two
     /// requests with the same client id never collide). A refusal is the
-    /// 429 or 4xx/5xx to answer.
+    /// 429 or 4xx/5xx to answer. `trace_id` is the request's trace when it
+    /// is sampled (what exemplars link to).
     pub fn generate(
         &self,
         request_id: &str,
         plan: &Plan,
         arrival: Instant,
+        trace_id: Option<[u8; 16]>,
     ) -> Result<Generation, ApiError> {
+        // Merge point with the exemplars work: `EngineRequest { trace_id, .. }` below.
+        let _ = trace_id;
         let n = plan.params.n;
         let total = plan.prompts.len() * n;
         let per_choice: Vec<usize> = plan
@@ -166,6 +172,9 @@ pub struct ChoiceFinish {
     pub prompt_tokens: usize,
     /// Tokens generated.
     pub completion_tokens: usize,
+    /// The engine's timeline of the request; `None` when the engine dropped
+    /// it without a finish.
+    pub timeline: Option<RequestTimeline>,
 }
 
 /// Where latencies are recorded: the handles of the engine serving the
@@ -279,8 +288,8 @@ impl ChoiceStream {
                     String::new(),
                     FinishReason::Error,
                     Some("the engine stopped without finishing the request".into()),
-                    0,
-                    0,
+                    (0, 0),
+                    None,
                 );
             };
             let mut text = String::new();
@@ -289,6 +298,7 @@ impl ChoiceStream {
                 text = self.decoder.push(t).unwrap_or_default();
             }
             if let Some(f) = out.finished {
+                let f = *f;
                 text.push_str(&self.decoder.finish());
                 let mut pending = std::mem::take(&mut self.held);
                 pending.push_str(&text);
@@ -300,8 +310,8 @@ impl ChoiceStream {
                     emit,
                     reason,
                     f.error,
-                    f.num_prompt_tokens,
-                    f.num_generation_tokens,
+                    (f.num_prompt_tokens, f.num_generation_tokens),
+                    Some(f.timeline),
                 );
             }
             if text.is_empty() {
@@ -342,16 +352,17 @@ impl ChoiceStream {
     async fn drain_after_stop(&mut self, emit: String) -> ChoiceDelta {
         while let Some(out) = self.handle.recv().await {
             if let Some(f) = out.finished {
+                let f = *f;
                 return self.finish(
                     emit,
                     FinishReason::Stop,
                     None,
-                    f.num_prompt_tokens,
-                    f.num_generation_tokens,
+                    (f.num_prompt_tokens, f.num_generation_tokens),
+                    Some(f.timeline),
                 );
             }
         }
-        self.finish(emit, FinishReason::Stop, None, 0, 0)
+        self.finish(emit, FinishReason::Stop, None, (0, 0), None)
     }
 
     /// Text that can no longer be the start of a stop string.
@@ -390,8 +401,8 @@ impl ChoiceStream {
         text: String,
         reason: FinishReason,
         error: Option<String>,
-        prompt_tokens: usize,
-        completion_tokens: usize,
+        (prompt_tokens, completion_tokens): (usize, usize),
+        timeline: Option<RequestTimeline>,
     ) -> ChoiceDelta {
         self.done = true;
         if reason != FinishReason::Abort && reason != FinishReason::Error {
@@ -412,6 +423,7 @@ impl ChoiceStream {
                 error,
                 prompt_tokens,
                 completion_tokens,
+                timeline,
             }),
         }
     }

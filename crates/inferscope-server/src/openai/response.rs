@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
-use crate::openai::generate::{ChoiceDelta, ChoiceFinish, Generation};
+use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::otel::RequestSpan;
 
 /// Which API a request came in on: decides the response shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,9 +126,18 @@ fn sse_event(body: &impl serde::Serialize) -> Bytes {
 
 /// Streams the choices as SSE. A task drives the engine requests and feeds
 /// the body; when the client goes away the body is dropped, the task sees
-/// the channel close and drops the requests, which aborts them.
-pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Response {
+/// the channel close and drops the requests, which aborts them. `span`, when
+/// the request is traced, ends with the stream (or as aborted, when dropped).
+pub fn stream(
+    shape: Shape,
+    generation: Generation,
+    include_usage: bool,
+    mut span: Option<RequestSpan>,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
+    if let Some(span) = &mut span {
+        span.set_status_code(200);
+    }
     tokio::spawn(async move {
         let num_choices = generation.choices.len();
         let prompt_tokens = generation.prompt_tokens;
@@ -139,15 +149,21 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
                 _ = tx.closed() => return,
                 d = events.next() => d,
             };
-            let Some(d) = delta else { break };
+            let Some(mut d) = delta else { break };
+            if let (Some(span), Some(f)) = (&mut span, &mut d.finish) {
+                span.choice_finished(d.index, f.reason, f.completion_tokens, f.timeline.take());
+            }
             if let Some(f) = &d.finish
                 && f.reason == FinishReason::Error
             {
-                let err = ApiError::internal(
-                    f.error
-                        .clone()
-                        .unwrap_or_else(|| "generation failed".into()),
-                );
+                let message = f
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "generation failed".into());
+                if let Some(span) = &mut span {
+                    span.set_error("engine_error", message.clone());
+                }
+                let err = ApiError::internal(message);
                 let event = sse_event(&err.body());
                 if tx.send(event).await.is_err() {
                     return;
@@ -167,12 +183,19 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
             if let Some(f) = &d.finish
                 && f.reason == FinishReason::Abort
             {
-                let err = ApiError::unavailable(server_abort_message(f));
+                let message = server_abort_message(f);
+                if let Some(span) = &mut span {
+                    span.set_error("abort", message.clone());
+                }
+                let err = ApiError::unavailable(message);
                 let event = sse_event(&err.body());
                 if tx.send(event).await.is_err() {
                     return;
                 }
             }
+        }
+        if let Some(span) = &mut span {
+            span.set_usage(prompt_tokens, completion_tokens);
         }
         if include_usage {
             let usage = Usage {
@@ -184,7 +207,14 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
                 return;
             }
         }
-        let _ = tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        if tx
+            .send(Bytes::from_static(b"data: [DONE]\n\n"))
+            .await
+            .is_ok()
+            && let Some(span) = span
+        {
+            span.end();
+        }
     });
     let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<Bytes, Infallible>));
     Response::builder()
@@ -205,10 +235,41 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
     )
 }
 
-/// Waits for every choice and answers with one JSON body.
-pub async fn full(shape: Shape, generation: Generation) -> Response {
+/// Waits for every choice and answers with one JSON body; ends `span`, when
+/// the request is traced, with the answer's status.
+pub async fn full(shape: Shape, generation: Generation, span: Option<RequestSpan>) -> Response {
     let prompt_tokens = generation.prompt_tokens;
-    let results = generation.collect().await;
+    let mut results = generation.collect().await;
+    let Some(mut span) = span else {
+        return full_body(shape, prompt_tokens, results);
+    };
+    for c in &mut results {
+        let f = &mut c.finish;
+        span.choice_finished(c.index, f.reason, f.completion_tokens, f.timeline.take());
+    }
+    let completion_tokens = results.iter().map(|c| c.finish.completion_tokens).sum();
+    span.set_usage(prompt_tokens, completion_tokens);
+    let failure = results
+        .iter()
+        .find(|c| matches!(c.finish.reason, FinishReason::Error | FinishReason::Abort))
+        .map(|c| {
+            let kind = match c.finish.reason {
+                FinishReason::Error => "engine_error",
+                _ => "abort",
+            };
+            (kind, c.finish.error.clone().unwrap_or_else(|| kind.into()))
+        });
+    if let Some((kind, message)) = failure {
+        span.set_error(kind, message);
+    }
+    let response = full_body(shape, prompt_tokens, results);
+    span.set_status_code(response.status().as_u16());
+    span.end();
+    response
+}
+
+/// The one JSON body of a non-streamed answer (or its error).
+fn full_body(shape: Shape, prompt_tokens: usize, results: Vec<CompletedChoice>) -> Response {
     if let Some(c) = results
         .iter()
         .find(|c| c.finish.reason == FinishReason::Error)
