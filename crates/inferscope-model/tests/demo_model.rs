@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use common::*;
 use inferscope_engine::{Executor, StepOutput};
-use inferscope_model::{LoadedModel, ModelOptions, Tokenizer};
+use inferscope_model::{LoadedModel, ModelOptions};
 
 /// The opening of the held-out last chapter: not seen in training.
 const OPENING: &str = "Happy for all her maternal feelings was the day on which Mrs. Bennet got rid of her two most deserving daughters.";
