@@ -45,7 +45,7 @@ pub fn trained_demo_model() -> Result<(LlamaModel, HfTokenizer), ModelError> {
         .parse::<tokenizers::Tokenizer>()
         .map_err(|e| ModelError::Tokenizer(format!("embedded demo tokenizer: {e}")))?;
     crate::loader::assemble(
-        TRAINED_CONFIG_JSON,
+        ModelConfig::from_hf_json(TRAINED_CONFIG_JSON)?,
         tensors,
         tokenizer,
         Some(TRAINED_TOKENIZER_CONFIG_JSON),

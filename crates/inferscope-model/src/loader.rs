@@ -61,7 +61,7 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
 
 /// Loads a Hugging Face model directory.
 pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> {
-    let config = read_to_string(&dir.join("config.json"))?;
+    let cfg = ModelConfig::from_hf_json(&read_to_string(&dir.join("config.json"))?)?;
     let tokenizer_path = dir.join("tokenizer.json");
     if !tokenizer_path.is_file() {
         return Err(ModelError::MissingFile(tokenizer_path));
@@ -76,7 +76,7 @@ pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> 
         .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
     let optional = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     assemble(
-        &config,
+        cfg,
         tensors,
         inner,
         optional("tokenizer_config.json").as_deref(),
@@ -84,17 +84,16 @@ pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> 
     )
 }
 
-/// Builds model and tokenizer from the contents of a checkpoint's files
-/// (`config.json`, weights, `tokenizer.json`, and the optional
-/// `tokenizer_config.json` and `generation_config.json`).
+/// Builds model and tokenizer from a checkpoint's parsed `config.json`,
+/// weights and `tokenizer.json`, and the text of its optional
+/// `tokenizer_config.json` and `generation_config.json`.
 pub fn assemble(
-    config_json: &str,
+    cfg: ModelConfig,
     tensors: HashMap<String, Tensor>,
     tokenizer: tokenizers::Tokenizer,
     tokenizer_config_json: Option<&str>,
     generation_config_json: Option<&str>,
 ) -> Result<(LlamaModel, HfTokenizer), ModelError> {
-    let cfg = ModelConfig::from_hf_json(config_json)?;
     let model = model_from_tensors(cfg.clone(), tensors)?;
     let (eos, bos) = special_ids(generation_config_json, &cfg);
     let template = tokenizer_config_json.and_then(ChatTemplate::from_tokenizer_config);

@@ -507,7 +507,7 @@ fn hf_tokenizer_round_trips() {
 fn shipped_demo_model_matches_candle_transformers() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
     let opts = ModelOptions {
-        kv_cache_memory: Some(8 << 20),
+        kv_cache_memory: Some(64 << 20),
         ..ModelOptions::default()
     };
     let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
