@@ -58,8 +58,7 @@ impl Args {
             seed: 17,
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
-        let mut it = argv.chunks(2);
-        for pair in &mut it {
+        for pair in argv.chunks(2) {
             let [k, v] = pair else {
                 return Err(format!("{} needs a value", pair[0]));
             };
