@@ -1,6 +1,8 @@
-//! The built-in demo model: a tiny Llama with a byte vocabulary and weights
-//! generated from a fixed seed, so `inferscope serve` runs with no download.
-//! Its text is not meaningful.
+//! The built-in models, so `inferscope serve` runs with no download:
+//! `demo`, a tiny Llama trained on *Pride and Prejudice* (the files of
+//! `models/demo`, embedded in the binary; see docs/demo-model.md), and
+//! `demo-random`, the same architecture over a byte vocabulary with weights
+//! generated from a fixed seed, whose text is not meaningful.
 
 use std::collections::HashMap;
 
@@ -10,12 +12,51 @@ use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::LlamaModel;
 use crate::loader::model_from_tensors;
-use crate::tokenizer::ByteTokenizer;
+use crate::tokenizer::{ByteTokenizer, HfTokenizer};
+
+/// The spec (`--model`) and name of the trained demo model.
+pub const DEMO: &str = "demo";
+/// The spec and name of the random-weight demo model.
+pub const DEMO_RANDOM: &str = "demo-random";
+
+macro_rules! shipped {
+    ($file:literal) => {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/demo/", $file)
+    };
+}
+
+/// The trained demo model's `config.json`.
+pub const TRAINED_CONFIG_JSON: &str = include_str!(shipped!("config.json"));
+/// Its `tokenizer.json` (byte-level BPE trained on the book).
+pub const TRAINED_TOKENIZER_JSON: &str = include_str!(shipped!("tokenizer.json"));
+/// Its `tokenizer_config.json` (chat template, BOS/EOS names).
+pub const TRAINED_TOKENIZER_CONFIG_JSON: &str = include_str!(shipped!("tokenizer_config.json"));
+/// Its `generation_config.json`.
+pub const TRAINED_GENERATION_CONFIG_JSON: &str = include_str!(shipped!("generation_config.json"));
+/// Its weights (bf16 safetensors).
+pub const TRAINED_WEIGHTS: &[u8] = include_bytes!(shipped!("model.safetensors"));
+
+/// The trained demo model and its tokenizer, from the embedded files,
+/// through the same path as a Hugging Face directory.
+pub fn trained_demo_model() -> Result<(LlamaModel, HfTokenizer), ModelError> {
+    let tensors = candle_core::safetensors::load_buffer(TRAINED_WEIGHTS, &Device::Cpu)
+        .map_err(|e| ModelError::Config(format!("embedded demo weights: {e}")))?;
+    let tokenizer = TRAINED_TOKENIZER_JSON
+        .parse::<tokenizers::Tokenizer>()
+        .map_err(|e| ModelError::Tokenizer(format!("embedded demo tokenizer: {e}")))?;
+    crate::loader::assemble(
+        ModelConfig::from_hf_json(TRAINED_CONFIG_JSON)?,
+        tensors,
+        tokenizer,
+        Some(TRAINED_TOKENIZER_CONFIG_JSON),
+        Some(TRAINED_GENERATION_CONFIG_JSON),
+    )
+}
 
 /// The seed of the demo weights.
 pub const DEMO_SEED: u64 = 0x1f5c_09e5;
 
-/// The demo model's hyper-parameters (~3M parameters).
+/// The random demo model's hyper-parameters (~3M parameters).
 pub fn demo_config() -> ModelConfig {
     ModelConfig {
         architecture: "LlamaForCausalLM".into(),
@@ -155,8 +196,9 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
     Ok(m)
 }
 
-/// The demo model: [`demo_config`] with [`DEMO_SEED`] weights whose LM head
-/// favours printable ASCII, so that its (meaningless) text is readable.
+/// The random demo model (`demo-random`): [`demo_config`] with [`DEMO_SEED`]
+/// weights whose LM head favours printable ASCII, so that its (meaningless)
+/// text is readable.
 pub fn demo_model() -> Result<LlamaModel, ModelError> {
     let cfg = demo_config();
     let mut w = random_weights(&cfg, DEMO_SEED)?;

@@ -72,21 +72,41 @@ pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> 
             .map_err(|e| ModelError::Config(format!("{}: {e}", file.display())))?;
         tensors.extend(part);
     }
+    let inner = tokenizers::Tokenizer::from_file(&tokenizer_path)
+        .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
+    let optional = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    assemble(
+        cfg,
+        tensors,
+        inner,
+        optional("tokenizer_config.json").as_deref(),
+        optional("generation_config.json").as_deref(),
+    )
+}
+
+/// Builds model and tokenizer from a checkpoint's parsed `config.json`,
+/// weights and `tokenizer.json`, and the text of its optional
+/// `tokenizer_config.json` and `generation_config.json`.
+pub fn assemble(
+    cfg: ModelConfig,
+    tensors: HashMap<String, Tensor>,
+    tokenizer: tokenizers::Tokenizer,
+    tokenizer_config_json: Option<&str>,
+    generation_config_json: Option<&str>,
+) -> Result<(LlamaModel, HfTokenizer), ModelError> {
     let model = model_from_tensors(cfg.clone(), tensors)?;
-    let (eos, bos) = special_ids(dir, &cfg);
-    let template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|text| ChatTemplate::from_tokenizer_config(&text));
-    let tokenizer = HfTokenizer::from_file(&tokenizer_path, eos, bos)?.with_chat_template(template);
+    let (eos, bos) = special_ids(generation_config_json, &cfg);
+    let template = tokenizer_config_json.and_then(ChatTemplate::from_tokenizer_config);
+    let tokenizer = HfTokenizer::from_inner(tokenizer, eos, bos).with_chat_template(template);
     Ok((model, tokenizer))
 }
 
 /// EOS/BOS ids: `generation_config.json` overrides `config.json`.
-fn special_ids(dir: &Path, cfg: &ModelConfig) -> (Vec<u32>, Option<u32>) {
+fn special_ids(generation_config_json: Option<&str>, cfg: &ModelConfig) -> (Vec<u32>, Option<u32>) {
     let mut eos = cfg.eos_token_ids.clone();
     let mut bos = cfg.bos_token_id;
-    if let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json"))
-        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+    if let Some(text) = generation_config_json
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
     {
         match v.get("eos_token_id") {
             Some(serde_json::Value::Number(n)) => {

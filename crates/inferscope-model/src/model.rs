@@ -1,4 +1,4 @@
-//! `LoadedModel`: a model spec (`demo`, a directory, a `.gguf` file) turned
+//! `LoadedModel`: a model spec (`demo`, `demo-random`, a directory, a `.gguf` file) turned
 //! into weights, a tokenizer and executors.
 
 use std::path::Path;
@@ -67,13 +67,17 @@ pub fn weight_dtype(name: &str) -> Result<WeightDtype, ModelError> {
 }
 
 impl LoadedModel {
-    /// Loads `demo`, a Hugging Face model directory, or a `.gguf` file.
+    /// Loads `demo` (trained on a book), `demo-random` (random weights), a
+    /// Hugging Face model directory, or a `.gguf` file.
     pub fn load(spec: &str, opts: &ModelOptions) -> Result<Self, ModelError> {
         let dtype = weight_dtype(&opts.dtype)?;
         let (name, model, tokenizer, is_demo): (String, LlamaModel, Arc<dyn Tokenizer>, bool) =
-            if spec == "demo" {
+            if spec == crate::demo::DEMO {
+                let (m, t) = crate::demo::trained_demo_model()?;
+                (spec.into(), m, Arc::new(t), false)
+            } else if spec == crate::demo::DEMO_RANDOM {
                 (
-                    "demo".into(),
+                    spec.into(),
                     crate::demo::demo_model()?,
                     Arc::new(ByteTokenizer),
                     true,
@@ -109,12 +113,12 @@ impl LoadedModel {
         })
     }
 
-    /// The model's name (`demo`, the directory or file name).
+    /// The model's name (`demo`, `demo-random`, the directory or file name).
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// Whether this is the built-in demo model (its text is not meaningful).
+    /// Whether this is the random-weight demo model (its text is not meaningful).
     pub fn is_demo(&self) -> bool {
         self.is_demo
     }

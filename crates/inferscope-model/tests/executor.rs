@@ -11,7 +11,7 @@ fn demo() -> (LoadedModel, CpuExecutor) {
         kv_cache_memory: Some(64 << 20),
         ..ModelOptions::default()
     };
-    let m = LoadedModel::load("demo", &opts).unwrap();
+    let m = LoadedModel::load("demo-random", &opts).unwrap();
     let mut e = m.cpu_executor().unwrap();
     let blocks = e.init_kv_cache(BLOCK_SIZE).unwrap();
     // 64 MiB over (2 · 4 layers · 4 heads · 32 dims · 4 B) per token.
@@ -57,7 +57,7 @@ fn demo_generates_printable_text() {
         text.chars().all(|c| c == '\n' || (' '..='~').contains(&c)),
         "{text:?}"
     );
-    assert_eq!(e.name(), "cpu:demo");
+    assert_eq!(e.name(), "cpu:demo-random");
     assert_eq!(e.eos_token_ids(), vec![257]);
 }
 
@@ -146,7 +146,7 @@ fn kv_budget_smaller_than_a_block_fails() {
         kv_cache_memory: Some(10),
         ..ModelOptions::default()
     };
-    let m = LoadedModel::load("demo", &opts).unwrap();
+    let m = LoadedModel::load("demo-random", &opts).unwrap();
     let mut e = m.executor().unwrap();
     assert!(e.init_kv_cache(16).is_err());
 }

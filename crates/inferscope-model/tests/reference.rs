@@ -500,3 +500,32 @@ fn hf_tokenizer_round_trips() {
     assert_eq!(t.eos_token_ids(), vec![2]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The shipped demo model (`models/demo`, bf16 on disk, tied LM head, GQA
+/// 6:2) against candle-transformers on the same weights, through the loader.
+#[test]
+fn shipped_demo_model_matches_candle_transformers() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let opts = ModelOptions {
+        kv_cache_memory: Some(64 << 20),
+        ..ModelOptions::default()
+    };
+    let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
+    let cfg = model.model().cfg.clone();
+    assert!(cfg.tie_word_embeddings && cfg.num_kv_heads < cfg.num_heads);
+    let weights = candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| (n, t.to_dtype(DType::F32).unwrap()))
+        .collect();
+    let mut exec = model.cpu_executor().unwrap();
+    exec.init_kv_cache(16).unwrap();
+    let mut s = Setup {
+        cfg,
+        weights,
+        exec,
+        block_size: 16,
+    };
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}

@@ -226,7 +226,15 @@ fn sim_server_with_a_bpe_tokenizer_counts_the_same_tokens() {
 }
 
 #[test]
-fn cpu_demo_model_and_bench_count_the_same_tokens() {
-    let (_server, addr) = start_server(&["--executor", "cpu", "--model", "demo"]);
+fn cpu_random_demo_model_and_bench_count_the_same_tokens() {
+    let (_server, addr) = start_server(&["--executor", "cpu", "--model", "demo-random"]);
     exact_run(addr, "cpu", 4, 0, 24, 4);
+}
+
+/// `inferscope serve` with no model flags: the trained demo model, whose
+/// byte-level BPE merges the bench's random words into multi-byte pieces.
+#[test]
+fn default_server_and_bench_count_the_same_tokens() {
+    let (_server, addr) = start_server(&[]);
+    exact_run(addr, "default", 4, 5, 40, 4);
 }
