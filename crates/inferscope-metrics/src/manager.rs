@@ -221,7 +221,7 @@ impl StatLoggerManager {
 
     /// Renders the registry: `(content type, body)`.
     pub fn render(&self, format: Format) -> (&'static str, String) {
-        exposition::render(&self.registry, format)
+        exposition::render_with_exemplars(&self.registry, format, self.prometheus.exemplars())
     }
 
     /// The HTTP metric handles (shared with the HTTP layer).

@@ -80,6 +80,7 @@ async fn vllm_namespace_names_are_exact() {
         ..Default::default()
     };
     iter.finished_requests.push(FinishedRequestStats {
+        request: inferscope_schema::RequestRef::new("docs-req", None),
         finish_reason: FinishReason::Length,
         num_prompt_tokens: 5,
         num_generation_tokens: 1,
