@@ -460,16 +460,25 @@ fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
             .samples
             .iter()
             .filter(|s| s.name.ends_with("_bucket") && s.labels["engine"] == engine)
-            .filter_map(|s| {
-                let ex = s.exemplar.as_ref()?;
+            .scan(f64::NEG_INFINITY, |below, s| {
                 let le: f64 = match s.labels["le"].as_str() {
                     "+Inf" => f64::INFINITY,
                     v => v.parse().unwrap(),
                 };
-                let (k, v) = ex.labels.iter().next().unwrap();
-                assert!(ex.timestamp.is_some(), "timestamped");
-                Some((le, format!("{k}={v}"), ex.value))
+                let lower = std::mem::replace(below, le);
+                Some(s.exemplar.as_ref().map(|ex| {
+                    // On the bucket the value falls in: above the previous bound.
+                    assert!(
+                        lower < ex.value && ex.value <= le,
+                        "{family}: exemplar {} on le={le}",
+                        ex.value
+                    );
+                    let (k, v) = ex.labels.iter().next().unwrap();
+                    assert!(ex.timestamp.is_some(), "timestamped");
+                    (le, format!("{k}={v}"), ex.value)
+                }))
             })
+            .flatten()
             .collect()
     };
     let ttft = bucket_of("vllm:time_to_first_token_seconds", "0");
