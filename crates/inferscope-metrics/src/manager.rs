@@ -203,6 +203,11 @@ impl StatLoggerManager {
         }
     }
 
+    /// Counts one finished request left out of the request log (its queue was full).
+    pub fn record_request_log_dropped(&self) {
+        self.prometheus.record_request_log_dropped();
+    }
+
     /// Emits the periodic stats line(s) through `tracing` (call it every
     /// interval, 10 s by default): one per engine, or one aggregated line.
     pub fn log(&self) {

@@ -58,6 +58,12 @@ struct RejectionLabels {
     reason: String,
 }
 
+/// `model_name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ModelLabels {
+    model_name: String,
+}
+
 /// `cache_config_info` labels, alphabetical as vLLM writes them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CacheConfigLabels {
@@ -327,6 +333,7 @@ pub struct PrometheusLogger {
     model_name: String,
     engines: Vec<EngineMetrics>,
     rejections: Family<RejectionLabels, Counter>,
+    request_log_dropped: Counter,
     exemplars: ExemplarIndex,
 }
 
@@ -433,6 +440,11 @@ impl PrometheusLogger {
         let pc_hits = r.family::<EngineLabels>(&s::PREFIX_CACHE_HITS);
         let cached = r.family::<EngineLabels>(&s::PROMPT_TOKENS_CACHED);
         let rejections = r.family::<RejectionLabels>(&s::ADMISSION_REJECTIONS);
+        let request_log_dropped = r
+            .family::<ModelLabels>(&s::REQUEST_LOG_DROPPED)
+            .get_or_create_owned(&ModelLabels {
+                model_name: model_name.to_owned(),
+            });
         let ttft = r.hist::<EngineLabels>(&s::TIME_TO_FIRST_TOKEN);
         let itl = r.hist::<EngineLabels>(&s::INTER_TOKEN_LATENCY);
         let tpot = r.hist::<EngineLabels>(&s::TIME_PER_OUTPUT_TOKEN);
@@ -582,6 +594,7 @@ impl PrometheusLogger {
             model_name: model_name.to_owned(),
             engines,
             rejections,
+            request_log_dropped,
             exemplars,
         }
     }
@@ -596,6 +609,11 @@ impl PrometheusLogger {
     /// Every engine's handles, in configuration order.
     pub fn engines(&self) -> &[EngineMetrics] {
         &self.engines
+    }
+
+    /// Counts one finished request the request log had no room for.
+    pub fn record_request_log_dropped(&self) {
+        self.request_log_dropped.inc();
     }
 
     /// The registered series that carry exemplars.

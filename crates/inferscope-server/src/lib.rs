@@ -13,6 +13,7 @@ pub mod handlers;
 pub mod lifecycle;
 pub mod openai;
 pub mod request_ids;
+pub mod request_log;
 pub mod router;
 pub mod state;
 pub mod workers;

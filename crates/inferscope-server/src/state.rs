@@ -23,6 +23,7 @@ use crate::error::ServerError;
 use crate::openai::generate::Infer;
 use crate::openai::validation::{Limits, Validator};
 use crate::request_ids::RequestIds;
+use crate::request_log::{Destination, RequestLog};
 use crate::workers::ValidationWorkers;
 
 /// Everything a handler needs.
@@ -51,6 +52,10 @@ pub struct AppState {
     pub request_ids: RequestIds,
     /// Where requests are parsed, rendered and tokenized, off the runtime.
     pub validation_workers: ValidationWorkers,
+    /// `--enable-per-request-metrics`: honour `include_metrics`.
+    pub per_request_metrics: bool,
+    /// `--enable-request-log`: where finished requests are logged.
+    pub request_log: Option<RequestLog>,
 }
 
 impl AppState {
@@ -72,6 +77,7 @@ impl AppState {
             metrics: &self.metrics,
             record_latency: self.metrics_enabled,
             ids: &self.request_ids,
+            request_log: self.request_log.as_ref(),
         }
     }
 }
@@ -254,6 +260,13 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_stop_sequence_bytes: args.max_stop_sequence_bytes,
         max_stop_token_ids: args.max_stop_token_ids,
     };
+    let request_log = match &args.enable_request_log {
+        Some(dest) => Some(
+            RequestLog::start(&Destination::parse(dest), metrics.clone())
+                .map_err(|e| config_err(format!("--enable-request-log: {e}")))?,
+        ),
+        None => None,
+    };
     Ok(Arc::new(AppState {
         coordinator,
         tokenizer,
@@ -270,6 +283,8 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             args.validation_workers,
             args.max_validation_queue_bytes,
         ),
+        per_request_metrics: args.enable_per_request_metrics,
+        request_log,
     }))
 }
 

@@ -8,15 +8,19 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::Stream;
-use inferscope_engine::{Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle};
+use inferscope_engine::{
+    Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
+};
 use inferscope_metrics::{EngineMetrics, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
-use inferscope_schema::FrontendRequestStats;
+use inferscope_schema::{FrontendRequestStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
+use crate::openai::timings::ChoiceTimings;
 use crate::openai::validation::Plan;
 use crate::request_ids::RequestIds;
+use crate::request_log::{RequestLog, RequestLogEntry};
 
 /// What generation needs of the server: borrowed from its state per request.
 pub struct Infer<'a> {
@@ -32,6 +36,8 @@ pub struct Infer<'a> {
     pub record_latency: bool,
     /// Makes each choice's unique engine id.
     pub ids: &'a RequestIds,
+    /// Where finished choices are logged, when `--enable-request-log` is on.
+    pub request_log: Option<&'a RequestLog>,
 }
 
 /// The choices of one admitted request, each with its engine request.
@@ -71,22 +77,28 @@ impl Infer<'_> {
             }
         };
         let stop: Arc<[String]> = plan.stop.clone().into();
+        // The W3C trace id of a traced request (the tracing layer sets it).
+        let trace_id: Option<[u8; 16]> = None;
         let mut choices = Vec::with_capacity(total);
         for (p, prompt) in plan.prompts.iter().enumerate() {
             for i in 0..n {
                 let index = p * n + i;
                 // On an error, the handles already made abort themselves when
                 // `choices` is dropped.
+                let engine_id = self.ids.engine_id(request_id);
+                // Built once per choice: every exemplar and log line shares it.
+                let request = RequestRef::new(&engine_id, trace_id);
                 let handle = self
                     .coordinator
                     .add_request(EngineRequest {
-                        request_id: self.ids.engine_id(request_id),
+                        request_id: engine_id,
                         prompt_token_ids: prompt.clone(),
                         // One `Arc` for every choice: long parameter lists
                         // (stop ids) are neither copied nor re-indexed per choice.
                         params: Arc::clone(&plan.params),
                         seed_offset: i as u64,
                         arrival,
+                        trace_id,
                     })
                     .map_err(|e| match e {
                         // Engine ids are unique by construction: this is a bug.
@@ -101,7 +113,8 @@ impl Infer<'_> {
                     .flatten();
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
                 let mut choice =
-                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency);
+                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency)
+                        .with_request(request, self.request_log.cloned());
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -166,6 +179,8 @@ pub struct ChoiceFinish {
     pub prompt_tokens: usize,
     /// Tokens generated.
     pub completion_tokens: usize,
+    /// What the choice's life cost (the response's `metrics`).
+    pub timings: ChoiceTimings,
 }
 
 /// Where latencies are recorded: the handles of the engine serving the
@@ -203,6 +218,9 @@ pub struct ChoiceStream {
     first_delta: Option<Instant>,
     last_delta: Option<Instant>,
     latency: Option<LatencySink>,
+    /// The choice's engine request (exemplars, the request log).
+    request: Option<RequestRef>,
+    request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
     done: bool,
@@ -230,9 +248,18 @@ impl ChoiceStream {
             first_delta: None,
             last_delta: None,
             latency,
+            request: None,
+            request_log: None,
             reservation: None,
             done: false,
         }
+    }
+
+    /// Names `request` in exemplars and logs the choice to `log` when it ends.
+    pub fn with_request(mut self, request: RequestRef, log: Option<RequestLog>) -> Self {
+        self.request = Some(request);
+        self.request_log = log;
+        self
     }
 
     /// Holds `r` until the first output arrives (or the stream is dropped).
@@ -281,6 +308,7 @@ impl ChoiceStream {
                     Some("the engine stopped without finishing the request".into()),
                     0,
                     0,
+                    None,
                 );
             };
             let mut text = String::new();
@@ -302,6 +330,7 @@ impl ChoiceStream {
                     f.error,
                     f.num_prompt_tokens,
                     f.num_generation_tokens,
+                    Some((&f.timeline, f.num_preemptions)),
                 );
             }
             if text.is_empty() {
@@ -348,10 +377,11 @@ impl ChoiceStream {
                     None,
                     f.num_prompt_tokens,
                     f.num_generation_tokens,
+                    Some((&f.timeline, f.num_preemptions)),
                 );
             }
         }
-        self.finish(emit, FinishReason::Stop, None, 0, 0)
+        self.finish(emit, FinishReason::Stop, None, 0, 0, None)
     }
 
     /// Text that can no longer be the start of a stop string.
@@ -376,15 +406,24 @@ impl ChoiceStream {
         let now = Instant::now();
         if let Some(sink) = &self.latency {
             let m = sink.handles();
-            match self.last_delta {
-                None => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
-                Some(prev) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
+            match (self.last_delta, &self.request) {
+                (None, Some(r)) => {
+                    m.observe_ttft_for(now.duration_since(self.arrival).as_secs_f64(), r)
+                }
+                (None, None) => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
+                (Some(prev), Some(r)) => {
+                    m.observe_itl_for(now.duration_since(prev).as_secs_f64(), r)
+                }
+                (Some(prev), None) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
             }
         }
         self.first_delta.get_or_insert(now);
         self.last_delta = Some(now);
     }
 
+    /// The final delta; `engine` is the engine's timeline and preemption
+    /// count, when the engine finished the request.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         text: String,
@@ -392,16 +431,40 @@ impl ChoiceStream {
         error: Option<String>,
         prompt_tokens: usize,
         completion_tokens: usize,
+        engine: Option<(&RequestTimeline, u64)>,
     ) -> ChoiceDelta {
         self.done = true;
         if reason != FinishReason::Abort && reason != FinishReason::Error {
             self.observe_delta();
         }
+        // Measured once: the histograms, the response's `metrics` and the
+        // request log all get this same value.
+        let frontend = FrontendRequestStats {
+            ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
+            e2e: self.arrival.elapsed(),
+            num_generation_tokens: completion_tokens,
+        };
         if let Some(sink) = &self.latency {
-            sink.handles().record_frontend(&FrontendRequestStats {
-                ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
-                e2e: self.arrival.elapsed(),
-                num_generation_tokens: completion_tokens,
+            match &self.request {
+                Some(r) => sink.handles().record_frontend_for(&frontend, r),
+                None => sink.handles().record_frontend(&frontend),
+            }
+        }
+        let timings = ChoiceTimings::new(
+            frontend.ttft,
+            frontend.e2e,
+            engine.map(|(t, _)| t),
+            engine.map_or(0, |(_, p)| p),
+            completion_tokens,
+        );
+        if let (Some(log), Some(request)) = (&self.request_log, &self.request) {
+            log.record(RequestLogEntry {
+                request: request.clone(),
+                engine: self.handle.engine,
+                finish_reason: reason,
+                prompt_tokens,
+                completion_tokens,
+                timings: timings.clone(),
             });
         }
         ChoiceDelta {
@@ -412,6 +475,7 @@ impl ChoiceStream {
                 error,
                 prompt_tokens,
                 completion_tokens,
+                timings,
             }),
         }
     }
@@ -460,6 +524,7 @@ mod tests {
                 }),
                 seed_offset: 0,
                 arrival: Instant::now(),
+                trace_id: None,
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();

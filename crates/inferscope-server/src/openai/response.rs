@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::ApiError;
 use crate::openai::generate::{ChoiceDelta, ChoiceFinish, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::openai::timings::ResponseMetrics;
 
 /// Which API a request came in on: decides the response shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,7 @@ impl Shape {
             model: &self.model,
             choices,
             usage,
+            metrics: None,
         }
     }
 
@@ -106,10 +108,13 @@ impl Shape {
         }
     }
 
-    /// The final usage chunk: empty `choices` (the same in both APIs).
-    fn usage_chunk(&self, usage: Usage) -> Bytes {
+    /// The final chunk with usage and/or metrics: empty `choices` (the same
+    /// in both APIs).
+    fn final_chunk(&self, usage: Option<Usage>, metrics: Option<ResponseMetrics>) -> Bytes {
         let none: &[CompletionChoice] = &[];
-        sse_event(&self.body(self.chunk_object(), none, Some(usage)))
+        let mut body = self.body(self.chunk_object(), none, usage);
+        body.metrics = metrics;
+        sse_event(&body)
     }
 }
 
@@ -126,7 +131,15 @@ fn sse_event(body: &impl serde::Serialize) -> Bytes {
 /// Streams the choices as SSE. A task drives the engine requests and feeds
 /// the body; when the client goes away the body is dropped, the task sees
 /// the channel close and drops the requests, which aborts them.
-pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Response {
+///
+/// With `include_metrics`, the last chunk before `[DONE]` (the usage chunk,
+/// or a chunk of its own) carries the first choice's `metrics`.
+pub fn stream(
+    shape: Shape,
+    generation: Generation,
+    include_usage: bool,
+    include_metrics: bool,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     tokio::spawn(async move {
         let num_choices = generation.choices.len();
@@ -134,6 +147,7 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
         let mut started = vec![false; num_choices];
         let mut events = generation.events();
         let mut completion_tokens = 0;
+        let mut metrics = None;
         loop {
             let delta = tokio::select! {
                 _ = tx.closed() => return,
@@ -158,6 +172,9 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
             let first = !std::mem::replace(&mut started[d.index % num_choices.max(1)], true);
             if let Some(f) = &d.finish {
                 completion_tokens += f.completion_tokens;
+                if include_metrics && d.index == 0 {
+                    metrics = Some(f.timings.response_metrics());
+                }
             }
             if tx.send(shape.chunk(&d, first)).await.is_err() {
                 return;
@@ -174,13 +191,13 @@ pub fn stream(shape: Shape, generation: Generation, include_usage: bool) -> Resp
                 }
             }
         }
-        if include_usage {
-            let usage = Usage {
+        if include_usage || metrics.is_some() {
+            let usage = include_usage.then_some(Usage {
                 prompt_tokens,
                 completion_tokens,
                 total_tokens: prompt_tokens + completion_tokens,
-            };
-            if tx.send(shape.usage_chunk(usage)).await.is_err() {
+            });
+            if tx.send(shape.final_chunk(usage, metrics)).await.is_err() {
                 return;
             }
         }
@@ -205,8 +222,10 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
     )
 }
 
-/// Waits for every choice and answers with one JSON body.
-pub async fn full(shape: Shape, generation: Generation) -> Response {
+/// Waits for every choice and answers with one JSON body. With
+/// `include_metrics`, the body carries the first choice's `metrics` and the
+/// response TGI's timing headers.
+pub async fn full(shape: Shape, generation: Generation, include_metrics: bool) -> Response {
     let prompt_tokens = generation.prompt_tokens;
     let results = generation.collect().await;
     if let Some(c) = results
@@ -234,6 +253,10 @@ pub async fn full(shape: Shape, generation: Generation) -> Response {
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
     };
+    let timings = include_metrics
+        .then(|| results.first().map(|c| c.finish.timings.clone()))
+        .flatten();
+    let metrics = timings.as_ref().map(|t| t.response_metrics());
     let body = match shape.api {
         Api::Completions => {
             let choices: Vec<_> = results
@@ -245,7 +268,9 @@ pub async fn full(shape: Shape, generation: Generation) -> Response {
                     finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
-            serde_json::to_value(shape.body("text_completion", &choices, Some(usage)))
+            let mut body = shape.body("text_completion", &choices, Some(usage));
+            body.metrics = metrics;
+            serde_json::to_value(body)
         }
         Api::Chat => {
             let choices: Vec<_> = results
@@ -261,11 +286,19 @@ pub async fn full(shape: Shape, generation: Generation) -> Response {
                     finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
-            serde_json::to_value(shape.body("chat.completion", &choices, Some(usage)))
+            let mut body = shape.body("chat.completion", &choices, Some(usage));
+            body.metrics = metrics;
+            serde_json::to_value(body)
         }
     };
     match body {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => {
+            let mut r = Json(v).into_response();
+            if let Some(t) = &timings {
+                t.insert_headers(r.headers_mut());
+            }
+            r
+        }
         Err(e) => ApiError::internal(format!("cannot encode the response: {e}")).into_response(),
     }
 }
