@@ -121,7 +121,10 @@ impl ExemplarIndex {
         self.series
             .entry(format!("{name}_bucket"))
             .or_default()
-            .insert(label_key(labels.iter().copied()), Source::Histogram(h.clone()));
+            .insert(
+                label_key(labels.iter().copied()),
+                Source::Histogram(h.clone()),
+            );
     }
 
     /// Adds a counter registered as `name` (exposed as `name_total`).
@@ -149,7 +152,10 @@ impl ExemplarIndex {
         let Some(labels) = parse_labels(&line[open + 1..]) else {
             return;
         };
-        let le = labels.iter().find(|(k, _)| k == "le").map(|(_, v)| v.clone());
+        let le = labels
+            .iter()
+            .find(|(k, _)| k == "le")
+            .map(|(_, v)| v.clone());
         let key = label_key(
             labels
                 .iter()
@@ -318,10 +324,7 @@ mod tests {
             "{out}"
         );
         assert!(!lines[2].contains('#'), "empty bucket: {out}");
-        assert!(
-            lines[3].contains("# {request_id=\"slow\"} 5.0 "),
-            "{out}"
-        );
+        assert!(lines[3].contains("# {request_id=\"slow\"} 5.0 "), "{out}");
         assert!(!lines[4].contains(" # "), "unindexed series: {out}");
         assert!(lines[5].contains("# {request_id=\"done\"} 1.0 "), "{out}");
         assert_eq!(lines[6], "# EOF");

@@ -192,8 +192,7 @@ impl EngineMetrics {
     /// [`Self::record_frontend`] with `request` as the exemplar.
     pub fn record_frontend_for(&self, stats: &FrontendRequestStats, request: &RequestRef) {
         self.e2e.observe_for(stats.e2e.as_secs_f64(), request);
-        self.tpot
-            .observe_for(time_per_output_token(stats), request);
+        self.tpot.observe_for(time_per_output_token(stats), request);
     }
 
     /// Moves the running-requests gauge by `delta`: a front end without an
@@ -252,8 +251,7 @@ impl EngineMetrics {
             slot.set(&req.request, 1.0);
         }
         let r = &req.request;
-        self.queue_time
-            .observe_for(req.queue_time.as_secs_f64(), r);
+        self.queue_time.observe_for(req.queue_time.as_secs_f64(), r);
         self.prefill_time
             .observe_for(req.prefill_time.as_secs_f64(), r);
         self.decode_time

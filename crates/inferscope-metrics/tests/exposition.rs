@@ -504,7 +504,10 @@ fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
         assert_eq!((ex[0].1.as_str(), ex[0].2), ("request_id=plain-2", expect));
     }
     let e2e = bucket_of("vllm:e2e_request_latency_seconds", "0");
-    assert_eq!((e2e[0].1.as_str(), e2e[0].2), (&*format!("trace_id={}", "4b".repeat(16)), 0.9));
+    assert_eq!(
+        (e2e[0].1.as_str(), e2e[0].2),
+        (&*format!("trace_id={}", "4b".repeat(16)), 0.9)
+    );
     // Token-count histograms carry none.
     assert!(bucket_of("vllm:request_prompt_tokens", "0").is_empty());
     let success: Vec<_> = e
@@ -523,6 +526,14 @@ fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
 
     // Prometheus text 0.0.4 has no exemplars, whatever was recorded.
     let (_, text) = m.render(Format::Prometheus);
-    assert!(parse(&text).unwrap().samples().all(|s| s.exemplar.is_none()));
-    assert!(!text.contains("plain-2") && !text.contains("4b4b"), "{text}");
+    assert!(
+        parse(&text)
+            .unwrap()
+            .samples()
+            .all(|s| s.exemplar.is_none())
+    );
+    assert!(
+        !text.contains("plain-2") && !text.contains("4b4b"),
+        "{text}"
+    );
 }

@@ -220,7 +220,9 @@ mod tests {
 
     fn dropped(m: &StatLoggerManager) -> f64 {
         let (_, text) = m.render(Format::Prometheus);
-        let samples = inferscope_schema::promtext::parse(&text).unwrap().into_samples();
+        let samples = inferscope_schema::promtext::parse(&text)
+            .unwrap()
+            .into_samples();
         inferscope_schema::promtext::sum(&samples, "inferscope_request_log_dropped_total", &[])
     }
 
@@ -243,7 +245,10 @@ mod tests {
         for i in 0..10 {
             log.record(entry(i));
         }
-        assert!(start.elapsed() < Duration::from_secs(1), "record never waits");
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "record never waits"
+        );
         // 2 queued, and at most one more taken by the (stuck) writer.
         let lost = dropped(&metrics);
         assert!((7.0..=8.0).contains(&lost), "dropped {lost}");

@@ -121,9 +121,7 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
             let v = r.json();
             assert_eq!(v["usage"]["completion_tokens"], 12);
             // TGI's headers: whole milliseconds of the same figures.
-            let header = |k: &str| -> f64 {
-                r.headers[k].to_str().unwrap().parse().expect(k)
-            };
+            let header = |k: &str| -> f64 { r.headers[k].to_str().unwrap().parse().expect(k) };
             let m = &v["metrics"];
             for (h, key) in [
                 ("x-queue-time", "queue_time_ms"),
@@ -132,9 +130,12 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
             ] {
                 assert_eq!(header(h), m[key].as_f64().unwrap().round(), "{h}");
             }
-            let inference = m["prefill_time_ms"].as_f64().unwrap()
-                + m["decode_time_ms"].as_f64().unwrap();
-            assert!(header("x-inference-time") >= inference.floor(), "inference covers prefill and decode");
+            let inference =
+                m["prefill_time_ms"].as_f64().unwrap() + m["decode_time_ms"].as_f64().unwrap();
+            assert!(
+                header("x-inference-time") >= inference.floor(),
+                "inference covers prefill and decode"
+            );
             v["metrics"].clone()
         };
         sent.push((id, 12));
@@ -154,7 +155,12 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
     }
 
     // Without `include_metrics`: no metrics, no headers.
-    let r = post(addr, "/v1/completions", &json!({"prompt": "plain", "max_tokens": 3})).await;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "plain", "max_tokens": 3}),
+    )
+    .await;
     assert!(r.json().get("metrics").is_none(), "{}", r.body);
     assert!(r.headers.get("x-total-time").is_none());
     sent.push((String::new(), 0));
@@ -204,7 +210,10 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
     for (i, (id, tokens)) in sent.iter().enumerate().take(3) {
         let l = &lines[i];
         assert!(
-            l["request_id"].as_str().unwrap().starts_with(&format!("{id}-")),
+            l["request_id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("{id}-")),
             "{l}"
         );
         assert_eq!(l["completion_tokens"], *tokens as u64);
@@ -212,11 +221,17 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
         assert_eq!(l["engine"], 0);
         assert_eq!(l["trace_id"], Value::Null);
         assert!(l["prompt_tokens"].as_u64().unwrap() > 0);
-        assert!(l["generation_time_ms"].as_f64().unwrap() >= l["time_to_first_token_ms"].as_f64().unwrap());
+        assert!(
+            l["generation_time_ms"].as_f64().unwrap()
+                >= l["time_to_first_token_ms"].as_f64().unwrap()
+        );
     }
     assert_eq!(lines[3]["completion_tokens"], 3);
     let samples = scrape(addr).await;
-    assert_eq!(sum(&samples, &format!("{NS}request_log_dropped_total"), &[]), 0.0);
+    assert_eq!(
+        sum(&samples, &format!("{NS}request_log_dropped_total"), &[]),
+        0.0
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
