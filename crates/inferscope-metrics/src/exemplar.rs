@@ -207,8 +207,7 @@ fn parse_labels(s: &str) -> Option<Vec<(String, String)>> {
     let mut rest = s;
     loop {
         rest = rest.trim_start_matches(',');
-        if let Some(after) = rest.strip_prefix('}') {
-            let _ = after;
+        if rest.starts_with('}') {
             return Some(out);
         }
         let eq = rest.find('=')?;
