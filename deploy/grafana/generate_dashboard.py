@@ -28,11 +28,23 @@ def _id():
     return _next_id
 
 
-def target(expr, legend, ref):
-    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+def target(expr, legend, ref, exemplar=False):
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+    if exemplar:
+        # Grafana asks Prometheus' query_exemplars for this query's series and
+        # draws them as dots; one target per panel, or each dot shows twice.
+        t["exemplar"] = True
+    return t
+
+
+EXEMPLAR_NOTE = (" Dots are exemplars (OpenMetrics scrape with Prometheus' exemplar storage on): "
+                 "the latest request in a bucket, with its trace_id when it was traced (a link to the "
+                 "trace when a tracing data source is set up), else its request_id.")
 
 
 def panel(title, description, targets, unit, x, y, w=12, h=8, kind="timeseries", extra=None):
+    if any(t[2:] == (True,) for t in targets):
+        description += EXEMPLAR_NOTE
     p = {
         "id": _id(),
         "type": kind,
@@ -40,7 +52,7 @@ def panel(title, description, targets, unit, x, y, w=12, h=8, kind="timeseries",
         "description": description,
         "datasource": DS,
         "gridPos": {"x": x, "y": y, "w": w, "h": h},
-        "targets": [target(e, l, chr(ord("A") + i)) for i, (e, l) in enumerate(targets)],
+        "targets": [target(*t[:2], chr(ord("A") + i), *t[2:]) for i, t in enumerate(targets)],
         "fieldConfig": {
             "defaults": {"unit": unit, "custom": {"lineWidth": 1, "fillOpacity": 5}},
             "overrides": [],
@@ -64,7 +76,7 @@ def quantiles(metric, what):
     """p50/p90/p99 over all selected engines, plus p99 per engine."""
     b = f"${{prefix}}{metric}_bucket{{{SEL}}}"
     out = [
-        (f"histogram_quantile({q}, sum by (le) (rate({b}[{RI}])))", f"p{int(q * 100)} all engines")
+        (f"histogram_quantile({q}, sum by (le) (rate({b}[{RI}])))", f"p{int(q * 100)} all engines", q == 0.99)
         for q in (0.5, 0.9, 0.99)
     ]
     out.append((f"histogram_quantile(0.99, sum by (le, engine) (rate({b}[{RI}])))",

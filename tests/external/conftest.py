@@ -110,7 +110,8 @@ class Server(InferscopeProcess):
 class Prometheus:
     """Debian's Prometheus server scraping `targets` every second."""
 
-    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s"):
+    def __init__(self, targets: list[str], workdir: Path, scrape_interval: str = "1s",
+                 extra_args: tuple[str, ...] = ()):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.dir = Path(tempfile.mkdtemp(prefix="prom-", dir=workdir))
@@ -129,7 +130,7 @@ class Prometheus:
         self.log = self.dir / "prometheus.log"
         self.proc = subprocess.Popen(
             [PROMETHEUS_BIN, f"--config.file={self.config}", f"--storage.tsdb.path={self.dir / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn", *extra_args],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, cwd=self.dir)
         _wait_ready(self.proc, self.base + "/-/ready", self.log, "prometheus")
 
@@ -206,8 +207,8 @@ def make_server(workdir):
 def make_prometheus(workdir):
     started: list[Prometheus] = []
 
-    def make(targets: list[str]) -> Prometheus:
-        p = Prometheus(targets, workdir)
+    def make(targets: list[str], extra_args: tuple[str, ...] = ()) -> Prometheus:
+        p = Prometheus(targets, workdir, extra_args=extra_args)
         started.append(p)
         return p
 

@@ -182,6 +182,7 @@ async fn slot(
             }),
             seed_offset: 0,
             arrival: Instant::now(),
+            trace_id: None,
         };
         k += 1;
         let Ok(mut handle) = coordinator.add_request(req) else {

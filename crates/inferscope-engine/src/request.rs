@@ -2,7 +2,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use inferscope_schema::FinishReason;
 
@@ -128,6 +128,8 @@ pub struct EngineRequest {
     pub seed_offset: u64,
     /// When the request arrived at the server (monotonic).
     pub arrival: Instant,
+    /// W3C trace id when the request is traced.
+    pub trace_id: Option<[u8; 16]>,
 }
 
 /// Monotonic timestamps of one request's life, from which latencies derive.
@@ -176,6 +178,34 @@ impl RequestTimeline {
             preemptions: Vec::new(),
         }
     }
+
+    /// Arrival to first scheduled (to finished when never scheduled): the
+    /// `request_queue_time_seconds` sample.
+    pub fn queue_time(&self) -> Duration {
+        since(self.first_scheduled.or(self.finished), Some(self.arrival))
+    }
+
+    /// First scheduled to first token (zero without both).
+    pub fn prefill_time(&self) -> Duration {
+        since(self.first_token, self.first_scheduled)
+    }
+
+    /// First token to last token (zero without both).
+    pub fn decode_time(&self) -> Duration {
+        since(self.last_token, self.first_token)
+    }
+
+    /// First scheduled to finished (zero without both).
+    pub fn inference_time(&self) -> Duration {
+        since(self.finished, self.first_scheduled)
+    }
+}
+
+fn since(later: Option<Instant>, earlier: Option<Instant>) -> Duration {
+    match (later, earlier) {
+        (Some(l), Some(e)) => l.saturating_duration_since(e),
+        _ => Duration::ZERO,
+    }
 }
 
 /// One message on a request's output stream: a new token, the end, or both.
@@ -205,6 +235,8 @@ pub struct FinishedOutput {
     pub num_generation_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: usize,
+    /// Times the request was preempted.
+    pub num_preemptions: u64,
     /// The full timeline.
     pub timeline: RequestTimeline,
     /// An error message when `reason` is `Error`.

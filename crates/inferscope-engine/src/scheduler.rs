@@ -11,9 +11,11 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use inferscope_schema::{FinishReason, FinishedRequestStats, IterationStats, SchedulerStats};
+use inferscope_schema::{
+    FinishReason, FinishedRequestStats, IterationStats, RequestRef, SchedulerStats,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_pool::{BlockHash, BlockPool, hash_block};
@@ -32,6 +34,9 @@ pub type OutputSink = UnboundedSender<RequestOutput>;
 struct Sequence {
     seq_id: u64,
     request_id: String,
+    /// The request id and trace id, shared with the finished stats
+    /// (exemplars) without a copy.
+    request: RequestRef,
     params: Arc<SamplingParams>,
     /// `params.stop_token_ids`, deduplicated, for the per-token stop check
     /// (shared by the choices of one request).
@@ -223,9 +228,12 @@ impl Scheduler {
         self.next_seq_id += 1;
         let seed = req.params.effective_seed(&req.request_id, req.seed_offset);
         let num_prompt_tokens = req.prompt_token_ids.len();
+        // One allocation per request; every finished-stats clone shares it.
+        let request = RequestRef::new(&req.request_id, req.trace_id);
         let mut seq = Sequence {
             seq_id,
             request_id: req.request_id,
+            request,
             params: req.params,
             stop_token_ids,
             seed,
@@ -581,13 +589,8 @@ impl Scheduler {
         self.ended_seq_ids.push(seq.seq_id);
         seq.timeline.finished = Some(now);
         let t = &seq.timeline;
-        let since = |later: Option<Instant>, earlier: Option<Instant>| -> Duration {
-            match (later, earlier) {
-                (Some(l), Some(e)) => l.saturating_duration_since(e),
-                _ => Duration::ZERO,
-            }
-        };
         self.stats.finished_requests.push(FinishedRequestStats {
+            request: seq.request.clone(),
             finish_reason: reason,
             num_prompt_tokens: seq.num_prompt_tokens,
             num_generation_tokens: seq.num_generated(),
@@ -595,10 +598,10 @@ impl Scheduler {
             max_tokens_param: seq.params.max_tokens,
             n: seq.params.n,
             num_preemptions: seq.num_preemptions,
-            queue_time: since(t.first_scheduled.or(t.finished), Some(t.arrival)),
-            prefill_time: since(t.first_token, t.first_scheduled),
-            decode_time: since(t.last_token, t.first_token),
-            inference_time: since(t.finished, t.first_scheduled),
+            queue_time: t.queue_time(),
+            prefill_time: t.prefill_time(),
+            decode_time: t.decode_time(),
+            inference_time: t.inference_time(),
         });
         let num_generation_tokens = seq.num_generated();
         let out = RequestOutput {
@@ -610,6 +613,7 @@ impl Scheduler {
                 num_prompt_tokens: seq.num_prompt_tokens,
                 num_generation_tokens,
                 num_cached_tokens: seq.num_cached_tokens,
+                num_preemptions: seq.num_preemptions,
                 timeline: seq.timeline,
                 error,
             })),

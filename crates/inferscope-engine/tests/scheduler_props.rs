@@ -228,6 +228,7 @@ fn run_workload(
                 }),
                 seed_offset: 0,
                 arrival: Instant::now(),
+                trace_id: None,
             },
             tx,
         );
@@ -410,6 +411,7 @@ fn shared_prefixes_hit_the_cache() {
                 }),
                 seed_offset: 0,
                 arrival: Instant::now(),
+                trace_id: None,
             },
             tx,
         );

@@ -26,6 +26,7 @@ fn manager() -> StatLoggerManager {
 
 fn finished() -> FinishedRequestStats {
     FinishedRequestStats {
+        request: inferscope_schema::RequestRef::new("bench-req-0", None),
         finish_reason: FinishReason::Stop,
         num_prompt_tokens: 512,
         num_generation_tokens: 128,
@@ -54,6 +55,15 @@ fn bench(c: &mut Criterion) {
             engine.observe_itl(black_box(x));
         })
     });
+    // The same observation keeping the request as its bucket's exemplar:
+    // A/B against `observe_itl` in one run.
+    let request = inferscope_schema::RequestRef::new("bench-req-0-1f", None);
+    g.bench_function("observe_itl_with_exemplar", |b| {
+        b.iter(|| {
+            x = if x > 2.0 { 0.001 } else { x * 1.7 + 0.003 };
+            engine.observe_itl_for(black_box(x), black_box(&request));
+        })
+    });
     g.bench_function("engine_lookup_and_observe_itl", |b| {
         b.iter(|| {
             if let Some(e) = m.engine(black_box(1)) {
@@ -71,6 +81,9 @@ fn bench(c: &mut Criterion) {
     };
     g.bench_function("record_frontend", |b| {
         b.iter(|| engine.record_frontend(black_box(&fe)))
+    });
+    g.bench_function("record_frontend_with_exemplars", |b| {
+        b.iter(|| engine.record_frontend_for(black_box(&fe), black_box(&request)))
     });
     g.finish();
 

@@ -4,6 +4,8 @@
 use prometheus_client::encoding::{prometheus_text, text};
 use prometheus_client::registry::Registry;
 
+use crate::exemplar::{self, ExemplarIndex};
+
 /// `Content-Type` of the Prometheus text format 0.0.4.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// `Content-Type` of OpenMetrics 1.0.0.
@@ -66,6 +68,16 @@ pub fn negotiate(accept: Option<&str>) -> Format {
 
 /// Renders `registry` in `format`; returns the content type and the body.
 pub fn render(registry: &Registry, format: Format) -> (&'static str, String) {
+    render_with_exemplars(registry, format, &ExemplarIndex::default())
+}
+
+/// Renders `registry` in `format`, with the exemplars of `exemplars` when
+/// the format is OpenMetrics (Prometheus text 0.0.4 has no syntax for them).
+pub fn render_with_exemplars(
+    registry: &Registry,
+    format: Format,
+    exemplars: &ExemplarIndex,
+) -> (&'static str, String) {
     let mut body = String::with_capacity(64 * 1024);
     // Writing into a String cannot fail; an encoder error would come from a
     // metric's own encode impl, none of ours returns one.
@@ -75,6 +87,9 @@ pub fn render(registry: &Registry, format: Format) -> (&'static str, String) {
     };
     if let Err(err) = result {
         tracing::error!(?err, "encoding metrics failed");
+    }
+    if format == Format::OpenMetrics && !exemplars.is_empty() {
+        body = exemplar::attach(&body, exemplars);
     }
     (format.content_type(), body)
 }

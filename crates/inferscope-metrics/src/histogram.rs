@@ -12,6 +12,9 @@ use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
+use crate::exemplar::ExemplarSlot;
+use inferscope_schema::stats::RequestRef;
+
 /// A histogram whose `observe` is a binary search and two atomic updates.
 #[derive(Debug, Clone)]
 pub struct AtomicHistogram {
@@ -26,6 +29,8 @@ struct Inner {
     counts: Box<[AtomicU64]>,
     /// Sum of observations, as `f64` bits.
     sum_bits: AtomicU64,
+    /// The latest exemplar of each bucket (same length as `counts`).
+    exemplars: Box<[ExemplarSlot]>,
 }
 
 impl AtomicHistogram {
@@ -38,11 +43,13 @@ impl AtomicHistogram {
             }
         }
         let counts = (0..=clean.len()).map(|_| AtomicU64::new(0)).collect();
+        let exemplars = (0..=clean.len()).map(|_| ExemplarSlot::default()).collect();
         Self {
             inner: Arc::new(Inner {
                 bounds: clean.into_boxed_slice(),
                 counts,
                 sum_bits: AtomicU64::new(0f64.to_bits()),
+                exemplars,
             }),
         }
     }
@@ -50,8 +57,28 @@ impl AtomicHistogram {
     /// Records one value. NaN is ignored (it would poison `_sum`).
     #[inline]
     pub fn observe(&self, value: f64) {
+        self.observe_at(value);
+    }
+
+    /// Records one value and keeps `request` as its bucket's exemplar
+    /// (no allocation: the id is shared, not copied).
+    #[inline]
+    pub fn observe_for(&self, value: f64, request: &RequestRef) {
+        if let Some(slot) = self.observe_at(value).and_then(|i| self.exemplar_slot(i)) {
+            slot.set(request, value);
+        }
+    }
+
+    /// The exemplar slot of bucket `idx` (`bounds().len()` is `+Inf`).
+    pub fn exemplar_slot(&self, idx: usize) -> Option<&ExemplarSlot> {
+        self.inner.exemplars.get(idx)
+    }
+
+    /// Records `value`; returns its bucket index (`None` for NaN).
+    #[inline]
+    fn observe_at(&self, value: f64) -> Option<usize> {
         if value.is_nan() {
-            return;
+            return None;
         }
         let inner = &*self.inner;
         // `le` semantics: the first bucket whose bound is >= value.
@@ -72,6 +99,7 @@ impl AtomicHistogram {
                 Err(actual) => cur = actual,
             }
         }
+        Some(idx)
     }
 
     /// The finite upper bounds.

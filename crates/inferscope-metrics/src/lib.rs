@@ -64,6 +64,7 @@
 //! # Ok::<(), inferscope_metrics::ConfigError>(())
 //! ```
 
+pub mod exemplar;
 pub mod exposition;
 pub mod histogram;
 pub mod http;

@@ -258,6 +258,11 @@ impl StatLoggerManager {
         }
     }
 
+    /// Counts one finished request left out of the request log (its queue was full).
+    pub fn record_request_log_dropped(&self) {
+        self.prometheus.record_request_log_dropped();
+    }
+
     /// Emits the periodic stats line(s) through `tracing` (call it every
     /// interval, 10 s by default): one per engine, or one aggregated line.
     pub fn log(&self) {
@@ -276,7 +281,7 @@ impl StatLoggerManager {
 
     /// Renders the registry: `(content type, body)`.
     pub fn render(&self, format: Format) -> (&'static str, String) {
-        exposition::render(&self.registry, format)
+        exposition::render_with_exemplars(&self.registry, format, self.prometheus.exemplars())
     }
 
     /// The HTTP metric handles (shared with the HTTP layer).

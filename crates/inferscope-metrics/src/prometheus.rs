@@ -2,6 +2,7 @@
 //! process's one `Registry` and resolves every engine's label handles once,
 //! at start-up. Observations then touch only atomics.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -11,11 +12,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::exemplar::{ExemplarIndex, ExemplarSlot};
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
 use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
 use inferscope_schema::stats::{
     EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
-    SchedulerStats,
+    RequestRef, SchedulerStats,
 };
 
 /// `model_name`, `engine`.
@@ -54,6 +56,12 @@ struct PhaseLabels {
 struct RejectionLabels {
     model_name: String,
     reason: String,
+}
+
+/// `model_name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ModelLabels {
+    model_name: String,
 }
 
 /// `cache_config_info` labels, alphabetical as vLLM writes them.
@@ -115,6 +123,8 @@ pub struct EngineMetrics {
     generation_tokens: Counter,
     num_preemptions: Counter,
     request_success: [Counter; 4],
+    /// The latest finished request of each reason (the counters' exemplars).
+    request_success_exemplars: [Arc<ExemplarSlot>; 4],
     prefix_cache_queries: Counter,
     prefix_cache_hits: Counter,
     prompt_tokens_cached: Counter,
@@ -159,12 +169,30 @@ impl EngineMetrics {
         self.itl.observe(secs);
     }
 
+    /// Time to first token of `request` (its bucket's exemplar).
+    #[inline]
+    pub fn observe_ttft_for(&self, secs: f64, request: &RequestRef) {
+        self.ttft.observe_for(secs, request);
+    }
+
+    /// One inter-token latency sample of `request` (its bucket's exemplar).
+    #[inline]
+    pub fn observe_itl_for(&self, secs: f64, request: &RequestRef) {
+        self.itl.observe_for(secs, request);
+    }
+
     /// A finished request as the front end saw it: e2e latency and TPOT.
     /// TTFT is not observed here (call [`Self::observe_ttft`] when it happens).
     pub fn record_frontend(&self, stats: &FrontendRequestStats) {
         let e2e = stats.e2e.as_secs_f64();
         self.e2e.observe(e2e);
         self.tpot.observe(time_per_output_token(stats));
+    }
+
+    /// [`Self::record_frontend`] with `request` as the exemplar.
+    pub fn record_frontend_for(&self, stats: &FrontendRequestStats, request: &RequestRef) {
+        self.e2e.observe_for(stats.e2e.as_secs_f64(), request);
+        self.tpot.observe_for(time_per_output_token(stats), request);
     }
 
     /// Moves the running-requests gauge by `delta`: a front end without an
@@ -212,16 +240,24 @@ impl EngineMetrics {
         self.core_failures[cause.index()].inc();
     }
 
-    /// A request the engine finished: success counter and request histograms.
+    /// A request the engine finished: success counter and request histograms,
+    /// the latency ones and the counter with the request as exemplar.
     pub fn record_finished(&self, req: &FinishedRequestStats) {
-        if let Some(c) = self.request_success.get(req.finish_reason.index()) {
+        let reason = req.finish_reason.index();
+        if let Some(c) = self.request_success.get(reason) {
             c.inc();
         }
-        self.queue_time.observe(req.queue_time.as_secs_f64());
-        self.prefill_time.observe(req.prefill_time.as_secs_f64());
-        self.decode_time.observe(req.decode_time.as_secs_f64());
+        if let Some(slot) = self.request_success_exemplars.get(reason) {
+            slot.set(&req.request, 1.0);
+        }
+        let r = &req.request;
+        self.queue_time.observe_for(req.queue_time.as_secs_f64(), r);
+        self.prefill_time
+            .observe_for(req.prefill_time.as_secs_f64(), r);
+        self.decode_time
+            .observe_for(req.decode_time.as_secs_f64(), r);
         self.inference_time
-            .observe(req.inference_time.as_secs_f64());
+            .observe_for(req.inference_time.as_secs_f64(), r);
         self.request_prompt_tokens
             .observe(req.num_prompt_tokens as f64);
         self.request_generation_tokens
@@ -295,6 +331,8 @@ pub struct PrometheusLogger {
     model_name: String,
     engines: Vec<EngineMetrics>,
     rejections: Family<RejectionLabels, Counter>,
+    request_log_dropped: Counter,
+    exemplars: ExemplarIndex,
 }
 
 /// Which schema metrics a registry exposes: `true` registers the family.
@@ -317,6 +355,11 @@ struct Registrar<'a> {
 }
 
 impl Registrar<'_> {
+    /// The name `def` is registered under, if it is registered.
+    fn registered_name(&self, def: &MetricDef) -> Option<String> {
+        (self.registry.is_some() && (self.keep)(def)).then(|| def.registered_name(self.namespace))
+    }
+
     fn add<M>(&mut self, def: &MetricDef, metric: M) -> M
     where
         M: prometheus_client::registry::Metric + Clone,
@@ -395,6 +438,11 @@ impl PrometheusLogger {
         let pc_hits = r.family::<EngineLabels>(&s::PREFIX_CACHE_HITS);
         let cached = r.family::<EngineLabels>(&s::PROMPT_TOKENS_CACHED);
         let rejections = r.family::<RejectionLabels>(&s::ADMISSION_REJECTIONS);
+        let request_log_dropped = r
+            .family::<ModelLabels>(&s::REQUEST_LOG_DROPPED)
+            .get_or_create_owned(&ModelLabels {
+                model_name: model_name.to_owned(),
+            });
         let ttft = r.hist::<EngineLabels>(&s::TIME_TO_FIRST_TOKEN);
         let itl = r.hist::<EngineLabels>(&s::INTER_TOKEN_LATENCY);
         let tpot = r.hist::<EngineLabels>(&s::TIME_PER_OUTPUT_TOKEN);
@@ -475,6 +523,8 @@ impl PrometheusLogger {
                     generation_tokens: generation_tokens.get_or_create_owned(&l),
                     num_preemptions: num_preemptions.get_or_create_owned(&l),
                     request_success: FinishReason::ALL.map(finished),
+                    request_success_exemplars: FinishReason::ALL
+                        .map(|_| Arc::new(ExemplarSlot::default())),
                     prefix_cache_queries: pc_queries.get_or_create_owned(&l),
                     prefix_cache_hits: pc_hits.get_or_create_owned(&l),
                     prompt_tokens_cached: cached.get_or_create_owned(&l),
@@ -501,12 +551,49 @@ impl PrometheusLogger {
                     core_failures: EngineFailure::ALL.map(failure),
                 }
             })
-            .collect();
+            .collect::<Vec<EngineMetrics>>();
+
+        // The latency histograms and the finished-request counter carry
+        // exemplars (OpenMetrics only); the token-count ones do not: a request
+        // id on "prompt length" answers no latency question.
+        type Get = fn(&EngineMetrics) -> &AtomicHistogram;
+        let with_exemplars: [(&MetricDef, Get); 8] = [
+            (&s::TIME_TO_FIRST_TOKEN, |e| &e.ttft),
+            (&s::INTER_TOKEN_LATENCY, |e| &e.itl),
+            (&s::TIME_PER_OUTPUT_TOKEN, |e| &e.tpot),
+            (&s::E2E_REQUEST_LATENCY, |e| &e.e2e),
+            (&s::REQUEST_QUEUE_TIME, |e| &e.queue_time),
+            (&s::REQUEST_INFERENCE_TIME, |e| &e.inference_time),
+            (&s::REQUEST_PREFILL_TIME, |e| &e.prefill_time),
+            (&s::REQUEST_DECODE_TIME, |e| &e.decode_time),
+        ];
+        let mut exemplars = ExemplarIndex::default();
+        for e in &engines {
+            let engine = e.index.to_string();
+            let labels = [("model_name", model_name), ("engine", engine.as_str())];
+            for (def, get) in &with_exemplars {
+                if let Some(name) = r.registered_name(def) {
+                    exemplars.add_histogram(&name, &labels, get(e));
+                }
+            }
+            if let Some(name) = r.registered_name(&s::REQUEST_SUCCESS) {
+                for (reason, slot) in FinishReason::ALL.iter().zip(&e.request_success_exemplars) {
+                    let labels = [
+                        ("model_name", model_name),
+                        ("engine", engine.as_str()),
+                        ("finished_reason", reason.as_str()),
+                    ];
+                    exemplars.add_counter(&name, &labels, slot);
+                }
+            }
+        }
 
         Self {
             model_name: model_name.to_owned(),
             engines,
             rejections,
+            request_log_dropped,
+            exemplars,
         }
     }
 
@@ -520,6 +607,16 @@ impl PrometheusLogger {
     /// Every engine's handles, in configuration order.
     pub fn engines(&self) -> &[EngineMetrics] {
         &self.engines
+    }
+
+    /// Counts one finished request the request log had no room for.
+    pub fn record_request_log_dropped(&self) {
+        self.request_log_dropped.inc();
+    }
+
+    /// The registered series that carry exemplars.
+    pub fn exemplars(&self) -> &ExemplarIndex {
+        &self.exemplars
     }
 
     /// Counts one request refused at admission.

@@ -30,6 +30,7 @@ fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
 
 fn finished(reason: FinishReason) -> FinishedRequestStats {
     FinishedRequestStats {
+        request: inferscope_schema::RequestRef::new("req-1", None),
         finish_reason: reason,
         num_prompt_tokens: 40,
         num_generation_tokens: 7,
@@ -426,4 +427,113 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
 fn print_sample() {
     let m = busy_manager("vllm", &[0]);
     println!("{}", m.render(Format::Prometheus).1);
+}
+
+#[test]
+fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
+    use inferscope_schema::RequestRef;
+    let m = StatLoggerManager::new(config("vllm", &[0, 1])).unwrap();
+    let e0 = m.engine(0).unwrap();
+    let traced = RequestRef::new("traced-1", Some([0x4b; 16]));
+    let plain = RequestRef::new("plain-2", None);
+    // Same TTFT bucket twice: the later request is the exemplar.
+    e0.observe_ttft_for(0.03, &plain);
+    e0.observe_ttft_for(0.035, &traced);
+    e0.observe_itl_for(0.012, &plain);
+    let mut req = finished(FinishReason::Stop);
+    req.request = plain.clone();
+    m.record_finished(0, &[req]);
+    e0.record_frontend_for(
+        &FrontendRequestStats {
+            ttft: Some(Duration::from_millis(35)),
+            e2e: Duration::from_millis(900),
+            num_generation_tokens: 7,
+        },
+        &traced,
+    );
+
+    let (_, body) = m.render(Format::OpenMetrics);
+    let e = parse(&body).unwrap();
+    let bucket_of = |family: &str, engine: &str| -> Vec<(f64, String, f64)> {
+        e.family(family)
+            .unwrap_or_else(|| panic!("{family} missing"))
+            .samples
+            .iter()
+            .filter(|s| s.name.ends_with("_bucket") && s.labels["engine"] == engine)
+            .scan(f64::NEG_INFINITY, |below, s| {
+                let le: f64 = match s.labels["le"].as_str() {
+                    "+Inf" => f64::INFINITY,
+                    v => v.parse().unwrap(),
+                };
+                let lower = std::mem::replace(below, le);
+                Some(s.exemplar.as_ref().map(|ex| {
+                    // On the bucket the value falls in: above the previous bound.
+                    assert!(
+                        lower < ex.value && ex.value <= le,
+                        "{family}: exemplar {} on le={le}",
+                        ex.value
+                    );
+                    let (k, v) = ex.labels.iter().next().unwrap();
+                    assert!(ex.timestamp.is_some(), "timestamped");
+                    (le, format!("{k}={v}"), ex.value)
+                }))
+            })
+            .flatten()
+            .collect()
+    };
+    let ttft = bucket_of("vllm:time_to_first_token_seconds", "0");
+    assert_eq!(ttft.len(), 1, "{ttft:?}");
+    assert_eq!(ttft[0].1, format!("trace_id={}", "4b".repeat(16)));
+    assert_eq!(ttft[0].2, 0.035);
+    assert!(ttft[0].2 <= ttft[0].0, "exemplar within its bucket");
+    assert!(
+        bucket_of("vllm:time_to_first_token_seconds", "1").is_empty(),
+        "engine 1 saw nothing"
+    );
+    let itl = bucket_of("vllm:inter_token_latency_seconds", "0");
+    assert_eq!(itl.len(), 1);
+    assert_eq!(itl[0].1, "request_id=plain-2");
+    for (family, expect) in [
+        ("vllm:request_queue_time_seconds", 0.4),
+        ("vllm:request_prefill_time_seconds", 0.05),
+        ("vllm:request_decode_time_seconds", 0.9),
+        ("vllm:request_inference_time_seconds", 0.95),
+    ] {
+        let ex = bucket_of(family, "0");
+        assert_eq!(ex.len(), 1, "{family}: {ex:?}");
+        assert_eq!((ex[0].1.as_str(), ex[0].2), ("request_id=plain-2", expect));
+    }
+    let e2e = bucket_of("vllm:e2e_request_latency_seconds", "0");
+    assert_eq!(
+        (e2e[0].1.as_str(), e2e[0].2),
+        (&*format!("trace_id={}", "4b".repeat(16)), 0.9)
+    );
+    // Token-count histograms carry none.
+    assert!(bucket_of("vllm:request_prompt_tokens", "0").is_empty());
+    let success: Vec<_> = e
+        .family("vllm:request_success")
+        .unwrap()
+        .samples
+        .iter()
+        .filter(|s| s.exemplar.is_some())
+        .collect();
+    assert_eq!(success.len(), 1);
+    assert_eq!(success[0].labels["finished_reason"], "stop");
+    assert_eq!(
+        success[0].exemplar.as_ref().unwrap().labels["request_id"],
+        "plain-2"
+    );
+
+    // Prometheus text 0.0.4 has no exemplars, whatever was recorded.
+    let (_, text) = m.render(Format::Prometheus);
+    assert!(
+        parse(&text)
+            .unwrap()
+            .samples()
+            .all(|s| s.exemplar.is_none())
+    );
+    assert!(
+        !text.contains("plain-2") && !text.contains("4b4b"),
+        "{text}"
+    );
 }

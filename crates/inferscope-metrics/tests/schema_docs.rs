@@ -31,6 +31,7 @@ const VLLM_FAMILIES: &[&str] = &[
     "vllm:prefix_cache_hits_total",
     "vllm:prompt_tokens_cached_total",
     "vllm:admission_rejections_total",
+    "vllm:request_log_dropped_total",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",
@@ -81,6 +82,7 @@ async fn vllm_namespace_names_are_exact() {
         ..Default::default()
     };
     iter.finished_requests.push(FinishedRequestStats {
+        request: inferscope_schema::RequestRef::new("docs-req", None),
         finish_reason: FinishReason::Length,
         num_prompt_tokens: 5,
         num_generation_tokens: 1,

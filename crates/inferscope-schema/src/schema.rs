@@ -417,6 +417,8 @@ metrics! {
         "Number of prompt tokens served from the prefix cache";
     ADMISSION_REJECTIONS = ADMISSION_REJECTIONS: Counter "admission_rejections", unit Requests, scope Model, labels &["model_name", "reason"], buckets NB,
         "Requests refused at admission, by reason";
+    REQUEST_LOG_DROPPED = REQUEST_LOG_DROPPED: Counter "request_log_dropped", unit Requests, scope Model, labels &["model_name"], buckets NB,
+        "Finished requests left out of the request log (--enable-request-log) because its writer fell behind";
 
     // Engine histograms (seconds).
     TIME_TO_FIRST_TOKEN = TIME_TO_FIRST_TOKEN_SECONDS: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::TimeToFirstToken),
@@ -497,6 +499,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     PREFIX_CACHE_HITS,
     PROMPT_TOKENS_CACHED,
     ADMISSION_REJECTIONS,
+    REQUEST_LOG_DROPPED,
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     TIME_PER_OUTPUT_TOKEN,

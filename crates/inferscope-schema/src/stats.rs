@@ -3,6 +3,7 @@
 //! metric handle, it hands these to a [`StatsRecorder`].
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why a request finished; the `finished_reason` label value.
@@ -61,9 +62,39 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
 }
 
+/// Which request an observation belongs to: what an exemplar names.
+///
+/// Built once per request; cloning it is a reference-count increment, so
+/// observations that carry it allocate nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestRef {
+    /// The engine request id (the client's `x-request-id` plus a suffix).
+    pub request_id: Arc<str>,
+    /// W3C trace id when the request is traced.
+    pub trace_id: Option<[u8; 16]>,
+}
+
+impl RequestRef {
+    /// A reference to request `request_id`, traced under `trace_id` if set.
+    pub fn new(request_id: &str, trace_id: Option<[u8; 16]>) -> Self {
+        Self {
+            request_id: Arc::from(request_id),
+            trace_id,
+        }
+    }
+
+    /// The trace id as 32 lowercase hex digits, when traced.
+    pub fn trace_id_hex(&self) -> Option<String> {
+        self.trace_id
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect())
+    }
+}
+
 /// Engine-side figures of one request that finished during a step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FinishedRequestStats {
+    /// The request (exemplars name it).
+    pub request: RequestRef,
     /// Why it finished.
     pub finish_reason: FinishReason,
     /// Prompt length in tokens.

@@ -105,6 +105,21 @@ pub struct ServeArgs {
     #[arg(long)]
     pub disable_metrics: bool,
 
+    /// Let a request ask for its own timings (`"include_metrics": true`): they come
+    /// back as `metrics` in the response (the final chunk when streaming), and as
+    /// TGI's `x-queue-time`, `x-inference-time`, `x-time-per-token` and `x-total-time`
+    /// headers (milliseconds) on non-streaming responses. Without this flag
+    /// `include_metrics` is ignored.
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+
+    /// Write one JSON line per finished request (ids, trace id, engine, timings,
+    /// tokens, finish reason) to PATH (appended) or to stderr (`-`, the default
+    /// when no value is given). Lines the writer cannot keep up with are dropped and
+    /// counted in `request_log_dropped`.
+    #[arg(long, value_name = "PATH|-", num_args = 0..=1, default_missing_value = "-")]
+    pub enable_request_log: Option<String>,
+
     /// Namespace of the engine metrics (`NS_name`); `vllm` gives vLLM's exact
     /// names (`vllm:name`) and default buckets for existing dashboards.
     #[arg(long, default_value = "inferscope")]

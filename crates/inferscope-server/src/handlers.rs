@@ -237,10 +237,13 @@ async fn respond(
     let response = match generated {
         Ok(generation) => {
             let shape = Shape::new(api, &request_id, model, unix_now());
+            // Without `--enable-per-request-metrics` the field is ignored,
+            // as an unknown field would be.
+            let include_metrics = plan.include_metrics && s.per_request_metrics;
             if plan.stream {
-                response::stream(shape, generation, plan.include_usage, span)
+                response::stream(shape, generation, plan.include_usage, include_metrics, span)
             } else {
-                response::full(shape, generation, span).await
+                response::full(shape, generation, include_metrics, span).await
             }
         }
         Err(e) => refused(e, span),

@@ -15,6 +15,7 @@ pub mod lifecycle;
 pub mod openai;
 pub mod otel;
 pub mod request_ids;
+pub mod request_log;
 pub mod router;
 pub mod state;
 pub mod workers;

@@ -24,6 +24,7 @@ use crate::openai::generate::Infer;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
+use crate::request_log::{Destination, RequestLog};
 use crate::workers::ValidationWorkers;
 
 /// Everything a handler needs.
@@ -54,6 +55,10 @@ pub struct AppState {
     pub validation_workers: ValidationWorkers,
     /// Request tracing, when `--otlp-traces-endpoint` is set.
     pub traces: Option<Arc<Traces>>,
+    /// `--enable-per-request-metrics`: honour `include_metrics`.
+    pub per_request_metrics: bool,
+    /// `--enable-request-log`: where finished requests are logged.
+    pub request_log: Option<RequestLog>,
 }
 
 impl AppState {
@@ -75,6 +80,7 @@ impl AppState {
             metrics: &self.metrics,
             record_latency: self.metrics_enabled,
             ids: &self.request_ids,
+            request_log: self.request_log.as_ref(),
         }
     }
 }
@@ -271,6 +277,13 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_stop_sequence_bytes: args.max_stop_sequence_bytes,
         max_stop_token_ids: args.max_stop_token_ids,
     };
+    let request_log = match &args.enable_request_log {
+        Some(dest) => Some(
+            RequestLog::start(&Destination::parse(dest), metrics.clone())
+                .map_err(|e| config_err(format!("--enable-request-log: {e}")))?,
+        ),
+        None => None,
+    };
     Ok(Arc::new(AppState {
         coordinator,
         tokenizer,
@@ -288,6 +301,8 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             args.max_validation_queue_bytes,
         ),
         traces,
+        per_request_metrics: args.enable_per_request_metrics,
+        request_log,
     }))
 }
 

@@ -13,12 +13,14 @@ use inferscope_engine::{
 };
 use inferscope_metrics::{EngineMetrics, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
-use inferscope_schema::FrontendRequestStats;
+use inferscope_schema::{FrontendRequestStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
+use crate::openai::timings::ChoiceTimings;
 use crate::openai::validation::Plan;
 use crate::request_ids::RequestIds;
+use crate::request_log::{RequestLog, RequestLogEntry};
 
 /// What generation needs of the server: borrowed from its state per request.
 pub struct Infer<'a> {
@@ -34,6 +36,8 @@ pub struct Infer<'a> {
     pub record_latency: bool,
     /// Makes each choice's unique engine id.
     pub ids: &'a RequestIds,
+    /// Where finished choices are logged, when `--enable-request-log` is on.
+    pub request_log: Option<&'a RequestLog>,
 }
 
 /// The choices of one admitted request, each with its engine request.
@@ -57,8 +61,6 @@ impl Infer<'_> {
         arrival: Instant,
         trace_id: Option<[u8; 16]>,
     ) -> Result<Generation, ApiError> {
-        // Merge point with the exemplars work: `EngineRequest { trace_id, .. }` below.
-        let _ = trace_id;
         let n = plan.params.n;
         let total = plan.prompts.len() * n;
         let per_choice: Vec<usize> = plan
@@ -83,16 +85,20 @@ impl Infer<'_> {
                 let index = p * n + i;
                 // On an error, the handles already made abort themselves when
                 // `choices` is dropped.
+                let engine_id = self.ids.engine_id(request_id);
+                // Built once per choice: every exemplar and log line shares it.
+                let request = RequestRef::new(&engine_id, trace_id);
                 let handle = self
                     .coordinator
                     .add_request(EngineRequest {
-                        request_id: self.ids.engine_id(request_id),
+                        request_id: engine_id,
                         prompt_token_ids: prompt.clone(),
                         // One `Arc` for every choice: long parameter lists
                         // (stop ids) are neither copied nor re-indexed per choice.
                         params: Arc::clone(&plan.params),
                         seed_offset: i as u64,
                         arrival,
+                        trace_id,
                     })
                     .map_err(|e| match e {
                         // Engine ids are unique by construction: this is a bug.
@@ -107,7 +113,8 @@ impl Infer<'_> {
                     .flatten();
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
                 let mut choice =
-                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency);
+                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency)
+                        .with_request(request, self.request_log.cloned());
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -175,6 +182,8 @@ pub struct ChoiceFinish {
     /// The engine's timeline of the request; `None` when the engine dropped
     /// it without a finish.
     pub timeline: Option<RequestTimeline>,
+    /// What the choice's life cost (the response's `metrics`).
+    pub timings: ChoiceTimings,
 }
 
 /// Where latencies are recorded: the handles of the engine serving the
@@ -212,6 +221,9 @@ pub struct ChoiceStream {
     first_delta: Option<Instant>,
     last_delta: Option<Instant>,
     latency: Option<LatencySink>,
+    /// The choice's engine request (exemplars, the request log).
+    request: Option<RequestRef>,
+    request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
     done: bool,
@@ -239,9 +251,18 @@ impl ChoiceStream {
             first_delta: None,
             last_delta: None,
             latency,
+            request: None,
+            request_log: None,
             reservation: None,
             done: false,
         }
+    }
+
+    /// Names `request` in exemplars and logs the choice to `log` when it ends.
+    pub fn with_request(mut self, request: RequestRef, log: Option<RequestLog>) -> Self {
+        self.request = Some(request);
+        self.request_log = log;
+        self
     }
 
     /// Holds `r` until the first output arrives (or the stream is dropped).
@@ -288,7 +309,8 @@ impl ChoiceStream {
                     String::new(),
                     FinishReason::Error,
                     Some("the engine stopped without finishing the request".into()),
-                    (0, 0),
+                    0,
+                    0,
                     None,
                 );
             };
@@ -310,8 +332,9 @@ impl ChoiceStream {
                     emit,
                     reason,
                     f.error,
-                    (f.num_prompt_tokens, f.num_generation_tokens),
-                    Some(f.timeline),
+                    f.num_prompt_tokens,
+                    f.num_generation_tokens,
+                    Some((f.timeline, f.num_preemptions)),
                 );
             }
             if text.is_empty() {
@@ -357,12 +380,13 @@ impl ChoiceStream {
                     emit,
                     FinishReason::Stop,
                     None,
-                    (f.num_prompt_tokens, f.num_generation_tokens),
-                    Some(f.timeline),
+                    f.num_prompt_tokens,
+                    f.num_generation_tokens,
+                    Some((f.timeline, f.num_preemptions)),
                 );
             }
         }
-        self.finish(emit, FinishReason::Stop, None, (0, 0), None)
+        self.finish(emit, FinishReason::Stop, None, 0, 0, None)
     }
 
     /// Text that can no longer be the start of a stop string.
@@ -387,34 +411,68 @@ impl ChoiceStream {
         let now = Instant::now();
         if let Some(sink) = &self.latency {
             let m = sink.handles();
-            match self.last_delta {
-                None => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
-                Some(prev) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
+            match (self.last_delta, &self.request) {
+                (None, Some(r)) => {
+                    m.observe_ttft_for(now.duration_since(self.arrival).as_secs_f64(), r)
+                }
+                (None, None) => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
+                (Some(prev), Some(r)) => {
+                    m.observe_itl_for(now.duration_since(prev).as_secs_f64(), r)
+                }
+                (Some(prev), None) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
             }
         }
         self.first_delta.get_or_insert(now);
         self.last_delta = Some(now);
     }
 
+    /// The final delta; `engine` is the engine's timeline and preemption
+    /// count, when the engine finished the request.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &mut self,
         text: String,
         reason: FinishReason,
         error: Option<String>,
-        (prompt_tokens, completion_tokens): (usize, usize),
-        timeline: Option<RequestTimeline>,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        engine: Option<(RequestTimeline, u64)>,
     ) -> ChoiceDelta {
         self.done = true;
         if reason != FinishReason::Abort && reason != FinishReason::Error {
             self.observe_delta();
         }
+        // Measured once: the histograms, the response's `metrics` and the
+        // request log all get this same value.
+        let frontend = FrontendRequestStats {
+            ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
+            e2e: self.arrival.elapsed(),
+            num_generation_tokens: completion_tokens,
+        };
         if let Some(sink) = &self.latency {
-            sink.handles().record_frontend(&FrontendRequestStats {
-                ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
-                e2e: self.arrival.elapsed(),
-                num_generation_tokens: completion_tokens,
+            match &self.request {
+                Some(r) => sink.handles().record_frontend_for(&frontend, r),
+                None => sink.handles().record_frontend(&frontend),
+            }
+        }
+        let timings = ChoiceTimings::new(
+            frontend.ttft,
+            frontend.e2e,
+            engine.as_ref().map(|(t, _)| t),
+            engine.as_ref().map_or(0, |(_, p)| *p),
+            completion_tokens,
+        );
+        if let (Some(log), Some(request)) = (&self.request_log, &self.request) {
+            log.record(RequestLogEntry {
+                request: request.clone(),
+                engine: self.handle.engine,
+                finish_reason: reason,
+                prompt_tokens,
+                completion_tokens,
+                timings: timings.clone(),
             });
         }
+        let timeline = engine.map(|(t, _)| t);
         ChoiceDelta {
             index: self.index,
             text,
@@ -424,6 +482,7 @@ impl ChoiceStream {
                 prompt_tokens,
                 completion_tokens,
                 timeline,
+                timings,
             }),
         }
     }
@@ -472,6 +531,7 @@ mod tests {
                 }),
                 seed_offset: 0,
                 arrival: Instant::now(),
+                trace_id: None,
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();

@@ -7,4 +7,5 @@
 pub mod generate;
 pub mod protocol;
 pub mod response;
+pub mod timings;
 pub mod validation;

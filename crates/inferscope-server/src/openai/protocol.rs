@@ -84,6 +84,9 @@ pub struct SamplingFields {
     pub logprobs: Option<serde_json::Value>,
     /// Only 1.0 (no penalty) or absent: the executors do not apply one.
     pub repetition_penalty: Option<f64>,
+    /// Return the request's timings as `metrics` (vLLM extension; needs
+    /// `--enable-per-request-metrics`).
+    pub include_metrics: Option<bool>,
 }
 
 /// `POST /v1/completions`.
@@ -180,6 +183,9 @@ pub struct ResponseBody<'a, C> {
     /// Token counts (full response, usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The request's timings, when it asked (full response, final chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<crate::openai::timings::ResponseMetrics>,
 }
 
 /// An assistant message or a stream delta.

@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::ApiError;
 use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::openai::timings::ResponseMetrics;
 use crate::otel::RequestSpan;
 
 /// Which API a request came in on: decides the response shapes.
@@ -64,6 +65,7 @@ impl Shape {
             model: &self.model,
             choices,
             usage,
+            metrics: None,
         }
     }
 
@@ -107,10 +109,13 @@ impl Shape {
         }
     }
 
-    /// The final usage chunk: empty `choices` (the same in both APIs).
-    fn usage_chunk(&self, usage: Usage) -> Bytes {
+    /// The final chunk with usage and/or metrics: empty `choices` (the same
+    /// in both APIs).
+    fn final_chunk(&self, usage: Option<Usage>, metrics: Option<ResponseMetrics>) -> Bytes {
         let none: &[CompletionChoice] = &[];
-        sse_event(&self.body(self.chunk_object(), none, Some(usage)))
+        let mut body = self.body(self.chunk_object(), none, usage);
+        body.metrics = metrics;
+        sse_event(&body)
     }
 }
 
@@ -128,10 +133,14 @@ fn sse_event(body: &impl serde::Serialize) -> Bytes {
 /// the body; when the client goes away the body is dropped, the task sees
 /// the channel close and drops the requests, which aborts them. `span`, when
 /// the request is traced, ends with the stream (or as aborted, when dropped).
+///
+/// With `include_metrics`, the last chunk before `[DONE]` (the usage chunk,
+/// or a chunk of its own) carries the first choice's `metrics`.
 pub fn stream(
     shape: Shape,
     generation: Generation,
     include_usage: bool,
+    include_metrics: bool,
     mut span: Option<RequestSpan>,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
@@ -144,6 +153,7 @@ pub fn stream(
         let mut started = vec![false; num_choices];
         let mut events = generation.events();
         let mut completion_tokens = 0;
+        let mut metrics = None;
         loop {
             let delta = tokio::select! {
                 _ = tx.closed() => return,
@@ -174,6 +184,9 @@ pub fn stream(
             let first = !std::mem::replace(&mut started[d.index % num_choices.max(1)], true);
             if let Some(f) = &d.finish {
                 completion_tokens += f.completion_tokens;
+                if include_metrics && d.index == 0 {
+                    metrics = Some(f.timings.response_metrics());
+                }
             }
             if tx.send(shape.chunk(&d, first)).await.is_err() {
                 return;
@@ -197,13 +210,13 @@ pub fn stream(
         if let Some(span) = &mut span {
             span.set_usage(prompt_tokens, completion_tokens);
         }
-        if include_usage {
-            let usage = Usage {
+        if include_usage || metrics.is_some() {
+            let usage = include_usage.then_some(Usage {
                 prompt_tokens,
                 completion_tokens,
                 total_tokens: prompt_tokens + completion_tokens,
-            };
-            if tx.send(shape.usage_chunk(usage)).await.is_err() {
+            });
+            if tx.send(shape.final_chunk(usage, metrics)).await.is_err() {
                 return;
             }
         }
@@ -236,12 +249,19 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
 }
 
 /// Waits for every choice and answers with one JSON body; ends `span`, when
-/// the request is traced, with the answer's status.
-pub async fn full(shape: Shape, generation: Generation, span: Option<RequestSpan>) -> Response {
+/// the request is traced, with the answer's status. With `include_metrics`,
+/// the body carries the first choice's `metrics` and the response TGI's
+/// timing headers.
+pub async fn full(
+    shape: Shape,
+    generation: Generation,
+    include_metrics: bool,
+    span: Option<RequestSpan>,
+) -> Response {
     let prompt_tokens = generation.prompt_tokens;
     let mut results = generation.collect().await;
     let Some(mut span) = span else {
-        return full_body(shape, prompt_tokens, results);
+        return full_body(shape, prompt_tokens, results, include_metrics);
     };
     for c in &mut results {
         let f = &mut c.finish;
@@ -262,14 +282,19 @@ pub async fn full(shape: Shape, generation: Generation, span: Option<RequestSpan
     if let Some((kind, message)) = failure {
         span.set_error(kind, message);
     }
-    let response = full_body(shape, prompt_tokens, results);
+    let response = full_body(shape, prompt_tokens, results, include_metrics);
     span.set_status_code(response.status().as_u16());
     span.end();
     response
 }
 
 /// The one JSON body of a non-streamed answer (or its error).
-fn full_body(shape: Shape, prompt_tokens: usize, results: Vec<CompletedChoice>) -> Response {
+fn full_body(
+    shape: Shape,
+    prompt_tokens: usize,
+    results: Vec<CompletedChoice>,
+    include_metrics: bool,
+) -> Response {
     if let Some(c) = results
         .iter()
         .find(|c| c.finish.reason == FinishReason::Error)
@@ -295,6 +320,10 @@ fn full_body(shape: Shape, prompt_tokens: usize, results: Vec<CompletedChoice>) 
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
     };
+    let timings = include_metrics
+        .then(|| results.first().map(|c| c.finish.timings.clone()))
+        .flatten();
+    let metrics = timings.as_ref().map(|t| t.response_metrics());
     let body = match shape.api {
         Api::Completions => {
             let choices: Vec<_> = results
@@ -306,7 +335,9 @@ fn full_body(shape: Shape, prompt_tokens: usize, results: Vec<CompletedChoice>) 
                     finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
-            serde_json::to_value(shape.body("text_completion", &choices, Some(usage)))
+            let mut body = shape.body("text_completion", &choices, Some(usage));
+            body.metrics = metrics;
+            serde_json::to_value(body)
         }
         Api::Chat => {
             let choices: Vec<_> = results
@@ -322,11 +353,19 @@ fn full_body(shape: Shape, prompt_tokens: usize, results: Vec<CompletedChoice>) 
                     finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
-            serde_json::to_value(shape.body("chat.completion", &choices, Some(usage)))
+            let mut body = shape.body("chat.completion", &choices, Some(usage));
+            body.metrics = metrics;
+            serde_json::to_value(body)
         }
     };
     match body {
-        Ok(v) => Json(v).into_response(),
+        Ok(v) => {
+            let mut r = Json(v).into_response();
+            if let Some(t) = &timings {
+                t.insert_headers(r.headers_mut());
+            }
+            r
+        }
         Err(e) => ApiError::internal(format!("cannot encode the response: {e}")).into_response(),
     }
 }

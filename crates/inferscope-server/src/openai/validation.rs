@@ -297,6 +297,8 @@ pub struct Plan {
     pub stream: bool,
     /// Send the usage chunk.
     pub include_usage: bool,
+    /// The request asked for its timings (`include_metrics`).
+    pub include_metrics: bool,
 }
 
 /// Tokenizes a completion prompt.
@@ -503,6 +505,7 @@ pub fn plan(
         stop,
         stream,
         include_usage,
+        include_metrics: f.include_metrics.unwrap_or(false),
     })
 }
 

@@ -1,0 +1,279 @@
+//! `--enable-request-log [PATH|-]`: one JSON line per finished request
+//! (choice), for automated tests and audits.
+//!
+//! The request's task hands the entry to a bounded queue with `try_send` and
+//! moves on; one writer thread formats and writes the lines. When the writer
+//! falls behind, entries are dropped and counted in `request_log_dropped`,
+//! never waited for.
+
+use std::fs::OpenOptions;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use inferscope_engine::FinishReason;
+use inferscope_metrics::StatLoggerManager;
+use inferscope_schema::RequestRef;
+use serde::Serialize;
+
+use crate::openai::timings::{ChoiceTimings, ResponseMetrics};
+
+/// Entries the queue holds before new ones are dropped.
+pub const QUEUE_CAPACITY: usize = 4096;
+
+/// Where the lines go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Destination {
+    /// Standard error (`-`).
+    Stderr,
+    /// A file, appended to.
+    File(PathBuf),
+}
+
+impl Destination {
+    /// `-` is stderr, anything else a file path.
+    pub fn parse(arg: &str) -> Self {
+        if arg == "-" {
+            Self::Stderr
+        } else {
+            Self::File(PathBuf::from(arg))
+        }
+    }
+}
+
+/// One finished choice, as handed to the writer.
+#[derive(Debug, Clone)]
+pub struct RequestLogEntry {
+    /// The engine request.
+    pub request: RequestRef,
+    /// Engine index that served it.
+    pub engine: usize,
+    /// Why it finished.
+    pub finish_reason: FinishReason,
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Its timings.
+    pub timings: ChoiceTimings,
+}
+
+/// The JSON line.
+#[derive(Serialize)]
+struct Line<'a> {
+    /// Unix seconds when the line was written.
+    timestamp: f64,
+    request_id: &'a str,
+    trace_id: Option<String>,
+    engine: usize,
+    finish_reason: &'static str,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    #[serde(flatten)]
+    metrics: ResponseMetrics,
+    inference_time_ms: f64,
+}
+
+impl RequestLogEntry {
+    fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
+        let line = Line {
+            timestamp: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64(),
+            request_id: &self.request.request_id,
+            trace_id: self.request.trace_id_hex(),
+            engine: self.engine,
+            finish_reason: self.finish_reason.as_str(),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            metrics: self.timings.response_metrics(),
+            inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")
+    }
+}
+
+/// The sending side: cheap to clone, never blocks.
+#[derive(Clone)]
+pub struct RequestLog {
+    tx: SyncSender<RequestLogEntry>,
+    metrics: Arc<StatLoggerManager>,
+}
+
+impl RequestLog {
+    /// Opens `dest` and starts the writer thread; dropped entries are
+    /// counted in `metrics`. The thread ends when every sender is gone.
+    pub fn start(dest: &Destination, metrics: Arc<StatLoggerManager>) -> io::Result<Self> {
+        Self::with_capacity(dest, metrics, QUEUE_CAPACITY)
+    }
+
+    /// [`Self::start`] with a queue of `capacity` entries.
+    pub fn with_capacity(
+        dest: &Destination,
+        metrics: Arc<StatLoggerManager>,
+        capacity: usize,
+    ) -> io::Result<Self> {
+        let out: Box<dyn Write + Send> = match dest {
+            Destination::Stderr => Box::new(io::stderr()),
+            Destination::File(path) => Box::new(open(path)?),
+        };
+        Self::with_writer(out, metrics, capacity)
+    }
+
+    fn with_writer(
+        out: Box<dyn Write + Send>,
+        metrics: Arc<StatLoggerManager>,
+        capacity: usize,
+    ) -> io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel(capacity);
+        std::thread::Builder::new()
+            .name("request-log".into())
+            .spawn(move || write_loop(rx, BufWriter::new(out)))?;
+        Ok(Self { tx, metrics })
+    }
+
+    /// Queues `entry`; drops and counts it when the queue is full.
+    pub fn record(&self, entry: RequestLogEntry) {
+        match self.tx.try_send(entry) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.metrics.record_request_log_dropped();
+            }
+        }
+    }
+}
+
+fn open(path: &Path) -> io::Result<std::fs::File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("request log {}: {e}", path.display())))
+}
+
+/// Writes entries as they come; flushes whenever the queue is empty, so a
+/// reader sees every line of an idle server.
+fn write_loop(rx: Receiver<RequestLogEntry>, mut out: BufWriter<Box<dyn Write + Send>>) {
+    let mut failed = false;
+    while let Ok(entry) = rx.recv() {
+        let mut result = entry.write_json(&mut out);
+        while let Ok(next) = rx.try_recv() {
+            result = result.and_then(|()| next.write_json(&mut out));
+        }
+        result = result.and_then(|()| out.flush());
+        if let Err(e) = result
+            && !failed
+        {
+            // Once: a full disk would otherwise log on every request.
+            failed = true;
+            tracing::error!(error = %e, "writing the request log failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use inferscope_metrics::{Format, MetricsConfig};
+
+    use super::*;
+
+    /// A writer that waits for `gate` on every write and keeps what it got.
+    struct Gated {
+        gate: Arc<Mutex<()>>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let _open = self.gate.lock().unwrap();
+            self.got.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn entry(i: usize) -> RequestLogEntry {
+        RequestLogEntry {
+            request: RequestRef::new(&format!("r{i}"), Some([7; 16])),
+            engine: 1,
+            finish_reason: FinishReason::Length,
+            prompt_tokens: 5,
+            completion_tokens: i,
+            timings: ChoiceTimings::new(
+                Some(Duration::from_millis(3)),
+                Duration::from_millis(9),
+                None,
+                2,
+                i,
+            ),
+        }
+    }
+
+    fn dropped(m: &StatLoggerManager) -> f64 {
+        let (_, text) = m.render(Format::Prometheus);
+        let samples = inferscope_schema::promtext::parse(&text)
+            .unwrap()
+            .into_samples();
+        inferscope_schema::promtext::sum(&samples, "inferscope_request_log_dropped_total", &[])
+    }
+
+    #[test]
+    fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
+        let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());
+        let gate = Arc::new(Mutex::new(()));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let closed = gate.lock().unwrap();
+        let log = RequestLog::with_writer(
+            Box::new(Gated {
+                gate: gate.clone(),
+                got: got.clone(),
+            }),
+            metrics.clone(),
+            2,
+        )
+        .unwrap();
+        let start = std::time::Instant::now();
+        for i in 0..10 {
+            log.record(entry(i));
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(1),
+            "record never waits"
+        );
+        // 2 queued, and at most one more taken by the (stuck) writer.
+        let lost = dropped(&metrics);
+        assert!((7.0..=8.0).contains(&lost), "dropped {lost}");
+        drop(closed);
+        drop(log);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+            let lines: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if lines.len() as f64 == 10.0 - lost {
+                let first = &lines[0];
+                assert_eq!(first["request_id"], "r0");
+                assert_eq!(first["trace_id"], "07".repeat(16));
+                assert_eq!(first["engine"], 1);
+                assert_eq!(first["finish_reason"], "length");
+                assert_eq!(first["num_preemptions"], 2);
+                assert_eq!(first["time_to_first_token_ms"], 3.0);
+                assert_eq!(first["generation_time_ms"], 9.0);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{text}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
