@@ -1030,7 +1030,12 @@ mod tests {
         let Outcome::Fired(f) = prefix_cache(&s) else {
             panic!("expected a finding")
         };
-        assert!(f.title.contains("served 5% of prompt tokens (1000 of 20000)"), "{}", f.title);
+        assert!(
+            f.title
+                .contains("served 5% of prompt tokens (1000 of 20000)"),
+            "{}",
+            f.title
+        );
         assert_eq!(f.evidence("prompt_tokens_from_cache_share"), Some(0.05));
         assert_eq!(f.evidence("prompt_tokens_computed"), Some(19_000.0));
         assert_eq!(f.evidence("prefix_hit_rate"), Some(0.6));

@@ -327,7 +327,11 @@ fn block_pool_churn(c: &mut Criterion) {
     let mut g = c.benchmark_group("block_pool_churn");
     g.throughput(Throughput::Elements(CHURN_BLOCKS as u64));
     g.measurement_time(Duration::from_secs(5));
-    for (name, sample) in [("off", None), ("sample_1pct", Some(0.01)), ("sample_all", Some(1.0))] {
+    for (name, sample) in [
+        ("off", None),
+        ("sample_1pct", Some(0.01)),
+        ("sample_all", Some(1.0)),
+    ] {
         // Room for a quarter of the prompts: about 3 in 4 lookups miss.
         let mut pool = BlockPool::new(CHURN_PROMPTS * CHURN_BLOCKS / 4, true);
         if let Some(f) = sample {
@@ -339,7 +343,11 @@ fn block_pool_churn(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 // A skewed mix: every other iteration reuses one of 32 hot prompts.
-                let p = if i % 2 == 0 { (i / 2) % 32 } else { i % CHURN_PROMPTS };
+                let p = if i % 2 == 0 {
+                    (i / 2) % 32
+                } else {
+                    i % CHURN_PROMPTS
+                };
                 i = i.wrapping_add(7);
                 let h = &hashes[p];
                 blocks.clear();

@@ -4,9 +4,9 @@
 
 pub mod block_pool;
 pub mod config;
-pub mod cost;
 pub mod coordinator;
 pub mod core;
+pub mod cost;
 pub mod executor;
 pub mod kv_residency;
 pub mod request;

@@ -75,11 +75,35 @@ const MAX_KV_TOKENS: usize = 1_000_000_000;
 /// The last figure is the device's peak FLOP/s (MFU's denominator).
 const PROFILES: &[(&str, f64, f64, f64, f64, usize, f64)] = &[
     // 3.35 TB/s HBM, 989 TFLOP/s bf16, 80 GB.
-    ("h100-llama3-8b", 0.3e-3, 30e-6, 4.8e-3, 39e-9, 430_000, H100_PEAK_FLOPS),
+    (
+        "h100-llama3-8b",
+        0.3e-3,
+        30e-6,
+        4.8e-3,
+        39e-9,
+        430_000,
+        H100_PEAK_FLOPS,
+    ),
     // 4.8 TB/s HBM, 989 TFLOP/s bf16, 141 GB.
-    ("h200-llama3-8b", 0.3e-3, 30e-6, 3.3e-3, 27e-9, 846_000, H100_PEAK_FLOPS),
+    (
+        "h200-llama3-8b",
+        0.3e-3,
+        30e-6,
+        3.3e-3,
+        27e-9,
+        846_000,
+        H100_PEAK_FLOPS,
+    ),
     // 2.0 TB/s HBM, 312 TFLOP/s bf16, 80 GB.
-    ("a100-llama3-8b", 0.4e-3, 100e-6, 8.0e-3, 65e-9, 430_000, 312e12),
+    (
+        "a100-llama3-8b",
+        0.4e-3,
+        100e-6,
+        8.0e-3,
+        65e-9,
+        430_000,
+        312e12,
+    ),
     // A fast toy device for tests and demos on small machines: a fictional
     // peak at which its prefill runs at ~50% MFU, like the others.
     ("tiny", 50e-6, 0.5e-6, 0.2e-3, 1e-9, 65_536, 60e15),

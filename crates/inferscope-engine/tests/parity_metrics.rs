@@ -85,7 +85,11 @@ fn prompt_tokens_split_by_source_and_kv_computed_per_request() {
         .flat_map(|(_, i)| i.finished_requests.iter())
         .map(|f| f.num_prompt_tokens - f.num_cached_tokens)
         .collect();
-    assert_eq!(finished, vec![12, 4], "prefill KV computed tokens per request");
+    assert_eq!(
+        finished,
+        vec![12, 4],
+        "prefill KV computed tokens per request"
+    );
 }
 
 #[test]
@@ -181,7 +185,10 @@ fn residency_samples_the_requested_fraction() {
     let mut got = Vec::new();
     assert!(pool.allocate(20_000, &mut got));
     let tracked = pool.residency_mut().expect("on").num_tracked();
-    assert!((1_600..2_400).contains(&tracked), "{tracked} of 20000 at 10%");
+    assert!(
+        (1_600..2_400).contains(&tracked),
+        "{tracked} of 20000 at 10%"
+    );
     // An uncached block's reuse is no eviction: nothing is recorded.
     pool.free(&got);
     got.clear();

@@ -56,6 +56,7 @@ fn step(prompt: u64, generation: u64) -> IterationStats {
         postprocess_time: Duration::from_micros(120),
         device_time: Duration::from_millis(5),
         finished_requests: vec![finished(FinishReason::Stop)],
+        ..Default::default()
     }
 }
 
@@ -67,6 +68,7 @@ fn sched(running: usize) -> SchedulerStats {
         prefix_cache_queries: 40,
         prefix_cache_hits: 16,
         num_preemptions: 1,
+        ..Default::default()
     }
 }
 

@@ -559,9 +559,13 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
 /// The flag that turns a metric on, for those off by default (vLLM's flag
 /// names); `None` for metrics always exposed.
 pub fn enabling_flag(def: &MetricDef) -> Option<&'static str> {
-    if [KV_BLOCK_LIFETIME, KV_BLOCK_IDLE_BEFORE_EVICT, KV_BLOCK_REUSE_GAP]
-        .iter()
-        .any(|d| d.name == def.name)
+    if [
+        KV_BLOCK_LIFETIME,
+        KV_BLOCK_IDLE_BEFORE_EVICT,
+        KV_BLOCK_REUSE_GAP,
+    ]
+    .iter()
+    .any(|d| d.name == def.name)
     {
         Some(KV_CACHE_METRICS_FLAG)
     } else if [ESTIMATED_FLOPS, ESTIMATED_READ_BYTES, ESTIMATED_WRITE_BYTES]

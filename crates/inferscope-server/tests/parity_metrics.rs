@@ -106,8 +106,14 @@ async fn new_vllm_metrics_have_exact_values() {
         write += c.write_bytes as u64;
     }
     assert_eq!(counter(names::ESTIMATED_FLOPS_PER_GPU, &[]), flops as f64);
-    assert_eq!(counter(names::ESTIMATED_READ_BYTES_PER_GPU, &[]), read as f64);
-    assert_eq!(counter(names::ESTIMATED_WRITE_BYTES_PER_GPU, &[]), write as f64);
+    assert_eq!(
+        counter(names::ESTIMATED_READ_BYTES_PER_GPU, &[]),
+        read as f64
+    );
+    assert_eq!(
+        counter(names::ESTIMATED_WRITE_BYTES_PER_GPU, &[]),
+        write as f64
+    );
     // 50 tokens of 128 KiB of KV written.
     assert_eq!(write, 50 * 131_072);
     assert_histograms_well_formed(&s);
