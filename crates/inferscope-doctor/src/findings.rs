@@ -654,6 +654,7 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
             && q > 0.0
         {
             evidence.push(ev("prefix_hit_rate", h / q, "ratio"));
+            evidence.push(ev("prefix_cache_queries", q, "tokens"));
         }
         return fire(
             "prefix_cache",
