@@ -343,7 +343,7 @@ fn block_pool_churn(c: &mut Criterion) {
         g.bench_function(name, |b| {
             b.iter(|| {
                 // A skewed mix: every other iteration reuses one of 32 hot prompts.
-                let p = if i % 2 == 0 {
+                let p = if i.is_multiple_of(2) {
                     (i / 2) % 32
                 } else {
                     i % CHURN_PROMPTS
