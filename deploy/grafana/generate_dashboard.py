@@ -219,6 +219,52 @@ def build():
           f"sum by (phase) (rate({ns('engine_step_duration_seconds_count')}[{RI}]))", "{{phase}}")],
         "s", 12, y)); y += 8
 
+    panels.append(row("Prefix cache, KV residency and MFU", y)); y += 1
+    panels.append(panel(
+        "Waiting requests by reason",
+        "Waiting requests per reason, summed over engines: capacity = the last scheduling pass "
+        "found no KV blocks, sequence slot or token budget for them; deferred = the last step "
+        "preempted, and a step that preempts admits nobody. The reasons sum to the waiting queue.",
+        [(f"sum by (reason) ({ns('num_requests_waiting_by_reason')})", "{{reason}}")],
+        "short", 0, y))
+    panels.append(panel(
+        "Prompt tokens by source",
+        "Prompt tokens per second computed by the model (local_compute) and taken from the prefix "
+        "cache (local_cache_hit); their sum is the prompt throughput.",
+        [(f"sum by (source) (rate({ns('prompt_tokens_by_source_total')}[{RI}]))", "{{source}}")],
+        "short", 12, y)); y += 8
+    panels.append(panel(
+        "Prefill KV tokens computed per request",
+        "Per finished request: prompt tokens whose KV was computed (prompt minus prefix-cache hits).",
+        quantiles("request_prefill_kv_computed_tokens", "KV computed"), "short", 0, y))
+    panels.append(panel(
+        "KV block residency (sampled)",
+        "Needs --kv-cache-metrics. p50/p99 over a sample of KV blocks (--kv-cache-metrics-sample): "
+        "lifetime from allocation to eviction, idle time before eviction, and the gap a prefix hit "
+        "closes. Short idle-before-evict with many hits lost means the cache is too small.",
+        [(f"histogram_quantile({q}, sum by (le) (rate(${{prefix}}{m}_bucket{{{SEL}}}[{RI}])))",
+          f"p{int(q * 100)} {label}")
+         for m, label in (("kv_block_lifetime_seconds", "lifetime"),
+                          ("kv_block_idle_before_evict_seconds", "idle before evict"),
+                          ("kv_block_reuse_gap_seconds", "reuse gap"))
+         for q in (0.5, 0.99)],
+        "s", 12, y)); y += 8
+    panels.append(panel(
+        "Model FLOPs utilisation (estimate)",
+        "Needs --enable-mfu-metrics. Estimated model FLOPs per second from the executor's cost model "
+        "over the device peak in the peak_flops variable (the sim profile's peak: 989e12 for H100/H200, "
+        "312e12 for A100). An estimate, not a measurement.",
+        [(f"sum by (engine) (rate({ns('estimated_flops_per_gpu_total')}[{RI}])) / $peak_flops",
+          "MFU, engine {{engine}}")],
+        "percentunit", 0, y, extra={"min": 0}))
+    panels.append(panel(
+        "Estimated memory traffic",
+        "Needs --enable-mfu-metrics. Estimated bytes per second read (weights once per step, the KV "
+        "of every context token) and written (the KV of new tokens), per engine.",
+        [(f"sum by (engine) (rate({ns('estimated_read_bytes_per_gpu_total')}[{RI}]))", "read, engine {{engine}}"),
+         (f"sum by (engine) (rate({ns('estimated_write_bytes_per_gpu_total')}[{RI}]))", "write, engine {{engine}}")],
+        "Bps", 12, y)); y += 8
+
     templating = [
         {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
          "current": {}, "hide": 0, "refresh": 1, "options": []},
@@ -243,6 +289,14 @@ def build():
          "definition": 'label_values(${prefix}num_requests_running{model_name=~"$model_name"}, engine)',
          "refresh": 2, "multi": True, "includeAll": True, "allValue": ".*", "current": {}, "options": [],
          "hide": 0, "sort": 3},
+        {"name": "peak_flops", "label": "Device peak FLOP/s", "type": "custom",
+         "query": "989e12,312e12,60e15",
+         "current": {"text": "989e12", "value": "989e12", "selected": True},
+         "options": [{"text": v, "value": v, "selected": v == "989e12"}
+                     for v in ("989e12", "312e12", "60e15")],
+         "hide": 0, "multi": False, "includeAll": False,
+         "description": "The denominator of MFU: the peak of the sim profile (h100/h200: 989e12, "
+                        "a100: 312e12, tiny: 60e15) or of your device"},
     ]
     return {
         "__inputs": [],

@@ -70,7 +70,10 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(workdir):
-    server = Server(["--sim-profile", "h100-llama3-8b", "--data-parallel-size", str(ENGINES)], workdir)
+    # The flagged vLLM series on (residency sampled at the default 1%), so the
+    # dashboard's panels for them have data and their values can be checked.
+    server = Server(["--sim-profile", "h100-llama3-8b", "--data-parallel-size", str(ENGINES),
+                     "--kv-cache-metrics", "--enable-mfu-metrics"], workdir)
     prom = None
     try:
         prom_start = time.time()
@@ -315,6 +318,41 @@ def test_server_side_only_figures(run):
         assert 0 < v <= run.run_seconds + 1.0
 
 
+def test_vllm_2026_series_agree(run):
+    """The 2025–2026 vLLM series against the counters they split or derive from."""
+    by_source = by_label(run, inc(run, f"{P}prompt_tokens_by_source_total", "source"), "source")
+    prompt = q(run, inc(run, f"{P}prompt_tokens_total"))
+    hits = q(run, inc(run, f"{P}prefix_cache_hits_total"))
+    cached = q(run, inc(run, f"{P}prompt_tokens_cached_total"))
+    kv_computed = q(run, inc(run, f"{P}request_prefill_kv_computed_tokens_sum"))
+    kv_count = q(run, inc(run, f"{P}request_prefill_kv_computed_tokens_count"))
+    requests = q(run, inc(run, f"{P}request_success_total"))
+    tokens_run = q(run, inc(run, f"{P}iteration_tokens_sum"))
+    written = q(run, inc(run, f"{P}estimated_write_bytes_per_gpu_total"))
+    flops = q(run, inc(run, f"{P}estimated_flops_per_gpu_total"))
+    waiting = q(run, f"sum({P}num_requests_waiting)")
+    waiting_by_reason = q(run, f"sum({P}num_requests_waiting_by_reason)")
+    run.lines += [
+        f"{'prompt tokens by source':<34} {by_source} = {sum(by_source.values()):g}; prompt_tokens {prompt:g}; "
+        f"prefix hits {hits:g}; cached {cached:g}",
+        f"{'prefill KV computed tokens':<34} sum {kv_computed:g} over {kv_count:g} requests",
+        f"{'estimated (sim cost model)':<34} {flops:.4g} FLOPs, {written:.4g} B written for {tokens_run:g} tokens; "
+        f"mean MFU over the run {flops / ENGINES / run.run_seconds / 989e12:.2%}",
+    ]
+    assert sorted(by_source) == ["local_cache_hit", "local_compute"], by_source
+    assert sum(by_source.values()) == prompt
+    # No preemption at this load, so every lookup hit is a prompt token served
+    # from the cache (the bench's test request and its first prompt share
+    # their blocks when both land on the same engine).
+    assert by_source["local_cache_hit"] == cached == hits
+    assert kv_count == requests
+    assert kv_computed == by_source["local_compute"]
+    # 128 KiB of KV (Llama-3-8B, bf16) per token the engine ran.
+    assert written == 131072 * tokens_run
+    assert 0 < flops / ENGINES / run.run_seconds < 989e12
+    assert waiting_by_reason == waiting
+
+
 def _dashboard_exprs() -> list[tuple[str, str]]:
     dash = json.loads((REPO / "deploy" / "grafana" / "inferscope-dashboard.json").read_text())
     out = []
@@ -327,7 +365,8 @@ def _dashboard_exprs() -> list[tuple[str, str]]:
 def test_every_dashboard_query_returns_data(run):
     """Each dashboard query, with the variables as Grafana would substitute them,
     evaluates on the real Prometheus and returns series for this run."""
-    subst = {"${prefix}": P, "$model_name": ".*", "$engine": ".*", "$__rate_interval": "1m"}
+    subst = {"${prefix}": P, "$model_name": ".*", "$engine": ".*", "$__rate_interval": "1m",
+             "$peak_flops": "989e12"}
     # Series that legitimately stay empty in a clean run at this load.
     may_be_empty = {"refused at admission", "Preemptions"}
     empty = []

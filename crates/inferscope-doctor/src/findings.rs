@@ -636,6 +636,41 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
                 .to_string(),
         );
     }
+    // The share of prompt tokens the cache served, each prompt counted once,
+    // is the prefill actually saved; the lookup hit rate also counts the
+    // re-lookups of preempted requests (which find their own blocks again),
+    // so it is the fallback for servers without prompt_tokens_by_source.
+    if let Some((from_cache, computed)) = s.prompt_tokens_by_source
+        && from_cache + computed > 0.0
+    {
+        let saved = from_cache / (from_cache + computed);
+        if saved >= PREFIX_HIT_LOW {
+            return Outcome::Clear;
+        }
+        let mut evidence = evidence(None);
+        evidence.insert(0, ev("prompt_tokens_from_cache_share", saved, "ratio"));
+        evidence.push(ev("prompt_tokens_computed", computed, "tokens"));
+        if let (Some(q), Some(h)) = (s.prefix_cache_queries, s.prefix_cache_hits)
+            && q > 0.0
+        {
+            evidence.push(ev("prefix_hit_rate", h / q, "ratio"));
+            evidence.push(ev("prefix_cache_queries", q, "tokens"));
+        }
+        return fire(
+            "prefix_cache",
+            Severity::Info,
+            format!(
+                "The prefix cache served {} of prompt tokens ({:.0} of {:.0}) while prompts \
+                 average {:.0} tokens: prefill work could be saved",
+                pct(saved),
+                from_cache,
+                from_cache + computed,
+                prompt_mean
+            ),
+            evidence,
+            PREFIX_ACTION.to_string(),
+        );
+    }
     let (Some(q), Some(h)) = (s.prefix_cache_queries, s.prefix_cache_hits) else {
         return Outcome::Skipped("no prefix_cache_queries / prefix_cache_hits counters".into());
     };
@@ -655,12 +690,14 @@ pub fn prefix_cache(s: &Summary) -> Outcome {
             prompt_mean
         ),
         evidence(Some(rate)),
-        "Put the shared part of prompts (system prompt, instructions, documents) first and \
-         byte-identical across requests; with several replicas, route requests with the same \
-         prefix to the same one (session or prefix affinity)."
-            .to_string(),
+        PREFIX_ACTION.to_string(),
     )
 }
+
+/// What to do about a cache that serves little of the prompts.
+const PREFIX_ACTION: &str = "Put the shared part of prompts (system prompt, instructions, \
+     documents) first and byte-identical across requests; with several replicas, route requests \
+     with the same prefix to the same one (session or prefix affinity).";
 
 /// Runs every rule and ranks the findings; adds the healthy verdict (with the
 /// headroom left) when nothing is wrong, or says there was no traffic.
@@ -976,6 +1013,36 @@ mod tests {
         s.prefix_caching_enabled = Some(true);
         s.prefix_cache_queries = Some(1000.0);
         s.prefix_cache_hits = Some(600.0);
+        assert_eq!(prefix_cache(&s), Outcome::Clear);
+    }
+
+    #[test]
+    fn prompt_tokens_by_source_outrank_the_lookup_hit_rate() {
+        let mut s = busy();
+        s.prompt_len = d(100.0, 2000.0);
+        s.prompt_tokens_per_s = Some(20_000.0);
+        s.prefix_caching_enabled = Some(true);
+        // Preempted requests re-find their own blocks: lookups hit 60%, yet
+        // the cache served only 1000 of 20000 prompt tokens (5%).
+        s.prefix_cache_queries = Some(40_000.0);
+        s.prefix_cache_hits = Some(24_000.0);
+        assert_eq!(prefix_cache(&s), Outcome::Clear, "lookups alone look fine");
+        s.prompt_tokens_by_source = Some((1_000.0, 19_000.0));
+        let Outcome::Fired(f) = prefix_cache(&s) else {
+            panic!("expected a finding")
+        };
+        assert!(
+            f.title
+                .contains("served 5% of prompt tokens (1000 of 20000)"),
+            "{}",
+            f.title
+        );
+        assert_eq!(f.evidence("prompt_tokens_from_cache_share"), Some(0.05));
+        assert_eq!(f.evidence("prompt_tokens_computed"), Some(19_000.0));
+        assert_eq!(f.evidence("prefix_hit_rate"), Some(0.6));
+        // A cache that serves most of the prompts is fine, whatever the lookups say.
+        s.prefix_cache_hits = Some(0.0);
+        s.prompt_tokens_by_source = Some((15_000.0, 5_000.0));
         assert_eq!(prefix_cache(&s), Outcome::Clear);
     }
 

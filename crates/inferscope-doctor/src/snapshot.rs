@@ -145,6 +145,10 @@ pub struct Summary {
     pub prefix_cache_queries: Option<f64>,
     /// Of those, tokens found.
     pub prefix_cache_hits: Option<f64>,
+    /// Prompt tokens in the window taken from the prefix cache and computed
+    /// (`prompt_tokens_by_source`: local_cache_hit, local_compute), each
+    /// prompt counted once; `None` where the server does not export it.
+    pub prompt_tokens_by_source: Option<(f64, f64)>,
     /// `enable_prefix_caching` from `cache_config_info`.
     pub prefix_caching_enabled: Option<bool>,
     /// Time to first token, seconds.
@@ -528,6 +532,12 @@ impl Window {
             http_by_status: self.delta_by(&schema::HTTP_REQUESTS.exposed_name(""), "status"),
             prefix_cache_queries,
             prefix_cache_hits,
+            prompt_tokens_by_source: {
+                let by = |source: &str| {
+                    self.ns_delta(names::PROMPT_TOKENS_BY_SOURCE, &[("source", source)])
+                };
+                by(schema::PROMPT_TOKEN_SOURCES[1]).zip(by(schema::PROMPT_TOKEN_SOURCES[0]))
+            },
             prefix_caching_enabled,
             ttft: self.hist_dist(names::TIME_TO_FIRST_TOKEN_SECONDS, &[]),
             // Older vLLM exports the per-token gap as `time_per_output_token_seconds`.

@@ -207,6 +207,10 @@ async fn distinct_long_prompts_miss_the_prefix_cache() {
     assert!(evidence(f, "prefix_hit_rate") < 0.1);
     assert!(evidence(f, "prefix_cache_queries") > 0.0);
     assert!(evidence(f, "prompt_tokens_mean") >= 256.0);
+    // Read from prompt_tokens_by_source: the prefill the cache saved.
+    assert!(evidence(f, "prompt_tokens_from_cache_share") < 0.1);
+    assert!(evidence(f, "prompt_tokens_computed") >= 600.0);
+    assert!(f.title.contains("of prompt tokens"), "{}", f.title);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

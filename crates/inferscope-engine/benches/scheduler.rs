@@ -5,7 +5,13 @@
 //!   sequence) + `snapshot()` + `clear_stats()`, with prefix caching on and off;
 //! - `schedule/*`: `schedule()` alone;
 //! - `update/*`: `update(&out)` + `snapshot()` + `clear_stats()` alone;
-//! - `decode_step/long_context`: the full step with 4096-token prompts.
+//! - `decode_step/long_context`: the full step with 4096-token prompts;
+//! - `decode_step/kv_cache_metrics_*`: the full step with KV block residency
+//!   sampling on (`--kv-cache-metrics`) at 1% (the default) and 100%, against
+//!   `decode_step/prefix_caching_on` in the same run;
+//! - `block_pool_churn/*`: the block pool alone under prefix-cache churn
+//!   (allocate and evict, cache, hit, release: every residency hook), with
+//!   sampling off, at 1% and at 100%.
 //!
 //! Steady state: every sequence has a distinct 512-token prompt that is
 //! prefilled before any timing, then decodes with `ignore_eos` and no length
@@ -51,6 +57,8 @@ const EOS: u32 = 2;
 /// A scheduler with [`NUM_SEQS`] prefilled sequences and their receivers.
 struct Fixture {
     prefix_caching: bool,
+    /// `--kv-cache-metrics-sample`, when residency sampling is on.
+    kv_sample: Option<f64>,
     prompt_len: usize,
     scheduler: Scheduler,
     receivers: Vec<UnboundedReceiver<RequestOutput>>,
@@ -65,9 +73,10 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn new(prefix_caching: bool, prompt_len: usize) -> Self {
+    fn new(prefix_caching: bool, prompt_len: usize, kv_sample: Option<f64>) -> Self {
         let mut f = Self {
             prefix_caching,
+            kv_sample,
             prompt_len,
             scheduler: Scheduler::new(EngineConfig::default(), 1, vec![EOS]),
             receivers: Vec::new(),
@@ -84,6 +93,7 @@ impl Fixture {
     fn rebuild(&mut self) {
         let config = EngineConfig {
             enable_prefix_caching: self.prefix_caching,
+            kv_cache_metrics_sample: self.kv_sample,
             // No sequence may stop on length while it is measured.
             max_model_len: 1 << 20,
             ..EngineConfig::default()
@@ -230,37 +240,130 @@ fn bench(c: &mut Criterion) {
     g.throughput(Throughput::Elements(NUM_SEQS as u64));
     g.measurement_time(Duration::from_secs(5));
 
-    for (name, caching, prompt_len, timed) in [
+    for (name, caching, prompt_len, timed, kv_sample) in [
         (
             "decode_step/prefix_caching_on",
             true,
             PROMPT_LEN,
             Timed::FullStep,
+            None,
         ),
         (
             "decode_step/prefix_caching_off",
             false,
             PROMPT_LEN,
             Timed::FullStep,
+            None,
         ),
         (
             "schedule/prefix_caching_on",
             true,
             PROMPT_LEN,
             Timed::Schedule,
+            None,
         ),
-        ("update/prefix_caching_on", true, PROMPT_LEN, Timed::Update),
+        (
+            "update/prefix_caching_on",
+            true,
+            PROMPT_LEN,
+            Timed::Update,
+            None,
+        ),
         // Context 4097–4608 tokens: how the per-step block-table copy scales.
         (
             "decode_step/long_context",
             true,
             LONG_PROMPT_LEN,
             Timed::FullStep,
+            None,
+        ),
+        (
+            "decode_step/kv_cache_metrics_1pct",
+            true,
+            PROMPT_LEN,
+            Timed::FullStep,
+            Some(0.01),
+        ),
+        (
+            "decode_step/kv_cache_metrics_all",
+            true,
+            PROMPT_LEN,
+            Timed::FullStep,
+            Some(1.0),
         ),
     ] {
-        let mut f = Fixture::new(caching, prompt_len);
+        let mut f = Fixture::new(caching, prompt_len, kv_sample);
         g.bench_function(name, |b| {
             b.iter_custom(|iters| run_steps(&mut f, iters, timed))
+        });
+    }
+    g.finish();
+}
+
+/// Blocks per churned prompt.
+const CHURN_BLOCKS: usize = 16;
+/// Distinct prompts the churn cycles through: more than the pool holds, so
+/// allocations evict cached blocks.
+const CHURN_PROMPTS: usize = 512;
+
+/// The block pool under prefix-cache churn: each iteration looks a prompt up
+/// (hits where its blocks survived), allocates the rest (evicting the oldest
+/// cached blocks), caches them, releases all, and drains the residency
+/// samples as the scheduler's snapshot does each step.
+fn block_pool_churn(c: &mut Criterion) {
+    use inferscope_engine::block_pool::{BlockHash, BlockPool, hash_block};
+    use inferscope_schema::KvBlockResidency;
+    let hashes: Vec<Vec<BlockHash>> = (0..CHURN_PROMPTS as u32)
+        .map(|p| {
+            let mut parent = None;
+            (0..CHURN_BLOCKS as u32)
+                .map(|b| {
+                    let h = hash_block(parent, &[p, b]);
+                    parent = Some(h);
+                    h
+                })
+                .collect()
+        })
+        .collect();
+    let mut g = c.benchmark_group("block_pool_churn");
+    g.throughput(Throughput::Elements(CHURN_BLOCKS as u64));
+    g.measurement_time(Duration::from_secs(5));
+    for (name, sample) in [
+        ("off", None),
+        ("sample_1pct", Some(0.01)),
+        ("sample_all", Some(1.0)),
+    ] {
+        // Room for a quarter of the prompts: about 3 in 4 lookups miss.
+        let mut pool = BlockPool::new(CHURN_PROMPTS * CHURN_BLOCKS / 4, true);
+        if let Some(f) = sample {
+            pool = pool.with_residency_sampling(f, 1);
+        }
+        let mut blocks = Vec::with_capacity(CHURN_BLOCKS);
+        let mut samples = KvBlockResidency::default();
+        let mut i = 0usize;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                // A skewed mix: every other iteration reuses one of 32 hot prompts.
+                let p = if i.is_multiple_of(2) {
+                    (i / 2) % 32
+                } else {
+                    i % CHURN_PROMPTS
+                };
+                i = i.wrapping_add(7);
+                let h = &hashes[p];
+                blocks.clear();
+                pool.take_cached_prefix(h, &mut blocks);
+                let hit = blocks.len();
+                assert!(pool.allocate(CHURN_BLOCKS - hit, &mut blocks));
+                for (k, &blk) in blocks.iter().enumerate().skip(hit) {
+                    pool.cache_block(blk, h[k]);
+                }
+                pool.free(&blocks);
+                if let Some(r) = pool.residency_mut() {
+                    r.take_samples(&mut samples);
+                }
+                black_box(&samples);
+            })
         });
     }
     g.finish();
@@ -304,7 +407,7 @@ fn print_distributions() {
         ("caching off", false, PROMPT_LEN),
         ("long context", true, LONG_PROMPT_LEN),
     ] {
-        let mut f = Fixture::new(caching, prompt_len);
+        let mut f = Fixture::new(caching, prompt_len, None);
         let mut sched = Vec::with_capacity(DISTRIBUTION_STEPS);
         let mut upd = Vec::with_capacity(DISTRIBUTION_STEPS);
         let mut full = Vec::with_capacity(DISTRIBUTION_STEPS);
@@ -349,7 +452,7 @@ fn print_distributions() {
     println!();
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench, block_pool_churn);
 
 fn main() {
     benches();

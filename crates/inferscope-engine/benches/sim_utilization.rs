@@ -32,7 +32,10 @@
 //! Run: `cargo bench -p inferscope-engine --bench sim_utilization [-- SCENARIO...]`.
 //! `SIM_UTIL_WARMUP_S` overrides the warm-up (default 2 s, churn 6 s) and
 //! `SIM_UTIL_WINDOW_S` the window (default 6 s; longer decode windows grow
-//! the contexts until the KV cache preempts).
+//! the contexts until the KV cache preempts). `SIM_UTIL_KV_CACHE_METRICS=F`
+//! turns on KV block residency sampling at fraction F (`--kv-cache-metrics
+//! --kv-cache-metrics-sample F`) and `SIM_UTIL_MFU=1` the estimated FLOPs and
+//! bytes (`--enable-mfu-metrics`), to compare runs with and without them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -226,6 +229,10 @@ fn run(scenario: Scenario, warmup: Duration, window: Duration) -> Report {
     let recorder = Arc::new(StepRecorder::default());
     let config = EngineConfig {
         max_num_seqs: IN_FLIGHT,
+        kv_cache_metrics_sample: std::env::var("SIM_UTIL_KV_CACHE_METRICS")
+            .ok()
+            .and_then(|v| v.parse().ok()),
+        enable_mfu_metrics: std::env::var("SIM_UTIL_MFU").is_ok_and(|v| v == "1"),
         ..EngineConfig::default()
     };
     let coordinator = Coordinator::start(

@@ -10,6 +10,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
+use crate::kv_residency::ResidencyTracker;
+
 /// Marks "no block" in the intrusive free list.
 const NIL: u32 = u32::MAX;
 
@@ -62,6 +64,8 @@ pub struct BlockPool {
     cached: HashMap<BlockHash, u32>,
     enable_prefix_caching: bool,
     counts: PrefixCacheCounts,
+    /// Sampled residency timing (`--kv-cache-metrics`); `None` when off.
+    residency: Option<Box<ResidencyTracker>>,
 }
 
 impl BlockPool {
@@ -85,7 +89,24 @@ impl BlockPool {
             cached: HashMap::new(),
             enable_prefix_caching,
             counts: PrefixCacheCounts::default(),
+            residency: None,
         }
+    }
+
+    /// Times the residency of a `fraction` of allocated blocks (`seed`
+    /// picks which).
+    pub fn with_residency_sampling(mut self, fraction: f64, seed: u64) -> Self {
+        self.residency = Some(Box::new(ResidencyTracker::new(
+            self.blocks.len(),
+            fraction,
+            seed,
+        )));
+        self
+    }
+
+    /// The residency tracker, when sampling is on.
+    pub fn residency_mut(&mut self) -> Option<&mut ResidencyTracker> {
+        self.residency.as_deref_mut()
     }
 
     /// Total blocks.
@@ -140,6 +161,9 @@ impl BlockPool {
         for h in hashes {
             let Some(&b) = self.cached.get(h) else { break };
             self.acquire(b);
+            if let Some(r) = &mut self.residency {
+                r.on_hit(b);
+            }
             out.push(b);
         }
     }
@@ -161,13 +185,17 @@ impl BlockPool {
             debug_assert_ne!(b, NIL);
             self.unlink(b);
             let block = &mut self.blocks[b as usize];
-            if let Some(h) = block.hash.take() {
+            let evicted = block.hash.take();
+            if let Some(h) = evicted {
                 // Evicted: forget the hash only if it still points here.
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
                 }
             }
             block.ref_count = 1;
+            if let Some(r) = &mut self.residency {
+                r.on_allocate(b, evicted.is_some());
+            }
             out.push(b);
         }
         true
@@ -182,6 +210,9 @@ impl BlockPool {
             block.ref_count = block.ref_count.saturating_sub(1);
             if block.ref_count == 0 {
                 self.push_free(b);
+                if let Some(r) = &mut self.residency {
+                    r.on_release(b);
+                }
             }
         }
     }

@@ -15,6 +15,14 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// Longest sequence (prompt plus output) accepted.
     pub max_model_len: usize,
+    /// Fraction of KV block allocations whose residency is timed
+    /// (`--kv-cache-metrics`); `None` when off.
+    #[serde(default)]
+    pub kv_cache_metrics_sample: Option<f64>,
+    /// Ask the executor for each step's estimated FLOPs and bytes
+    /// (`--enable-mfu-metrics`).
+    #[serde(default)]
+    pub enable_mfu_metrics: bool,
 }
 
 impl Default for EngineConfig {
@@ -25,6 +33,8 @@ impl Default for EngineConfig {
             block_size: 16,
             enable_prefix_caching: true,
             max_model_len: 8192,
+            kv_cache_metrics_sample: None,
+            enable_mfu_metrics: false,
         }
     }
 }

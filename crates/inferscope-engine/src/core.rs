@@ -231,7 +231,17 @@ impl EngineCore {
             let result = self.executor.execute(self.scheduler.batch(), &mut out);
             let t2 = Instant::now();
             match result {
-                Ok(()) => self.scheduler.update(&out),
+                Ok(()) => {
+                    if self.scheduler.config().enable_mfu_metrics
+                        && let Some(cost) = self.executor.step_cost(self.scheduler.batch())
+                    {
+                        let stats = self.scheduler.stats_mut();
+                        stats.estimated_flops = cost.flops as u64;
+                        stats.estimated_read_bytes = cost.read_bytes as u64;
+                        stats.estimated_write_bytes = cost.write_bytes as u64;
+                    }
+                    self.scheduler.update(&out)
+                }
                 Err(ExecutorError::Step(msg)) => {
                     tracing::error!(engine, error = %msg, "engine step failed; failing its requests");
                     out.device_time = Duration::ZERO;

@@ -134,4 +134,10 @@ pub trait Executor: Send + 'static {
         batch: &ScheduledBatch,
         out: &mut StepOutput,
     ) -> Result<(), ExecutorError>;
+
+    /// The estimated FLOPs and bytes of `batch` from the executor's own cost
+    /// model (`--enable-mfu-metrics`); `None` when it has none.
+    fn step_cost(&self, _batch: &ScheduledBatch) -> Option<crate::cost::StepCost> {
+        None
+    }
 }

@@ -6,13 +6,16 @@ pub mod block_pool;
 pub mod config;
 pub mod coordinator;
 pub mod core;
+pub mod cost;
 pub mod executor;
+pub mod kv_residency;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
 
 pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
+pub use cost::{ModelCost, StepCost};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
 pub use inferscope_schema::FinishReason;
 pub use request::{

@@ -110,6 +110,9 @@ pub struct Scheduler {
     /// Indices in `running` of sequences that finish this update.
     finishing: Vec<(usize, FinishReason, Option<u32>)>,
     preemptions_since_snapshot: u64,
+    /// The last [`Scheduler::schedule`] preempted, so it admitted nobody:
+    /// the waiting requests are `deferred` rather than waiting for capacity.
+    admission_deferred: bool,
     stats: IterationStats,
     /// Sequences that ended since the last batch was built.
     ended_seq_ids: Vec<u64>,
@@ -121,7 +124,12 @@ pub struct Scheduler {
 impl Scheduler {
     /// A scheduler over a pool of `num_blocks` KV blocks.
     pub fn new(config: EngineConfig, num_blocks: usize, eos_token_ids: Vec<u32>) -> Self {
-        let pool = BlockPool::new(num_blocks, config.enable_prefix_caching);
+        let mut pool = BlockPool::new(num_blocks, config.enable_prefix_caching);
+        if let Some(fraction) = config.kv_cache_metrics_sample {
+            // A fixed seed: which blocks are sampled does not matter, and
+            // runs stay reproducible.
+            pool = pool.with_residency_sampling(fraction, 0x5eed_b10c);
+        }
         let batch = ScheduledBatch {
             block_size: config.block_size,
             ..Default::default()
@@ -138,6 +146,7 @@ impl Scheduler {
             batch_scheduled_at: Instant::now(),
             finishing: Vec::new(),
             preemptions_since_snapshot: 0,
+            admission_deferred: false,
             stats: IterationStats::default(),
             ended_seq_ids: Vec::new(),
             outbox: None,
@@ -305,14 +314,24 @@ impl Scheduler {
     /// Scheduler state after the last step; counters since the last snapshot.
     pub fn snapshot(&mut self) -> SchedulerStats {
         let counts = self.pool.take_counts();
-        SchedulerStats {
+        let mut stats = SchedulerStats {
             num_running: self.running.len(),
             num_waiting: self.waiting.len(),
+            num_waiting_deferred: if self.admission_deferred {
+                self.waiting.len()
+            } else {
+                0
+            },
             kv_cache_usage: self.pool.usage(),
             prefix_cache_queries: counts.queries,
             prefix_cache_hits: counts.hits,
             num_preemptions: std::mem::take(&mut self.preemptions_since_snapshot),
+            kv_block_residency: Default::default(),
+        };
+        if let Some(r) = self.pool.residency_mut() {
+            r.take_samples(&mut stats.kv_block_residency);
         }
+        stats
     }
 
     /// Clears the accumulated iteration stats for the next step.
@@ -403,7 +422,6 @@ impl Scheduler {
             if seq.timeline.first_scheduled.is_none() {
                 seq.timeline.first_scheduled = Some(now);
                 seq.num_cached_tokens = hit_tokens;
-                self.stats.num_prompt_tokens_cached += hit_tokens as u64;
             }
             if let Some(seq) = self.waiting.pop_front() {
                 self.running.push(seq);
@@ -411,6 +429,7 @@ impl Scheduler {
                 budget -= num_new;
             }
         }
+        self.admission_deferred = preempted && !self.waiting.is_empty();
         self.stats.batch_size = self.batch.seqs.len();
         self.stats.num_scheduled_tokens = self.batch.token_ids.len() as u64;
     }
@@ -487,6 +506,8 @@ impl Scheduler {
                 if seq.timeline.first_token.is_none() {
                     seq.timeline.first_token = Some(now);
                     self.stats.num_prompt_tokens += seq.num_prompt_tokens as u64;
+                    // Counted with prompt_tokens, so the sources sum to it.
+                    self.stats.num_prompt_tokens_cached += seq.num_cached_tokens as u64;
                 }
                 seq.timeline.last_token = Some(now);
                 self.stats.num_generation_tokens += 1;

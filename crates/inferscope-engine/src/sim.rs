@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cost::{ModelCost, StepCost};
 use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepOutput};
 use crate::request::StopTokenIds;
 
@@ -32,6 +33,10 @@ pub struct SimProfile {
     pub t_kv: f64,
     /// KV cache capacity in tokens.
     pub kv_capacity_tokens: usize,
+    /// The simulated model's FLOPs and bytes per token and the device's peak
+    /// (`--enable-mfu-metrics`); a custom profile keeps its base's.
+    #[serde(default = "default_cost")]
+    pub cost: ModelCost,
     /// Test only: an injected death ([`SimFaults::die_after_steps`]) is a
     /// panic inside `execute` instead of a fatal error. It lives in the
     /// profile (key `die_by_panic=1`) so that a server test reaches it
@@ -52,6 +57,13 @@ const TIME_KEYS: &[(&str, f64, f64)] = &[
     ("t_kv_ns", 1e-9, 1e6),
 ];
 
+fn default_cost() -> ModelCost {
+    ModelCost::llama3_8b(H100_PEAK_FLOPS)
+}
+
+/// H100 and H200 SXM dense bf16 peak, FLOP/s.
+const H100_PEAK_FLOPS: f64 = 989e12;
+
 /// Largest KV capacity a profile may claim, in tokens.
 const MAX_KV_TOKENS: usize = 1_000_000_000;
 
@@ -60,15 +72,41 @@ const MAX_KV_TOKENS: usize = 1_000_000_000;
 /// Llama-3-8B: ~16 GB of bf16 weights, ~16 GFLOP per token, KV of
 /// 2·32 layers·8 heads·128 dims·2 B = 128 KiB per token. Prefill at ~50% MFU;
 /// KV capacity is 90% of HBM less the weights.
-const PROFILES: &[(&str, f64, f64, f64, f64, usize)] = &[
+/// The last figure is the device's peak FLOP/s (MFU's denominator).
+const PROFILES: &[(&str, f64, f64, f64, f64, usize, f64)] = &[
     // 3.35 TB/s HBM, 989 TFLOP/s bf16, 80 GB.
-    ("h100-llama3-8b", 0.3e-3, 30e-6, 4.8e-3, 39e-9, 430_000),
+    (
+        "h100-llama3-8b",
+        0.3e-3,
+        30e-6,
+        4.8e-3,
+        39e-9,
+        430_000,
+        H100_PEAK_FLOPS,
+    ),
     // 4.8 TB/s HBM, 989 TFLOP/s bf16, 141 GB.
-    ("h200-llama3-8b", 0.3e-3, 30e-6, 3.3e-3, 27e-9, 846_000),
+    (
+        "h200-llama3-8b",
+        0.3e-3,
+        30e-6,
+        3.3e-3,
+        27e-9,
+        846_000,
+        H100_PEAK_FLOPS,
+    ),
     // 2.0 TB/s HBM, 312 TFLOP/s bf16, 80 GB.
-    ("a100-llama3-8b", 0.4e-3, 100e-6, 8.0e-3, 65e-9, 430_000),
-    // A fast toy device for tests and demos on small machines.
-    ("tiny", 50e-6, 0.5e-6, 0.2e-3, 1e-9, 65_536),
+    (
+        "a100-llama3-8b",
+        0.4e-3,
+        100e-6,
+        8.0e-3,
+        65e-9,
+        430_000,
+        312e12,
+    ),
+    // A fast toy device for tests and demos on small machines: a fictional
+    // peak at which its prefill runs at ~50% MFU, like the others.
+    ("tiny", 50e-6, 0.5e-6, 0.2e-3, 1e-9, 65_536, 60e15),
 ];
 
 impl SimProfile {
@@ -80,13 +118,14 @@ impl SimProfile {
     /// A built-in profile by name.
     pub fn builtin(name: &str) -> Option<Self> {
         PROFILES.iter().find(|p| p.0 == name).map(
-            |&(name, t_fixed, t_prefill, t_weights, t_kv, kv)| Self {
+            |&(name, t_fixed, t_prefill, t_weights, t_kv, kv, peak)| Self {
                 name: name.to_owned(),
                 t_fixed,
                 t_prefill,
                 t_weights,
                 t_kv,
                 kv_capacity_tokens: kv,
+                cost: ModelCost::llama3_8b(peak),
                 die_by_panic: false,
             },
         )
@@ -445,6 +484,10 @@ impl Executor for SimExecutor {
         wait_until(start + t);
         out.device_time = t;
         Ok(())
+    }
+
+    fn step_cost(&self, batch: &ScheduledBatch) -> Option<StepCost> {
+        Some(self.profile.cost.step_cost(batch))
     }
 }
 

@@ -201,6 +201,7 @@ fn run_workload(
         block_size,
         enable_prefix_caching: caching,
         max_model_len: 10_000,
+        ..Default::default()
     };
     let mut sched = Scheduler::new(config, num_blocks, vec![EOS]);
     let mut device = CheckingDevice {
@@ -393,6 +394,7 @@ fn shared_prefixes_hit_the_cache() {
         block_size: 4,
         enable_prefix_caching: true,
         max_model_len: 1000,
+        ..Default::default()
     };
     // Run one after another (max_num_seqs 1): all but the first hit.
     let mut sched = Scheduler::new(config, 64, vec![EOS]);

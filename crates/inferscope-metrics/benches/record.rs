@@ -94,6 +94,7 @@ fn bench(c: &mut Criterion) {
         prefix_cache_queries: 512,
         prefix_cache_hits: 64,
         num_preemptions: 0,
+        ..Default::default()
     };
     let mut iter = IterationStats {
         num_prompt_tokens: 512,
@@ -106,6 +107,7 @@ fn bench(c: &mut Criterion) {
         postprocess_time: Duration::from_micros(150),
         device_time: Duration::from_millis(11),
         finished_requests: Vec::new(),
+        ..Default::default()
     };
     let mut g = c.benchmark_group("record_step");
     g.bench_function("no_finished", |b| {

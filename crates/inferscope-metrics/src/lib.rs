@@ -75,4 +75,6 @@ pub mod prometheus;
 pub use exposition::{Format, negotiate};
 pub use http::{HttpMetrics, HttpMetricsLayer};
 pub use manager::{ConfigError, MetricsConfig, StatLoggerManager, TraceSpanDrops};
-pub use prometheus::{CacheConfig, EngineMetrics, MetricFilter, ObservedRequest, every_metric};
+pub use prometheus::{
+    CacheConfig, EngineMetrics, MetricFilter, ObservedRequest, OptionalMetrics, every_metric,
+};

@@ -317,6 +317,7 @@ mod tests {
             prefix_cache_queries: 100,
             prefix_cache_hits: 25,
             num_preemptions: 0,
+            ..Default::default()
         };
         l.record_step(&sched, &iter);
         l.record_step(&sched, &iter);

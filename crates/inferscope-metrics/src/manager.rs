@@ -13,7 +13,9 @@ use thiserror::Error;
 use crate::exposition::{self, Format};
 use crate::http::{HttpMetrics, HttpMetricsLayer};
 use crate::log_line::{self, LogLineLogger};
-use crate::prometheus::{CacheConfig, EngineMetrics, MetricFilter, PrometheusLogger, every_metric};
+use crate::prometheus::{
+    CacheConfig, EngineMetrics, MetricFilter, OptionalMetrics, PrometheusLogger, every_metric,
+};
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -45,6 +47,9 @@ pub struct MetricsConfig {
     /// a server; the proxy leaves out the series only an engine knows, so they
     /// are absent rather than zero). HTTP metrics are always exposed.
     pub metric_filter: MetricFilter,
+    /// The metrics behind a flag that are on (`--kv-cache-metrics`,
+    /// `--enable-mfu-metrics`); off by default, as in vLLM.
+    pub optional_metrics: OptionalMetrics,
 }
 
 impl Default for MetricsConfig {
@@ -60,6 +65,7 @@ impl Default for MetricsConfig {
             enable_log_stats: true,
             aggregate_log_lines: false,
             metric_filter: every_metric,
+            optional_metrics: OptionalMetrics::default(),
         }
     }
 }
@@ -203,6 +209,7 @@ impl StatLoggerManager {
             config.max_model_len,
             &config.buckets,
             &cache_configs,
+            config.optional_metrics,
         );
         let trace_span_drops = TraceSpanDrops::register(
             config

@@ -51,6 +51,22 @@ struct PhaseLabels {
     phase: String,
 }
 
+/// `model_name`, `engine`, `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct WaitingReasonLabels {
+    model_name: String,
+    engine: String,
+    reason: String,
+}
+
+/// `model_name`, `engine`, `source`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct SourceLabels {
+    model_name: String,
+    engine: String,
+    source: String,
+}
+
 /// `model_name`, `reason`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RejectionLabels {
@@ -118,6 +134,8 @@ pub struct EngineMetrics {
     index: usize,
     num_running: Gauge,
     num_waiting: Gauge,
+    /// `capacity`, `deferred`.
+    num_waiting_by_reason: [Gauge; 2],
     kv_usage: F64Gauge,
     prompt_tokens: Counter,
     generation_tokens: Counter,
@@ -128,6 +146,8 @@ pub struct EngineMetrics {
     prefix_cache_queries: Counter,
     prefix_cache_hits: Counter,
     prompt_tokens_cached: Counter,
+    /// `local_compute`, `local_cache_hit`.
+    prompt_tokens_by_source: [Counter; 2],
     ttft: AtomicHistogram,
     itl: AtomicHistogram,
     tpot: AtomicHistogram,
@@ -142,6 +162,7 @@ pub struct EngineMetrics {
     request_max_num_generation_tokens: AtomicHistogram,
     iteration_tokens: AtomicHistogram,
     request_params_n: AtomicHistogram,
+    request_prefill_kv_computed_tokens: AtomicHistogram,
     request_num_preemptions: AtomicHistogram,
     engine_steps: Counter,
     device_busy: F64Counter,
@@ -149,6 +170,12 @@ pub struct EngineMetrics {
     idle: F64Counter,
     batch_size: AtomicHistogram,
     core_failures: [Counter; 2],
+    kv_block_lifetime: AtomicHistogram,
+    kv_block_idle_before_evict: AtomicHistogram,
+    kv_block_reuse_gap: AtomicHistogram,
+    estimated_flops: Counter,
+    estimated_read_bytes: Counter,
+    estimated_write_bytes: Counter,
 }
 
 impl EngineMetrics {
@@ -271,6 +298,8 @@ impl EngineMetrics {
         self.request_params_n.observe(req.n as f64);
         self.request_num_preemptions
             .observe(req.num_preemptions as f64);
+        self.request_prefill_kv_computed_tokens
+            .observe(req.num_prompt_tokens.saturating_sub(req.num_cached_tokens) as f64);
     }
 
     /// One engine step.
@@ -283,6 +312,16 @@ impl EngineMetrics {
         self.generation_tokens.inc_by(iter.num_generation_tokens);
         self.prompt_tokens_cached
             .inc_by(iter.num_prompt_tokens_cached);
+        let [compute, cache_hit] = &self.prompt_tokens_by_source;
+        compute.inc_by(
+            iter.num_prompt_tokens
+                .saturating_sub(iter.num_prompt_tokens_cached),
+        );
+        cache_hit.inc_by(iter.num_prompt_tokens_cached);
+        self.estimated_flops.inc_by(iter.estimated_flops);
+        self.estimated_read_bytes.inc_by(iter.estimated_read_bytes);
+        self.estimated_write_bytes
+            .inc_by(iter.estimated_write_bytes);
         self.iteration_tokens
             .observe(iter.num_scheduled_tokens as f64);
         self.engine_steps.inc();
@@ -309,11 +348,24 @@ impl EngineMetrics {
     }
 
     fn set_scheduler(&self, sched: &SchedulerStats) {
-        self.num_running
-            .set(i64::try_from(sched.num_running).unwrap_or(i64::MAX));
-        self.num_waiting
-            .set(i64::try_from(sched.num_waiting).unwrap_or(i64::MAX));
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.num_running.set(gauge(sched.num_running));
+        self.num_waiting.set(gauge(sched.num_waiting));
+        let deferred = sched.num_waiting_deferred.min(sched.num_waiting);
+        let [capacity, deferred_gauge] = &self.num_waiting_by_reason;
+        capacity.set(gauge(sched.num_waiting - deferred));
+        deferred_gauge.set(gauge(deferred));
         self.kv_usage.set(sched.kv_cache_usage);
+        let r = &sched.kv_block_residency;
+        for &v in &r.lifetime {
+            self.kv_block_lifetime.observe(v);
+        }
+        for &v in &r.idle_before_evict {
+            self.kv_block_idle_before_evict.observe(v);
+        }
+        for &v in &r.reuse_gap {
+            self.kv_block_reuse_gap.observe(v);
+        }
     }
 }
 
@@ -339,6 +391,26 @@ pub struct PrometheusLogger {
 /// Handles of a family left out still count, they are just not rendered.
 pub type MetricFilter = fn(&MetricDef) -> bool;
 
+/// The metrics behind a flag ([`schema::enabling_flag`]) that are on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OptionalMetrics {
+    /// `--kv-cache-metrics`: the KV block residency histograms.
+    pub kv_cache_metrics: bool,
+    /// `--enable-mfu-metrics`: the estimated FLOPs and bytes counters.
+    pub mfu_metrics: bool,
+}
+
+impl OptionalMetrics {
+    /// Whether `def` is registered: always, or its flag is on.
+    pub fn enabled(&self, def: &MetricDef) -> bool {
+        match schema::enabling_flag(def) {
+            None => true,
+            Some(schema::KV_CACHE_METRICS_FLAG) => self.kv_cache_metrics,
+            Some(_) => self.mfu_metrics,
+        }
+    }
+}
+
 /// The default [`MetricFilter`]: every metric of the schema.
 pub fn every_metric(_: &MetricDef) -> bool {
     true
@@ -349,6 +421,7 @@ pub fn every_metric(_: &MetricDef) -> bool {
 struct Registrar<'a> {
     registry: Option<&'a mut Registry>,
     keep: MetricFilter,
+    optional: OptionalMetrics,
     namespace: &'a str,
     overrides: &'a BucketOverrides,
     max_model_len: usize,
@@ -366,6 +439,7 @@ impl Registrar<'_> {
     {
         if let Some(registry) = self.registry.as_deref_mut()
             && (self.keep)(def)
+            && self.optional.enabled(def)
         {
             registry.register(
                 def.registered_name(self.namespace),
@@ -401,6 +475,9 @@ impl PrometheusLogger {
     /// Creates every engine's handles; registers the families `keep` accepts
     /// in the registry when one is given (without one, handles work but
     /// nothing is exposed).
+    // Each argument is one independent start-up fact; a builder for the one
+    // caller (the manager) would only move them around.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         registry: Option<(&mut Registry, MetricFilter)>,
         namespace: &str,
@@ -409,6 +486,7 @@ impl PrometheusLogger {
         max_model_len: usize,
         overrides: &BucketOverrides,
         cache_configs: &[(usize, CacheConfig)],
+        optional: OptionalMetrics,
     ) -> Self {
         use schema as s;
         let (registry, keep) = match registry {
@@ -418,6 +496,7 @@ impl PrometheusLogger {
         let mut r = Registrar {
             registry,
             keep,
+            optional,
             namespace,
             overrides,
             max_model_len,
@@ -427,6 +506,8 @@ impl PrometheusLogger {
             r.add(&s::NUM_REQUESTS_RUNNING, Family::default());
         let waiting: Family<EngineLabels, Gauge> =
             r.add(&s::NUM_REQUESTS_WAITING, Family::default());
+        let waiting_by_reason: Family<WaitingReasonLabels, Gauge> =
+            r.add(&s::NUM_REQUESTS_WAITING_BY_REASON, Family::default());
         let kv: Family<EngineLabels, F64Gauge> = r.add(&s::KV_CACHE_USAGE_PERC, Family::default());
         let cache_info: Family<CacheConfigLabels, Gauge> =
             r.add(&s::CACHE_CONFIG_INFO, Family::default());
@@ -437,6 +518,7 @@ impl PrometheusLogger {
         let pc_queries = r.family::<EngineLabels>(&s::PREFIX_CACHE_QUERIES);
         let pc_hits = r.family::<EngineLabels>(&s::PREFIX_CACHE_HITS);
         let cached = r.family::<EngineLabels>(&s::PROMPT_TOKENS_CACHED);
+        let by_source = r.family::<SourceLabels>(&s::PROMPT_TOKENS_BY_SOURCE);
         let rejections = r.family::<RejectionLabels>(&s::ADMISSION_REJECTIONS);
         let request_log_dropped = r
             .family::<ModelLabels>(&s::REQUEST_LOG_DROPPED)
@@ -457,6 +539,7 @@ impl PrometheusLogger {
         let max_gen = r.hist::<EngineLabels>(&s::REQUEST_MAX_NUM_GENERATION_TOKENS);
         let iter_tokens = r.hist::<EngineLabels>(&s::ITERATION_TOKENS);
         let params_n = r.hist::<EngineLabels>(&s::REQUEST_PARAMS_N);
+        let kv_computed = r.hist::<EngineLabels>(&s::REQUEST_PREFILL_KV_COMPUTED_TOKENS);
         let req_preempt = r.hist::<EngineLabels>(&s::REQUEST_NUM_PREEMPTIONS);
         let steps = r.family::<EngineLabels>(&s::ENGINE_STEPS);
         let busy: Family<EngineLabels, F64Counter> =
@@ -466,6 +549,12 @@ impl PrometheusLogger {
             r.add(&s::ENGINE_IDLE_SECONDS, Family::default());
         let batch = r.hist::<EngineLabels>(&s::BATCH_SIZE);
         let failures = r.family::<FailureLabels>(&s::ENGINE_CORE_FAILURES);
+        let lifetime = r.hist::<EngineLabels>(&s::KV_BLOCK_LIFETIME);
+        let idle_evict = r.hist::<EngineLabels>(&s::KV_BLOCK_IDLE_BEFORE_EVICT);
+        let reuse_gap = r.hist::<EngineLabels>(&s::KV_BLOCK_REUSE_GAP);
+        let flops = r.family::<EngineLabels>(&s::ESTIMATED_FLOPS);
+        let read_bytes = r.family::<EngineLabels>(&s::ESTIMATED_READ_BYTES);
+        let write_bytes = r.family::<EngineLabels>(&s::ESTIMATED_WRITE_BYTES);
 
         let engines = engine_indices
             .iter()
@@ -489,6 +578,20 @@ impl PrometheusLogger {
                         model_name: model_name.to_owned(),
                         engine: engine.clone(),
                         cause: cause.as_str().to_owned(),
+                    })
+                };
+                let reason = |i: usize| {
+                    waiting_by_reason.get_or_create_owned(&WaitingReasonLabels {
+                        model_name: model_name.to_owned(),
+                        engine: engine.clone(),
+                        reason: s::WAITING_REASONS[i].to_owned(),
+                    })
+                };
+                let source = |i: usize| {
+                    by_source.get_or_create_owned(&SourceLabels {
+                        model_name: model_name.to_owned(),
+                        engine: engine.clone(),
+                        source: s::PROMPT_TOKEN_SOURCES[i].to_owned(),
                     })
                 };
                 let phase = |i: usize| {
@@ -518,6 +621,7 @@ impl PrometheusLogger {
                     index,
                     num_running: running.get_or_create_owned(&l),
                     num_waiting: waiting.get_or_create_owned(&l),
+                    num_waiting_by_reason: [0, 1].map(reason),
                     kv_usage: kv.get_or_create_owned(&l),
                     prompt_tokens: prompt_tokens.get_or_create_owned(&l),
                     generation_tokens: generation_tokens.get_or_create_owned(&l),
@@ -528,6 +632,7 @@ impl PrometheusLogger {
                     prefix_cache_queries: pc_queries.get_or_create_owned(&l),
                     prefix_cache_hits: pc_hits.get_or_create_owned(&l),
                     prompt_tokens_cached: cached.get_or_create_owned(&l),
+                    prompt_tokens_by_source: [0, 1].map(source),
                     ttft: ttft.get_or_create_owned(&l),
                     itl: itl.get_or_create_owned(&l),
                     tpot: tpot.get_or_create_owned(&l),
@@ -542,6 +647,7 @@ impl PrometheusLogger {
                     request_max_num_generation_tokens: max_gen.get_or_create_owned(&l),
                     iteration_tokens: iter_tokens.get_or_create_owned(&l),
                     request_params_n: params_n.get_or_create_owned(&l),
+                    request_prefill_kv_computed_tokens: kv_computed.get_or_create_owned(&l),
                     request_num_preemptions: req_preempt.get_or_create_owned(&l),
                     engine_steps: steps.get_or_create_owned(&l),
                     device_busy: busy.get_or_create_owned(&l),
@@ -549,6 +655,12 @@ impl PrometheusLogger {
                     idle: idle.get_or_create_owned(&l),
                     batch_size: batch.get_or_create_owned(&l),
                     core_failures: EngineFailure::ALL.map(failure),
+                    kv_block_lifetime: lifetime.get_or_create_owned(&l),
+                    kv_block_idle_before_evict: idle_evict.get_or_create_owned(&l),
+                    kv_block_reuse_gap: reuse_gap.get_or_create_owned(&l),
+                    estimated_flops: flops.get_or_create_owned(&l),
+                    estimated_read_bytes: read_bytes.get_or_create_owned(&l),
+                    estimated_write_bytes: write_bytes.get_or_create_owned(&l),
                 }
             })
             .collect::<Vec<EngineMetrics>>();
@@ -659,6 +771,7 @@ mod tests {
             100,
             &Default::default(),
             &[],
+            OptionalMetrics::default(),
         );
         p.engine(0).unwrap().observe_ttft(0.5);
         let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
@@ -672,7 +785,16 @@ mod tests {
 
     #[test]
     fn observed_requests_record_only_what_is_known() {
-        let p = PrometheusLogger::new(None, "x", "m", &[0], 100, &Default::default(), &[]);
+        let p = PrometheusLogger::new(
+            None,
+            "x",
+            "m",
+            &[0],
+            100,
+            &Default::default(),
+            &[],
+            OptionalMetrics::default(),
+        );
         let e = p.engine(0).unwrap();
         let mut req = ObservedRequest {
             finish_reason: FinishReason::Length,
@@ -704,7 +826,16 @@ mod tests {
 
     #[test]
     fn unregistered_handles_still_count() {
-        let p = PrometheusLogger::new(None, "x", "m", &[3], 100, &Default::default(), &[]);
+        let p = PrometheusLogger::new(
+            None,
+            "x",
+            "m",
+            &[3],
+            100,
+            &Default::default(),
+            &[],
+            OptionalMetrics::default(),
+        );
         let e = p.engine(3).unwrap();
         e.observe_itl(0.1);
         assert_eq!(e.itl.count(), 1);

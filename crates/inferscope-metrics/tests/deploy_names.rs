@@ -140,6 +140,16 @@ fn dashboard_uses_only_schema_metrics() {
         "inferscope_device_busy_seconds_total",
         "inferscope_engine_step_duration_seconds_sum",
         "http_requests_total",
+        // vLLM's 2025–2026 series.
+        "inferscope_num_requests_waiting_by_reason",
+        "inferscope_prompt_tokens_by_source_total",
+        "inferscope_request_prefill_kv_computed_tokens_bucket",
+        "inferscope_kv_block_lifetime_seconds_bucket",
+        "inferscope_kv_block_idle_before_evict_seconds_bucket",
+        "inferscope_kv_block_reuse_gap_seconds_bucket",
+        "inferscope_estimated_flops_per_gpu_total",
+        "inferscope_estimated_read_bytes_per_gpu_total",
+        "inferscope_estimated_write_bytes_per_gpu_total",
     ] {
         assert!(used.contains(needed), "dashboard lacks {needed}");
     }

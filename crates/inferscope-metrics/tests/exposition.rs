@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use inferscope_metrics::{CacheConfig, Format, MetricsConfig, StatLoggerManager};
+use inferscope_metrics::{CacheConfig, Format, MetricsConfig, OptionalMetrics, StatLoggerManager};
 use inferscope_schema::promtext::{check_histograms, parse};
 use inferscope_schema::schema::{self, MetricType};
 use inferscope_schema::{
@@ -24,6 +24,11 @@ fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
             enable_prefix_caching: true,
             cache_dtype: "auto".into(),
         }],
+        // Every metric of the schema, those behind a flag included.
+        optional_metrics: OptionalMetrics {
+            kv_cache_metrics: true,
+            mfu_metrics: true,
+        },
         ..Default::default()
     }
 }
@@ -57,6 +62,7 @@ fn step(prompt: u64, generation: u64) -> IterationStats {
         postprocess_time: Duration::from_micros(120),
         device_time: Duration::from_millis(5),
         finished_requests: vec![finished(FinishReason::Stop)],
+        ..Default::default()
     }
 }
 
@@ -68,6 +74,7 @@ fn sched(running: usize) -> SchedulerStats {
         prefix_cache_queries: 40,
         prefix_cache_hits: 16,
         num_preemptions: 1,
+        ..Default::default()
     }
 }
 
@@ -149,6 +156,21 @@ fn values_land_where_expected() {
     assert_eq!(v("inferscope_prefix_cache_queries_total", &[]), 80.0);
     assert_eq!(v("inferscope_prefix_cache_hits_total", &[]), 32.0);
     assert_eq!(v("inferscope_prompt_tokens_cached_total", &[]), 16.0);
+    // One step of 40 prompt tokens, 16 of them from the cache.
+    let source = |s: &str| v("inferscope_prompt_tokens_by_source_total", &[("source", s)]);
+    assert_eq!(source("local_cache_hit"), 16.0);
+    assert_eq!(source("local_compute"), 24.0);
+    // Two finished requests of 40 prompt tokens with 16 cached.
+    let kv = "inferscope_request_prefill_kv_computed_tokens_sum";
+    assert_eq!(v(kv, &[]), 48.0);
+    // 2 waiting after the last (idle) snapshot, none deferred.
+    let waiting = |r: &str| {
+        v(
+            "inferscope_num_requests_waiting_by_reason",
+            &[("reason", r)],
+        )
+    };
+    assert_eq!((waiting("capacity"), waiting("deferred")), (2.0, 0.0));
     assert_eq!(
         v(
             "inferscope_request_success_total",

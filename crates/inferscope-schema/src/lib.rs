@@ -21,5 +21,5 @@ pub mod stats;
 pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_buckets};
 pub use stats::{
     EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
-    NoopRecorder, RequestRef, SchedulerStats, StatsRecorder,
+    KvBlockResidency, NoopRecorder, RequestRef, SchedulerStats, StatsRecorder,
 };

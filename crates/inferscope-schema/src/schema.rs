@@ -119,6 +119,8 @@ pub enum Unit {
     Info,
     /// Trace spans.
     Spans,
+    /// Floating-point operations.
+    Flops,
 }
 
 impl Unit {
@@ -136,6 +138,7 @@ impl Unit {
             Self::Failures => "failures",
             Self::Info => "info",
             Self::Spans => "spans",
+            Self::Flops => "flops",
         }
     }
 }
@@ -319,6 +322,12 @@ pub const STEP_DURATION_BUCKETS: &[f64] = &[
 pub const BATCH_SIZE_BUCKETS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
 ];
+/// KV block residency (lifetime, idle before eviction, reuse gap): 1 ms to
+/// 30 min, as vLLM's.
+pub const KV_RESIDENCY_BUCKETS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0,
+    120.0, 300.0, 600.0, 1200.0, 1800.0,
+];
 /// `http_request_duration_highr_seconds` buckets (the instrumentator's).
 pub const HTTP_HIGHR_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0,
@@ -395,6 +404,8 @@ metrics! {
         "Number of requests in model execution batches";
     NUM_REQUESTS_WAITING = NUM_REQUESTS_WAITING: Gauge "num_requests_waiting", unit Requests, scope Engine, labels ENGINE, buckets NB,
         "Number of requests waiting to be processed, preempted ones included";
+    NUM_REQUESTS_WAITING_BY_REASON = NUM_REQUESTS_WAITING_BY_REASON: Gauge "num_requests_waiting_by_reason", unit Requests, scope Engine, labels &["model_name", "engine", "reason"], buckets NB,
+        "Requests waiting, by reason: capacity (the last scheduling pass found no KV blocks, sequence slot or token budget for them) or deferred (the last step preempted, and the scheduler admits nothing on such a step so as not to refill the batch it just shrank); the reasons sum to num_requests_waiting";
     KV_CACHE_USAGE_PERC = KV_CACHE_USAGE_PERC: Gauge "kv_cache_usage_perc", unit Ratio, scope Engine, labels ENGINE, buckets NB,
         "KV-cache usage; 1 means 100 percent usage";
     CACHE_CONFIG_INFO = CACHE_CONFIG_INFO: Gauge "cache_config_info", unit Info, scope Engine, labels &["block_size", "cache_dtype", "enable_prefix_caching", "engine", "num_gpu_blocks"], buckets NB,
@@ -414,7 +425,9 @@ metrics! {
     PREFIX_CACHE_HITS = PREFIX_CACHE_HITS: Counter "prefix_cache_hits", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Prefix cache hits, in terms of number of cached tokens";
     PROMPT_TOKENS_CACHED = PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE, buckets NB,
-        "Number of prompt tokens served from the prefix cache";
+        "Number of prompt tokens served from the prefix cache, counted when the request gets its first token (prompt_tokens_by_source with source local_cache_hit)";
+    PROMPT_TOKENS_BY_SOURCE = PROMPT_TOKENS_BY_SOURCE: Counter "prompt_tokens_by_source", unit Tokens, scope Engine, labels &["model_name", "engine", "source"], buckets NB,
+        "Prompt tokens of requests that got their first token, by source: local_compute (run through the model) or local_cache_hit (taken from the prefix cache); the sources sum to prompt_tokens";
     ADMISSION_REJECTIONS = ADMISSION_REJECTIONS: Counter "admission_rejections", unit Requests, scope Model, labels &["model_name", "reason"], buckets NB,
         "Requests refused at admission, by reason";
     REQUEST_LOG_DROPPED = REQUEST_LOG_DROPPED: Counter "request_log_dropped", unit Requests, scope Model, labels &["model_name"], buckets NB,
@@ -451,6 +464,8 @@ metrics! {
         "Histogram of number of tokens per engine step";
     REQUEST_PARAMS_N = REQUEST_PARAMS_N: Histogram "request_params_n", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(PARAMS_N_BUCKETS),
         "Histogram of the n request parameter";
+    REQUEST_PREFILL_KV_COMPUTED_TOKENS = REQUEST_PREFILL_KV_COMPUTED_TOKENS: Histogram "request_prefill_kv_computed_tokens", unit Tokens, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestTokens),
+        "Per finished request: prompt tokens whose keys and values were computed, i.e. prompt tokens minus prefix-cache hits at first scheduling";
     REQUEST_NUM_PREEMPTIONS = REQUEST_NUM_PREEMPTIONS: Histogram "request_num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets Fixed(PREEMPTIONS_BUCKETS),
         "Number of preemptions per finished request";
 
@@ -469,6 +484,23 @@ metrics! {
         "Engine cores that stopped serving for good, by cause (panic, executor_error); the log and /health give the message";
     TRACE_SPANS_DROPPED = TRACE_SPANS_DROPPED: Counter "trace_spans_dropped", unit Spans, scope Model, labels &["model_name", "reason"], buckets NB,
         "Request trace spans not delivered to the OTLP collector, by reason (queue_full: the export queue was full; export_failed: the collector did not accept them)";
+
+
+    // KV block residency (only with --kv-cache-metrics; a sampled fraction of blocks).
+    KV_BLOCK_LIFETIME = KV_BLOCK_LIFETIME_SECONDS: Histogram "kv_block_lifetime_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Fixed(KV_RESIDENCY_BUCKETS),
+        "Sampled KV blocks (--kv-cache-metrics): time from allocation until the prefix-cached content was evicted";
+    KV_BLOCK_IDLE_BEFORE_EVICT = KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS: Histogram "kv_block_idle_before_evict_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Fixed(KV_RESIDENCY_BUCKETS),
+        "Sampled KV blocks (--kv-cache-metrics): time from the last use (allocation, prefix hit or release) until eviction";
+    KV_BLOCK_REUSE_GAP = KV_BLOCK_REUSE_GAP_SECONDS: Histogram "kv_block_reuse_gap_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Fixed(KV_RESIDENCY_BUCKETS),
+        "Sampled KV blocks (--kv-cache-metrics): time from the last use (allocation, prefix hit or release) until a prefix-cache hit takes the block again";
+
+    // Model FLOPs and bytes (only with --enable-mfu-metrics): the executor's cost model.
+    ESTIMATED_FLOPS = ESTIMATED_FLOPS_PER_GPU: Counter "estimated_flops_per_gpu", unit Flops, scope Engine, labels ENGINE, buckets NB,
+        "Estimate (--enable-mfu-metrics): model FLOPs of the steps run, from the executor's cost model; its rate over the device's peak is the model FLOPs utilisation";
+    ESTIMATED_READ_BYTES = ESTIMATED_READ_BYTES_PER_GPU: Counter "estimated_read_bytes_per_gpu", unit Bytes, scope Engine, labels ENGINE, buckets NB,
+        "Estimate (--enable-mfu-metrics): bytes read from device memory by the steps run (weights once per step, the KV of every context token), from the executor's cost model";
+    ESTIMATED_WRITE_BYTES = ESTIMATED_WRITE_BYTES_PER_GPU: Counter "estimated_write_bytes_per_gpu", unit Bytes, scope Engine, labels ENGINE, buckets NB,
+        "Estimate (--enable-mfu-metrics): bytes written to device memory by the steps run (the KV of every new token), from the executor's cost model";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
@@ -489,6 +521,7 @@ metrics! {
 pub const ENGINE_METRICS: &[MetricDef] = &[
     NUM_REQUESTS_RUNNING,
     NUM_REQUESTS_WAITING,
+    NUM_REQUESTS_WAITING_BY_REASON,
     KV_CACHE_USAGE_PERC,
     CACHE_CONFIG_INFO,
     PROMPT_TOKENS,
@@ -498,6 +531,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     PREFIX_CACHE_QUERIES,
     PREFIX_CACHE_HITS,
     PROMPT_TOKENS_CACHED,
+    PROMPT_TOKENS_BY_SOURCE,
     ADMISSION_REJECTIONS,
     REQUEST_LOG_DROPPED,
     TIME_TO_FIRST_TOKEN,
@@ -514,6 +548,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     REQUEST_MAX_NUM_GENERATION_TOKENS,
     ITERATION_TOKENS,
     REQUEST_PARAMS_N,
+    REQUEST_PREFILL_KV_COMPUTED_TOKENS,
     REQUEST_NUM_PREEMPTIONS,
     ENGINE_STEPS,
     DEVICE_BUSY_SECONDS,
@@ -522,7 +557,46 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     BATCH_SIZE,
     ENGINE_CORE_FAILURES,
     TRACE_SPANS_DROPPED,
+    KV_BLOCK_LIFETIME,
+    KV_BLOCK_IDLE_BEFORE_EVICT,
+    KV_BLOCK_REUSE_GAP,
+    ESTIMATED_FLOPS,
+    ESTIMATED_READ_BYTES,
+    ESTIMATED_WRITE_BYTES,
 ];
+
+/// The flag that turns a metric on, for those off by default (vLLM's flag
+/// names); `None` for metrics always exposed.
+pub fn enabling_flag(def: &MetricDef) -> Option<&'static str> {
+    if [
+        KV_BLOCK_LIFETIME,
+        KV_BLOCK_IDLE_BEFORE_EVICT,
+        KV_BLOCK_REUSE_GAP,
+    ]
+    .iter()
+    .any(|d| d.name == def.name)
+    {
+        Some(KV_CACHE_METRICS_FLAG)
+    } else if [ESTIMATED_FLOPS, ESTIMATED_READ_BYTES, ESTIMATED_WRITE_BYTES]
+        .iter()
+        .any(|d| d.name == def.name)
+    {
+        Some(MFU_METRICS_FLAG)
+    } else {
+        None
+    }
+}
+
+/// The server flag that turns the KV block residency histograms on.
+pub const KV_CACHE_METRICS_FLAG: &str = "--kv-cache-metrics";
+/// The server flag that turns the estimated FLOPs and bytes counters on.
+pub const MFU_METRICS_FLAG: &str = "--enable-mfu-metrics";
+
+/// The `reason` label values of `num_requests_waiting_by_reason`.
+pub const WAITING_REASONS: [&str; 2] = ["capacity", "deferred"];
+/// The `source` label values of `prompt_tokens_by_source` (vLLM's third,
+/// `external_kv_transfer`, needs a KV connector, which inferscope has not).
+pub const PROMPT_TOKEN_SOURCES: [&str; 2] = ["local_compute", "local_cache_hit"];
 
 /// Every HTTP metric, in exposition order.
 pub const HTTP_METRICS: &[MetricDef] = &[
@@ -847,9 +921,42 @@ pub fn render_markdown(namespace: &str) -> String {
     );
     let _ = writeln!(
         out,
+        "- `reason` (`num_requests_waiting_by_reason`): {}.",
+        WAITING_REASONS
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
+        "- `source` (`prompt_tokens_by_source`): {}.",
+        PROMPT_TOKEN_SOURCES
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(
+        out,
         "- `cache_config_info`: `block_size`, `cache_dtype`, `enable_prefix_caching` (`True`/`False`, \
          as vLLM writes it), `engine`, `num_gpu_blocks`.\n"
     );
+    let _ = writeln!(out, "## Metrics behind a flag\n");
+    let _ = writeln!(
+        out,
+        "These are registered only when their flag is given (the flags are vLLM's). \
+         `--kv-cache-metrics-sample F` (default 0.01) sets the fraction of allocated KV blocks \
+         whose residency is timed, so the block pool's hot path stays cheap. The `estimated_*` \
+         counters are estimates from the executor's cost model (the sim's profile), not \
+         measurements:\n"
+    );
+    for def in ENGINE_METRICS {
+        if let Some(flag) = enabling_flag(def) {
+            let _ = writeln!(out, "- `{}`: `{flag}`", def.exposed_name(namespace));
+        }
+    }
+    let _ = writeln!(out);
     let _ = writeln!(out, "## Bucket overrides\n");
     let _ = writeln!(
         out,

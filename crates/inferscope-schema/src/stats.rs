@@ -52,6 +52,9 @@ pub struct SchedulerStats {
     pub num_running: usize,
     /// Requests waiting, preempted ones included.
     pub num_waiting: usize,
+    /// Of those, requests held back by the scheduler's no-admission-after-
+    /// preemption rule (the `deferred` reason); the rest wait for capacity.
+    pub num_waiting_deferred: usize,
     /// Fraction 0..1 of KV blocks referenced by live requests.
     pub kv_cache_usage: f64,
     /// Prompt tokens looked up in the prefix cache since the last snapshot.
@@ -60,6 +63,27 @@ pub struct SchedulerStats {
     pub prefix_cache_hits: u64,
     /// Preemptions since the last snapshot.
     pub num_preemptions: u64,
+    /// KV block residency samples since the last snapshot (empty unless
+    /// `--kv-cache-metrics` is on).
+    pub kv_block_residency: KvBlockResidency,
+}
+
+/// Seconds samples of the sampled KV blocks' residency, since the last snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KvBlockResidency {
+    /// Allocation to eviction of the cached content.
+    pub lifetime: Vec<f64>,
+    /// Last use to eviction.
+    pub idle_before_evict: Vec<f64>,
+    /// Last use to the next prefix-cache hit.
+    pub reuse_gap: Vec<f64>,
+}
+
+impl KvBlockResidency {
+    /// Whether no sample is held.
+    pub fn is_empty(&self) -> bool {
+        self.lifetime.is_empty() && self.idle_before_evict.is_empty() && self.reuse_gap.is_empty()
+    }
 }
 
 /// Which request an observation belongs to: what an exemplar names.
@@ -131,8 +155,15 @@ pub struct IterationStats {
     pub num_scheduled_tokens: u64,
     /// Tokens generated this step.
     pub num_generation_tokens: u64,
-    /// Prompt tokens served from the prefix cache for requests first scheduled this step.
+    /// Of `num_prompt_tokens`, the tokens served from the prefix cache (at
+    /// the request's first scheduling); the rest were computed.
     pub num_prompt_tokens_cached: u64,
+    /// Estimated model FLOPs of the step (`--enable-mfu-metrics`, else 0).
+    pub estimated_flops: u64,
+    /// Estimated bytes the step read from device memory.
+    pub estimated_read_bytes: u64,
+    /// Estimated bytes the step wrote to device memory.
+    pub estimated_write_bytes: u64,
     /// Sequences in the step's batch.
     pub batch_size: usize,
     /// Building the batch (scheduler).

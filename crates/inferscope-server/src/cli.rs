@@ -125,6 +125,22 @@ pub struct ServeArgs {
     #[arg(long, default_value = "inferscope")]
     pub metrics_namespace: String,
 
+    /// Time the residency of a sample of KV blocks: serve the
+    /// `kv_block_lifetime_seconds`, `kv_block_idle_before_evict_seconds` and
+    /// `kv_block_reuse_gap_seconds` histograms (vLLM's flag).
+    #[arg(long)]
+    pub kv_cache_metrics: bool,
+
+    /// Fraction (0 < F <= 1) of allocated KV blocks `--kv-cache-metrics` times.
+    #[arg(long, default_value_t = 0.01, value_name = "F")]
+    pub kv_cache_metrics_sample: f64,
+
+    /// Serve `estimated_flops_per_gpu_total` and the estimated read / write
+    /// bytes, from the executor's cost model, for model FLOPs utilisation
+    /// (vLLM's flag; the sim executor has a cost model).
+    #[arg(long)]
+    pub enable_mfu_metrics: bool,
+
     /// Override a histogram bucket group: `GROUP=b1,b2,...` with GROUP one of
     /// time_to_first_token, inter_token_latency, request_latency, request_tokens,
     /// iteration_tokens. Repeatable.
@@ -257,5 +273,8 @@ mod tests {
             .expect("flags");
         assert!(!a.prefix_caching());
         assert!(ServeArgs::try_parse_flags(["--executor", "gpu"]).is_err());
+        let a = ServeArgs::try_parse_flags::<[&str; 0], &str>([]).expect("defaults");
+        assert!(!a.kv_cache_metrics && !a.enable_mfu_metrics);
+        assert_eq!(a.kv_cache_metrics_sample, 0.01);
     }
 }

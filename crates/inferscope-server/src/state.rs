@@ -218,12 +218,29 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         args.served_model_name.clone()
     };
 
+    let sample = args.kv_cache_metrics_sample;
+    if !(sample.is_finite() && sample > 0.0 && sample <= 1.0) {
+        return Err(config_err(format!(
+            "--kv-cache-metrics-sample must be a fraction in (0, 1], got {sample}"
+        )));
+    }
+    // Only the sim has a cost model yet: elsewhere the counters would read
+    // zero, which looks like a measurement, so they are left out.
+    let mfu_metrics = args.enable_mfu_metrics && args.executor == ExecutorKind::Sim;
+    if args.enable_mfu_metrics && !mfu_metrics {
+        tracing::warn!(
+            "--enable-mfu-metrics: the {:?} executor has no cost model yet; the estimated_* counters are not served",
+            args.executor
+        );
+    }
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
         block_size: args.block_size,
         enable_prefix_caching: args.prefix_caching(),
         max_model_len,
+        kv_cache_metrics_sample: args.kv_cache_metrics.then_some(sample),
+        enable_mfu_metrics: mfu_metrics,
     };
     let engine_indices: Vec<usize> =
         (args.data_parallel_rank..args.data_parallel_rank + args.data_parallel_size).collect();
@@ -257,6 +274,10 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         enable_log_stats: !args.disable_log_stats,
         aggregate_log_lines: false,
         metric_filter: inferscope_metrics::every_metric,
+        optional_metrics: inferscope_metrics::OptionalMetrics {
+            kv_cache_metrics: args.kv_cache_metrics,
+            mfu_metrics,
+        },
     })?);
     forward.set(metrics.clone());
 

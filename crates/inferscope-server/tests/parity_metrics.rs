@@ -1,0 +1,202 @@
+//! vLLM's 2025–2026 metrics on a running server, read back from `/metrics`:
+//! exact values for a scripted workload of three requests on a KV cache of
+//! eight blocks (a prefix hit, then an eviction of everything cached).
+
+mod common;
+
+use common::*;
+use inferscope_engine::ScheduledBatch;
+use inferscope_engine::SimProfile;
+use inferscope_schema::schema::{self, names};
+use serde_json::json;
+
+fn m(name: &str) -> String {
+    schema::namespaced_name("inferscope", name)
+}
+
+async fn complete(addr: std::net::SocketAddr, prompt: &[u32], done: f64) {
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": prompt, "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Wait until the engine counted it, so the next request finds its blocks cached.
+    scrape_when(addr, &format!("{}_total", m(names::REQUEST_SUCCESS)), done).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_vllm_metrics_have_exact_values() {
+    let profile = "tiny,kv_tokens=32";
+    let server = start(&[
+        "--sim-profile",
+        profile,
+        "--block-size",
+        "4",
+        "--kv-cache-metrics",
+        "--kv-cache-metrics-sample",
+        "1",
+        "--enable-mfu-metrics",
+    ])
+    .await;
+    let addr = server.addr;
+    let first: Vec<u32> = (10..22).collect();
+    let mut second = first.clone();
+    second.extend([40, 41, 42, 43]);
+    let third: Vec<u32> = (100..128).collect();
+    complete(addr, &first, 1.0).await;
+    complete(addr, &second, 2.0).await;
+    complete(addr, &third, 3.0).await;
+    let s = scrape(addr).await;
+    let v = |name: &str, labels: &[(&str, &str)]| sum(&s, &m(name), labels);
+    let counter = |name: &str, labels: &[(&str, &str)]| v(&format!("{name}_total"), labels);
+
+    // 12 + 16 + 28 prompt tokens; the second request found 3 blocks of 4 cached.
+    assert_eq!(counter(names::PROMPT_TOKENS, &[]), 56.0);
+    let by_source = names::PROMPT_TOKENS_BY_SOURCE;
+    assert_eq!(counter(by_source, &[("source", "local_cache_hit")]), 12.0);
+    assert_eq!(counter(by_source, &[("source", "local_compute")]), 44.0);
+    assert_eq!(counter(names::PROMPT_TOKENS_CACHED, &[]), 12.0);
+    let kv = names::REQUEST_PREFILL_KV_COMPUTED_TOKENS;
+    assert_eq!(v(&format!("{kv}_sum"), &[]), 12.0 + 4.0 + 28.0);
+    assert_eq!(v(&format!("{kv}_count"), &[]), 3.0);
+    assert_eq!(v(&format!("{kv}_bucket"), &[("le", "5")]), 1.0);
+
+    // Nothing waits at the end, and the reasons sum to the total.
+    let reasons = names::NUM_REQUESTS_WAITING_BY_REASON;
+    let capacity = v(reasons, &[("reason", "capacity")]);
+    let deferred = v(reasons, &[("reason", "deferred")]);
+    assert_eq!(capacity + deferred, v(names::NUM_REQUESTS_WAITING, &[]));
+    assert_eq!(s.iter().filter(|x| x.name == m(reasons)).count(), 2);
+
+    // Every block is sampled: the second request's 3 hits, then the third
+    // request's 8 blocks evict the 4 full blocks the first two cached.
+    let count = |name: &str| v(&format!("{name}_count"), &[]);
+    assert_eq!(count(names::KV_BLOCK_REUSE_GAP_SECONDS), 3.0);
+    assert_eq!(count(names::KV_BLOCK_LIFETIME_SECONDS), 4.0);
+    assert_eq!(count(names::KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS), 4.0);
+    let lifetime = v(&format!("{}_sum", names::KV_BLOCK_LIFETIME_SECONDS), &[]);
+    let idle = v(
+        &format!("{}_sum", names::KV_BLOCK_IDLE_BEFORE_EVICT_SECONDS),
+        &[],
+    );
+    assert!(lifetime > idle && idle > 0.0, "{lifetime} {idle}");
+
+    // The sim's cost model over the nine steps (prefill, two decodes each).
+    let cost = profile.parse::<SimProfile>().expect("profile").cost;
+    // (start_pos, new tokens) of every step.
+    let steps = [
+        (0, 12),
+        (12, 1),
+        (13, 1),
+        (12, 4),
+        (16, 1),
+        (17, 1),
+        (0, 28),
+        (28, 1),
+        (29, 1),
+    ];
+    let (mut flops, mut read, mut write) = (0u64, 0u64, 0u64);
+    for (start, n) in steps {
+        let batch = one_seq_batch(start, n);
+        let c = cost.step_cost(&batch);
+        flops += c.flops as u64;
+        read += c.read_bytes as u64;
+        write += c.write_bytes as u64;
+    }
+    assert_eq!(counter(names::ESTIMATED_FLOPS_PER_GPU, &[]), flops as f64);
+    assert_eq!(
+        counter(names::ESTIMATED_READ_BYTES_PER_GPU, &[]),
+        read as f64
+    );
+    assert_eq!(
+        counter(names::ESTIMATED_WRITE_BYTES_PER_GPU, &[]),
+        write as f64
+    );
+    // 50 tokens of 128 KiB of KV written.
+    assert_eq!(write, 50 * 131_072);
+    assert_histograms_well_formed(&s);
+    server.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+fn one_seq_batch(start_pos: usize, num_tokens: usize) -> ScheduledBatch {
+    ScheduledBatch {
+        seqs: vec![inferscope_engine::ScheduledSeq {
+            seq_id: 0,
+            token_offset: 0,
+            num_tokens,
+            start_pos,
+            block_table_offset: 0,
+            block_table_len: 0,
+            is_prefill: num_tokens > 1,
+            sample: true,
+            num_generated: 0,
+            seed: 0,
+            params: Default::default(),
+        }],
+        token_ids: vec![0; num_tokens],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flagged_metrics_are_absent_by_default_and_vllm_names_are_served() {
+    let server = start(&["--metrics-namespace", "vllm"]).await;
+    let addr = server.addr;
+    complete_vllm(addr).await;
+    let s = scrape(addr).await;
+    let has = |name: &str| s.iter().any(|x| x.name.starts_with(name));
+    assert!(has("vllm:num_requests_waiting_by_reason"));
+    assert!(has("vllm:prompt_tokens_by_source_total"));
+    assert!(has("vllm:request_prefill_kv_computed_tokens_bucket"));
+    assert!(has("vllm:prompt_tokens_cached_total"));
+    assert!(!has("vllm:kv_block_"), "behind --kv-cache-metrics");
+    assert!(!has("vllm:estimated_"), "behind --enable-mfu-metrics");
+    assert_eq!(
+        sum(
+            &s,
+            "vllm:prompt_tokens_by_source_total",
+            &[("source", "local_compute")]
+        ),
+        sum(&s, "vllm:prompt_tokens_total", &[])
+    );
+    server.shutdown(std::time::Duration::from_secs(5)).await;
+}
+
+async fn complete_vllm(addr: std::net::SocketAddr) {
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": [5, 6, 7], "max_tokens": 2, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    scrape_when(addr, "vllm:request_success_total", 1.0).await;
+}
+
+#[tokio::test]
+async fn a_bad_sample_fraction_is_refused() {
+    for bad in ["0", "1.5", "NaN", "-0.1"] {
+        let args = inferscope_server::ServeArgs::try_parse_flags([
+            "--executor",
+            "sim",
+            "--sim-profile",
+            "tiny",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            format!("--kv-cache-metrics-sample={bad}").as_str(),
+        ])
+        .expect("parses");
+        let err = inferscope_server::start(&args)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{bad} accepted"));
+        assert!(
+            err.to_string().contains("--kv-cache-metrics-sample"),
+            "{err}"
+        );
+    }
+}
