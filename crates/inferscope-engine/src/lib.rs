@@ -7,6 +7,7 @@ pub mod config;
 pub mod coordinator;
 pub mod core;
 pub mod executor;
+pub mod kv_events;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
@@ -15,6 +16,7 @@ pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
 pub use inferscope_schema::FinishReason;
+pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{
     EngineRequest, FinishedOutput, RequestOutput, RequestTimeline, SamplingParams, StopTokenIds,
 };

@@ -139,6 +139,7 @@ pub struct EngineMetrics {
     idle: F64Counter,
     batch_size: AtomicHistogram,
     core_failures: [Counter; 2],
+    kv_events_dropped: Counter,
 }
 
 impl EngineMetrics {
@@ -210,6 +211,11 @@ impl EngineMetrics {
     /// The engine core died of `cause`.
     pub fn record_engine_failure(&self, cause: EngineFailure) {
         self.core_failures[cause.index()].inc();
+    }
+
+    /// `batches` KV-event batches were dropped (full publisher queue).
+    pub fn record_kv_events_dropped(&self, batches: u64) {
+        self.kv_events_dropped.inc_by(batches);
     }
 
     /// A request the engine finished: success counter and request histograms.
@@ -418,6 +424,7 @@ impl PrometheusLogger {
             r.add(&s::ENGINE_IDLE_SECONDS, Family::default());
         let batch = r.hist::<EngineLabels>(&s::BATCH_SIZE);
         let failures = r.family::<FailureLabels>(&s::ENGINE_CORE_FAILURES);
+        let kv_dropped = r.family::<EngineLabels>(&s::KV_EVENTS_DROPPED_BATCHES);
 
         let engines = engine_indices
             .iter()
@@ -499,6 +506,7 @@ impl PrometheusLogger {
                     idle: idle.get_or_create_owned(&l),
                     batch_size: batch.get_or_create_owned(&l),
                     core_failures: EngineFailure::ALL.map(failure),
+                    kv_events_dropped: kv_dropped.get_or_create_owned(&l),
                 }
             })
             .collect();

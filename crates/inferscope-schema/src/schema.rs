@@ -462,6 +462,8 @@ metrics! {
         "Sequences per engine step";
     ENGINE_CORE_FAILURES = ENGINE_CORE_FAILURES: Counter "engine_core_failures", unit Failures, scope Engine, labels &["model_name", "engine", "cause"], buckets NB,
         "Engine cores that stopped serving for good, by cause (panic, executor_error); the log and /health give the message";
+    KV_EVENTS_DROPPED_BATCHES = KV_EVENTS_DROPPED_BATCHES: Counter "kv_events_dropped_batches", unit Steps, scope Engine, labels ENGINE, buckets NB,
+        "Engine steps whose KV-cache event batch was dropped because the publisher's queue was full (--kv-events-config); a router fed by these events misses those changes until it replays";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
@@ -513,6 +515,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     ENGINE_IDLE_SECONDS,
     BATCH_SIZE,
     ENGINE_CORE_FAILURES,
+    KV_EVENTS_DROPPED_BATCHES,
 ];
 
 /// Every HTTP metric, in exposition order.

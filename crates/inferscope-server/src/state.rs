@@ -320,6 +320,11 @@ impl StatsRecorder for ForwardingRecorder {
             m.record_engine_failure(engine, cause);
         }
     }
+    fn record_kv_events_dropped(&self, engine: usize, batches: u64) {
+        if let Some(m) = self.0.get() {
+            m.record_kv_events_dropped(engine, batches);
+        }
+    }
 }
 
 #[cfg(test)]
