@@ -132,17 +132,17 @@ impl Worker {
             endpoint: endpoint.to_owned(),
             message: e.to_string(),
         };
-        let mut publisher = PubSocket::new();
-        let bound = if binds(&self.endpoint) {
-            publisher.bind(&socket_addr(&self.endpoint)).await.map(drop)
-        } else {
-            // A router that is not up yet: connect in the background while
-            // batches queue (and, if it takes long, drop and get counted).
-            Ok(())
-        };
-        if let Err(e) = bound {
-            let _ = ready.send(Err(sock_err(&self.endpoint, e)));
-            return;
+        // Bound at once; a connecting socket connects in the background while
+        // batches are encoded and buffered for replay (nobody would get
+        // them before the connection anyway).
+        let mut publisher = None;
+        if binds(&self.endpoint) {
+            let mut socket = PubSocket::new();
+            if let Err(e) = socket.bind(&socket_addr(&self.endpoint)).await {
+                let _ = ready.send(Err(sock_err(&self.endpoint, e)));
+                return;
+            }
+            publisher = Some(socket);
         }
         let mut replay = None;
         if let Some(r) = &self.replay_endpoint {
@@ -154,14 +154,22 @@ impl Worker {
             replay = Some(router);
         }
         let _ = ready.send(Ok(()));
-        if !binds(&self.endpoint) {
+        let endpoint = self.endpoint.clone();
+        let connecting = async move {
             let mut wait = Duration::from_millis(100);
-            while let Err(e) = publisher.connect(&self.endpoint).await {
-                tracing::warn!(endpoint = %self.endpoint, error = %e, "KV events: cannot connect yet; retrying");
-                tokio::time::sleep(wait).await;
-                wait = (wait * 2).min(Duration::from_secs(5));
+            loop {
+                let mut socket = PubSocket::new();
+                match socket.connect(&endpoint).await {
+                    Ok(()) => return socket,
+                    Err(e) => {
+                        tracing::warn!(%endpoint, error = %e, "KV events: cannot connect yet; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                }
             }
-        }
+        };
+        tokio::pin!(connecting);
 
         let mut seq: u64 = 0;
         let mut buffer: VecDeque<(u64, Bytes)> = VecDeque::new();
@@ -176,7 +184,8 @@ impl Worker {
                         Bytes::copy_from_slice(&seq.to_be_bytes()),
                         payload.clone(),
                     ];
-                    if let Ok(msg) = ZmqMessage::try_from(frames)
+                    if let Some(publisher) = publisher.as_mut()
+                        && let Ok(msg) = ZmqMessage::try_from(frames)
                         && let Err(e) = publisher.send(msg).await
                     {
                         tracing::warn!(error = %e, seq, "KV events: send failed (kept for replay)");
@@ -188,6 +197,10 @@ impl Worker {
                         buffer.push_back((seq, payload));
                     }
                     seq += 1;
+                }
+                socket = &mut connecting, if publisher.is_none() => {
+                    tracing::info!(endpoint = %self.endpoint, "KV events: connected");
+                    publisher = Some(socket);
                 }
                 request = next_request(&mut replay) => {
                     if let (Ok(request), Some(router)) = (request, replay.as_mut()) {

@@ -168,6 +168,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub metrics_port: Option<u16>,
 
+    /// Publish KV-cache events for prefix-aware routers, as vLLM does: JSON with vLLM's keys,
+    /// e.g. `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    /// "replay_endpoint": "tcp://*:5558", "topic": "kv@POD_IP@MODEL"}` (also enables
+    /// `GET /debug/kv_cache_blocks` and `POST /reset_prefix_cache`).
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
+
     /// Test only: every Nth step of each sim executor fails (its requests end with `error`).
     #[arg(long, hide = true, default_value_t = 0)]
     pub sim_fail_every_n_steps: u64,

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile,
+    Coordinator, EngineConfig, Executor, ExecutorError, KvEventSink, SimExecutor, SimProfile,
     sim::{SimFaults, SimTokens},
 };
+use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
@@ -51,6 +52,8 @@ pub struct AppState {
     pub request_ids: RequestIds,
     /// Where requests are parsed, rendered and tokenized, off the runtime.
     pub validation_workers: ValidationWorkers,
+    /// Whether KV-cache events are published (and their debug routes served).
+    pub kv_events: bool,
 }
 
 impl AppState {
@@ -106,6 +109,13 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             "--log-stats-interval must be a positive number of seconds".into(),
         ));
     }
+    let kv_events_config = args
+        .kv_events_config
+        .as_deref()
+        .map(KvEventsConfig::parse)
+        .transpose()
+        .map_err(|e| config_err(e.to_string()))?
+        .filter(KvEventsConfig::publishes);
     let mut buckets = BucketOverrides::default();
     for spec in &args.histogram_buckets {
         buckets
@@ -215,12 +225,20 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     // The metrics manager needs the block counts, which the executors know
     // only once started; the recorder forwards to it once it exists.
     let forward = Arc::new(ForwardingRecorder::default());
-    let coordinator = Coordinator::start(
+    let kv_sink = match &kv_events_config {
+        Some(c) => Some(Arc::new(
+            KvEventPublisher::start(c, &engine_indices).map_err(|e| config_err(e.to_string()))?,
+        ) as Arc<dyn KvEventSink>),
+        None => None,
+    };
+    let kv_events = kv_sink.is_some();
+    let coordinator = Coordinator::start_with_kv_events(
         engine_config.clone(),
         args.data_parallel_size,
         args.data_parallel_rank,
         &mut factory,
         forward.clone(),
+        kv_sink,
     )?;
     let cache_configs = coordinator
         .engines()
@@ -270,6 +288,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             args.validation_workers,
             args.max_validation_queue_bytes,
         ),
+        kv_events,
     }))
 }
 
