@@ -41,13 +41,10 @@ struct Fixture {
 
 fn fill(scheduler: &Scheduler, out: &mut StepOutput) {
     out.sampled.clear();
-    out.sampled.extend(
-        scheduler
-            .batch()
-            .seqs
-            .iter()
-            .map(|s| s.sample.then_some(100 + (s.seq_id as u32 + s.num_generated as u32) % 30_000)),
-    );
+    out.sampled.extend(scheduler.batch().seqs.iter().map(|s| {
+        s.sample
+            .then_some(100 + (s.seq_id as u32 + s.num_generated as u32) % 30_000)
+    }));
     out.device_time = Duration::ZERO;
 }
 
@@ -178,7 +175,9 @@ fn bench(c: &mut Criterion) {
     let mut off = Fixture::new(false);
     let mut on = Fixture::new(true);
     let mut g = c.benchmark_group("decode_step_256");
-    g.bench_function("kv_events_off", |b| b.iter_custom(|n| off.run(n, &publisher)));
+    g.bench_function("kv_events_off", |b| {
+        b.iter_custom(|n| off.run(n, &publisher))
+    });
     g.bench_function("kv_events_on", |b| b.iter_custom(|n| on.run(n, &publisher)));
     g.finish();
     assert!(on.published > 0, "the events variant published batches");

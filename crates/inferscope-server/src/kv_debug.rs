@@ -47,7 +47,9 @@ pub async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
         Ok(true) => StatusCode::OK.into_response(),
         Ok(false) => ApiError {
             status: StatusCode::CONFLICT,
-            message: "the prefix cache cannot be reset while requests hold KV blocks; retry when idle".into(),
+            message:
+                "the prefix cache cannot be reset while requests hold KV blocks; retry when idle"
+                    .into(),
             kind: "conflict_error",
             param: None,
         }

@@ -43,7 +43,10 @@ fn checked_files() -> Vec<(String, String)> {
     yamls.sort();
     assert!(yamls.len() >= 2, "inferscope.yaml and inferscope-gie.yaml");
     for p in yamls {
-        let rel = format!("deploy/kubernetes/{}", p.file_name().unwrap().to_string_lossy());
+        let rel = format!(
+            "deploy/kubernetes/{}",
+            p.file_name().unwrap().to_string_lossy()
+        );
         files.push((rel.clone(), read(&rel)));
     }
     files
@@ -57,7 +60,9 @@ fn tokens(text: &str, prefix: &str, extra: char) -> BTreeSet<String> {
         let before = rest[..i].chars().last();
         let tail = &rest[i + prefix.len()..];
         let len = tail
-            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == extra))
+            .find(|c: char| {
+                !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == extra)
+            })
             .unwrap_or(tail.len());
         // `--x` inside a word (e.g. `a--b`) is not a flag.
         if len > 0 && before.is_none_or(|c| !c.is_ascii_alphanumeric()) {
@@ -93,7 +98,10 @@ fn every_metric_name_used_exists() {
     for (file, text) in checked_files() {
         for name in tokens(&text, "vllm:", '_') {
             used += 1;
-            assert!(known.contains(&name), "{file}: `{name}` is not a metric inferscope serves");
+            assert!(
+                known.contains(&name),
+                "{file}: `{name}` is not a metric inferscope serves"
+            );
         }
     }
     assert!(used >= 4, "the router's names are referenced");
@@ -115,7 +123,9 @@ fn every_flag_used_exists() {
         let lines: Vec<&str> = if file.ends_with(".md") {
             text.lines().collect()
         } else {
-            text.lines().filter(|l| !l.trim_start().starts_with('#')).collect()
+            text.lines()
+                .filter(|l| !l.trim_start().starts_with('#'))
+                .collect()
         };
         for flag in tokens(&lines.join("\n"), "--", '-') {
             assert!(
@@ -134,7 +144,11 @@ fn dockerfile_builds_with_the_readme_release_command() {
         .map(str::trim)
         .filter(|l| l.starts_with("cargo build --release"))
         .collect();
-    assert_eq!(commands.len(), 1, "one release build command in the README: {commands:?}");
+    assert_eq!(
+        commands.len(),
+        1,
+        "one release build command in the README: {commands:?}"
+    );
     let readme_cmd = *commands.iter().next().unwrap();
 
     let dockerfile = read("deploy/Dockerfile");
@@ -154,18 +168,32 @@ fn dockerfile_builds_with_the_readme_release_command() {
             user = Some(u.to_owned());
         }
     }
-    assert_eq!(build_runs, vec![readme_cmd.to_owned()], "the build stage runs the README's command");
+    assert_eq!(
+        build_runs,
+        vec![readme_cmd.to_owned()],
+        "the build stage runs the README's command"
+    );
     assert!(last_from.contains("slim"), "slim runtime base: {last_from}");
     let user = user.expect("a USER line");
-    assert!(!user.starts_with('0') && !user.starts_with("root"), "non-root user: {user}");
+    assert!(
+        !user.starts_with('0') && !user.starts_with("root"),
+        "non-root user: {user}"
+    );
     assert!(dockerfile.contains(r#"ENTRYPOINT ["inferscope", "serve""#));
     assert!(dockerfile.contains("HEALTHCHECK") && dockerfile.contains("/health"));
 }
 
 #[test]
 fn the_token_scanner_finds_names_and_flags() {
-    let t = tokens("a vllm:num_requests_waiting{x} --foo-bar=1 x--y -- `--kv`", "--", '-');
+    let t = tokens(
+        "a vllm:num_requests_waiting{x} --foo-bar=1 x--y -- `--kv`",
+        "--",
+        '-',
+    );
     assert_eq!(t.into_iter().collect::<Vec<_>>(), vec!["--foo-bar", "--kv"]);
     let n = tokens("(vllm:kv_cache_usage_perc) vllm:", "vllm:", '_');
-    assert_eq!(n.into_iter().collect::<Vec<_>>(), vec!["vllm:kv_cache_usage_perc"]);
+    assert_eq!(
+        n.into_iter().collect::<Vec<_>>(),
+        vec!["vllm:kv_cache_usage_perc"]
+    );
 }
