@@ -1,8 +1,9 @@
 """KV-cache events as vLLM publishes them, consumed as llm-d's router does.
 
 The server runs the sim executor with a small KV cache (so the workload evicts)
-and `--kv-events-config`; its PUB socket connects to this test's SUB socket
-(llm-d's topology: the router binds, each pod connects; all on 127.0.0.1). The
+and `--kv-events-config`; its PUB socket binds on the IPv6 loopback `[::1]`
+(vLLM's rule: an endpoint with `*` or `::` binds; loopback keeps the test
+local) and this test's SUB socket connects to it. The
 test decodes every message as vLLM's msgspec structs define it (array-like,
 tagged by class name), rebuilds the engine's set of cached block hashes, and
 compares it with `GET /debug/kv_cache_blocks`, the engine's own set.
@@ -113,13 +114,16 @@ class Consumer:
 
 
 class Subscriber:
-    """A SUB socket bound on 127.0.0.1 that the server's PUB connects to."""
+    """A SUB socket for the server's PUB socket on [::1]:port."""
 
     def __init__(self, ctx: zmq.Context, topic: str):
         self.port = free_port()
         self.topic = topic.encode()
         self.sock = ctx.socket(zmq.SUB)
-        self.sock.bind(f"tcp://127.0.0.1:{self.port}")
+        self.sock.setsockopt(zmq.IPV6, 1)
+
+    def connect(self) -> None:
+        self.sock.connect(f"tcp://[::1]:{self.port}")
         self.sock.setsockopt(zmq.SUBSCRIBE, b"")
 
     def drain(self, quiet: float = 0.7, timeout: float = 30.0) -> list[tuple[int, KVEventBatch]]:
@@ -207,15 +211,15 @@ def start(workdir, sub: Subscriber, replay_port: int) -> Server:
     config = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": f"tcp://127.0.0.1:{sub.port}",
+        "endpoint": f"tcp://[::1]:{sub.port}",
         "replay_endpoint": f"tcp://127.0.0.1:{replay_port}",
         "topic": sub.topic.decode(),
         "buffer_steps": 10000,
     }
     server = Server(["--sim-profile", "tiny,kv_tokens=256", "--block-size", str(BLOCK_SIZE),
                      "--kv-events-config", json.dumps(config)], workdir)
-    # The PUB side connects after the server answers: give the subscription
-    # time to reach it (a PUB socket drops what it sends before that).
+    sub.connect()
+    # A PUB socket drops what it sends before the subscription reaches it.
     time.sleep(0.5)
     return server
 
