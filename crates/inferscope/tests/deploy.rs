@@ -64,8 +64,11 @@ fn tokens(text: &str, prefix: &str, extra: char) -> BTreeSet<String> {
                 !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == extra)
             })
             .unwrap_or(tail.len());
-        // `--x` inside a word (e.g. `a--b`) is not a flag.
-        if len > 0 && before.is_none_or(|c| !c.is_ascii_alphanumeric()) {
+        // `--x` inside a word (e.g. `a--b`) and `---` (a table rule) are
+        // not flags: a name starts with a letter.
+        if tail.starts_with(|c: char| c.is_ascii_lowercase())
+            && before.is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-')
+        {
             out.insert(format!("{prefix}{}", &tail[..len]));
         }
         rest = &tail[len..];
