@@ -30,6 +30,9 @@
 //!   chunks, finishes and admissions mix with the decodes as in serving.
 //!
 //! Run: `cargo bench -p inferscope-engine --bench sim_utilization [-- SCENARIO...]`.
+//! `SIM_UTIL_KV_EVENTS=1` records KV-cache events and hands each step's batch
+//! to a bounded queue drained by another thread, as `--kv-events-config` does
+//! (the ZeroMQ encoding and send run on that other thread in the server).
 //! `SIM_UTIL_WARMUP_S` overrides the warm-up (default 2 s, churn 6 s) and
 //! `SIM_UTIL_WINDOW_S` the window (default 6 s; longer decode windows grow
 //! the contexts until the KV cache preempts). `SIM_UTIL_KV_CACHE_METRICS=F`
@@ -43,7 +46,8 @@ use std::time::{Duration, Instant};
 
 use inferscope_engine::sim::SimTokens;
 use inferscope_engine::{
-    Coordinator, EngineConfig, EngineRequest, Executor, SamplingParams, SimExecutor, SimProfile,
+    Coordinator, EngineConfig, EngineRequest, Executor, KvEventBatch, KvEventSink, SamplingParams,
+    SimExecutor, SimProfile,
 };
 use inferscope_schema::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -224,6 +228,26 @@ struct Report {
     idle: Duration,
 }
 
+/// A bounded queue of event batches drained (and counted) by its own thread.
+struct QueueSink(std::sync::mpsc::SyncSender<KvEventBatch>);
+
+impl QueueSink {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<KvEventBatch>(100_000);
+        std::thread::spawn(move || {
+            let events: usize = rx.iter().map(|b| b.events.len()).sum();
+            std::hint::black_box(events);
+        });
+        Self(tx)
+    }
+}
+
+impl KvEventSink for QueueSink {
+    fn try_publish(&self, batch: KvEventBatch) -> bool {
+        self.0.try_send(batch).is_ok()
+    }
+}
+
 fn run(scenario: Scenario, warmup: Duration, window: Duration) -> Report {
     let profile = SimProfile::builtin(PROFILE).expect("built-in profile");
     let recorder = Arc::new(StepRecorder::default());
@@ -235,7 +259,8 @@ fn run(scenario: Scenario, warmup: Duration, window: Duration) -> Report {
         enable_mfu_metrics: std::env::var("SIM_UTIL_MFU").is_ok_and(|v| v == "1"),
         ..EngineConfig::default()
     };
-    let coordinator = Coordinator::start(
+    let kv_events = std::env::var("SIM_UTIL_KV_EVENTS").is_ok_and(|v| v == "1");
+    let coordinator = Coordinator::start_with_kv_events(
         config,
         1,
         0,
@@ -246,6 +271,7 @@ fn run(scenario: Scenario, warmup: Duration, window: Duration) -> Report {
             )))
         },
         Arc::clone(&recorder) as Arc<dyn StatsRecorder>,
+        kv_events.then(|| Arc::new(QueueSink::start()) as Arc<dyn KvEventSink>),
     )
     .expect("engine starts");
     let coordinator = Arc::new(coordinator);

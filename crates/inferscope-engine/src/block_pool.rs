@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 use crate::kv_residency::ResidencyTracker;
+use crate::kv_events::{EventLog, KvEvent};
 
 /// Marks "no block" in the intrusive free list.
 const NIL: u32 = u32::MAX;
@@ -66,6 +67,8 @@ pub struct BlockPool {
     counts: PrefixCacheCounts,
     /// Sampled residency timing (`--kv-cache-metrics`); `None` when off.
     residency: Option<Box<ResidencyTracker>>,
+    /// KV-cache events since the last take (only when events are on).
+    events: Option<EventLog>,
 }
 
 impl BlockPool {
@@ -90,6 +93,7 @@ impl BlockPool {
             enable_prefix_caching,
             counts: PrefixCacheCounts::default(),
             residency: None,
+            events: None,
         }
     }
 
@@ -107,6 +111,38 @@ impl BlockPool {
     /// The residency tracker, when sampling is on.
     pub fn residency_mut(&mut self) -> Option<&mut ResidencyTracker> {
         self.residency.as_deref_mut()
+    }
+
+    /// Records KV-cache events from now on (see [`BlockPool::take_events`]).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(EventLog::default);
+    }
+
+    /// The events since the last call, in order (empty when events are off).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(EventLog::take).unwrap_or_default()
+    }
+
+    /// Hashes of every block in the prefix cache, in no order.
+    pub fn cached_hashes(&self) -> Vec<BlockHash> {
+        self.cached.keys().copied().collect()
+    }
+
+    /// Drops the whole prefix cache, as vLLM's `reset_prefix_cache`: only
+    /// when no block is in use (a running sequence's blocks must stay
+    /// reachable); false, and nothing changed, otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_free != self.blocks.len() {
+            return false;
+        }
+        for &b in self.cached.values() {
+            self.blocks[b as usize].hash = None;
+        }
+        self.cached.clear();
+        if let Some(log) = &mut self.events {
+            log.cleared();
+        }
+        true
     }
 
     /// Total blocks.
@@ -190,6 +226,9 @@ impl BlockPool {
                 // Evicted: forget the hash only if it still points here.
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
+                    if let Some(log) = &mut self.events {
+                        log.removed(h);
+                    }
                 }
             }
             block.ref_count = 1;
@@ -219,13 +258,23 @@ impl BlockPool {
 
     /// Enters a full, computed block in the prefix cache. A block whose
     /// content is already cached elsewhere stays uncached (a duplicate).
-    pub fn cache_block(&mut self, block: u32, hash: BlockHash) {
+    /// `parent` and `tokens` (the block's own tokens) go into the event.
+    pub fn cache_block(
+        &mut self,
+        block: u32,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[u32],
+    ) {
         if !self.enable_prefix_caching {
             return;
         }
         let entry = self.cached.entry(hash).or_insert(block);
-        if *entry == block {
-            self.blocks[block as usize].hash = Some(hash);
+        if *entry == block
+            && self.blocks[block as usize].hash.replace(hash).is_none()
+            && let Some(log) = &mut self.events
+        {
+            log.stored(hash, parent, tokens, tokens.len());
         }
     }
 
@@ -307,8 +356,8 @@ mod tests {
         let h2 = hash_block(Some(h1), &[3, 4]);
         let mut a = Vec::new();
         assert!(pool.allocate(2, &mut a));
-        pool.cache_block(a[0], h1);
-        pool.cache_block(a[1], h2);
+        pool.cache_block(a[0], h1, None, &[1, 2]);
+        pool.cache_block(a[1], h2, Some(h1), &[3, 4]);
         pool.free(&a);
         assert_eq!(pool.num_cached_free(), 2);
 
@@ -339,10 +388,83 @@ mod tests {
         let h = hash_block(None, &[1]);
         let mut a = Vec::new();
         assert!(pool.allocate(1, &mut a));
-        pool.cache_block(a[0], h);
+        pool.cache_block(a[0], h, None, &[1]);
         pool.free(&a);
         let mut hit = Vec::new();
         pool.take_cached_prefix(&[h], &mut hit);
         assert!(hit.is_empty());
+    }
+
+    #[test]
+    fn events_follow_the_prefix_cache() {
+        let mut pool = BlockPool::new(3, true);
+        pool.enable_events();
+        let h1 = hash_block(None, &[1, 2]);
+        let h2 = hash_block(Some(h1), &[3, 4]);
+        let h3 = hash_block(None, &[5, 6]);
+        let mut a = Vec::new();
+        assert!(pool.allocate(3, &mut a));
+        pool.cache_block(a[0], h1, None, &[1, 2]);
+        pool.cache_block(a[1], h2, Some(h1), &[3, 4]);
+        pool.cache_block(a[2], h3, None, &[5, 6]);
+        // Entering the same block again, or a duplicate of cached content,
+        // changes nothing and says nothing.
+        pool.cache_block(a[2], h3, None, &[5, 6]);
+        assert_eq!(
+            pool.take_events(),
+            vec![
+                KvEvent::BlockStored {
+                    block_hashes: vec![h1, h2],
+                    parent_block_hash: None,
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 2,
+                },
+                KvEvent::BlockStored {
+                    block_hashes: vec![h3],
+                    parent_block_hash: None,
+                    token_ids: vec![5, 6],
+                    block_size: 2,
+                },
+            ],
+            "one chain is one event; a new chain starts another"
+        );
+        assert!(pool.take_events().is_empty(), "taken once");
+        pool.free(&a);
+        // Freed blocks stay cached: no event. Reuse evicts them LRU.
+        assert!(pool.take_events().is_empty());
+        let mut b = Vec::new();
+        assert!(pool.allocate(2, &mut b));
+        let KvEvent::BlockRemoved { block_hashes } = &pool.take_events()[0] else {
+            panic!("eviction must be a BlockRemoved event");
+        };
+        let mut removed = block_hashes.clone();
+        removed.sort_unstable();
+        let mut gone: Vec<_> = [h1, h2, h3]
+            .into_iter()
+            .filter(|h| !pool.cached_hashes().contains(h))
+            .collect();
+        gone.sort_unstable();
+        assert_eq!(removed, gone, "exactly the evicted hashes");
+        assert_eq!(pool.cached_hashes().len(), 1);
+
+        // Reset refuses while blocks are in use, then clears.
+        assert!(!pool.reset_prefix_cache());
+        assert!(pool.take_events().is_empty());
+        pool.free(&b);
+        assert!(pool.reset_prefix_cache());
+        assert_eq!(pool.take_events(), vec![KvEvent::AllBlocksCleared]);
+        assert!(pool.cached_hashes().is_empty());
+        let mut c = Vec::new();
+        assert!(pool.allocate(3, &mut c));
+        assert!(pool.take_events().is_empty(), "nothing left to evict");
+    }
+
+    #[test]
+    fn events_off_records_nothing() {
+        let mut pool = BlockPool::new(1, true);
+        let mut a = Vec::new();
+        assert!(pool.allocate(1, &mut a));
+        pool.cache_block(a[0], 7, None, &[1]);
+        assert!(pool.take_events().is_empty());
     }
 }

@@ -10,9 +10,11 @@ use inferscope_schema::{FinishReason, StatsRecorder};
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
 use crate::core::{CoreHandle, CoreMessage, CoreState, spawn_core};
 use crate::executor::{Executor, ExecutorError};
+use crate::kv_events::KvEventSink;
 use crate::request::{EngineRequest, RequestOutput, SamplingParams, StopTokenIds};
 
 /// Why the coordinator refused a request or could not start.
@@ -149,8 +151,31 @@ impl Coordinator {
         config: EngineConfig,
         data_parallel_size: usize,
         data_parallel_rank: usize,
+        make_executor: F,
+        recorder: Arc<dyn StatsRecorder>,
+    ) -> Result<Self, EngineError>
+    where
+        F: FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError>,
+    {
+        Self::start_with_kv_events(
+            config,
+            data_parallel_size,
+            data_parallel_rank,
+            make_executor,
+            recorder,
+            None,
+        )
+    }
+
+    /// [`Coordinator::start`], with every core handing its KV-cache events
+    /// to `kv_events` once per step (each batch names its engine).
+    pub fn start_with_kv_events<F>(
+        config: EngineConfig,
+        data_parallel_size: usize,
+        data_parallel_rank: usize,
         mut make_executor: F,
         recorder: Arc<dyn StatsRecorder>,
+        kv_events: Option<Arc<dyn KvEventSink>>,
     ) -> Result<Self, EngineError>
     where
         F: FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError>,
@@ -161,7 +186,15 @@ impl Coordinator {
         for i in 0..data_parallel_size {
             let engine = data_parallel_rank + i;
             let (core, thread) = make_executor(engine)
-                .and_then(|ex| spawn_core(engine, config.clone(), ex, Arc::clone(&recorder)))
+                .and_then(|ex| {
+                    spawn_core(
+                        engine,
+                        config.clone(),
+                        ex,
+                        Arc::clone(&recorder),
+                        kv_events.clone(),
+                    )
+                })
                 .map_err(|source| EngineError::Executor { engine, source })?;
             cores.push(core);
             threads.push(thread);
@@ -269,6 +302,53 @@ impl Coordinator {
             }
             None => false,
         }
+    }
+
+    /// Drops every engine's prefix cache (vLLM's `reset_prefix_cache`);
+    /// false when some engine could not, because requests hold blocks, or
+    /// did not answer within `timeout`.
+    pub fn reset_prefix_cache(&self, timeout: Duration) -> bool {
+        let replies: Vec<_> = (0..self.shared.cores.len())
+            .map(|i| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                self.shared.send(i, CoreMessage::ResetPrefixCache(tx));
+                rx
+            })
+            .collect();
+        let deadline = Instant::now() + timeout;
+        replies.into_iter().fold(true, |ok, rx| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            rx.recv_timeout(left).unwrap_or(false) && ok
+        })
+    }
+
+    /// Each engine's cached block hashes, sorted, by global engine index;
+    /// `None` for an engine that did not answer within `timeout`. Blocks
+    /// the engine thread for a moment: debugging and tests only.
+    pub fn cached_block_hashes(&self, timeout: Duration) -> Vec<(usize, Option<Vec<BlockHash>>)> {
+        let replies: Vec<_> = self
+            .shared
+            .cores
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                self.shared.send(i, CoreMessage::CachedBlocks(tx));
+                (c.state.engine_index, rx)
+            })
+            .collect();
+        let deadline = Instant::now() + timeout;
+        replies
+            .into_iter()
+            .map(|(engine, rx)| {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let hashes = rx.recv_timeout(left).ok().map(|mut h| {
+                    h.sort_unstable();
+                    h
+                });
+                (engine, hashes)
+            })
+            .collect()
     }
 
     /// Stops taking requests, lets in-flight ones finish for up to

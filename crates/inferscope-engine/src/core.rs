@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use inferscope_schema::{EngineFailure, FinishReason, StatsRecorder};
 
+use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
+use crate::kv_events::{KvEventBatch, KvEventSink};
 use crate::request::{EngineRequest, RequestOutput, StopTokenIds};
 use crate::scheduler::{OutputSink, Scheduler};
 
@@ -25,6 +27,10 @@ pub(crate) enum CoreMessage {
     /// Stop taking requests; finish the running ones until the deadline,
     /// then abort what is left and exit.
     Shutdown(Instant),
+    /// Drop the prefix cache if no request holds blocks; answers whether it did.
+    ResetPrefixCache(Sender<bool>),
+    /// Answers the hashes of the blocks in the prefix cache.
+    CachedBlocks(Sender<Vec<BlockHash>>),
 }
 
 /// State of a core that other threads read without locking.
@@ -97,6 +103,7 @@ pub(crate) fn spawn_core(
     config: EngineConfig,
     mut executor: Box<dyn Executor>,
     recorder: Arc<dyn StatsRecorder>,
+    kv_events: Option<Arc<dyn KvEventSink>>,
 ) -> Result<(CoreHandle, JoinHandle<()>), ExecutorError> {
     let num_blocks = executor.init_kv_cache(config.block_size)?;
     if num_blocks == 0 {
@@ -119,6 +126,9 @@ pub(crate) fn spawn_core(
     let (tx, rx) = channel();
     let mut scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
     scheduler.defer_outputs();
+    if kv_events.is_some() {
+        scheduler.enable_kv_events();
+    }
     // Delivering outputs wakes one task per request: done on its own thread,
     // it overlaps the next device step instead of delaying it.
     let (out_tx, out_rx) = channel::<Vec<(OutputSink, RequestOutput)>>();
@@ -140,6 +150,7 @@ pub(crate) fn spawn_core(
         recorder,
         rx,
         outputs: out_tx,
+        kv_events,
         shutdown_deadline: None,
         accounted_until: Instant::now(),
     };
@@ -157,6 +168,8 @@ struct EngineCore {
     recorder: Arc<dyn StatsRecorder>,
     rx: Receiver<CoreMessage>,
     outputs: Sender<Vec<(OutputSink, RequestOutput)>>,
+    /// Where each step's KV-cache events go (none: events are off).
+    kv_events: Option<Arc<dyn KvEventSink>>,
     shutdown_deadline: Option<Instant>,
     /// Where the loop's accounted time ends: the last step's end or the last
     /// idle wait's end. The next step's schedule phase starts here, so that
@@ -266,6 +279,7 @@ impl EngineCore {
             self.recorder
                 .record_step(engine, &snapshot, self.scheduler.stats());
             self.scheduler.clear_stats();
+            self.emit_kv_events();
             // Recorded first, delivered second: a client that has its final
             // output already finds it counted in /metrics.
             self.ship_outputs();
@@ -365,7 +379,26 @@ impl EngineCore {
         }
         self.recorder.record_idle(engine, &snapshot, Duration::ZERO);
         self.scheduler.clear_stats();
+        self.emit_kv_events();
         self.ship_outputs();
+    }
+
+    /// Hands the step's KV-cache events to the sink as one batch; a sink
+    /// that cannot take it (full queue) costs a count, never a wait.
+    fn emit_kv_events(&mut self) {
+        let Some(sink) = &self.kv_events else { return };
+        let events = self.scheduler.take_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let engine = self.state.engine_index;
+        if !sink.try_publish(KvEventBatch { ts, engine, events }) {
+            self.recorder.record_kv_events_dropped(engine, 1);
+        }
     }
 
     fn handle(&mut self, msg: CoreMessage) {
@@ -386,6 +419,16 @@ impl EngineCore {
             }
             CoreMessage::Shutdown(deadline) => {
                 self.shutdown_deadline = Some(deadline);
+            }
+            CoreMessage::ResetPrefixCache(reply) => {
+                let done = self.scheduler.reset_prefix_cache();
+                // Published before the answer, so a caller that then reads
+                // the events finds the clear already sent.
+                self.emit_kv_events();
+                let _ = reply.send(done);
+            }
+            CoreMessage::CachedBlocks(reply) => {
+                let _ = reply.send(self.scheduler.pool().cached_hashes());
             }
         }
         // Final outputs of aborts and refusals go out after the next step

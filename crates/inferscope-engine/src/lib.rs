@@ -9,6 +9,7 @@ pub mod core;
 pub mod cost;
 pub mod executor;
 pub mod kv_residency;
+pub mod kv_events;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
@@ -18,6 +19,7 @@ pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use cost::{ModelCost, StepCost};
 pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepOutput};
 pub use inferscope_schema::FinishReason;
+pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{
     EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
     StopTokenIds,

@@ -175,6 +175,21 @@ impl Scheduler {
         &self.pool
     }
 
+    /// Records KV-cache events from now on.
+    pub fn enable_kv_events(&mut self) {
+        self.pool.enable_events();
+    }
+
+    /// The KV-cache events since the last call.
+    pub fn take_kv_events(&mut self) -> Vec<crate::kv_events::KvEvent> {
+        self.pool.take_events()
+    }
+
+    /// Drops the prefix cache when no request holds blocks; false otherwise.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        self.pool.reset_prefix_cache()
+    }
+
     /// Requests running.
     pub fn num_running(&self) -> usize {
         self.running.len()
@@ -538,7 +553,10 @@ impl Scheduler {
                 let computed_full = seq.num_computed / bs;
                 while seq.num_cached_blocks < computed_full.min(seq.block_hashes.len()) {
                     let k = seq.num_cached_blocks;
-                    self.pool.cache_block(seq.blocks[k], seq.block_hashes[k]);
+                    let parent = k.checked_sub(1).map(|p| seq.block_hashes[p]);
+                    let tokens = &seq.tokens[k * bs..(k + 1) * bs];
+                    self.pool
+                        .cache_block(seq.blocks[k], seq.block_hashes[k], parent, tokens);
                     seq.num_cached_blocks += 1;
                 }
             }

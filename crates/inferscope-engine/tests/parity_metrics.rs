@@ -135,8 +135,8 @@ fn residency_times_lifetime_idle_and_reuse_gap() {
     let h2 = hash_block(Some(h1), &[3, 4]);
     let mut a = Vec::new();
     assert!(pool.allocate(2, &mut a));
-    pool.cache_block(a[0], h1);
-    pool.cache_block(a[1], h2);
+    pool.cache_block(a[0], h1, None, &[1, 2]);
+    pool.cache_block(a[1], h2, Some(h1), &[3, 4]);
     std::thread::sleep(Duration::from_millis(30));
     pool.free(&a);
     std::thread::sleep(Duration::from_millis(20));

@@ -337,6 +337,12 @@ impl StatsRecorder for StatLoggerManager {
             e.record_engine_failure(cause);
         }
     }
+
+    fn record_kv_events_dropped(&self, engine: usize, batches: u64) {
+        if let Some(e) = self.prometheus.engine(engine) {
+            e.record_kv_events_dropped(batches);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -176,6 +176,7 @@ pub struct EngineMetrics {
     estimated_flops: Counter,
     estimated_read_bytes: Counter,
     estimated_write_bytes: Counter,
+    kv_events_dropped: Counter,
 }
 
 impl EngineMetrics {
@@ -265,6 +266,11 @@ impl EngineMetrics {
     /// The engine core died of `cause`.
     pub fn record_engine_failure(&self, cause: EngineFailure) {
         self.core_failures[cause.index()].inc();
+    }
+
+    /// `batches` KV-event batches were dropped (full publisher queue).
+    pub fn record_kv_events_dropped(&self, batches: u64) {
+        self.kv_events_dropped.inc_by(batches);
     }
 
     /// A request the engine finished: success counter and request histograms,
@@ -555,6 +561,7 @@ impl PrometheusLogger {
         let flops = r.family::<EngineLabels>(&s::ESTIMATED_FLOPS);
         let read_bytes = r.family::<EngineLabels>(&s::ESTIMATED_READ_BYTES);
         let write_bytes = r.family::<EngineLabels>(&s::ESTIMATED_WRITE_BYTES);
+        let kv_dropped = r.family::<EngineLabels>(&s::KV_EVENTS_DROPPED_BATCHES);
 
         let engines = engine_indices
             .iter()
@@ -661,6 +668,7 @@ impl PrometheusLogger {
                     estimated_flops: flops.get_or_create_owned(&l),
                     estimated_read_bytes: read_bytes.get_or_create_owned(&l),
                     estimated_write_bytes: write_bytes.get_or_create_owned(&l),
+                    kv_events_dropped: kv_dropped.get_or_create_owned(&l),
                 }
             })
             .collect::<Vec<EngineMetrics>>();

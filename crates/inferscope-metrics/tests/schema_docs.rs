@@ -54,6 +54,7 @@ const VLLM_FAMILIES: &[&str] = &[
     "vllm:batch_size",
     "vllm:engine_core_failures_total",
     "vllm:trace_spans_dropped_total",
+    "vllm:kv_events_dropped_batches_total",
     "http_requests_total",
     "http_request_size_bytes",
     "http_response_size_bytes",

@@ -501,6 +501,8 @@ metrics! {
         "Estimate (--enable-mfu-metrics): bytes read from device memory by the steps run (weights once per step, the KV of every context token), from the executor's cost model";
     ESTIMATED_WRITE_BYTES = ESTIMATED_WRITE_BYTES_PER_GPU: Counter "estimated_write_bytes_per_gpu", unit Bytes, scope Engine, labels ENGINE, buckets NB,
         "Estimate (--enable-mfu-metrics): bytes written to device memory by the steps run (the KV of every new token), from the executor's cost model";
+    KV_EVENTS_DROPPED_BATCHES = KV_EVENTS_DROPPED_BATCHES: Counter "kv_events_dropped_batches", unit Steps, scope Engine, labels ENGINE, buckets NB,
+        "Engine steps whose KV-cache event batch was dropped because the publisher's queue was full (--kv-events-config); a router fed by these events misses those changes until it replays";
 
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
@@ -563,6 +565,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     ESTIMATED_FLOPS,
     ESTIMATED_READ_BYTES,
     ESTIMATED_WRITE_BYTES,
+    KV_EVENTS_DROPPED_BATCHES,
 ];
 
 /// The flag that turns a metric on, for those off by default (vLLM's flag

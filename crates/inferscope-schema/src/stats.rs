@@ -247,6 +247,12 @@ pub trait StatsRecorder: Send + Sync {
     /// The engine core died (it serves no more requests until restarted);
     /// called once, from its thread, before its requests are failed.
     fn record_engine_failure(&self, engine: usize, cause: EngineFailure);
+
+    /// `batches` of the engine's KV-cache events were dropped because the
+    /// publisher's queue was full. Most recorders ignore it.
+    fn record_kv_events_dropped(&self, engine: usize, batches: u64) {
+        let _ = (engine, batches);
+    }
 }
 
 /// A recorder that drops everything (tests, `--disable-metrics`).

@@ -213,6 +213,12 @@ pub struct ServeArgs {
     /// (or what OTEL_TRACES_SAMPLER says).
     #[arg(long, value_name = "RATIO", requires = "otlp_traces_endpoint")]
     pub otlp_traces_sample_ratio: Option<f64>,
+    /// Publish KV-cache events for prefix-aware routers, as vLLM does: JSON with vLLM's keys,
+    /// e.g. `{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+    /// "replay_endpoint": "tcp://*:5558", "topic": "kv@POD_IP@MODEL"}` (also enables
+    /// `GET /debug/kv_cache_blocks` and `POST /reset_prefix_cache`).
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
 
     /// Test only: every Nth step of each sim executor fails (its requests end with `error`).
     #[arg(long, hide = true, default_value_t = 0)]

@@ -11,6 +11,7 @@ pub mod admission;
 pub mod cli;
 pub mod error;
 pub mod handlers;
+pub mod kv_debug;
 pub mod lifecycle;
 pub mod openai;
 pub mod otel;

@@ -13,6 +13,7 @@ use axum::routing::{get, post};
 
 use crate::error::ApiError;
 use crate::handlers;
+use crate::kv_debug;
 use crate::state::AppState;
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
@@ -30,8 +31,19 @@ pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Rou
             state.clone(),
             require_api_key,
         ));
-    let mut app = Router::new()
-        .merge(v1)
+    let mut app = Router::new().merge(v1);
+    if state.kv_events {
+        app = app.merge(
+            Router::new()
+                .route("/debug/kv_cache_blocks", get(kv_debug::kv_cache_blocks))
+                .route("/reset_prefix_cache", post(kv_debug::reset_prefix_cache))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    require_api_key,
+                )),
+        );
+    }
+    let mut app = app
         .route("/health", get(handlers::health))
         .route("/version", get(handlers::version));
     if serve_metrics {

@@ -5,9 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, SimExecutor, SimProfile,
+    Coordinator, EngineConfig, Executor, ExecutorError, KvEventSink, SimExecutor, SimProfile,
     sim::{SimFaults, SimTokens},
 };
+use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
@@ -59,6 +60,8 @@ pub struct AppState {
     pub per_request_metrics: bool,
     /// `--enable-request-log`: where finished requests are logged.
     pub request_log: Option<RequestLog>,
+    /// Whether KV-cache events are published (and their debug routes served).
+    pub kv_events: bool,
 }
 
 impl AppState {
@@ -121,6 +124,13 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         .as_deref()
         .map(|url| TraceConfig::from_env(url, args.otlp_traces_sample_ratio))
         .transpose()?;
+    let kv_events_config = args
+        .kv_events_config
+        .as_deref()
+        .map(KvEventsConfig::parse)
+        .transpose()
+        .map_err(|e| config_err(e.to_string()))?
+        .filter(KvEventsConfig::publishes);
     let mut buckets = BucketOverrides::default();
     for spec in &args.histogram_buckets {
         buckets
@@ -247,12 +257,20 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     // The metrics manager needs the block counts, which the executors know
     // only once started; the recorder forwards to it once it exists.
     let forward = Arc::new(ForwardingRecorder::default());
-    let coordinator = Coordinator::start(
+    let kv_sink = match &kv_events_config {
+        Some(c) => Some(Arc::new(
+            KvEventPublisher::start(c, &engine_indices).map_err(|e| config_err(e.to_string()))?,
+        ) as Arc<dyn KvEventSink>),
+        None => None,
+    };
+    let kv_events = kv_sink.is_some();
+    let coordinator = Coordinator::start_with_kv_events(
         engine_config.clone(),
         args.data_parallel_size,
         args.data_parallel_rank,
         &mut factory,
         forward.clone(),
+        kv_sink,
     )?;
     let cache_configs = coordinator
         .engines()
@@ -324,6 +342,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         traces,
         per_request_metrics: args.enable_per_request_metrics,
         request_log,
+        kv_events,
     }))
 }
 
@@ -372,6 +391,11 @@ impl StatsRecorder for ForwardingRecorder {
     fn record_engine_failure(&self, engine: usize, cause: EngineFailure) {
         if let Some(m) = self.0.get() {
             m.record_engine_failure(engine, cause);
+        }
+    }
+    fn record_kv_events_dropped(&self, engine: usize, batches: u64) {
+        if let Some(m) = self.0.get() {
+            m.record_kv_events_dropped(engine, batches);
         }
     }
 }
