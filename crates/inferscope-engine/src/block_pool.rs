@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
-use crate::kv_residency::ResidencyTracker;
 use crate::kv_events::{EventLog, KvEvent};
+use crate::kv_residency::ResidencyTracker;
 
 /// Marks "no block" in the intrusive free list.
 const NIL: u32 = u32::MAX;
