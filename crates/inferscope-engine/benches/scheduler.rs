@@ -356,7 +356,8 @@ fn block_pool_churn(c: &mut Criterion) {
                 let hit = blocks.len();
                 assert!(pool.allocate(CHURN_BLOCKS - hit, &mut blocks));
                 for (k, &blk) in blocks.iter().enumerate().skip(hit) {
-                    pool.cache_block(blk, h[k]);
+                    let parent = k.checked_sub(1).map(|j| h[j]);
+                    pool.cache_block(blk, h[k], parent, &[]);
                 }
                 pool.free(&blocks);
                 if let Some(r) = pool.residency_mut() {

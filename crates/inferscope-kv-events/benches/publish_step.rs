@@ -91,6 +91,7 @@ impl Fixture {
                     }),
                     seed_offset: 0,
                     arrival: now,
+                    trace_id: None,
                 },
                 tx,
             );
