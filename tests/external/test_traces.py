@@ -268,3 +268,42 @@ def test_an_unreachable_collector_costs_only_a_count(workdir, monkeypatch):
     warnings = [l for l in s.log.read_text(errors="replace").splitlines()
                 if "cannot export trace spans" in l]
     assert len(warnings) == 1, warnings
+
+
+def test_prometheus_exemplars_are_traces_the_collector_received(traced_server, receiver, make_prometheus):
+    """From a latency panel to the trace: Prometheus (exemplar storage on,
+    scraping OpenMetrics) returns exemplars whose trace ids are traces the
+    OTLP receiver got, of requests this test sent."""
+    prom = make_prometheus([f"127.0.0.1:{traced_server.port}"],
+                           extra_args=("--enable-feature=exemplar-storage",))
+    start = time.time()
+    prom.wait_scrape_after(start - 5)
+    sent = set()
+    for i in range(6):
+        trace_id, parent_id = new_parent()
+        r = post(traced_server, "/v1/completions",
+                 {"model": MODEL, "prompt": f"exemplar {i}", "max_tokens": 4, "ignore_eos": True},
+                 trace_id, parent_id)
+        assert r.status_code == 200, r.text
+        sent.add(trace_id)
+    for t in sent:
+        receiver.trace(t)
+    prom.wait_scrape_after(time.time())
+    query = '{__name__=~"inferscope_(e2e_request_latency_seconds|time_to_first_token_seconds)_bucket"}'
+    deadline = time.monotonic() + 30
+    while True:
+        body = requests.get(prom.base + "/api/v1/query_exemplars",
+                            params={"query": query, "start": f"{start - 60:.3f}",
+                                    "end": f"{time.time() + 60:.3f}"}, timeout=10).json()
+        assert body["status"] == "success", body
+        ids = {ex["labels"].get("trace_id") for series in body["data"] for ex in series["exemplars"]}
+        if ids & sent or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    ours = ids & sent
+    assert ours, f"exemplar trace ids {ids} hold none of the traces sent {sent}"
+    with receiver.lock:
+        received = {s.trace_id.hex() for _, s in receiver.spans if s.name == "llm_request"}
+    assert ours <= received
+    # Every traced exemplar is a trace id (32 hex), never a request id.
+    assert all(i is None or len(i) == 32 for i in ids), ids
