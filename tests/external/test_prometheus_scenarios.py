@@ -15,7 +15,9 @@ from conftest import MODEL, REPO
 
 
 def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
-    server = make_server(["--sim-profile", "tiny", "--data-parallel-size", "2", "--metrics-namespace", "vllm"])
+    # The flagged series (KV residency, MFU) on too: every panel must have data.
+    server = make_server(["--sim-profile", "tiny", "--data-parallel-size", "2", "--metrics-namespace", "vllm",
+                          "--kv-cache-metrics", "--enable-mfu-metrics"])
     prom = make_prometheus([f"127.0.0.1:{server.port}"])
     prom.wait_scrape_after(time.time())
 
@@ -38,7 +40,7 @@ def test_dashboard_with_vllm_namespace(make_server, make_prometheus):
     assert prom.scalar('sum(vllm:request_success_total{finished_reason="length"})', t) == 40
 
     dash = json.loads((REPO / "deploy/grafana/inferscope-dashboard.json").read_text())
-    subst = {"${prefix}": "vllm:", "$model_name": MODEL, "$engine": "0|1", "$__rate_interval": "1m"}
+    subst = {"${prefix}": "vllm:", "$model_name": MODEL, "$engine": "0|1", "$__rate_interval": "1m", "$peak_flops": "989e12"}
     empty = []
     for p in dash["panels"]:
         for target in p.get("targets", []):
