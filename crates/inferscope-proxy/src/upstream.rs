@@ -88,13 +88,13 @@ impl BaseUrl {
 /// The upstream client: HTTP/1 connections (TCP_NODELAY) kept per host and
 /// reused, LIFO.
 ///
-/// Not hyper-util's pooled client: it gets a connection back only after its
-/// own connection task has read the end of the previous response, which on
-/// loopback is often after the client has already sent its next request, and
-/// its checkout then races a new connection against the pool and the connect
-/// wins; at one request at a time a third of the requests paid for a new
-/// upstream connection. Here the connection is handed back by the response
-/// body the moment it ends, and a checkout waits for it to be ready.
+/// Not hyper-util's pooled client: that one gets a connection back only
+/// after its connection task has read the end of the previous response, and
+/// its checkout races a new connect against the pool, so a client that sends
+/// its next request the moment it has read the last one can land on a new
+/// upstream connection. Here the response body hands the connection back the
+/// moment it ends, and a checkout waits briefly for it to be ready: requests
+/// one at a time keep one upstream connection (a test holds it to that).
 #[derive(Clone)]
 pub struct UpstreamClient {
     inner: Arc<ClientInner>,
