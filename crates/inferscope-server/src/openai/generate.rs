@@ -112,9 +112,16 @@ impl Infer<'_> {
                     .then(|| LatencySink::new(self.metrics.clone(), handle.engine))
                     .flatten();
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
-                let mut choice =
-                    ChoiceStream::new(index, handle, decoder, stop.clone(), arrival, latency)
-                        .with_request(request, self.request_log.cloned());
+                let mut choice = ChoiceStream::new(
+                    index,
+                    handle,
+                    decoder,
+                    stop.clone(),
+                    arrival,
+                    latency,
+                    request,
+                )
+                .with_request_log(self.request_log.cloned());
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -222,7 +229,8 @@ pub struct ChoiceStream {
     last_delta: Option<Instant>,
     latency: Option<LatencySink>,
     /// The choice's engine request (exemplars, the request log).
-    request: Option<RequestRef>,
+    /// Names the choice in exemplars and in the request log.
+    request: RequestRef,
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
@@ -238,6 +246,7 @@ impl ChoiceStream {
         stop: Arc<[String]>,
         arrival: Instant,
         latency: Option<LatencySink>,
+        request: RequestRef,
     ) -> Self {
         let max_stop_len = stop.iter().map(String::len).max().unwrap_or(0);
         Self {
@@ -251,16 +260,15 @@ impl ChoiceStream {
             first_delta: None,
             last_delta: None,
             latency,
-            request: None,
+            request,
             request_log: None,
             reservation: None,
             done: false,
         }
     }
 
-    /// Names `request` in exemplars and logs the choice to `log` when it ends.
-    pub fn with_request(mut self, request: RequestRef, log: Option<RequestLog>) -> Self {
-        self.request = Some(request);
+    /// Logs the choice to `log` when it ends.
+    pub fn with_request_log(mut self, log: Option<RequestLog>) -> Self {
         self.request_log = log;
         self
     }
@@ -411,15 +419,10 @@ impl ChoiceStream {
         let now = Instant::now();
         if let Some(sink) = &self.latency {
             let m = sink.handles();
-            match (self.last_delta, &self.request) {
-                (None, Some(r)) => {
-                    m.observe_ttft_for(now.duration_since(self.arrival).as_secs_f64(), r)
-                }
-                (None, None) => m.observe_ttft(now.duration_since(self.arrival).as_secs_f64()),
-                (Some(prev), Some(r)) => {
-                    m.observe_itl_for(now.duration_since(prev).as_secs_f64(), r)
-                }
-                (Some(prev), None) => m.observe_itl(now.duration_since(prev).as_secs_f64()),
+            let r = &self.request;
+            match self.last_delta {
+                None => m.observe_ttft_for(now.duration_since(self.arrival).as_secs_f64(), r),
+                Some(prev) => m.observe_itl_for(now.duration_since(prev).as_secs_f64(), r),
             }
         }
         self.first_delta.get_or_insert(now);
@@ -450,10 +453,7 @@ impl ChoiceStream {
             num_generation_tokens: completion_tokens,
         };
         if let Some(sink) = &self.latency {
-            match &self.request {
-                Some(r) => sink.handles().record_frontend_for(&frontend, r),
-                None => sink.handles().record_frontend(&frontend),
-            }
+            sink.handles().record_frontend_for(&frontend, &self.request);
         }
         let timings = ChoiceTimings::new(
             frontend.ttft,
@@ -462,9 +462,9 @@ impl ChoiceStream {
             engine.as_ref().map_or(0, |(_, p)| *p),
             completion_tokens,
         );
-        if let (Some(log), Some(request)) = (&self.request_log, &self.request) {
+        if let Some(log) = &self.request_log {
             log.record(RequestLogEntry {
-                request: request.clone(),
+                request: self.request.clone(),
                 engine: self.handle.engine,
                 finish_reason: reason,
                 prompt_tokens,
@@ -542,6 +542,7 @@ mod tests {
             stops,
             Instant::now(),
             None,
+            RequestRef::new("test-0", None),
         );
         let mut text = String::new();
         loop {
