@@ -159,7 +159,9 @@ impl Projection {
         }
         // Stacking rows is concatenating their blocks.
         let blocks: Vec<u8> = q8.iter().flat_map(|w| w.to_blocks()).collect();
-        PackedQ8::from_blocks(&blocks, total, inp).ok().map(Weight::Q8)
+        PackedQ8::from_blocks(&blocks, total, inp)
+            .ok()
+            .map(Weight::Q8)
     }
 
     /// The same projections with their dense weights stored as `dtype`.
