@@ -45,7 +45,7 @@ impl std::fmt::Debug for PackedQ8 {
 impl PackedQ8 {
     /// Repacks GGUF Q8_0 blocks of a row-major `[out][inp]` matrix.
     pub fn from_blocks(data: &[u8], out: usize, inp: usize) -> Result<Self, ModelError> {
-        if inp % QK8_0 != 0 {
+        if !inp.is_multiple_of(QK8_0) {
             return Err(ModelError::Config(format!(
                 "Q8_0 weight [{out}, {inp}]: the input dimension is not a multiple of {QK8_0}"
             )));
@@ -225,7 +225,7 @@ impl QTile<'_> {
     fn check(&self, mr: usize) {
         assert!(
             self.x.len() >= mr * self.inp
-                && self.inp % QK8_0 == 0
+                && self.inp.is_multiple_of(QK8_0)
                 && self.qs.len() >= self.np * self.inp * LANES
                 && self.scales.len() >= self.np * self.inp / QK8_0 * LANES
         );
