@@ -1,14 +1,18 @@
 //! The products of a decode step, `y = x Wᵀ`: the packed-panel kernel
 //! against candle's matmul (the `gemm` crate) on the same matrices, at the
-//! row counts of decode (1, 4, 32) and of a prefill chunk (256). Run:
-//! `cargo bench -p inferscope-model --bench matmul`.
+//! row counts of decode (1, 4, 32) and of a prefill chunk (256); and GGUF
+//! Q8_0 weights, the packed Q8_0 kernel against candle's `QMatMul`, at rows
+//! 1, 8 and 128. Run: `cargo bench -p inferscope-model --bench matmul`
+//! (`-- matmul-q8` for the Q8_0 groups only).
 
 use std::hint::black_box;
 use std::time::Duration;
 
-use candle_core::{Device, Tensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Module, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use inferscope_model::packed::PackedWeight;
+use inferscope_model::packed_q8::PackedQ8;
 
 fn matmul(c: &mut Criterion) {
     // (name, out, in): the demo model's fused q/k/v, gate/up and down, and
@@ -54,5 +58,46 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul);
+fn matmul_q8(c: &mut Criterion) {
+    // (name, out, in): an 88M Llama's (hidden 768, MLP 2048) o projection
+    // and gate (or up), as Q8_0.
+    let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+        let q = QTensor::quantize(&wt, GgmlDType::Q8_0).expect("quantize");
+        let packed = PackedQ8::from_blocks(&q.data().expect("data"), out, inp).expect("pack");
+        let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
+        let mut g = c.benchmark_group(format!("matmul-q8/{name}"));
+        g.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            g.bench_function(BenchmarkId::new("packed", rows), |b| {
+                b.iter(|| packed.matmul(black_box(&x), rows))
+            });
+            g.bench_function(BenchmarkId::new("candle", rows), |b| {
+                b.iter(|| {
+                    let xt =
+                        Tensor::from_slice(black_box(&x), (rows, inp), &Device::Cpu).expect("x");
+                    qmm.forward(&xt)
+                        .expect("mm")
+                        .flatten_all()
+                        .expect("f")
+                        .to_vec1::<f32>()
+                        .expect("v")
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, matmul, matmul_q8);
 criterion_main!(benches);

@@ -1,6 +1,6 @@
 //! The Llama-family forward pass over a flattened batch of tokens.
 
-use candle_core::quantized::QMatMul;
+use candle_core::quantized::{GgmlDType, QMatMul};
 use candle_core::{DType, Device, Module, Tensor};
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
@@ -9,10 +9,13 @@ use crate::elementwise::swiglu;
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
 use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
+use crate::packed_q8::PackedQ8;
 
-/// A layer's weight: dense f32 in panel layout, or quantized.
+/// A layer's weight: dense f32 in panel layout, Q8_0 in panel layout, or
+/// another quantized format (candle's kernels).
 enum Weight {
     Packed(PackedWeight),
+    Q8(PackedQ8),
     Quantized(QMatMul),
 }
 
@@ -25,13 +28,17 @@ pub struct Linear {
 
 impl Linear {
     /// A layer from its weight (and bias), which must already have the right
-    /// shape; dense f32 weights are repacked for the decode kernels.
+    /// shape; dense f32 and Q8_0 weights are repacked for the packed kernels.
     pub fn new(w: QMatMul, b: Option<Vec<f32>>, out_dim: usize) -> Result<Self, ModelError> {
         let w = match w {
             QMatMul::Tensor(t) if t.dtype() == DType::F32 && t.rank() == 2 => {
                 let (out, inp) = t.dims2()?;
                 let data = t.flatten_all()?.to_vec1::<f32>()?;
                 Weight::Packed(PackedWeight::pack(&data, out, inp))
+            }
+            QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q8_0 && t.rank() == 2 => {
+                let (out, inp) = t.shape().dims2()?;
+                Weight::Q8(PackedQ8::from_blocks(&t.data()?, out, inp)?)
             }
             other => Weight::Quantized(other),
         };
@@ -56,7 +63,7 @@ impl Linear {
     fn dense_bytes(&self) -> usize {
         match &self.w {
             Weight::Packed(w) => w.size_bytes(),
-            Weight::Quantized(_) => 0,
+            Weight::Q8(_) | Weight::Quantized(_) => 0,
         }
     }
 
@@ -64,6 +71,7 @@ impl Linear {
     fn forward_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) -> Result<(), ModelError> {
         match &self.w {
             Weight::Packed(w) => w.matmul_into(x, rows, y),
+            Weight::Q8(w) => w.matmul_into(x, rows, y),
             Weight::Quantized(w) => {
                 // Candle's quantized kernels.
                 let cols = x.len() / rows.max(1);
@@ -84,7 +92,7 @@ impl Linear {
 }
 
 /// Projections of the same input, fused into one product when all are
-/// dense: one pass over the input and one product instead of several.
+/// dense or all Q8_0: one pass over the input and one product instead of several.
 struct Projection {
     parts: Vec<Linear>,
     dims: Vec<usize>,
@@ -93,24 +101,10 @@ struct Projection {
 impl Projection {
     fn new(parts: Vec<Linear>) -> Self {
         let dims: Vec<usize> = parts.iter().map(|l| l.out_dim).collect();
-        let dense: Vec<&PackedWeight> = parts
-            .iter()
-            .filter_map(|l| match &l.w {
-                Weight::Packed(w) => Some(w),
-                Weight::Quantized(_) => None,
-            })
-            .collect();
-        let inp = dense.first().map(|w| w.in_dim());
-        if parts.len() < 2
-            || dense.len() != parts.len()
-            || dense.iter().any(|w| Some(w.in_dim()) != inp)
-        {
-            return Self { parts, dims };
-        }
         let total: usize = dims.iter().sum();
-        let rows: Vec<f32> = dense.iter().flat_map(|w| w.unpack()).collect();
-        let dtype = dense[0].dtype();
-        let w = PackedWeight::pack_as(&rows, total, inp.unwrap_or(0), dtype);
+        let Some(w) = Self::fuse(&parts, total) else {
+            return Self { parts, dims };
+        };
         let b = parts.iter().any(|l| l.b.is_some()).then(|| {
             parts
                 .iter()
@@ -122,12 +116,52 @@ impl Projection {
         });
         Self {
             parts: vec![Linear {
-                w: Weight::Packed(w),
+                w,
                 b,
                 out_dim: total,
             }],
             dims,
         }
+    }
+
+    /// The parts' weights stacked into one `[total][in]` weight, when they
+    /// are all dense or all Q8_0, with one input dimension.
+    fn fuse(parts: &[Linear], total: usize) -> Option<Weight> {
+        if parts.len() < 2 {
+            return None;
+        }
+        let dense: Option<Vec<&PackedWeight>> = parts
+            .iter()
+            .map(|l| match &l.w {
+                Weight::Packed(w) => Some(w),
+                _ => None,
+            })
+            .collect();
+        if let Some(d) = dense {
+            let inp = d[0].in_dim();
+            if d.iter().any(|w| w.in_dim() != inp) {
+                return None;
+            }
+            let rows: Vec<f32> = d.iter().flat_map(|w| w.unpack()).collect();
+            let w = PackedWeight::pack_as(&rows, total, inp, d[0].dtype());
+            return Some(Weight::Packed(w));
+        }
+        let q8: Vec<&PackedQ8> = parts
+            .iter()
+            .map(|l| match &l.w {
+                Weight::Q8(w) => Some(w),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        let inp = q8[0].in_dim();
+        if q8.iter().any(|w| w.in_dim() != inp) {
+            return None;
+        }
+        // Stacking rows is concatenating their blocks.
+        let blocks: Vec<u8> = q8.iter().flat_map(|w| w.to_blocks()).collect();
+        PackedQ8::from_blocks(&blocks, total, inp)
+            .ok()
+            .map(Weight::Q8)
     }
 
     /// The same projections with their dense weights stored as `dtype`.

@@ -21,7 +21,7 @@ use crate::isa::{Isa, IsaKind};
 pub(crate) const LANES: usize = 16;
 
 /// Most rows of `x` in one register tile.
-const MAX_MR: usize = 6;
+pub(crate) const MAX_MR: usize = 6;
 
 /// Below this many multiply-adds one thread does the product: a parallel
 /// section costs a synchronisation, and on a loaded machine waiting for a
@@ -224,31 +224,15 @@ impl PackedWeight {
             return;
         }
         let nv = isa.panels_per_tile(rows);
-        let groups = self.out.div_ceil(LANES).div_ceil(nv);
-        let blocks = rows.div_ceil(ROW_BLOCK);
         let out = Out {
             ptr: y.as_mut_ptr(),
             rows,
             cols: self.out,
         };
-        let job = |block: usize, g: Range<usize>| {
-            let r0 = block * ROW_BLOCK;
-            let tiles = Tiles { isa, nv };
-            self.compute(x, r0..(r0 + ROW_BLOCK).min(rows), g, tiles, &out);
-        };
-        if rows * self.inp * self.out < PARALLEL_MIN_MACS {
-            for b in 0..blocks {
-                job(b, 0..groups);
-            }
-        } else {
-            let group_macs = rows.min(ROW_BLOCK) * self.inp * nv * LANES;
-            let per_task = (TASK_MACS / group_macs.max(1)).max(1);
-            let chunks = groups.div_ceil(per_task);
-            (0..blocks * chunks).into_par_iter().for_each(|i| {
-                let g0 = (i % chunks) * per_task;
-                job(i / chunks, g0..(g0 + per_task).min(groups));
-            });
-        }
+        let tiles = Tiles { isa, nv };
+        schedule(rows, self.inp, self.out, nv, |r, g| {
+            self.compute(x, r, g, tiles, &out)
+        });
     }
 
     /// Computes rows `rows` × the columns of panel groups `groups` (of
@@ -291,6 +275,34 @@ impl PackedWeight {
     }
 }
 
+/// Cuts a `[rows] x [inp] x [out]` product into blocks of [`ROW_BLOCK`]
+/// rows × runs of panel groups (of `nv` panels) and runs `job` on each, on
+/// this thread when the product is small, else across the rayon pool.
+pub(crate) fn schedule(
+    rows: usize,
+    inp: usize,
+    out: usize,
+    nv: usize,
+    job: impl Fn(Range<usize>, Range<usize>) + Sync,
+) {
+    let groups = out.div_ceil(LANES).div_ceil(nv);
+    let blocks = rows.div_ceil(ROW_BLOCK);
+    let block = |b: usize| b * ROW_BLOCK..((b + 1) * ROW_BLOCK).min(rows);
+    if rows * inp * out < PARALLEL_MIN_MACS {
+        for b in 0..blocks {
+            job(block(b), 0..groups);
+        }
+    } else {
+        let group_macs = rows.min(ROW_BLOCK) * inp * nv * LANES;
+        let per_task = (TASK_MACS / group_macs.max(1)).max(1);
+        let chunks = groups.div_ceil(per_task);
+        (0..blocks * chunks).into_par_iter().for_each(|i| {
+            let g0 = (i % chunks) * per_task;
+            job(block(i / chunks), g0..(g0 + per_task).min(groups));
+        });
+    }
+}
+
 /// How a product is cut into register tiles.
 #[derive(Clone, Copy)]
 struct Tiles {
@@ -301,13 +313,13 @@ struct Tiles {
 
 /// Rows per block of work: a block's rows of `x` stay in cache while the
 /// weights stream past, and large prefills split across threads by rows too.
-const ROW_BLOCK: usize = 48;
+pub(crate) const ROW_BLOCK: usize = 48;
 
 impl Isa {
     /// Panels per tile for a product of `rows` rows: at least 8 independent
     /// accumulators to hide the FMA latency with few rows, and as many as the
     /// registers hold (next to the weights and the broadcast) with many.
-    fn panels_per_tile(self, rows: usize) -> usize {
+    pub(crate) fn panels_per_tile(self, rows: usize) -> usize {
         match (self.kind(), rows) {
             (IsaKind::Avx512, 1) => 8,
             (IsaKind::Avx512, _) => 4,
@@ -319,10 +331,10 @@ impl Isa {
 }
 
 /// The output, written by tiles that each own distinct (row, column) cells.
-struct Out {
-    ptr: *mut f32,
-    rows: usize,
-    cols: usize,
+pub(crate) struct Out {
+    pub(crate) ptr: *mut f32,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
 }
 
 // SAFETY: tasks write disjoint cells (distinct panel groups are distinct
@@ -348,17 +360,28 @@ impl Tile<'_> {
 }
 
 /// A tile's result: `[MR][NV][LANES]`.
-type Acc<const MR: usize, const NV: usize> = [[[f32; LANES]; NV]; MR];
+pub(crate) type Acc<const MR: usize, const NV: usize> = [[[f32; LANES]; NV]; MR];
 
 impl Out {
     /// Stores `acc` at the tile's place, dropping padding columns.
     fn store<const MR: usize, const NV: usize>(&self, t: &Tile<'_>, acc: &Acc<MR, NV>) {
-        let np = t.panels();
+        self.store_at(t.row0, t.col0, t.panels(), acc);
+    }
+
+    /// Stores the first `np` panels of `acc` at row `row0`, column `col0`
+    /// (the caller owns those cells).
+    pub(crate) fn store_at<const MR: usize, const NV: usize>(
+        &self,
+        row0: usize,
+        col0: usize,
+        np: usize,
+        acc: &Acc<MR, NV>,
+    ) {
         for (r, row) in acc.iter().enumerate() {
-            let y = t.row0 + r;
+            let y = row0 + r;
             debug_assert!(y < self.rows);
             for (p, v) in row.iter().enumerate().take(np) {
-                let c0 = t.col0 + p * LANES;
+                let c0 = col0 + p * LANES;
                 let n = LANES.min(self.cols.saturating_sub(c0));
                 // SAFETY: y < rows and c0 + n <= cols, so the cells are inside
                 // the buffer; no other tile writes them (see `Out`).

@@ -86,7 +86,7 @@ fn write_gguf(
     quantize: bool,
     name: &str,
 ) -> PathBuf {
-    write_gguf_with(cfg, w, quantize, name, spm_metadata(), Vec::new())
+    write_gguf_with(cfg, w, types(quantize), name, spm_metadata(), Vec::new())
 }
 
 /// The SentencePiece (`llama`) tokenizer metadata of [`vocab`].
@@ -112,10 +112,20 @@ fn spm_metadata() -> Vec<(&'static str, Value)> {
     ]
 }
 
+/// The storage of (q/k/v/o/gate/up and the head, down, the embeddings):
+/// F32, or a mix of Q8_0, Q4_0 and F16.
+fn types(quantize: bool) -> (GgmlDType, GgmlDType, GgmlDType) {
+    if quantize {
+        (GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::F16)
+    } else {
+        (GgmlDType::F32, GgmlDType::F32, GgmlDType::F32)
+    }
+}
+
 fn write_gguf_with(
     cfg: &ModelConfig,
     w: &HashMap<String, Tensor>,
-    quantize: bool,
+    (lin, down, embd): (GgmlDType, GgmlDType, GgmlDType),
     name: &str,
     tokenizer: Vec<(&'static str, Value)>,
     extra: Vec<(String, Tensor)>,
@@ -126,11 +136,6 @@ fn write_gguf_with(
             name,
             QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), dtype).unwrap(),
         ));
-    };
-    let (lin, down, embd) = if quantize {
-        (GgmlDType::Q8_0, GgmlDType::Q4_0, GgmlDType::F16)
-    } else {
-        (GgmlDType::F32, GgmlDType::F32, GgmlDType::F32)
     };
     for (n, t) in extra {
         put(n, t, GgmlDType::F32);
@@ -269,6 +274,65 @@ fn gguf_loads_runs_and_matches_the_safetensors_path() {
 }
 
 #[test]
+fn gguf_q8_0_runs_the_dequantized_model() {
+    // Every linear layer (and the head) in Q8_0: the packed Q8_0 kernels
+    // keep the activations in f32, so the logits equal those of the same
+    // model with the weights dequantized by candle (run through the
+    // safetensors path), for prompts of 9 and 33 tokens.
+    let (tokens, _, _) = vocab();
+    let cfg = config(tokens.len());
+    let w = random_weights(&cfg, 7).unwrap();
+    let q8 = GgmlDType::Q8_0;
+    let path = write_gguf_with(
+        &cfg,
+        &w,
+        (q8, q8, GgmlDType::F32),
+        "q8",
+        spm_metadata(),
+        Vec::new(),
+    );
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        ..ModelOptions::default()
+    };
+    let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut exec = m.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+
+    let deq: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| {
+            let linear = n.contains("_proj") || n == "lm_head.weight";
+            let t = if linear {
+                let q = QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), q8).unwrap();
+                q.dequantize(&candle_core::Device::Cpu).unwrap()
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), deq).unwrap());
+    let mut hf_exec =
+        CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let undeq = std::sync::Arc::new(model_from_tensors(cfg.clone(), w.clone()).unwrap());
+    let mut undeq_exec =
+        CpuExecutor::new("f32".into(), undeq, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    undeq_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    for len in [9, 33] {
+        let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
+        let got = logits(&mut exec, &prompt);
+        let diff = max_rel_diff(&got, &logits(&mut hf_exec, &prompt));
+        assert!(diff < 1e-4, "{len} tokens: relative difference {diff}");
+        // And the quantization is visible: not the f32 model's logits.
+        let off = max_rel_diff(&got, &logits(&mut undeq_exec, &prompt));
+        assert!(off > 1e-4, "{len} tokens: Q8_0 equals f32 ({off})");
+    }
+}
+
+#[test]
 fn gguf_errors_are_clear() {
     let opts = ModelOptions::default();
     let missing = std::env::temp_dir().join("inferscope-does-not-exist.gguf");
@@ -319,7 +383,7 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
             ),
         ),
     ];
-    let path = write_gguf_with(&cfg, &w, false, "gpt2", meta, Vec::new());
+    let path = write_gguf_with(&cfg, &w, types(false), "gpt2", meta, Vec::new());
     let m = LoadedModel::load(path.to_str().unwrap(), &ModelOptions::default()).unwrap();
     let _ = std::fs::remove_file(&path);
     let t = m.tokenizer();
@@ -378,7 +442,7 @@ fn gguf_rope_freqs_carry_llama3_scaling() {
     let n = factors.len();
     let freqs = Tensor::from_vec(factors, n, &candle_core::Device::Cpu).unwrap();
     let extra = vec![("rope_freqs.weight".to_string(), freqs)];
-    let path = write_gguf_with(&plain, &w, false, "ropefreqs", spm_metadata(), extra);
+    let path = write_gguf_with(&plain, &w, types(false), "ropefreqs", spm_metadata(), extra);
     let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
     let _ = std::fs::remove_file(&path);
     let mut exec = m.cpu_executor().unwrap();
