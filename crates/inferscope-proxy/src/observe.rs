@@ -19,7 +19,6 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use inferscope_metrics::{EngineMetrics, ObservedRequest};
 use inferscope_schema::stats::FinishReason;
-use pin_project_lite::pin_project;
 use serde::Deserialize;
 
 /// JSON bodies larger than this are passed on but not read for usage.
@@ -538,16 +537,39 @@ pub enum BodyKind {
     Opaque,
 }
 
-pin_project! {
-    /// An upstream response body, passed on frame by frame and observed.
-    pub struct ObservedBody<B> {
-        #[pin]
-        inner: B,
-        view: View,
-        observer: Observer,
-        outcome_if_done: Outcome,
-        done: bool,
-    }
+/// An upstream response body, passed on frame by frame and observed.
+pub struct ObservedBody<B> {
+    /// `None` once handed to [`drain`] after the stream's `[DONE]`.
+    inner: Option<B>,
+    view: View,
+    observer: Observer,
+    outcome_if_done: Outcome,
+    done: bool,
+}
+
+/// How long the rest of an upstream stream (after `[DONE]`, normally just
+/// the chunked terminator) may take to arrive before the connection is
+/// closed instead of pooled.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads what is left of `body` (its end, which gives the upstream
+/// connection back to the pool), off the client's path.
+async fn drain<B: Body + Unpin>(mut body: B) {
+    let rest = async {
+        while let Some(frame) =
+            std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            if frame.is_err() {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_LIMIT, rest).await;
+}
+
+/// Whether `data` ends with the `[DONE]` event that closes an OpenAI stream.
+fn ends_with_done(data: &[u8]) -> bool {
+    data.ends_with(b"data: [DONE]\n\n") || data.ends_with(b"data: [DONE]\r\n\r\n")
 }
 
 impl<B> ObservedBody<B> {
@@ -565,7 +587,7 @@ impl<B> ObservedBody<B> {
             BodyKind::Opaque => View::Opaque,
         };
         Self {
-            inner,
+            inner: Some(inner),
             view,
             observer,
             outcome_if_done: on_complete,
@@ -695,7 +717,8 @@ impl View {
 
 impl<B> Body for ObservedBody<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Send,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -704,39 +727,59 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let mut this = self.project();
-        if *this.done {
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(None);
         }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
         loop {
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
+            match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
                 None => {
-                    *this.done = true;
-                    let rest = this.view.end(this.observer);
-                    this.observer.finish(*this.outcome_if_done);
+                    this.done = true;
+                    let rest = this.view.end(&mut this.observer);
+                    this.observer.finish(this.outcome_if_done);
                     return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
                 }
                 Some(Err(e)) => {
-                    *this.done = true;
+                    this.done = true;
                     this.observer.finish(Outcome::Failed);
                     return Poll::Ready(Some(Err(e)));
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        let mut out = this.view.pass(data, this.observer);
+                        // `[DONE]` ends an OpenAI stream: end the client's body
+                        // with it, so the chunked terminator goes out in the
+                        // same write. Otherwise it follows once the upstream's
+                        // own terminator is read, after a client that stops at
+                        // `[DONE]` has dropped the response, and that client
+                        // cannot reuse its connection (a new connect each time).
+                        let done_event = matches!(&this.view, View::Sse { pending, .. } if pending.is_empty())
+                            && ends_with_done(&data);
+                        let mut out = this.view.pass(data, &mut this.observer);
                         // A body of known length is not polled past its last
                         // byte (hyper stops at Content-Length): end it here.
-                        if this.inner.is_end_stream() {
-                            *this.done = true;
-                            if let Some(rest) = this.view.end(this.observer) {
+                        let upstream_ended = inner.is_end_stream();
+                        if done_event || upstream_ended {
+                            this.done = true;
+                            if let Some(rest) = this.view.end(&mut this.observer) {
                                 let mut joined = BytesMut::from(&out[..]);
                                 joined.extend_from_slice(&rest);
                                 out = joined.freeze();
                             }
-                            this.observer.finish(*this.outcome_if_done);
+                            this.observer.finish(this.outcome_if_done);
+                        }
+                        if done_event && !upstream_ended {
+                            if let Some(rest) = this.inner.take()
+                                && let Ok(rt) = tokio::runtime::Handle::try_current()
+                            {
+                                rt.spawn(drain(rest));
+                            }
+                            return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out))));
                         }
                         if out.is_empty() {
-                            if *this.done {
+                            if this.done {
                                 return Poll::Ready(None);
                             }
                             // Everything was held back or left out: read on.
@@ -755,10 +798,10 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.view {
+        match (&self.view, &self.inner) {
             // The length changes when the usage chunk is taken out.
-            View::Sse { strip: true, .. } => SizeHint::default(),
-            _ => self.inner.size_hint(),
+            (View::Sse { strip: true, .. }, _) | (_, None) => SizeHint::default(),
+            (_, Some(inner)) => inner.size_hint(),
         }
     }
 }
