@@ -21,7 +21,9 @@ use inferscope_schema::schema::{self, MetricDef};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
-use crate::observe::{BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested};
+use crate::observe::{
+    BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
+};
 use crate::upstream::{self, BaseUrl, UpstreamClient, copy_end_to_end, error_response};
 use crate::{ProxyArgs, ProxyError};
 
@@ -193,7 +195,11 @@ impl ModelSeries {
 /// The `model_name`s to keep series for, from the flag or the upstream.
 fn model_names(given: &[String], listed: Vec<String>, upstream: &str) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
-    let source = if given.is_empty() { listed } else { given.to_vec() };
+    let source = if given.is_empty() {
+        listed
+    } else {
+        given.to_vec()
+    };
     for name in source {
         if !name.is_empty() && !names.contains(&name) {
             names.push(name);
@@ -511,7 +517,9 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
         shutdown_signal().await;
         tracing::info!("shutting down: open streams get 10 s");
         let _ = stop.send(true);
-        let served = main.await.map_err(|e| ProxyError::Serve(std::io::Error::other(e)))?;
+        let served = main
+            .await
+            .map_err(|e| ProxyError::Serve(std::io::Error::other(e)))?;
         for w in workers {
             match w.join() {
                 Ok(r) => r.map_err(ProxyError::Serve)?,

@@ -1,8 +1,9 @@
 //! What the proxy measures, from the bytes the client receives: a response
 //! body wrapper that passes each upstream frame on as it arrives and reads a
-//! view of it on the way: SSE events (TTFT at the first chunk with content,
-//! one inter-token sample per later content chunk, finish reasons, `usage`)
-//! or a JSON body (finish reason and `usage` at the end).
+//! view of it on the way: SSE events (per choice: TTFT at the first chunk
+//! with content, inter-token samples for later content chunks, one per
+//! token where the running usage total says how many a chunk holds, finish
+//! reasons; `usage`) or a JSON body (finish reasons and `usage` at the end).
 //!
 //! Usage injection: when the proxy asked the upstream for the usage chunk on
 //! the client's behalf, the body is cut at event boundaries and that chunk
@@ -110,7 +111,10 @@ impl RequestView {
                 .as_ref()
                 .or(f.max_completion_tokens.as_ref())
                 .and_then(serde_json::Value::as_u64),
-            n: f.n.as_ref().and_then(serde_json::Value::as_u64).unwrap_or(1),
+            n: f.n
+                .as_ref()
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(1),
             model: match f.model {
                 Some(serde_json::Value::String(m)) => Some(m),
                 _ => None,
@@ -556,8 +560,7 @@ const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// connection back to the pool), off the client's path.
 async fn drain<B: Body + Unpin>(mut body: B) {
     let rest = async {
-        while let Some(frame) =
-            std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
         {
             if frame.is_err() {
                 break;
@@ -839,7 +842,13 @@ mod tests {
         let body = br#"{"stream":true,"max_completion_tokens":7,"n":2,"model":"m"}"#;
         let r = RequestView::parse(body).unwrap();
         assert_eq!(
-            (r.stream, r.include_usage, r.max_tokens, r.n, r.model.as_deref()),
+            (
+                r.stream,
+                r.include_usage,
+                r.max_tokens,
+                r.n,
+                r.model.as_deref()
+            ),
             (true, false, Some(7), 2, Some("m"))
         );
         // No stream_options: spliced in as bytes, the rest untouched.
@@ -919,7 +928,10 @@ mod tests {
                 "[DONE]",
             ],
         );
-        assert_eq!(count(&m, "inferscope:inter_token_latency_seconds_count"), 5.0);
+        assert_eq!(
+            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            5.0
+        );
         assert_eq!(count(&m, "inferscope:generation_tokens_total"), 6.0);
         // Without usage per chunk: one sample per chunk after the first.
         observe_stream(
@@ -930,7 +942,10 @@ mod tests {
                 r#"{"choices":[{"index":0,"text":"bc","finish_reason":"stop"}]}"#,
             ],
         );
-        assert_eq!(count(&m, "inferscope:inter_token_latency_seconds_count"), 6.0);
+        assert_eq!(
+            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            6.0
+        );
     }
 
     #[test]
@@ -958,9 +973,15 @@ mod tests {
             )
         };
         assert_eq!((ok("stop"), ok("length"), ok("error")), (1.0, 1.0, 0.0));
-        assert_eq!(count(&m, "inferscope:time_to_first_token_seconds_count"), 2.0);
+        assert_eq!(
+            count(&m, "inferscope:time_to_first_token_seconds_count"),
+            2.0
+        );
         // 3 gaps: two in choice 0, one in choice 1 (not 4 across choices).
-        assert_eq!(count(&m, "inferscope:inter_token_latency_seconds_count"), 3.0);
+        assert_eq!(
+            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            3.0
+        );
         assert_eq!(count(&m, "inferscope:prompt_tokens_total"), 8.0);
         assert_eq!(count(&m, "inferscope:generation_tokens_total"), 5.0);
         // Chunks add up to the total: each choice's own count (3 and 2).

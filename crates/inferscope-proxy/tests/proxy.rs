@@ -741,7 +741,11 @@ async fn series_per_model_and_other_for_names_outside_the_set() {
         (by_model("a"), by_model("b"), by_model("other")),
         (2.0, 1.0, 3.0)
     );
-    assert_eq!(by_model("zzz"), 0.0, "no series for a name the client made up");
+    assert_eq!(
+        by_model("zzz"),
+        0.0,
+        "no series for a name the client made up"
+    );
     let ttft = format!("{}_count", name(&schema::TIME_TO_FIRST_TOKEN));
     assert_eq!(
         promtext::sum(px.samples(), &ttft, &[("model_name", "a")]),
