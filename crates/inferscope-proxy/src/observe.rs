@@ -860,7 +860,7 @@ mod tests {
         assert!(RequestView::parse(&out).unwrap().include_usage);
         let empty = b" { } ";
         let out = with_usage_requested(empty, &RequestView::parse(empty).unwrap()).unwrap();
-        assert_eq!(&out, br#" {"stream_options":{"include_usage":true}} "#);
+        assert_eq!(&out, br#" {"stream_options":{"include_usage":true} } "#);
         // An object: re-serialised with the member set, other members kept.
         let obj = br#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#;
         let out = with_usage_requested(obj, &RequestView::parse(obj).unwrap()).unwrap();
@@ -873,8 +873,10 @@ mod tests {
         // Mistyped fields read as defaults; a body that is no object, as none.
         let odd = RequestView::parse(br#"{"stream":"yes","n":-1,"model":5}"#).unwrap();
         assert_eq!((odd.stream, odd.n, odd.model), (false, 1, None));
-        assert!(RequestView::parse(b"[1]").is_none());
+        assert!(RequestView::parse(b"{not json").is_none());
     }
+
+    use inferscope_schema::schema as s;
 
     fn metrics() -> (inferscope_metrics::StatLoggerManager, EngineMetrics) {
         let m = inferscope_metrics::StatLoggerManager::new(inferscope_metrics::MetricsConfig {
@@ -929,10 +931,19 @@ mod tests {
             ],
         );
         assert_eq!(
-            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
             5.0
         );
-        assert_eq!(count(&m, "inferscope:generation_tokens_total"), 6.0);
+        assert_eq!(
+            count(&m, &s::GENERATION_TOKENS.exposed_name("inferscope")),
+            6.0
+        );
         // Without usage per chunk: one sample per chunk after the first.
         observe_stream(
             &e,
@@ -943,7 +954,13 @@ mod tests {
             ],
         );
         assert_eq!(
-            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
             6.0
         );
     }
@@ -968,25 +985,58 @@ mod tests {
             let e = inferscope_schema::promtext::parse(&text).unwrap();
             inferscope_schema::promtext::sum(
                 e.samples(),
-                "inferscope:request_success_total",
+                &s::REQUEST_SUCCESS.exposed_name("inferscope"),
                 &[("finished_reason", r)],
             )
         };
         assert_eq!((ok("stop"), ok("length"), ok("error")), (1.0, 1.0, 0.0));
         assert_eq!(
-            count(&m, "inferscope:time_to_first_token_seconds_count"),
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::TIME_TO_FIRST_TOKEN.exposed_name("inferscope")
+                )
+            ),
             2.0
         );
         // 3 gaps: two in choice 0, one in choice 1 (not 4 across choices).
         assert_eq!(
-            count(&m, "inferscope:inter_token_latency_seconds_count"),
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
             3.0
         );
-        assert_eq!(count(&m, "inferscope:prompt_tokens_total"), 8.0);
-        assert_eq!(count(&m, "inferscope:generation_tokens_total"), 5.0);
+        assert_eq!(count(&m, &s::PROMPT_TOKENS.exposed_name("inferscope")), 8.0);
+        assert_eq!(
+            count(&m, &s::GENERATION_TOKENS.exposed_name("inferscope")),
+            5.0
+        );
         // Chunks add up to the total: each choice's own count (3 and 2).
-        assert_eq!(count(&m, "inferscope:request_generation_tokens_sum"), 5.0);
-        assert_eq!(count(&m, "inferscope:request_generation_tokens_count"), 2.0);
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_sum",
+                    s::REQUEST_GENERATION_TOKENS.exposed_name("inferscope")
+                )
+            ),
+            5.0
+        );
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::REQUEST_GENERATION_TOKENS.exposed_name("inferscope")
+                )
+            ),
+            2.0
+        );
     }
 
     #[test]
