@@ -28,6 +28,9 @@ pub struct MetricsConfig {
     pub namespace: String,
     /// The `model_name` label (the served model name).
     pub model_name: String,
+    /// Further `model_name`s with their own series (the proxy, in front of
+    /// an upstream serving several models); empty on a server.
+    pub more_model_names: Vec<String>,
     /// Global indices of the engines this process runs (`[0, 1]`, `[4, 5]`, …).
     pub engine_indices: Vec<usize>,
     /// Upper end of the 1-2-5 request-token buckets.
@@ -57,6 +60,7 @@ impl Default for MetricsConfig {
         Self {
             namespace: schema::DEFAULT_NAMESPACE.to_owned(),
             model_name: String::new(),
+            more_model_names: Vec::new(),
             engine_indices: vec![0],
             max_model_len: 2048,
             buckets: BucketOverrides::default(),
@@ -205,6 +209,7 @@ impl StatLoggerManager {
                 .then_some((&mut registry, config.metric_filter)),
             &config.namespace,
             &config.model_name,
+            &config.more_model_names,
             &config.engine_indices,
             config.max_model_len,
             &config.buckets,
@@ -245,6 +250,11 @@ impl StatLoggerManager {
     #[inline]
     pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
         self.prometheus.engine(index)
+    }
+
+    /// Handles of `model`'s engine `index` (`model_name` or one of `more_model_names`).
+    pub fn model_engine(&self, model: &str, index: usize) -> Option<&EngineMetrics> {
+        self.prometheus.model_engine(model, index)
     }
 
     /// Every engine's handles, in configuration order.

@@ -132,6 +132,8 @@ type HistFamily<L> = Family<L, AtomicHistogram, HistogramBuilder>;
 #[derive(Debug, Clone)]
 pub struct EngineMetrics {
     index: usize,
+    /// The `model_name` label.
+    model: Arc<str>,
     num_running: Gauge,
     num_waiting: Gauge,
     /// `capacity`, `deferred`.
@@ -183,6 +185,17 @@ impl EngineMetrics {
     /// The global engine index (the `engine` label).
     pub fn index(&self) -> usize {
         self.index
+    }
+
+    /// The `model_name` label of these handles.
+    pub fn model_name(&self) -> &str {
+        &self.model
+    }
+
+    /// Adds to the generation-token counter alone: a front end that knows a
+    /// request's total but not each choice's (the proxy with `n > 1`).
+    pub fn add_generation_tokens(&self, tokens: u64) {
+        self.generation_tokens.inc_by(tokens);
     }
 
     /// Time to first token, measured where the token is handed to the response.
@@ -488,6 +501,7 @@ impl PrometheusLogger {
         registry: Option<(&mut Registry, MetricFilter)>,
         namespace: &str,
         model_name: &str,
+        more_models: &[String],
         engine_indices: &[usize],
         max_model_len: usize,
         overrides: &BucketOverrides,
@@ -563,9 +577,14 @@ impl PrometheusLogger {
         let write_bytes = r.family::<EngineLabels>(&s::ESTIMATED_WRITE_BYTES);
         let kv_dropped = r.family::<EngineLabels>(&s::KV_EVENTS_DROPPED_BATCHES);
 
-        let engines = engine_indices
+        // The first model's handles come first, so `engine(index)` finds them.
+        let models: Vec<&str> = std::iter::once(model_name)
+            .chain(more_models.iter().map(String::as_str))
+            .collect();
+        let engines = models
             .iter()
-            .map(|&index| {
+            .flat_map(|&m| engine_indices.iter().map(move |&index| (m, index)))
+            .map(|(model_name, index)| {
                 let engine = index.to_string();
                 let l = EngineLabels {
                     model_name: model_name.to_owned(),
@@ -626,6 +645,7 @@ impl PrometheusLogger {
                 }
                 EngineMetrics {
                     index,
+                    model: Arc::from(model_name),
                     num_running: running.get_or_create_owned(&l),
                     num_waiting: waiting.get_or_create_owned(&l),
                     num_waiting_by_reason: [0, 1].map(reason),
@@ -690,6 +710,7 @@ impl PrometheusLogger {
         let mut exemplars = ExemplarIndex::default();
         for e in &engines {
             let engine = e.index.to_string();
+            let model_name = &*e.model;
             let labels = [("model_name", model_name), ("engine", engine.as_str())];
             for (def, get) in &with_exemplars {
                 if let Some(name) = r.registered_name(def) {
@@ -717,7 +738,15 @@ impl PrometheusLogger {
         }
     }
 
-    /// Handles of the engine with global index `index`.
+    /// Handles of `model`'s engine `index` (the model name or one of the
+    /// further names the logger was built with).
+    pub fn model_engine(&self, model: &str, index: usize) -> Option<&EngineMetrics> {
+        self.engines
+            .iter()
+            .find(|e| e.index == index && &*e.model == model)
+    }
+
+    /// Handles of the engine with global index `index` (of the first model).
     #[inline]
     pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
         // A handful of engines: a scan beats hashing.
@@ -775,6 +804,7 @@ mod tests {
             Some((&mut registry, keep)),
             "x",
             "m",
+            &[],
             &[0],
             100,
             &Default::default(),
@@ -797,6 +827,7 @@ mod tests {
             None,
             "x",
             "m",
+            &[],
             &[0],
             100,
             &Default::default(),
@@ -838,6 +869,7 @@ mod tests {
             None,
             "x",
             "m",
+            &[],
             &[3],
             100,
             &Default::default(),

@@ -18,10 +18,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use inferscope_metrics::{EngineMetrics, Format, MetricsConfig, StatLoggerManager, negotiate};
 use inferscope_schema::schema::{self, MetricDef};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
-use crate::observe::{BodyKind, ObservedBody, Observer, Outcome, RequestView, inject_usage};
+use crate::observe::{
+    BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
+};
 use crate::upstream::{self, BaseUrl, UpstreamClient, copy_end_to_end, error_response};
 use crate::{ProxyArgs, ProxyError};
 
@@ -61,13 +63,35 @@ struct AppState {
     upstream_metrics: Option<Uri>,
     client: UpstreamClient,
     manager: Arc<StatLoggerManager>,
-    engine: EngineMetrics,
+    models: Arc<ModelSeries>,
     api_key: Option<String>,
     upstream_auth: Option<HeaderValue>,
     upstream_timeout: Duration,
     max_body: usize,
     inject_usage: bool,
-    warned_collisions: AtomicBool,
+    warned_collisions: Arc<AtomicBool>,
+}
+
+impl AppState {
+    /// A copy for another thread's runtime: the same metrics and settings,
+    /// its own upstream connection pool (a connection is driven by the
+    /// runtime that opened it, so sharing one would bring back the
+    /// cross-thread wake-ups the per-thread runtimes exist to avoid).
+    fn for_thread(&self, connect_timeout: Duration) -> Self {
+        Self {
+            base: self.base.clone(),
+            upstream_metrics: self.upstream_metrics.clone(),
+            client: upstream::client(connect_timeout),
+            manager: Arc::clone(&self.manager),
+            models: Arc::clone(&self.models),
+            api_key: self.api_key.clone(),
+            upstream_auth: self.upstream_auth.clone(),
+            upstream_timeout: self.upstream_timeout,
+            max_body: self.max_body,
+            inject_usage: self.inject_usage,
+            warned_collisions: Arc::clone(&self.warned_collisions),
+        }
+    }
 }
 
 /// A proxy serving in the background (tests, embedding).
@@ -116,27 +140,98 @@ fn metrics_url(url: &str) -> Result<Uri, ProxyError> {
     Ok(uri)
 }
 
-/// The first model the upstream lists, to label the metrics with.
-async fn discover_model(client: &UpstreamClient, base: &BaseUrl) -> Option<String> {
-    let uri = base.join("/v1/models").ok()?;
-    let req = http::Request::get(uri).body(Body::empty()).ok()?;
-    let resp = upstream::send(client, base, req, Duration::from_secs(10))
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let body = Limited::new(resp.into_body(), 4 * 1024 * 1024)
-        .collect()
-        .await
-        .ok()?
-        .to_bytes();
-    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    v.pointer("/data/0/id")?.as_str().map(str::to_owned)
+/// Models given their own series at most; more share the `other` series.
+pub const MAX_MODELS: usize = 32;
+/// The `model_name` of requests for a model outside the known set.
+pub const OTHER_MODEL: &str = "other";
+
+/// The models the upstream lists at `/v1/models`, in its order.
+async fn discover_models(client: &UpstreamClient, base: &BaseUrl) -> Vec<String> {
+    let listed = async {
+        let uri = base.join("/v1/models").ok()?;
+        let req = http::Request::get(uri).body(Body::empty()).ok()?;
+        let resp = upstream::send(client, base, req, Duration::from_secs(10))
+            .await
+            .ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = Limited::new(resp.into_body(), 4 * 1024 * 1024)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        let ids = v
+            .get("data")?
+            .as_array()?
+            .iter()
+            .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+            .collect::<Vec<_>>();
+        Some(ids)
+    };
+    listed.await.unwrap_or_default()
 }
 
-/// Builds everything and serves on `args.host:args.port` in the background.
-pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
+/// The series of each model the proxy labels requests with: a fixed set
+/// chosen at start-up (`--served-model-name`, else the upstream's
+/// `/v1/models`), so a client cannot create series by inventing names.
+pub struct ModelSeries {
+    known: Vec<EngineMetrics>,
+    /// The only model (every request is labelled with it, whatever its
+    /// `model` says: single-model servers ignore the field), or `other`.
+    fallback: EngineMetrics,
+}
+
+impl ModelSeries {
+    /// The series of a request for `model`.
+    pub fn for_request(&self, model: Option<&str>) -> &EngineMetrics {
+        model
+            .and_then(|m| self.known.iter().find(|e| e.model_name() == m))
+            .unwrap_or(&self.fallback)
+    }
+}
+
+/// The `model_name`s to keep series for, from the flag or the upstream.
+fn model_names(given: &[String], listed: Vec<String>, upstream: &str) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let source = if given.is_empty() {
+        listed
+    } else {
+        given.to_vec()
+    };
+    for name in source {
+        if !name.is_empty() && !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    if names.len() > MAX_MODELS {
+        tracing::warn!(
+            models = names.len(),
+            kept = MAX_MODELS,
+            "more models than the proxy keeps series for: requests for the rest are labelled model_name=\"other\" (name the ones to keep with --served-model-name)"
+        );
+        names.truncate(MAX_MODELS);
+    }
+    if names.is_empty() {
+        tracing::warn!(
+            upstream,
+            "the upstream listed no model at /v1/models: labelling metrics model_name=\"unknown\" (set --served-model-name)"
+        );
+        names.push("unknown".to_owned());
+    }
+    names
+}
+
+/// Everything a listening thread needs, built once at start-up.
+struct Prepared {
+    state: AppState,
+    model_name: String,
+    connect_timeout: Duration,
+}
+
+/// Validates the flags, finds the model name and builds the metrics.
+async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
     let base = BaseUrl::parse(&args.upstream)?;
     let upstream_metrics = args
         .upstream_metrics
@@ -154,59 +249,120 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
             ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into())
         })?;
     let client = upstream::client(connect_timeout);
-    let model_name = match &args.served_model_name {
-        Some(name) => name.clone(),
-        None => match discover_model(&client, &base).await {
-            Some(name) => name,
-            None => {
-                tracing::warn!(
-                    upstream = base.as_str(),
-                    "the upstream listed no model at /v1/models: labelling metrics model_name=\"unknown\" (set --served-model-name)"
-                );
-                "unknown".to_owned()
-            }
-        },
+    let listed = if args.served_model_name.is_empty() {
+        discover_models(&client, &base).await
+    } else {
+        Vec::new()
     };
+    let names = model_names(&args.served_model_name, listed, base.as_str());
+    // Several models: unknown names get the `other` series.
+    let more: Vec<String> = names[1..]
+        .iter()
+        .cloned()
+        .chain((names.len() > 1).then(|| OTHER_MODEL.to_owned()))
+        .collect();
     let manager = Arc::new(StatLoggerManager::new(MetricsConfig {
         namespace: args.metrics_namespace.clone(),
-        model_name: model_name.clone(),
+        model_name: names[0].clone(),
+        more_model_names: more,
         engine_indices: vec![0],
         max_model_len: args.max_model_len.max(1),
         enable_log_stats: false,
         metric_filter: measurable_by_proxy,
         ..Default::default()
     })?);
-    let engine = manager
-        .engine(0)
-        .cloned()
-        .ok_or_else(|| ProxyError::Flag("no engine handles".into()))?;
-    let state = Arc::new(AppState {
+    let series = |name: &str| {
+        manager
+            .model_engine(name, 0)
+            .cloned()
+            .ok_or_else(|| ProxyError::Flag(format!("no series for model {name:?}")))
+    };
+    let known = names
+        .iter()
+        .map(|n| series(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let fallback = if names.len() == 1 {
+        known[0].clone()
+    } else {
+        series(OTHER_MODEL)?
+    };
+    let model_name = names.join(",");
+    let models = Arc::new(ModelSeries { known, fallback });
+    let state = AppState {
         base,
         upstream_metrics,
         client,
         manager,
-        engine,
+        models,
         api_key: args.api_key.clone(),
         upstream_auth,
         upstream_timeout,
         max_body: args.max_request_body,
         inject_usage: !args.no_usage_injection,
-        warned_collisions: AtomicBool::new(false),
-    });
+        warned_collisions: Arc::new(AtomicBool::new(false)),
+    };
+    Ok(Prepared {
+        state,
+        model_name,
+        connect_timeout,
+    })
+}
 
-    let addr = format!("{}:{}", args.host, args.port);
-    let listener = TcpListener::bind(&addr)
+/// A listening socket on `addr`; with `reuse_port`, several (one per
+/// thread) share the address and the kernel spreads connections over them.
+fn bind(addr: SocketAddr, reuse_port: bool) -> Result<TcpListener, std::io::Error> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    #[cfg(unix)]
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
+    #[cfg(not(unix))]
+    let _ = reuse_port;
+    socket.bind(addr)?;
+    socket.listen(1024)
+}
+
+async fn resolve(host: &str, port: u16) -> Result<SocketAddr, ProxyError> {
+    let addr = format!("{host}:{port}");
+    let listen_err = |source| ProxyError::Listen {
+        addr: addr.clone(),
+        source,
+    };
+    tokio::net::lookup_host(&addr)
         .await
-        .map_err(|source| ProxyError::Listen {
-            addr: addr.clone(),
-            source,
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| ProxyError::Listen { addr, source })?;
+        .map_err(listen_err)?
+        .next()
+        .ok_or_else(|| {
+            listen_err(std::io::Error::new(
+                std::io::ErrorKind::AddrNotAvailable,
+                "the host resolves to no address",
+            ))
+        })
+}
+
+/// Builds everything and serves on `args.host:args.port` in the background,
+/// on the calling runtime (tests, embedding; `inferscope proxy` uses [`run`]).
+pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
+    let Prepared {
+        state, model_name, ..
+    } = prepare(args).await?;
+    let addr = resolve(&args.host, args.port).await?;
+    let listener = bind(addr, false).map_err(|source| ProxyError::Listen {
+        addr: addr.to_string(),
+        source,
+    })?;
+    let local = listener.local_addr().map_err(|source| ProxyError::Listen {
+        addr: addr.to_string(),
+        source,
+    })?;
     let (stop, stopped) = watch::channel(false);
-    let app = router(state.clone());
-    let task = tokio::spawn(serve_http1(listener, app, stopped));
+    let state = Arc::new(state);
+    let task = tokio::spawn(serve_http1(listener, router(state.clone()), stopped));
     tracing::info!(
         listen = %local,
         upstream = state.base.as_str(),
@@ -269,13 +425,113 @@ async fn serve_http1(
     Ok(())
 }
 
-/// `inferscope proxy`: serves until SIGINT or SIGTERM.
-pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
-    let proxy = start(&args).await?;
-    shutdown_signal().await;
-    tracing::info!("shutting down: open streams get 10 s");
-    proxy.shutdown(Duration::from_secs(10)).await;
-    Ok(())
+/// How long open streams get to finish after SIGINT or SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+fn current_thread_runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(ProxyError::Serve)
+}
+
+/// Serves until `stop`, then gives open connections [`SHUTDOWN_GRACE`].
+async fn serve_bounded(
+    listener: TcpListener,
+    app: Router,
+    stop: watch::Receiver<bool>,
+) -> Result<(), std::io::Error> {
+    let mut stopped = stop.clone();
+    let grace = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = serve_http1(listener, app, stop) => r,
+        () = grace => Ok(()),
+    }
+}
+
+/// `inferscope proxy`: serves until SIGINT or SIGTERM (blocking; call it
+/// outside any runtime).
+///
+/// One current-thread runtime per thread (`--threads`, default one per
+/// CPU), each accepting on its own `SO_REUSEPORT` listener and keeping its
+/// own upstream connections: a request's client connection, handler,
+/// upstream connection and response body all run on one thread, so passing
+/// a chunk from the upstream socket to the client socket wakes no other
+/// thread (on a multi-thread runtime each such hop is a futex or eventfd
+/// wake-up, which `strace` counted at about 11 a request).
+pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+    let threads = match args.threads {
+        Some(0) => return Err(ProxyError::Flag("--threads must be at least 1".into())),
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+    };
+    let runtime = current_thread_runtime()?;
+    runtime.block_on(async move {
+        let Prepared {
+            state,
+            model_name,
+            connect_timeout,
+        } = prepare(&args).await?;
+        let addr = resolve(&args.host, args.port).await?;
+        let listen_err = |source| ProxyError::Listen {
+            addr: addr.to_string(),
+            source,
+        };
+        let first = bind(addr, threads > 1).map_err(listen_err)?;
+        // With port 0 the others must join the port the first one got.
+        let local = first.local_addr().map_err(listen_err)?;
+        let (stop, stopped) = watch::channel(false);
+        let mut workers = Vec::new();
+        for i in 1..threads {
+            let listener = bind(local, true)
+                .and_then(TcpListener::into_std)
+                .map_err(listen_err)?;
+            let state = Arc::new(state.for_thread(connect_timeout));
+            let stopped = stopped.clone();
+            let worker = std::thread::Builder::new()
+                .name(format!("proxy-{i}"))
+                .spawn(move || -> Result<(), std::io::Error> {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(async move {
+                        let listener = TcpListener::from_std(listener)?;
+                        serve_bounded(listener, router(state), stopped).await
+                    })
+                })
+                .map_err(ProxyError::Serve)?;
+            workers.push(worker);
+        }
+        let state = Arc::new(state);
+        tracing::info!(
+            listen = %local,
+            upstream = state.base.as_str(),
+            model_name,
+            threads,
+            "proxying; metrics at /metrics"
+        );
+        let main = tokio::spawn(serve_bounded(first, router(state), stopped));
+        shutdown_signal().await;
+        tracing::info!("shutting down: open streams get 10 s");
+        let _ = stop.send(true);
+        let served = main
+            .await
+            .map_err(|e| ProxyError::Serve(std::io::Error::other(e)))?;
+        for w in workers {
+            match w.join() {
+                Ok(r) => r.map_err(ProxyError::Serve)?,
+                Err(_) => {
+                    return Err(ProxyError::Serve(std::io::Error::other(
+                        "a proxy thread panicked",
+                    )));
+                }
+            }
+        }
+        served.map_err(ProxyError::Serve)
+    })
 }
 
 /// Resolves on SIGINT or SIGTERM (what a container runtime sends).
@@ -435,26 +691,19 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
             };
         }
     };
-    let parsed: Option<serde_json::Value> = serde_json::from_slice(&bytes).ok();
-    let view = parsed.as_ref().map_or(
-        RequestView {
-            n: 1,
-            ..RequestView::default()
-        },
-        RequestView::of,
-    );
+    let view = RequestView::parse(&bytes).unwrap_or_default();
     // Ask for the usage chunk on the client's behalf, to count tokens.
     let mut strip_usage = false;
-    let body = match parsed {
-        Some(mut v) if app.inject_usage && view.stream && !view.include_usage => {
-            if inject_usage(&mut v) {
+    let body = if app.inject_usage && view.stream && !view.include_usage {
+        match with_usage_requested(&bytes, &view) {
+            Some(b) => {
                 strip_usage = true;
-                serde_json::to_vec(&v).map_or(bytes, Bytes::from)
-            } else {
-                bytes
+                Bytes::from(b)
             }
+            None => bytes,
         }
-        _ => bytes,
+    } else {
+        bytes
     };
     let req = match upstream_request(&app, &parts, Body::from(body), true) {
         Ok(r) => r,
@@ -463,7 +712,8 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
         }
     };
     // From here a drop (the client went away) counts as an abort.
-    let mut observer = Observer::new(app.engine.clone(), start, view);
+    let engine = app.models.for_request(view.model.as_deref()).clone();
+    let mut observer = Observer::new(engine, start, view);
     let resp = match upstream::send(&app.client, &app.base, req, app.upstream_timeout).await {
         Ok(resp) => resp,
         Err(failure) => {

@@ -25,10 +25,12 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 8001)]
     pub port: u16,
 
-    /// The `model_name` label of the proxy's metrics (default: the first model
-    /// the upstream lists at `/v1/models` when the proxy starts).
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
+    /// The models to keep series for (`model_name` label), comma-separated
+    /// or repeated; requests for other models are labelled `other`. Default:
+    /// the models the upstream lists at `/v1/models` when the proxy starts
+    /// (at most 32). With one model, every request is labelled with it.
+    #[arg(long, value_name = "NAME", value_delimiter = ',')]
+    pub served_model_name: Vec<String>,
 
     /// Require clients to send `Authorization: Bearer KEY` (the header is still
     /// passed upstream unless `--upstream-api-key` replaces it).
@@ -72,6 +74,11 @@ pub struct ProxyArgs {
     /// when the client asks for usage itself.
     #[arg(long)]
     pub no_usage_injection: bool,
+
+    /// Threads serving clients, each with its own event loop and upstream
+    /// connections (default: one per CPU).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 impl ProxyArgs {

@@ -10,6 +10,10 @@
 //! zero). The HTTP layer is `serve`'s. `--upstream-metrics` appends the
 //! upstream's own exposition to the proxy's `/metrics`.
 //!
+//! `inferscope proxy` ([`run`]) serves on one current-thread runtime per
+//! thread, each with its own `SO_REUSEPORT` listener and upstream pool, so a
+//! chunk crosses no thread on its way from the upstream to the client.
+//!
 //! Layers: [`cli`] (flags) → [`app`] (router, handlers, `/metrics`, start) →
 //! [`observe`] (the measured body) and [`upstream`] (client, URL, failures).
 

@@ -1,8 +1,9 @@
 //! What the proxy measures, from the bytes the client receives: a response
 //! body wrapper that passes each upstream frame on as it arrives and reads a
-//! view of it on the way: SSE events (TTFT at the first chunk with content,
-//! one inter-token sample per later content chunk, finish reasons, `usage`)
-//! or a JSON body (finish reason and `usage` at the end).
+//! view of it on the way: SSE events (per choice: TTFT at the first chunk
+//! with content, inter-token samples for later content chunks, one per
+//! token where the running usage total says how many a chunk holds, finish
+//! reasons; `usage`) or a JSON body (finish reasons and `usage` at the end).
 //!
 //! Usage injection: when the proxy asked the upstream for the usage chunk on
 //! the client's behalf, the body is cut at event boundaries and that chunk
@@ -19,14 +20,13 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use inferscope_metrics::{EngineMetrics, ObservedRequest};
 use inferscope_schema::stats::FinishReason;
-use pin_project_lite::pin_project;
 use serde::Deserialize;
 
 /// JSON bodies larger than this are passed on but not read for usage.
 const MAX_JSON_VIEW: usize = 16 * 1024 * 1024;
 
 /// The request fields the metrics need, read from the client's body.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestView {
     /// `"stream": true`.
     pub stream: bool,
@@ -36,28 +36,126 @@ pub struct RequestView {
     pub max_tokens: Option<u64>,
     /// `n` (1 when absent).
     pub n: u64,
+    /// `model`, when it is a string.
+    pub model: Option<String>,
+    /// How `stream_options` stands, for the usage injection.
+    stream_options: StreamOptions,
+}
+
+impl Default for RequestView {
+    /// A body the proxy could not read: one choice, nothing else known.
+    fn default() -> Self {
+        Self {
+            stream: false,
+            include_usage: false,
+            max_tokens: None,
+            n: 1,
+            model: None,
+            stream_options: StreamOptions::Absent,
+        }
+    }
+}
+
+/// The request's `stream_options`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum StreamOptions {
+    /// Not in the body: the member can be spliced in as bytes.
+    #[default]
+    Absent,
+    /// An object: the body is re-serialised with `include_usage` set.
+    Object,
+    /// Something else (`null`, a number): left to the upstream to refuse.
+    Other,
+}
+
+/// The members of a request body the proxy reads; the rest (the prompt, the
+/// messages) is skipped by the parser without being copied.
+#[derive(Deserialize)]
+struct RequestFields {
+    #[serde(default)]
+    stream: Option<serde_json::Value>,
+    #[serde(default)]
+    stream_options: Option<serde_json::Value>,
+    #[serde(default)]
+    max_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    n: Option<serde_json::Value>,
+    #[serde(default)]
+    model: Option<serde_json::Value>,
 }
 
 impl RequestView {
-    /// Reads the fields from a parsed body (absent or mistyped fields are defaults:
-    /// the upstream answers invalid requests itself).
-    pub fn of(body: &serde_json::Value) -> Self {
-        let include_usage = body
-            .pointer("/stream_options/include_usage")
+    /// Reads the fields from a request body; `None` when it is not a JSON
+    /// object (the upstream answers invalid requests itself). Mistyped
+    /// fields read as their defaults.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        let f: RequestFields = serde_json::from_slice(body).ok()?;
+        let include_usage = f
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.get("include_usage"))
             .and_then(serde_json::Value::as_bool)
             .unwrap_or(false);
-        Self {
-            stream: body.get("stream").and_then(serde_json::Value::as_bool) == Some(true),
+        let stream_options = match &f.stream_options {
+            None => StreamOptions::Absent,
+            Some(serde_json::Value::Object(_)) => StreamOptions::Object,
+            Some(_) => StreamOptions::Other,
+        };
+        Some(Self {
+            stream: f.stream.as_ref().and_then(serde_json::Value::as_bool) == Some(true),
             include_usage,
-            max_tokens: body
-                .get("max_tokens")
-                .or_else(|| body.get("max_completion_tokens"))
+            max_tokens: f
+                .max_tokens
+                .as_ref()
+                .or(f.max_completion_tokens.as_ref())
                 .and_then(serde_json::Value::as_u64),
-            n: body
-                .get("n")
+            n: f.n
+                .as_ref()
                 .and_then(serde_json::Value::as_u64)
                 .unwrap_or(1),
+            model: match f.model {
+                Some(serde_json::Value::String(m)) => Some(m),
+                _ => None,
+            },
+            stream_options,
+        })
+    }
+}
+
+/// `body` with `stream_options.include_usage` set to true, or `None` when
+/// it cannot be set (a `stream_options` that is not an object: left to the
+/// upstream to refuse). Without a `stream_options` member, the member is
+/// spliced in after the opening brace, the rest of the body untouched (no
+/// parse and re-serialisation on the way to the first token).
+pub fn with_usage_requested(body: &[u8], view: &RequestView) -> Option<Vec<u8>> {
+    match view.stream_options {
+        StreamOptions::Absent => {
+            let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+            if body[open] != b'{' {
+                return None;
+            }
+            let rest = &body[open + 1..];
+            let empty = rest
+                .iter()
+                .find(|b| !b.is_ascii_whitespace())
+                .is_some_and(|&b| b == b'}');
+            const MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
+            let mut out = Vec::with_capacity(body.len() + MEMBER.len() + 1);
+            out.extend_from_slice(&body[..=open]);
+            out.extend_from_slice(MEMBER);
+            if !empty {
+                out.push(b',');
+            }
+            out.extend_from_slice(rest);
+            Some(out)
         }
+        StreamOptions::Object => {
+            let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+            inject_usage(&mut v).then(|| serde_json::to_vec(&v).ok())?
+        }
+        StreamOptions::Other => None,
     }
 }
 
@@ -99,6 +197,8 @@ struct Delta<'a> {
 
 #[derive(Deserialize)]
 struct Choice<'a> {
+    #[serde(default)]
+    index: usize,
     #[serde(borrow, default)]
     text: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -154,15 +254,34 @@ pub enum Outcome {
     Aborted,
 }
 
+/// Choices followed per request: a larger `n` is recorded as this many
+/// (the upstream refuses such an `n` long before).
+const MAX_CHOICES: usize = 128;
+
+/// What the proxy saw of one choice.
+#[derive(Debug, Default, Clone)]
+struct ChoiceSeen {
+    first_content: Option<Instant>,
+    last_content: Option<Instant>,
+    finish: Option<FinishReason>,
+    /// Chunks with content (one token each on llama.cpp, vLLM, inferscope).
+    content_chunks: u64,
+    /// `usage.completion_tokens` at its last content chunk, when the
+    /// upstream sends usage on every chunk (vLLM's `continuous_usage_stats`).
+    tokens_so_far: Option<u64>,
+}
+
 /// One request's measurements, recorded once when it ends (or is dropped).
+///
+/// With `n > 1` each choice is recorded as `serve` records each of its
+/// engine requests: its own finish reason, TTFT and inter-token samples,
+/// and the prompt counted once per choice.
 #[derive(Debug)]
 pub struct Observer {
     engine: EngineMetrics,
     start: Instant,
     request: RequestView,
-    first_content: Option<Instant>,
-    last_content: Option<Instant>,
-    finish: Option<FinishReason>,
+    choices: Vec<ChoiceSeen>,
     usage: Option<(Option<u64>, Option<u64>)>,
     recorded: bool,
 }
@@ -175,31 +294,66 @@ impl Observer {
             engine,
             start,
             request,
-            first_content: None,
-            last_content: None,
-            finish: None,
+            choices: Vec::new(),
             usage: None,
             recorded: false,
         }
     }
 
-    fn read_chunk(&mut self, chunk: &Chunk<'_>, now: Instant) {
-        if chunk.choices.iter().any(Choice::has_content) {
-            match self.last_content {
-                None => {
-                    self.first_content = Some(now);
-                    self.engine
-                        .observe_ttft(now.duration_since(self.start).as_secs_f64());
-                }
-                Some(prev) => self
-                    .engine
-                    .observe_itl(now.duration_since(prev).as_secs_f64()),
-            }
-            self.last_content = Some(now);
+    fn choice(&mut self, index: usize) -> Option<&mut ChoiceSeen> {
+        if index >= MAX_CHOICES {
+            return None;
         }
+        if self.choices.len() <= index {
+            self.choices.resize(index + 1, ChoiceSeen::default());
+        }
+        self.choices.get_mut(index)
+    }
+
+    fn read_chunk(&mut self, chunk: &Chunk<'_>, now: Instant) {
+        // Usage on a chunk with choices: the running total (one choice).
+        let running_total = match (&chunk.usage, chunk.choices.len()) {
+            (Some(u), 1) => u.completion_tokens,
+            _ => None,
+        };
+        let engine = self.engine.clone();
+        let start = self.start;
         for c in &chunk.choices {
-            if let Some(r) = &c.finish_reason {
-                self.finish = Some(finish_reason(r));
+            let content = c.has_content();
+            let finish = c.finish_reason.as_deref().map(finish_reason);
+            let Some(seen) = self.choice(c.index) else {
+                continue;
+            };
+            if content {
+                match seen.last_content {
+                    None => {
+                        seen.first_content = Some(now);
+                        engine.observe_ttft(now.duration_since(start).as_secs_f64());
+                    }
+                    Some(prev) => {
+                        let gap = now.duration_since(prev).as_secs_f64();
+                        // A chunk of k tokens (known from the running usage
+                        // total) is k inter-token gaps of gap / k; unknown,
+                        // it is one sample (one token per chunk upstream).
+                        let tokens = match (seen.tokens_so_far, running_total) {
+                            (Some(before), Some(now_total)) if now_total > before => {
+                                now_total - before
+                            }
+                            _ => 1,
+                        };
+                        for _ in 0..tokens.min(MAX_TOKENS_PER_CHUNK) {
+                            engine.observe_itl(gap / tokens as f64);
+                        }
+                    }
+                }
+                seen.last_content = Some(now);
+                seen.content_chunks += 1;
+                if running_total.is_some() {
+                    seen.tokens_so_far = running_total;
+                }
+            }
+            if let Some(r) = finish {
+                seen.finish = Some(r);
             }
         }
         if let Some(u) = &chunk.usage {
@@ -211,8 +365,9 @@ impl Observer {
     fn read_json(&mut self, body: &[u8]) {
         if let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(body) {
             for c in &chunk.choices {
-                if let Some(r) = &c.finish_reason {
-                    self.finish = Some(finish_reason(r));
+                let finish = c.finish_reason.as_deref().map(finish_reason);
+                if let (Some(seen), Some(r)) = (self.choice(c.index), finish) {
+                    seen.finish = Some(r);
                 }
             }
             if let Some(u) = &chunk.usage {
@@ -236,24 +391,48 @@ impl Observer {
         }
         self.recorded = true;
         self.engine.add_running(-1);
-        let reason = match outcome {
-            Outcome::Aborted => FinishReason::Abort,
-            Outcome::Failed => FinishReason::Error,
-            // A body that ended without a finish_reason was cut short upstream.
-            Outcome::Complete => self.finish.unwrap_or(FinishReason::Error),
-        };
+        let e2e = self.start.elapsed();
         let (prompt_tokens, generation_tokens) = self.usage.unwrap_or((None, None));
-        self.engine.record_observed(&ObservedRequest {
-            finish_reason: reason,
-            prompt_tokens,
-            generation_tokens,
-            max_tokens: self.request.max_tokens,
-            n: self.request.n,
-            ttft: self.first_content.map(|t| t.duration_since(self.start)),
-            e2e: self.start.elapsed(),
-        });
+        let n = usize::try_from(self.request.n)
+            .unwrap_or(MAX_CHOICES)
+            .clamp(1, MAX_CHOICES)
+            .max(self.choices.len());
+        self.choices.resize(n, ChoiceSeen::default());
+        // Each choice's own token count: the total with one choice; with
+        // several, their content chunks when those add up to the total (one
+        // token per chunk), else unknown (the counter still gets the total).
+        let chunks: u64 = self.choices.iter().map(|c| c.content_chunks).sum();
+        let per_choice = |c: &ChoiceSeen| match generation_tokens {
+            Some(g) if n == 1 => Some(g),
+            Some(g) if chunks == g => Some(c.content_chunks),
+            _ => None,
+        };
+        let split = n > 1 && generation_tokens.is_some_and(|g| chunks != g);
+        if split && let Some(g) = generation_tokens {
+            self.engine.add_generation_tokens(g);
+        }
+        for c in &self.choices {
+            let reason = match outcome {
+                Outcome::Aborted => FinishReason::Abort,
+                Outcome::Failed => FinishReason::Error,
+                // A choice that ended without a finish_reason was cut short upstream.
+                Outcome::Complete => c.finish.unwrap_or(FinishReason::Error),
+            };
+            self.engine.record_observed(&ObservedRequest {
+                finish_reason: reason,
+                prompt_tokens,
+                generation_tokens: if split { None } else { per_choice(c) },
+                max_tokens: self.request.max_tokens,
+                n: self.request.n,
+                ttft: c.first_content.map(|t| t.duration_since(self.start)),
+                e2e,
+            });
+        }
     }
 }
+
+/// Inter-token samples one chunk may add (a bound on a bogus usage total).
+const MAX_TOKENS_PER_CHUNK: u64 = 4096;
 
 impl Drop for Observer {
     fn drop(&mut self) {
@@ -362,16 +541,38 @@ pub enum BodyKind {
     Opaque,
 }
 
-pin_project! {
-    /// An upstream response body, passed on frame by frame and observed.
-    pub struct ObservedBody<B> {
-        #[pin]
-        inner: B,
-        view: View,
-        observer: Observer,
-        outcome_if_done: Outcome,
-        done: bool,
-    }
+/// An upstream response body, passed on frame by frame and observed.
+pub struct ObservedBody<B> {
+    /// `None` once handed to [`drain`] after the stream's `[DONE]`.
+    inner: Option<B>,
+    view: View,
+    observer: Observer,
+    outcome_if_done: Outcome,
+    done: bool,
+}
+
+/// How long the rest of an upstream stream (after `[DONE]`, normally just
+/// the chunked terminator) may take to arrive before the connection is
+/// closed instead of pooled.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads what is left of `body` (its end, which gives the upstream
+/// connection back to the pool), off the client's path.
+async fn drain<B: Body + Unpin>(mut body: B) {
+    let rest = async {
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            if frame.is_err() {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_LIMIT, rest).await;
+}
+
+/// Whether `data` ends with the `[DONE]` event that closes an OpenAI stream.
+fn ends_with_done(data: &[u8]) -> bool {
+    data.ends_with(b"data: [DONE]\n\n") || data.ends_with(b"data: [DONE]\r\n\r\n")
 }
 
 impl<B> ObservedBody<B> {
@@ -389,7 +590,7 @@ impl<B> ObservedBody<B> {
             BodyKind::Opaque => View::Opaque,
         };
         Self {
-            inner,
+            inner: Some(inner),
             view,
             observer,
             outcome_if_done: on_complete,
@@ -519,7 +720,8 @@ impl View {
 
 impl<B> Body for ObservedBody<B>
 where
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Send,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -528,39 +730,59 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let mut this = self.project();
-        if *this.done {
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(None);
         }
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
         loop {
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
+            match ready!(Pin::new(&mut *inner).poll_frame(cx)) {
                 None => {
-                    *this.done = true;
-                    let rest = this.view.end(this.observer);
-                    this.observer.finish(*this.outcome_if_done);
+                    this.done = true;
+                    let rest = this.view.end(&mut this.observer);
+                    this.observer.finish(this.outcome_if_done);
                     return Poll::Ready(rest.map(|b| Ok(Frame::data(b))));
                 }
                 Some(Err(e)) => {
-                    *this.done = true;
+                    this.done = true;
                     this.observer.finish(Outcome::Failed);
                     return Poll::Ready(Some(Err(e)));
                 }
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        let mut out = this.view.pass(data, this.observer);
+                        // `[DONE]` ends an OpenAI stream: end the client's body
+                        // with it, so the chunked terminator goes out in the
+                        // same write. Otherwise it follows once the upstream's
+                        // own terminator is read, after a client that stops at
+                        // `[DONE]` has dropped the response, and that client
+                        // cannot reuse its connection (a new connect each time).
+                        let done_event = matches!(&this.view, View::Sse { pending, .. } if pending.is_empty())
+                            && ends_with_done(&data);
+                        let mut out = this.view.pass(data, &mut this.observer);
                         // A body of known length is not polled past its last
                         // byte (hyper stops at Content-Length): end it here.
-                        if this.inner.is_end_stream() {
-                            *this.done = true;
-                            if let Some(rest) = this.view.end(this.observer) {
+                        let upstream_ended = inner.is_end_stream();
+                        if done_event || upstream_ended {
+                            this.done = true;
+                            if let Some(rest) = this.view.end(&mut this.observer) {
                                 let mut joined = BytesMut::from(&out[..]);
                                 joined.extend_from_slice(&rest);
                                 out = joined.freeze();
                             }
-                            this.observer.finish(*this.outcome_if_done);
+                            this.observer.finish(this.outcome_if_done);
+                        }
+                        if done_event && !upstream_ended {
+                            if let Some(rest) = this.inner.take()
+                                && let Ok(rt) = tokio::runtime::Handle::try_current()
+                            {
+                                rt.spawn(drain(rest));
+                            }
+                            return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(out))));
                         }
                         if out.is_empty() {
-                            if *this.done {
+                            if this.done {
                                 return Poll::Ready(None);
                             }
                             // Everything was held back or left out: read on.
@@ -579,10 +801,10 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.view {
+        match (&self.view, &self.inner) {
             // The length changes when the usage chunk is taken out.
-            View::Sse { strip: true, .. } => SizeHint::default(),
-            _ => self.inner.size_hint(),
+            (View::Sse { strip: true, .. }, _) | (_, None) => SizeHint::default(),
+            (_, Some(inner)) => inner.size_hint(),
         }
     }
 }
@@ -617,22 +839,204 @@ mod tests {
 
     #[test]
     fn request_view_and_injection() {
-        let mut v: serde_json::Value =
-            serde_json::from_str(r#"{"stream":true,"max_completion_tokens":7,"n":2}"#).unwrap();
-        let r = RequestView::of(&v);
+        let body = br#"{"stream":true,"max_completion_tokens":7,"n":2,"model":"m"}"#;
+        let r = RequestView::parse(body).unwrap();
         assert_eq!(
-            r,
-            RequestView {
-                stream: true,
-                include_usage: false,
-                max_tokens: Some(7),
-                n: 2
-            }
+            (
+                r.stream,
+                r.include_usage,
+                r.max_tokens,
+                r.n,
+                r.model.as_deref()
+            ),
+            (true, false, Some(7), 2, Some("m"))
         );
-        assert!(inject_usage(&mut v));
-        assert!(RequestView::of(&v).include_usage);
-        let mut bad: serde_json::Value = serde_json::from_str(r#"{"stream_options":3}"#).unwrap();
-        assert!(!inject_usage(&mut bad));
+        // No stream_options: spliced in as bytes, the rest untouched.
+        let out = with_usage_requested(body, &r).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"stream_options":{"include_usage":true},"stream":true,"max_completion_tokens":7,"n":2,"model":"m"}"#
+        );
+        assert!(RequestView::parse(&out).unwrap().include_usage);
+        let empty = b" { } ";
+        let out = with_usage_requested(empty, &RequestView::parse(empty).unwrap()).unwrap();
+        assert_eq!(&out, br#" {"stream_options":{"include_usage":true} } "#);
+        // An object: re-serialised with the member set, other members kept.
+        let obj = br#"{"stream":true,"stream_options":{"continuous_usage_stats":true}}"#;
+        let out = with_usage_requested(obj, &RequestView::parse(obj).unwrap()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["stream_options"]["continuous_usage_stats"], true);
+        // Not an object: left for the upstream to refuse.
+        let bad = br#"{"stream":true,"stream_options":3}"#;
+        assert!(with_usage_requested(bad, &RequestView::parse(bad).unwrap()).is_none());
+        // Mistyped fields read as defaults; a body that is no object, as none.
+        let odd = RequestView::parse(br#"{"stream":"yes","n":-1,"model":5}"#).unwrap();
+        assert_eq!((odd.stream, odd.n, odd.model), (false, 1, None));
+        assert!(RequestView::parse(b"{not json").is_none());
+    }
+
+    use inferscope_schema::schema as s;
+
+    fn metrics() -> (inferscope_metrics::StatLoggerManager, EngineMetrics) {
+        let m = inferscope_metrics::StatLoggerManager::new(inferscope_metrics::MetricsConfig {
+            model_name: "m".into(),
+            enable_log_stats: false,
+            ..Default::default()
+        })
+        .unwrap();
+        let e = m.engine(0).unwrap().clone();
+        (m, e)
+    }
+
+    fn count(m: &inferscope_metrics::StatLoggerManager, series: &str) -> f64 {
+        let (_, text) = m.render(inferscope_metrics::Format::Prometheus);
+        let e = inferscope_schema::promtext::parse(&text).unwrap();
+        inferscope_schema::promtext::sum(e.samples(), series, &[])
+    }
+
+    /// Feeds `events` (SSE payloads) through an observed body as one frame.
+    fn observe_stream(engine: &EngineMetrics, n: u64, events: &[&str]) {
+        let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        let view = RequestView {
+            stream: true,
+            n,
+            ..RequestView::default()
+        };
+        let observer = Observer::new(engine.clone(), Instant::now(), view);
+        let mut b = ObservedBody::new(
+            http_body_util::Full::new(Bytes::from(body)),
+            BodyKind::Sse { strip_usage: false },
+            observer,
+            Outcome::Complete,
+        );
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        while let Poll::Ready(Some(_)) = Pin::new(&mut b).poll_frame(&mut cx) {}
+    }
+
+    #[test]
+    fn inter_token_samples_follow_the_running_usage_total() {
+        let (m, e) = metrics();
+        // Usage on every chunk (continuous usage stats): 1, then +2, then +3
+        // tokens: 5 inter-token gaps after the first token, not 2 chunks.
+        observe_stream(
+            &e,
+            1,
+            &[
+                r#"{"choices":[{"index":0,"text":"a"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+                r#"{"choices":[{"index":0,"text":"bc"}],"usage":{"prompt_tokens":3,"completion_tokens":3}}"#,
+                r#"{"choices":[{"index":0,"text":"def","finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":6}}"#,
+                "[DONE]",
+            ],
+        );
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
+            5.0
+        );
+        assert_eq!(
+            count(&m, &s::GENERATION_TOKENS.exposed_name("inferscope")),
+            6.0
+        );
+        // Without usage per chunk: one sample per chunk after the first.
+        observe_stream(
+            &e,
+            1,
+            &[
+                r#"{"choices":[{"index":0,"text":"a"}]}"#,
+                r#"{"choices":[{"index":0,"text":"bc","finish_reason":"stop"}]}"#,
+            ],
+        );
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
+            6.0
+        );
+    }
+
+    #[test]
+    fn each_choice_is_a_request() {
+        let (m, e) = metrics();
+        observe_stream(
+            &e,
+            2,
+            &[
+                r#"{"choices":[{"index":0,"text":"a"}]}"#,
+                r#"{"choices":[{"index":1,"text":"b"}]}"#,
+                r#"{"choices":[{"index":1,"text":"c","finish_reason":"length"}]}"#,
+                r#"{"choices":[{"index":0,"text":"d"}]}"#,
+                r#"{"choices":[{"index":0,"text":"e","finish_reason":"stop"}]}"#,
+                r#"{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":5}}"#,
+            ],
+        );
+        let ok = |r: &str| {
+            let (_, text) = m.render(inferscope_metrics::Format::Prometheus);
+            let e = inferscope_schema::promtext::parse(&text).unwrap();
+            inferscope_schema::promtext::sum(
+                e.samples(),
+                &s::REQUEST_SUCCESS.exposed_name("inferscope"),
+                &[("finished_reason", r)],
+            )
+        };
+        assert_eq!((ok("stop"), ok("length"), ok("error")), (1.0, 1.0, 0.0));
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::TIME_TO_FIRST_TOKEN.exposed_name("inferscope")
+                )
+            ),
+            2.0
+        );
+        // 3 gaps: two in choice 0, one in choice 1 (not 4 across choices).
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::INTER_TOKEN_LATENCY.exposed_name("inferscope")
+                )
+            ),
+            3.0
+        );
+        assert_eq!(count(&m, &s::PROMPT_TOKENS.exposed_name("inferscope")), 8.0);
+        assert_eq!(
+            count(&m, &s::GENERATION_TOKENS.exposed_name("inferscope")),
+            5.0
+        );
+        // Chunks add up to the total: each choice's own count (3 and 2).
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_sum",
+                    s::REQUEST_GENERATION_TOKENS.exposed_name("inferscope")
+                )
+            ),
+            5.0
+        );
+        assert_eq!(
+            count(
+                &m,
+                &format!(
+                    "{}_count",
+                    s::REQUEST_GENERATION_TOKENS.exposed_name("inferscope")
+                )
+            ),
+            2.0
+        );
     }
 
     #[test]

@@ -58,7 +58,9 @@ impl BaseUrl {
             Some("http") => {}
             Some("https") => {
                 return Err(bad(
-                    "https is not supported: run the proxy beside the server and use http",
+                    "https upstreams are not supported (TLS would put rustls and ring, \
+                     C code included, into every build); run the proxy on the upstream's \
+                     host and reach it over http",
                 ));
             }
             _ => return Err(bad("expected http://host:port")),

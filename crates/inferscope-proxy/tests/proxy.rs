@@ -646,3 +646,111 @@ async fn one_request_at_a_time_reuses_one_upstream_connection() {
     );
     p.shutdown(Duration::from_secs(1)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_are_counted_per_choice_as_the_server_counts_them() {
+    // Two choices per stream and three in a JSON answer: the server counts
+    // each choice as one request (its own finish reason, TTFT, tokens, and
+    // the prompt once per choice); the proxy must come to the same figures.
+    let server = serve(&[
+        "--sim-profile",
+        "tiny,t_fixed_ms=5",
+        "--served-model-name",
+        "m",
+    ])
+    .await;
+    let p = proxy(&format!("http://{}", server.addr), &[]).await;
+    for (path, body) in [
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"one two three","max_tokens":6,"n":2,"stream":true}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"n":2,"stream":true,"ignore_eos":true}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"m","prompt":"a b","max_tokens":5,"n":3}"#,
+        ),
+    ] {
+        let (status, text) = call(p.addr, "POST", path, body).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let s = eventually(server.addr, "the server's 7 choices", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 7.0
+    })
+    .await;
+    let px = eventually(p.addr, "the proxy's 7 choices", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 7.0
+    })
+    .await;
+    for reason in ["stop", "length", "abort", "error"] {
+        assert_eq!(
+            finished(&px, reason),
+            finished(&s, reason),
+            "finished_reason={reason}"
+        );
+    }
+    assert_eq!(finished(&px, "stop") + finished(&px, "length"), 7.0);
+    for def in [&schema::PROMPT_TOKENS, &schema::GENERATION_TOKENS] {
+        assert_eq!(value(&px, def, &[]), value(&s, def, &[]), "{}", def.name);
+    }
+    for def in [&schema::REQUEST_PROMPT_TOKENS, &schema::REQUEST_PARAMS_N] {
+        assert_eq!(
+            hist_count(&px, def),
+            hist_count(&s, def),
+            "{} samples",
+            def.name
+        );
+    }
+    // A TTFT per streamed choice; the server also times the JSON answer's
+    // choices inside, which the proxy cannot see.
+    assert_eq!(hist_count(&px, &schema::TIME_TO_FIRST_TOKEN), 4.0);
+    assert_eq!(hist_count(&s, &schema::TIME_TO_FIRST_TOKEN), 7.0);
+    // A choice's own token count is known only when the content chunks add
+    // up to the usage total: always for the ignore_eos stream (2 choices);
+    // the other stream only when neither choice stopped on an EOS token
+    // (which has no text); a JSON answer gives only the sum.
+    let known = hist_count(&px, &schema::REQUEST_GENERATION_TOKENS);
+    assert!(known == 2.0 || known == 4.0, "{known}");
+    assert_eq!(hist_count(&s, &schema::REQUEST_GENERATION_TOKENS), 7.0);
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_per_model_and_other_for_names_outside_the_set() {
+    let mock = MockServer::start(MockConfig::default())
+        .await
+        .expect("mock starts");
+    let p = proxy(&mock.base_url(), &["--served-model-name", "a,b"]).await;
+    let ask = |model: &'static str| {
+        format!(r#"{{"model":"{model}","prompt":"hi","max_tokens":3,"stream":true}}"#)
+    };
+    for model in ["a", "a", "b", "zzz", "yyy", "zzz"] {
+        let (status, text) = call(p.addr, "POST", "/v1/completions", &ask(model)).await;
+        assert_eq!(status, 200, "{text}");
+    }
+    let px = eventually(p.addr, "6 requests", |e| {
+        hist_count(e, &schema::E2E_REQUEST_LATENCY) == 6.0
+    })
+    .await;
+    let e2e = format!("{}_count", name(&schema::E2E_REQUEST_LATENCY));
+    let by_model = |m: &str| promtext::sum(px.samples(), &e2e, &[("model_name", m)]);
+    assert_eq!(
+        (by_model("a"), by_model("b"), by_model("other")),
+        (2.0, 1.0, 3.0)
+    );
+    assert_eq!(
+        by_model("zzz"),
+        0.0,
+        "no series for a name the client made up"
+    );
+    let ttft = format!("{}_count", name(&schema::TIME_TO_FIRST_TOKEN));
+    assert_eq!(
+        promtext::sum(px.samples(), &ttft, &[("model_name", "a")]),
+        2.0
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+}

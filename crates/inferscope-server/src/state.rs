@@ -284,6 +284,8 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     let metrics = Arc::new(StatLoggerManager::new(MetricsConfig {
         namespace: args.metrics_namespace.clone(),
         model_name: served_model_names[0].clone(),
+        // One label for every served name, as vLLM does.
+        more_model_names: Vec::new(),
         engine_indices,
         max_model_len,
         buckets,

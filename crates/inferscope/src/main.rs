@@ -95,11 +95,16 @@ fn main() -> anyhow::Result<()> {
     if matches!(cli.command, Command::Serve(_)) {
         inferscope_server::limit_allocator_arenas();
     }
+    // The proxy runs its own runtimes, one current-thread runtime per thread.
+    let command = match cli.command {
+        Command::Proxy(args) => return inferscope_proxy::run(*args).map_err(Into::into),
+        other => other,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     let code = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Serve(args) => {
                 inferscope_server::run(*args).await?;
                 Ok(0)
@@ -107,10 +112,7 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(cmd) => inferscope_bench::run(cmd).await.map(|()| 0),
             Command::Doctor(args) => inferscope_doctor::run_doctor(args).await,
             Command::Top(args) => inferscope_doctor::run_top(args).await.map(|()| 0),
-            Command::Proxy(args) => {
-                inferscope_proxy::run(*args).await?;
-                Ok(0)
-            }
+            Command::Proxy(_) => unreachable!("the proxy runs before the runtime is built"),
         }
     })?;
     // Exit only after the runtime is gone, so nothing is cut off mid-write.
