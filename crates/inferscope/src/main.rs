@@ -95,32 +95,35 @@ fn main() -> anyhow::Result<()> {
     if matches!(cli.command, Command::Serve(_)) {
         inferscope_server::limit_allocator_arenas();
     }
-    // The proxy runs its own runtimes, one current-thread runtime per thread.
-    let command = match cli.command {
-        Command::Proxy(args) => return inferscope_proxy::run(*args).map_err(Into::into),
-        other => other,
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let code = runtime.block_on(async {
-        match command {
-            Command::Serve(args) => {
-                inferscope_server::run(*args).await?;
-                Ok(0)
-            }
-            Command::Bench(cmd) => inferscope_bench::run(cmd).await.map(|()| 0),
-            Command::Doctor(args) => inferscope_doctor::run_doctor(args).await,
-            Command::Top(args) => inferscope_doctor::run_top(args).await.map(|()| 0),
-            Command::Proxy(_) => unreachable!("the proxy runs before the runtime is built"),
+    let code = match cli.command {
+        // The proxy runs its own runtimes, one current-thread runtime per thread.
+        Command::Proxy(args) => inferscope_proxy::run(*args).map(|()| 0)?,
+        Command::Serve(args) => {
+            on_runtime(async { Ok(inferscope_server::run(*args).await.map(|()| 0)?) })?
         }
-    })?;
-    // Exit only after the runtime is gone, so nothing is cut off mid-write.
-    drop(runtime);
+        Command::Bench(cmd) => on_runtime(async { inferscope_bench::run(cmd).await.map(|()| 0) })?,
+        Command::Doctor(args) => on_runtime(inferscope_doctor::run_doctor(args))?,
+        Command::Top(args) => {
+            on_runtime(async { inferscope_doctor::run_top(args).await.map(|()| 0) })?
+        }
+    };
     if code != 0 {
         std::process::exit(code);
     }
     Ok(())
+}
+
+/// Runs `work` on a multi-threaded runtime, and returns only after the runtime
+/// is gone, so nothing is cut off mid-write when the process exits.
+fn on_runtime<F: std::future::Future<Output = anyhow::Result<i32>>>(
+    work: F,
+) -> anyhow::Result<i32> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let code = runtime.block_on(work);
+    drop(runtime);
+    code
 }
 
 #[cfg(test)]
