@@ -214,7 +214,14 @@ mod tests {
         Duration::from_millis(v)
     }
 
-    fn choice(ttft: u64, e2e: u64, queue: u64, prefill: u64, decode: u64, tokens: usize) -> ChoiceTimings {
+    fn choice(
+        ttft: u64,
+        e2e: u64,
+        queue: u64,
+        prefill: u64,
+        decode: u64,
+        tokens: usize,
+    ) -> ChoiceTimings {
         ChoiceTimings {
             ttft: Some(ms(ttft)),
             e2e: ms(e2e),
@@ -252,11 +259,18 @@ mod tests {
         assert_eq!(m.time_to_first_token_ms, Some(21.0));
         assert_eq!(m.generation_time_ms, 131.0);
         assert_eq!(m.queue_time_ms, 10.0);
-        assert_eq!(m.prefill_time_ms, 10.0, "from the first scheduling to the first token");
+        assert_eq!(
+            m.prefill_time_ms, 10.0,
+            "from the first scheduling to the first token"
+        );
         assert_eq!(m.decode_time_ms, 110.0, "first token 20 to last token 130");
         assert_eq!(m.num_preemptions, 2);
         // All 13 gaps: (131 - 31) + (82 - 21) ms.
-        assert!((m.mean_itl_ms - 161.0 / 13.0).abs() < 1e-9, "{}", m.mean_itl_ms);
+        assert!(
+            (m.mean_itl_ms - 161.0 / 13.0).abs() < 1e-9,
+            "{}",
+            m.mean_itl_ms
+        );
         assert!((m.tokens_per_second - 15.0 / 0.131).abs() < 1e-9);
         let mut h = HeaderMap::new();
         r.insert_headers(&mut h);

@@ -282,8 +282,14 @@ impl SpanRecord {
         let last_token = timelines().filter_map(|t| t.last_token).max();
         let finished = timelines().filter_map(|t| t.finished).max();
         for (k, v) in [
-            ("gen_ai.latency.time_in_queue", secs(first_scheduled, arrival)),
-            ("gen_ai.latency.time_to_first_token", secs(first_token, arrival)),
+            (
+                "gen_ai.latency.time_in_queue",
+                secs(first_scheduled, arrival),
+            ),
+            (
+                "gen_ai.latency.time_to_first_token",
+                secs(first_token, arrival),
+            ),
             ("gen_ai.latency.e2e", secs(finished, arrival)),
             (
                 "gen_ai.latency.time_in_model_prefill",

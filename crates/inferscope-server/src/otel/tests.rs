@@ -369,7 +369,10 @@ async fn several_choices_make_one_request_span_over_all_of_them() {
     let requests: Vec<&SpanData> = spans.iter().filter(|s| s.name == "llm_request").collect();
     assert_eq!(requests.len(), 1, "one span per request, not per choice");
     let req = requests[0];
-    assert_eq!(attr(req, "gen_ai.usage.output_tokens"), Some(&Value::I64(21)));
+    assert_eq!(
+        attr(req, "gen_ai.usage.output_tokens"),
+        Some(&Value::I64(21))
+    );
     assert_eq!(attr(req, "gen_ai.request.n"), Some(&Value::I64(2)));
     let f = |k| match attr(req, k) {
         Some(Value::F64(v)) => *v,
