@@ -139,3 +139,92 @@ def test_request_log_has_one_line_per_request_matching_usage(timed_server):
         assert l["trace_id"] == trace
         for key in ("generation_time_ms", "time_to_first_token_ms", "queue_time_ms", "num_preemptions"):
             assert l[key] == pytest.approx(metrics[key]), key
+
+
+def test_n2_metrics_cover_every_choice(timed_server):
+    """n=2: `metrics` is the request's, over both choices (the request log
+    has each choice's line): the earlier first token, the later end, every
+    token, every inter-token gap; the TGI headers agree."""
+    rid = f"n2-{time.monotonic_ns()}"
+    r = requests.post(timed_server.base + "/v1/completions", timeout=60,
+                      headers={"x-request-id": rid},
+                      json={"model": "sim-llama", "prompt": "two choices", "n": 2, "max_tokens": 7,
+                            "ignore_eos": True, "include_metrics": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    m = body["metrics"]
+    assert body["usage"]["completion_tokens"] == 14
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(l) for l in timed_server.request_log.read_text().splitlines()] \
+            if timed_server.request_log.exists() else []
+        ours = [l for l in lines if l["request_id"].startswith(rid + "-")]
+        if len(ours) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(ours) == 2, lines
+    assert sum(l["completion_tokens"] for l in ours) == body["usage"]["completion_tokens"]
+    approx = lambda v: pytest.approx(v, rel=1e-9, abs=1e-9)  # noqa: E731
+    assert m["time_to_first_token_ms"] == approx(min(l["time_to_first_token_ms"] for l in ours))
+    assert m["generation_time_ms"] == approx(max(l["generation_time_ms"] for l in ours))
+    assert m["queue_time_ms"] == approx(min(l["queue_time_ms"] for l in ours))
+    assert m["num_preemptions"] == sum(l["num_preemptions"] for l in ours)
+    assert m["tokens_per_second"] == approx(14 / (m["generation_time_ms"] / 1e3))
+    gaps = sum(l["completion_tokens"] - 1 for l in ours)
+    assert m["mean_itl_ms"] == approx(sum(l["mean_itl_ms"] * (l["completion_tokens"] - 1) for l in ours) / gaps)
+    first_token = min(l["queue_time_ms"] + l["prefill_time_ms"] for l in ours)
+    last_token = max(l["queue_time_ms"] + l["prefill_time_ms"] + l["decode_time_ms"] for l in ours)
+    assert m["prefill_time_ms"] == pytest.approx(first_token - m["queue_time_ms"], abs=1e-6)
+    assert m["decode_time_ms"] == pytest.approx(last_token - first_token, abs=1e-6)
+    assert int(r.headers["x-total-time"]) == round(m["generation_time_ms"])
+    assert int(r.headers["x-queue-time"]) == round(m["queue_time_ms"])
+
+
+def test_dashboard_latency_panels_show_exemplars(timed_server):
+    """Grafana itself cannot be installed here (no package ships it), so this
+    checks what it would read: every dashboard panel that plots a histogram
+    the server attaches exemplars to asks Prometheus for them, on a
+    Prometheus data source; and docs/tracing.md provisions that data source
+    with a `trace_id` exemplar link to a tracing data source."""
+    import yaml
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    _send(timed_server, 3, "dash")
+    text = requests.get(timed_server.base + "/metrics", headers={"Accept": OPENMETRICS}, timeout=10).text
+    with_exemplars = {f.name for f in text_string_to_metric_families(text)
+                      if f.type == "histogram" and any(s.exemplar for s in f.samples)}
+    assert "inferscope_time_to_first_token_seconds" in with_exemplars, with_exemplars
+
+    dash = json.loads((repo / "deploy/grafana/inferscope-dashboard.json").read_text())
+
+    def panels(ps):
+        for p in ps:
+            yield p
+            yield from panels(p.get("panels", []))
+
+    checked = set()
+    for p in panels(dash["panels"]):
+        for t in p.get("targets", []):
+            expr = t.get("expr", "").replace("${prefix}", "inferscope_")
+            plotted = {h for h in with_exemplars if h + "_bucket" in expr}
+            if not plotted:
+                continue
+            checked |= plotted
+            assert p["datasource"]["type"] == "prometheus", p["title"]
+            # One query per histogram of the panel is enough for the dots.
+            asks = [u for u in p["targets"] if u.get("exemplar") is True
+                    and any(h + "_bucket" in u["expr"].replace("${prefix}", "inferscope_") for h in plotted)]
+            assert asks, f"panel {p['title']!r} plots {plotted} without exemplars"
+    # The four latency panels of the dashboard.
+    assert {"inferscope_time_to_first_token_seconds", "inferscope_inter_token_latency_seconds",
+            "inferscope_e2e_request_latency_seconds", "inferscope_request_queue_time_seconds"} <= checked, checked
+
+    doc = (repo / "docs/tracing.md").read_text()
+    blocks = [yaml.safe_load(b.split("\n", 1)[1]) for b in doc.split("```")[1::2] if b.startswith("yaml")]
+    sources = [d for b in blocks if isinstance(b, dict) for d in b.get("datasources", [])]
+    prom = [d for d in sources if d.get("type") == "prometheus"]
+    assert prom, "docs/tracing.md provisions no Prometheus data source"
+    dests = prom[0]["jsonData"]["exemplarTraceIdDestinations"]
+    tracing = {d["uid"] for d in sources if d.get("type") in ("tempo", "jaeger")}
+    assert any(d["name"] == "trace_id" and d["datasourceUid"] in tracing for d in dests), dests

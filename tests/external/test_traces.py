@@ -1,6 +1,7 @@
-"""OpenTelemetry traces end to end: a real OTLP/HTTP receiver that decodes the
-wire format with the official `opentelemetry-proto` package, and a server
-started with `--otlp-traces-endpoint` pointing at it."""
+"""OpenTelemetry traces end to end: real OTLP receivers (HTTP/protobuf, and
+gRPC served by grpcio) that decode the wire format with the official
+`opentelemetry-proto` package, and a server started with
+`--otlp-traces-endpoint` pointing at them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import json
 import secrets
 import threading
 import time
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import grpc
 import pytest
 import requests
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -21,14 +25,39 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from conftest import MODEL, Server, free_port
 
 
-class Receiver:
-    """An OTLP/HTTP traces endpoint (`POST /v1/traces`, protobuf) that keeps
-    every span with its resource attributes."""
+class Spans:
+    """Every span a receiver got, with its resource attributes."""
 
     def __init__(self):
         self.spans: list[tuple[dict, Span]] = []
         self.requests = 0
         self.lock = threading.Lock()
+
+    def add(self, req: ExportTraceServiceRequest):
+        with self.lock:
+            self.requests += 1
+            for rs in req.resource_spans:
+                res = {a.key: value(a.value) for a in rs.resource.attributes}
+                for ss in rs.scope_spans:
+                    self.spans.extend((res, s) for s in ss.spans)
+
+    def trace(self, trace_id: str, name: str = "llm_request", timeout: float = 10.0):
+        """Every span of `trace_id` once its `name` span has arrived."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                spans = [(r, s) for r, s in self.spans if s.trace_id.hex() == trace_id]
+            if any(s.name == name for _, s in spans):
+                return spans
+            time.sleep(0.02)
+        pytest.fail(f"no {name} span of trace {trace_id} within {timeout} s")
+
+
+class Receiver(Spans):
+    """An OTLP/HTTP traces endpoint (`POST /v1/traces`, protobuf)."""
+
+    def __init__(self):
+        super().__init__()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,12 +68,7 @@ class Receiver:
                 if ok:
                     req = ExportTraceServiceRequest()
                     req.ParseFromString(body)
-                    with receiver.lock:
-                        receiver.requests += 1
-                        for rs in req.resource_spans:
-                            res = {a.key: value(a.value) for a in rs.resource.attributes}
-                            for ss in rs.scope_spans:
-                                receiver.spans.extend((res, s) for s in ss.spans)
+                    receiver.add(req)
                 out = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200 if ok else 400)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -60,20 +84,31 @@ class Receiver:
         self.thread = threading.Thread(target=self.http.serve_forever, daemon=True)
         self.thread.start()
 
-    def trace(self, trace_id: str, name: str = "llm_request", timeout: float = 10.0):
-        """Every span of `trace_id` once its `name` span has arrived."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                spans = [(r, s) for r, s in self.spans if s.trace_id.hex() == trace_id]
-            if any(s.name == name for _, s in spans):
-                return spans
-            time.sleep(0.02)
-        pytest.fail(f"no {name} span of trace {trace_id} within {timeout} s")
-
     def stop(self):
         self.http.shutdown()
         self.http.server_close()
+
+
+class GrpcReceiver(Spans, trace_service_pb2_grpc.TraceServiceServicer):
+    """An OTLP/gRPC traces endpoint: grpcio serving the official
+    `TraceService`, keeping the metadata each export came with."""
+
+    def __init__(self):
+        Spans.__init__(self)
+        self.metadata: list[dict] = []
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+    def Export(self, request, context):  # noqa: N802 (the service's method name)
+        with self.lock:
+            self.metadata.append(dict(context.invocation_metadata()))
+        self.add(request)
+        return ExportTraceServiceResponse()
+
+    def stop(self):
+        self.server.stop(grace=None)
 
 
 def value(v):
@@ -307,3 +342,69 @@ def test_prometheus_exemplars_are_traces_the_collector_received(traced_server, r
     assert ours <= received
     # Every traced exemplar is a trace id (32 hex), never a request id.
     assert all(i is None or len(i) == 32 for i in ids), ids
+
+
+def test_grpc_export_delivers_the_request_spans(workdir, monkeypatch):
+    """OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc: the spans reach a gRPC
+    collector, in the caller's trace, with the configured headers as gRPC
+    metadata; with n=2 the one request span counts both choices' tokens."""
+    receiver = GrpcReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=t61")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "inferscope-grpc")
+    s = Server(["--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}",
+                "--sim-profile", "tiny"], workdir)
+    try:
+        trace_id, parent_id = new_parent()
+        r = post(s, "/v1/completions", {"model": MODEL, "prompt": "over grpc", "n": 2,
+                                        "max_tokens": 6, "ignore_eos": True}, trace_id, parent_id)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        spans = receiver.trace(trace_id)
+    finally:
+        s.stop()
+        receiver.stop()
+    (res, req), = [(res, s) for res, s in spans if s.name == "llm_request"]
+    assert res["service.name"] == "inferscope-grpc"
+    assert req.trace_id.hex() == trace_id and req.parent_span_id.hex() == parent_id
+    assert req.span_id.hex() == r.headers["traceparent"].split("-")[2]
+    a = attrs(req)
+    assert usage["completion_tokens"] == 12
+    assert a["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+    assert a["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
+    assert a["gen_ai.request.n"] == 2
+    assert a["gen_ai.response.finish_reasons"] == ["length", "length"]
+    decodes = sorted(attrs(s)["gen_ai.choice.index"] for _, s in spans if s.name == "decode")
+    assert decodes == [0, 1], "each choice has its own children"
+    assert receiver.metadata and all(m.get("x-tenant") == "t61" for m in receiver.metadata)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+def test_n2_span_counts_every_choice_and_spans_them(traced_server, receiver, stream):
+    """n=2: one request span whose output tokens are the response's
+    completion tokens, whose e2e covers the slower choice and whose TTFT is
+    the earlier first token."""
+    trace_id, parent_id = new_parent()
+    body = {"model": MODEL, "prompt": "two choices", "n": 2, "max_tokens": 9,
+            "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    r = post(traced_server, "/v1/completions", body, trace_id, parent_id, stream=stream)
+    assert r.status_code == 200, r.text
+    usage = read_stream(r) if stream else r.json()["usage"]
+    assert usage["completion_tokens"] == 18
+    spans = receiver.trace(trace_id)
+    (req,) = [s for _, s in spans if s.name == "llm_request"]
+    a = attrs(req)
+    assert a["gen_ai.usage.output_tokens"] == a["gen_ai.usage.completion_tokens"] == 18
+    decodes = [s for _, s in spans if s.name == "decode"]
+    assert sorted(attrs(s)["gen_ai.usage.output_tokens"] for s in decodes) == [9, 9]
+    queued = [s for _, s in spans if s.name == "queued"]
+    # Engine instants, as the children show them: the first token of either
+    # choice and the end of the later one.
+    first_token = min(s.start_time_unix_nano for s in decodes)
+    last_end = max(s.end_time_unix_nano for s in decodes)
+    arrival = min(s.start_time_unix_nano for s in queued)
+    assert a["gen_ai.latency.time_to_first_token"] == pytest.approx((first_token - arrival) / 1e9, abs=2e-6)
+    assert a["gen_ai.latency.e2e"] == pytest.approx((last_end - arrival) / 1e9, abs=2e-6)

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::ApiError;
 use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
-use crate::openai::timings::ResponseMetrics;
+use crate::openai::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 use crate::otel::RequestSpan;
 
 /// Which API a request came in on: decides the response shapes.
@@ -135,7 +135,8 @@ fn sse_event(body: &impl serde::Serialize) -> Bytes {
 /// the request is traced, ends with the stream (or as aborted, when dropped).
 ///
 /// With `include_metrics`, the last chunk before `[DONE]` (the usage chunk,
-/// or a chunk of its own) carries the first choice's `metrics`.
+/// or a chunk of its own) carries the request's `metrics`, over all its
+/// choices.
 pub fn stream(
     shape: Shape,
     generation: Generation,
@@ -153,7 +154,7 @@ pub fn stream(
         let mut started = vec![false; num_choices];
         let mut events = generation.events();
         let mut completion_tokens = 0;
-        let mut metrics = None;
+        let mut timings: Vec<ChoiceTimings> = Vec::new();
         loop {
             let delta = tokio::select! {
                 _ = tx.closed() => return,
@@ -184,8 +185,8 @@ pub fn stream(
             let first = !std::mem::replace(&mut started[d.index % num_choices.max(1)], true);
             if let Some(f) = &d.finish {
                 completion_tokens += f.completion_tokens;
-                if include_metrics && d.index == 0 {
-                    metrics = Some(f.timings.response_metrics());
+                if include_metrics {
+                    timings.push(f.timings.clone());
                 }
             }
             if tx.send(shape.chunk(&d, first)).await.is_err() {
@@ -210,6 +211,8 @@ pub fn stream(
         if let Some(span) = &mut span {
             span.set_usage(prompt_tokens, completion_tokens);
         }
+        let metrics =
+            (!timings.is_empty()).then(|| RequestTimings::of(&timings).response_metrics());
         if include_usage || metrics.is_some() {
             let usage = include_usage.then_some(Usage {
                 prompt_tokens,
@@ -250,8 +253,8 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
 
 /// Waits for every choice and answers with one JSON body; ends `span`, when
 /// the request is traced, with the answer's status. With `include_metrics`,
-/// the body carries the first choice's `metrics` and the response TGI's
-/// timing headers.
+/// the body carries the request's `metrics` (over all its choices) and the
+/// response TGI's timing headers.
 pub async fn full(
     shape: Shape,
     generation: Generation,
@@ -320,9 +323,8 @@ fn full_body(
         completion_tokens,
         total_tokens: prompt_tokens + completion_tokens,
     };
-    let timings = include_metrics
-        .then(|| results.first().map(|c| c.finish.timings.clone()))
-        .flatten();
+    let timings = (include_metrics && !results.is_empty())
+        .then(|| RequestTimings::of(results.iter().map(|c| &c.finish.timings)));
     let metrics = timings.as_ref().map(|t| t.response_metrics());
     let body = match shape.api {
         Api::Completions => {

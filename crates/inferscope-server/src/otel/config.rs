@@ -12,7 +12,7 @@ use crate::error::ServerError;
 pub enum Protocol {
     /// OTLP over HTTP with protobuf bodies (the default).
     HttpProtobuf,
-    /// OTLP over gRPC (needs the `otlp-grpc` build feature).
+    /// OTLP over gRPC (tonic, plaintext HTTP/2).
     Grpc,
 }
 
@@ -106,11 +106,7 @@ pub(crate) fn protocol(
     };
     match value.trim() {
         "http/protobuf" => Ok(Protocol::HttpProtobuf),
-        "grpc" if cfg!(feature = "otlp-grpc") => Ok(Protocol::Grpc),
-        "grpc" => Err(config_err(format!(
-            "{var}=grpc: this inferscope was built without gRPC support; rebuild with \
-             `--features inferscope/otlp-grpc` or use http/protobuf"
-        ))),
+        "grpc" => Ok(Protocol::Grpc),
         other => Err(config_err(format!(
             "{var}={other:?} is not supported: use http/protobuf or grpc"
         ))),
@@ -146,10 +142,18 @@ impl TraceConfig {
     /// optional ratio flag, the rest from the environment.
     pub fn from_env(endpoint: &str, flag_ratio: Option<f64>) -> Result<Self, ServerError> {
         let endpoint = endpoint.trim();
-        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        if endpoint.starts_with("https://") {
+            // Neither exporter is built with TLS (it would add a TLS stack to
+            // the build); refusing here beats failing every export later.
             return Err(config_err(format!(
-                "--otlp-traces-endpoint {endpoint:?}: expected an http:// or https:// URL, \
-                 e.g. http://localhost:4318/v1/traces"
+                "--otlp-traces-endpoint {endpoint:?}: this build exports OTLP without TLS; \
+                 use an http:// URL (e.g. a local OpenTelemetry Collector that forwards over TLS)"
+            )));
+        }
+        if !endpoint.starts_with("http://") {
+            return Err(config_err(format!(
+                "--otlp-traces-endpoint {endpoint:?}: expected an http:// URL, \
+                 e.g. http://localhost:4318/v1/traces (HTTP) or http://localhost:4317 (gRPC)"
             )));
         }
         if endpoint.parse::<axum::http::Uri>().is_err() {

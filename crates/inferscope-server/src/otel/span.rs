@@ -271,40 +271,41 @@ impl SpanRecord {
                 opentelemetry::Value::Array(reasons.into()),
             ));
         }
-        // vLLM's latency attributes, from the first choice's engine timeline.
-        if let Some(t) = self
-            .choices
-            .iter()
-            .min_by_key(|c| c.index)
-            .and_then(|c| c.timeline.as_ref())
-        {
-            let arrival = Some(t.arrival);
-            for (k, v) in [
-                (
-                    "gen_ai.latency.time_in_queue",
-                    secs(t.first_scheduled, arrival),
-                ),
-                (
-                    "gen_ai.latency.time_to_first_token",
-                    secs(t.first_token, arrival),
-                ),
-                ("gen_ai.latency.e2e", secs(t.finished, arrival)),
-                (
-                    "gen_ai.latency.time_in_model_prefill",
-                    secs(t.first_token, t.first_scheduled),
-                ),
-                (
-                    "gen_ai.latency.time_in_model_decode",
-                    secs(t.last_token, t.first_token),
-                ),
-                (
-                    "gen_ai.latency.time_in_model_inference",
-                    secs(t.finished, t.first_scheduled),
-                ),
-            ] {
-                if let Some(v) = v {
-                    attrs.push(KeyValue::new(k, v));
-                }
+        // vLLM's latency attributes. With several choices (`n` > 1) the
+        // request is one span, so its phases span the choices: it leaves the
+        // queue when its first choice is scheduled, has its first token when
+        // any choice does, and ends with its last choice.
+        let timelines = || self.choices.iter().filter_map(|c| c.timeline.as_ref());
+        let arrival = timelines().map(|t| t.arrival).min();
+        let first_scheduled = timelines().filter_map(|t| t.first_scheduled).min();
+        let first_token = timelines().filter_map(|t| t.first_token).min();
+        let last_token = timelines().filter_map(|t| t.last_token).max();
+        let finished = timelines().filter_map(|t| t.finished).max();
+        for (k, v) in [
+            (
+                "gen_ai.latency.time_in_queue",
+                secs(first_scheduled, arrival),
+            ),
+            (
+                "gen_ai.latency.time_to_first_token",
+                secs(first_token, arrival),
+            ),
+            ("gen_ai.latency.e2e", secs(finished, arrival)),
+            (
+                "gen_ai.latency.time_in_model_prefill",
+                secs(first_token, first_scheduled),
+            ),
+            (
+                "gen_ai.latency.time_in_model_decode",
+                secs(last_token, first_token),
+            ),
+            (
+                "gen_ai.latency.time_in_model_inference",
+                secs(finished, first_scheduled),
+            ),
+        ] {
+            if let Some(v) = v {
+                attrs.push(KeyValue::new(k, v));
             }
         }
         let preemptions: usize = self

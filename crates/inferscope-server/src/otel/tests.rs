@@ -132,9 +132,15 @@ fn configuration_errors_name_the_setting() {
         config::protocol(None, None).ok(),
         Some(Protocol::HttpProtobuf)
     );
-    if !cfg!(feature = "otlp-grpc") {
-        assert!(err(config::protocol(Some("grpc"), None)).contains("otlp-grpc"));
-    }
+    assert_eq!(
+        config::protocol(Some("grpc"), Some("http/protobuf")).ok(),
+        Some(Protocol::Grpc),
+        "the traces variable wins over the general one"
+    );
+    assert_eq!(
+        config::protocol(None, Some("grpc")).ok(),
+        Some(Protocol::Grpc)
+    );
     assert_eq!(
         config::http_endpoint("http://c:4318"),
         "http://c:4318/v1/traces"
@@ -148,6 +154,7 @@ fn configuration_errors_name_the_setting() {
         "http://c:4318/custom"
     );
     assert!(err(TraceConfig::from_env("localhost:4318", None)).contains("http://"));
+    assert!(err(TraceConfig::from_env("https://c:4318", None)).contains("without TLS"));
 }
 
 fn start() -> SpanStart {
@@ -322,4 +329,81 @@ async fn a_dropped_span_ends_as_aborted_and_a_full_queue_counts_drops() {
         assert_eq!(attr(s, "error.type"), Some(&Value::from("abort")));
     }
     assert_eq!(drops.export_failed.get(), 0);
+}
+
+#[tokio::test]
+async fn several_choices_make_one_request_span_over_all_of_them() {
+    let (t, exporter, _) = traces(Some(1.0));
+    let cx = t.context(&HeaderMap::new());
+    let arrival = Instant::now() - Duration::from_millis(200);
+    let at = |ms: u64| arrival + Duration::from_millis(ms);
+    // Choice 1 is scheduled later but gets its first token earlier and ends
+    // first; choice 0 ends last. Neither alone gives the request's figures.
+    let mut slow = RequestTimeline::new(arrival);
+    slow.first_scheduled = Some(at(5));
+    slow.prefill_chunks = vec![PrefillChunk {
+        start: at(5),
+        end: at(40),
+        num_tokens: 16,
+    }];
+    slow.first_token = Some(at(40));
+    slow.last_token = Some(at(120));
+    slow.finished = Some(at(121));
+    let mut fast = RequestTimeline::new(arrival);
+    fast.first_scheduled = Some(at(8));
+    fast.prefill_chunks = vec![PrefillChunk {
+        start: at(8),
+        end: at(20),
+        num_tokens: 16,
+    }];
+    fast.first_token = Some(at(20));
+    fast.last_token = Some(at(70));
+    fast.finished = Some(at(70));
+    let mut span = t.start_span(&cx, arrival, start()).expect("sampled");
+    span.set_request("req-n2", "m", 16, 1.0, 1.0, 2);
+    span.choice_finished(1, FinishReason::Stop, 5, Some(fast));
+    span.choice_finished(0, FinishReason::Length, 16, Some(slow));
+    span.set_usage(16, 21);
+    span.end();
+    let spans = exported(&t, &exporter).await;
+    let requests: Vec<&SpanData> = spans.iter().filter(|s| s.name == "llm_request").collect();
+    assert_eq!(requests.len(), 1, "one span per request, not per choice");
+    let req = requests[0];
+    assert_eq!(
+        attr(req, "gen_ai.usage.output_tokens"),
+        Some(&Value::I64(21))
+    );
+    assert_eq!(attr(req, "gen_ai.request.n"), Some(&Value::I64(2)));
+    let f = |k| match attr(req, k) {
+        Some(Value::F64(v)) => *v,
+        other => panic!("{k}: {other:?}"),
+    };
+    for (k, want) in [
+        ("gen_ai.latency.time_in_queue", 0.005),
+        ("gen_ai.latency.time_to_first_token", 0.020),
+        ("gen_ai.latency.e2e", 0.121),
+        ("gen_ai.latency.time_in_model_prefill", 0.015),
+        ("gen_ai.latency.time_in_model_decode", 0.100),
+        ("gen_ai.latency.time_in_model_inference", 0.116),
+    ] {
+        assert!((f(k) - want).abs() < 1e-9, "{k}: {} != {want}", f(k));
+    }
+    // Each choice keeps its own children, tagged with its index.
+    let decodes: Vec<(Option<&Value>, Option<&Value>)> = spans
+        .iter()
+        .filter(|s| s.name == "decode")
+        .map(|s| {
+            (
+                attr(s, "gen_ai.choice.index"),
+                attr(s, "gen_ai.usage.output_tokens"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decodes,
+        [
+            (Some(&Value::I64(1)), Some(&Value::I64(5))),
+            (Some(&Value::I64(0)), Some(&Value::I64(16)))
+        ]
+    );
 }
