@@ -178,7 +178,10 @@ async fn connect_mode_delivers_to_a_subscriber_that_binds() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let mut sent = 0u64;
     let msg = loop {
-        assert!(std::time::Instant::now() < deadline, "nothing arrived after {sent} batches");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing arrived after {sent} batches"
+        );
         assert!(publisher.try_publish(batch(3, 1000 + sent)));
         sent += 1;
         if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
@@ -188,7 +191,11 @@ async fn connect_mode_delivers_to_a_subscriber_that_binds() {
     assert_eq!(&msg[0][..], b"kv@c@m");
     let s = seq(&msg[1]);
     assert!((0..sent as i64).contains(&s), "sequence {s} of {sent} sent");
-    assert_eq!(removed_hash(&msg[2]), 1000 + s as u64, "the batch of that sequence number");
+    assert_eq!(
+        removed_hash(&msg[2]),
+        1000 + s as u64,
+        "the batch of that sequence number"
+    );
     // Once connected and subscribed, the next batches all arrive, in order.
     for h in 0..5 {
         assert!(publisher.try_publish(batch(3, 5000 + h)));
@@ -220,6 +227,8 @@ fn an_ipv6_literal_binds_and_the_error_says_so() {
         r#"{{"enable_kv_cache_events": true, "endpoint": "tcp://[::1]:{port}"}}"#
     ))
     .unwrap();
-    let err = KvEventPublisher::start(&config, &[0]).unwrap_err().to_string();
+    let err = KvEventPublisher::start(&config, &[0])
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("binds") && err.contains("host name"), "{err}");
 }
