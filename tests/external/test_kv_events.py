@@ -296,6 +296,9 @@ def test_replay_fills_a_missed_range(workdir, ctx):
         server.stop()
 
 
+@pytest.mark.xfail(strict=True, reason="open bug: through the server, connect mode logs "
+                   "'KV events: connected' but the binding SUB receives nothing, while the "
+                   "publisher alone delivers (crates/inferscope-kv-events/tests/publisher.rs)")
 def test_connect_mode_delivers_to_a_subscriber_that_binds(workdir, ctx):
     """A named host connects (vLLM's rule): the server dials this test's SUB
     socket, which bound the port first, as llm-d's picker does with one
