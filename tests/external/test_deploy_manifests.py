@@ -109,3 +109,87 @@ def test_pod_monitors_scrape_pods():
     assert len(monitors) == 2, "the existing one and the pool's"
     for m in monitors:
         assert m["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
+
+
+# The endpoint picker's keys as the upstream sources define them (read
+# 2026-12; the picker ignores unknown JSON keys, so a typo would silently fall
+# back to a default: hence these lists):
+# - GIE cmd/epp/runner/options.go (kubernetes-sigs/gateway-api-inference-extension):
+#   the EPP's flags and its default metric names;
+# - llm-d/llm-d-inference-scheduler deploy/config/epp-precise-prefix-cache-config.yaml
+#   and pkg/plugins/scorer/precise_prefix_cache.go: plugin type names and the
+#   precise scorer's parameters (indexerConfig.tokenizersPoolConfig.modelName
+#   is required, the factory fails without it);
+# - llm-d/llm-d-kv-cache pkg/kvevents/pool.go: kvEventsConfig and
+#   podDiscoveryConfig (default pod selector llm-d.ai/inference-serving=true);
+#   pkg/kvcache/kvblock token processor: blockSizeTokens (blockSize deprecated);
+# - GIE's prefix plugin config: blockSizeTokens in tokens; `blockSize` alone is
+#   the legacy size in characters and fails the plugin's initialisation.
+EPP_FLAG_DEFAULTS = {
+    "--total-queued-requests-metric": "vllm:num_requests_waiting",
+    "--total-running-requests-metric": "vllm:num_requests_running",
+    "--kv-cache-usage-percentage-metric": "vllm:kv_cache_usage_perc",
+}
+EPP_FLAGS = {"--pool-name", "--pool-namespace", "--pool-group", "--config-file",
+             "--config-text", "--grpc-port", "--grpc-health-port", "--metrics-port",
+             "--cache-info-metric", "--lora-info-metric", "-v", *EPP_FLAG_DEFAULTS}
+PLUGIN_TYPES = {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer",
+                "precise-prefix-cache-scorer", "max-score-picker", "single-profile-handler",
+                "decode-filter", "tokenizer", "endpoint-notification-source"}
+PREFIX_SCORER_KEYS = {"autoTune", "blockSizeTokens", "maxPrefixBlocksToMatch",
+                      "maxPrefixTokensToMatch", "lruCapacityPerServer"}
+PRECISE_SCORER_KEYS = {"tokenProcessorConfig", "indexerConfig", "kvEventsConfig",
+                       "speculativeIndexing", "speculativeTTL"}
+TOKEN_PROCESSOR_KEYS = {"blockSizeTokens", "hashSeed", "hashAlgorithm"}
+KV_EVENTS_KEYS = {"zmqEndpoint", "topicFilter", "concurrency", "engineType",
+                  "discoverPods", "podDiscoveryConfig"}
+POD_DISCOVERY_KEYS = {"podLabelSelector", "podNamespace", "socketPort"}
+
+
+def pool_pods():
+    (sts,) = by_kind(documents(), "StatefulSet")
+    (c,) = sts["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    return sts["spec"]["template"]["metadata"]["labels"], c, lambda f: args[args.index(f) + 1]
+
+
+def test_endpoint_picker_flags_and_metric_names_are_upstreams():
+    (epp,) = [d for d in by_kind(documents(), "Deployment") if d["metadata"]["name"] == "inferscope-epp"]
+    (c,) = epp["spec"]["template"]["spec"]["containers"]
+    flags = [a for a in c["args"] if a.startswith("-")]
+    assert set(flags) <= EPP_FLAGS, set(flags) - EPP_FLAGS
+    for flag, name in EPP_FLAG_DEFAULTS.items():
+        assert c["args"][c["args"].index(flag) + 1] == name
+    assert {p["containerPort"] for p in c["ports"]} == {9002}, "the EPP's default --grpc-port"
+
+
+def test_endpoint_picker_plugin_keys_are_upstreams():
+    labels, _, value = pool_pods()
+    block_size = int(value("--block-size"))
+    kv = json.loads(value("--kv-events-config"))
+    kv_port = int(kv["endpoint"].rsplit(":", 1)[1])
+    (cm,) = [d for d in by_kind(documents(), "ConfigMap") if d["metadata"]["name"] == "inferscope-epp"]
+    seen = set()
+    for name, text in cm["data"].items():
+        for p in yaml.safe_load(text)["plugins"]:
+            assert p["type"] in PLUGIN_TYPES, (name, p["type"])
+            params = p.get("parameters", {})
+            seen.add(p["type"])
+            if p["type"] == "prefix-cache-scorer":
+                assert set(params) <= PREFIX_SCORER_KEYS, (name, set(params) - PREFIX_SCORER_KEYS)
+                assert params["blockSizeTokens"] == block_size
+            if p["type"] == "precise-prefix-cache-scorer":
+                assert set(params) <= PRECISE_SCORER_KEYS, set(params) - PRECISE_SCORER_KEYS
+                tp = params["tokenProcessorConfig"]
+                assert set(tp) <= TOKEN_PROCESSOR_KEYS and tp["blockSizeTokens"] == block_size
+                assert params["indexerConfig"]["tokenizersPoolConfig"]["modelName"]
+                ev = params["kvEventsConfig"]
+                assert set(ev) <= KV_EVENTS_KEYS, set(ev) - KV_EVENTS_KEYS
+                assert kv["topic"].startswith(ev["topicFilter"])
+                assert ev["discoverPods"] is True and "zmqEndpoint" not in ev, "pods bind"
+                disc = ev["podDiscoveryConfig"]
+                assert set(disc) <= POD_DISCOVERY_KEYS
+                assert disc["socketPort"] == kv_port
+                selector = dict(kv_.split("=", 1) for kv_ in disc["podLabelSelector"].split(","))
+                assert selector.items() <= labels.items(), "the selector picks the pool's pods"
+    assert {"prefix-cache-scorer", "precise-prefix-cache-scorer"} <= seen

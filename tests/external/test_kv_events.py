@@ -296,6 +296,39 @@ def test_replay_fills_a_missed_range(workdir, ctx):
         server.stop()
 
 
+@pytest.mark.xfail(strict=True, reason="open bug: through the server, connect mode logs "
+                   "'KV events: connected' but the binding SUB receives nothing, while the "
+                   "publisher alone delivers (crates/inferscope-kv-events/tests/publisher.rs)")
+def test_connect_mode_delivers_to_a_subscriber_that_binds(workdir, ctx):
+    """A named host connects (vLLM's rule): the server dials this test's SUB
+    socket, which bound the port first, as llm-d's picker does with one
+    `zmqEndpoint` for every pod. The events still rebuild the engine's set."""
+    sock = ctx.socket(zmq.SUB)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    topic = f"kv@127.0.0.1@{MODEL}"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://127.0.0.1:{port}", "topic": topic}
+    server = Server(["--sim-profile", "tiny,kv_tokens=256", "--block-size", str(BLOCK_SIZE),
+                     "--kv-events-config", json.dumps(config)], workdir)
+    try:
+        # The connection and the subscription are made in the background.
+        time.sleep(0.5)
+        workload(server, seed=6)
+        consumer = Consumer()
+        deadline = time.monotonic() + 30
+        while sock.poll(700):
+            assert time.monotonic() < deadline, "the event stream never went quiet"
+            t, seq, payload = sock.recv_multipart()
+            assert t == topic.encode() and len(seq) == 8
+            consumer.apply(int.from_bytes(seq, "big"), decode_batch(payload))
+        assert consumer.stored > 64 and consumer.removed > 0, "stored and evicted"
+        assert consumer.blocks == engine_blocks(server) != set()
+    finally:
+        server.stop()
+        sock.close(linger=0)
+
+
 def test_bad_kv_events_config_is_refused(workdir):
     from conftest import INFERSCOPE_BIN
     import subprocess

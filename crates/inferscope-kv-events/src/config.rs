@@ -12,7 +12,8 @@ pub struct KvEventsConfig {
     /// `zmq` or `null`; unset means `zmq` when events are enabled.
     #[serde(default)]
     pub publisher: Option<String>,
-    /// PUB socket: `tcp://*:5557` binds, `tcp://host:5557` connects (vLLM's rule).
+    /// PUB socket: `tcp://*:5557` binds, `tcp://host:5557` connects (vLLM's
+    /// rule, see [`binds`]).
     #[serde(default = "default_endpoint")]
     pub endpoint: String,
     /// ROUTER socket that resends buffered batches from a sequence number.
@@ -115,10 +116,12 @@ pub(crate) fn offset_endpoint(endpoint: &str, offset: usize) -> Result<String, S
     Ok(format!("tcp://{host}:{port}"))
 }
 
-/// vLLM's rule: a wildcard host binds (the router connects to us), a named
-/// host connects (we push to the router's listening socket).
+/// vLLM's rule (`ZmqEventPublisher._socket_setup`): an endpoint containing
+/// `*`, `::` or `0.0.0.0` binds (the router connects to us); any other host
+/// connects (we push to the router's listening socket). Like vLLM, an IPv6
+/// literal such as `[::1]` therefore binds: connect to IPv6 by host name.
 pub(crate) fn binds(endpoint: &str) -> bool {
-    endpoint.contains('*') || endpoint.contains("::")
+    endpoint.contains('*') || endpoint.contains("::") || endpoint.contains("0.0.0.0")
 }
 
 #[cfg(test)]
@@ -166,5 +169,7 @@ mod tests {
         );
         assert!(offset_endpoint("tcp://*:65535", 1).is_err());
         assert!(binds("tcp://*:1") && !binds("tcp://epp.ns.svc:1"));
+        assert!(binds("tcp://0.0.0.0:1") && binds("tcp://[::]:1") && binds("tcp://[::1]:1"));
+        assert!(!binds("tcp://127.0.0.1:1") && !binds("tcp://10.0.0.1:1"));
     }
 }

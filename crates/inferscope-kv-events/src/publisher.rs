@@ -139,7 +139,19 @@ impl Worker {
         if binds(&self.endpoint) {
             let mut socket = PubSocket::new();
             if let Err(e) = socket.bind(&socket_addr(&self.endpoint)).await {
-                let _ = ready.send(Err(sock_err(&self.endpoint, e)));
+                let mut err = sock_err(&self.endpoint, e);
+                // `tcp://[::1]:p` reads like a connect but binds (vLLM's
+                // rule): say so, since a subscriber that bound `p` itself
+                // is the likely reason the port is taken.
+                if let PublisherError::Socket { message, .. } = &mut err
+                    && self.endpoint.contains("::")
+                    && !self.endpoint.contains("[::]")
+                {
+                    message.push_str(
+                        " (an endpoint containing `::` binds, as in vLLM; to connect to an IPv6 peer use its host name)",
+                    );
+                }
+                let _ = ready.send(Err(err));
                 return;
             }
             publisher = Some(socket);

@@ -157,3 +157,78 @@ fn a_full_queue_refuses_at_once() {
     );
     assert!(start.elapsed() < Duration::from_secs(10));
 }
+
+/// Connect mode (a named host): the publisher dials a subscriber that bound
+/// the port, as llm-d's picker does with one socket for all pods. A PUB
+/// socket drops what it sends before the subscription arrives, so batches
+/// go out until one is received; every one received must be intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_mode_delivers_to_a_subscriber_that_binds() {
+    let p = free_port();
+    let mut sub = SubSocket::new();
+    sub.bind(&format!("tcp://127.0.0.1:{p}")).await.unwrap();
+    sub.subscribe("kv@").await.unwrap();
+    let config = KvEventsConfig::parse(&format!(
+        r#"{{"enable_kv_cache_events": true, "endpoint": "tcp://127.0.0.1:{p}", "topic": "kv@c@m"}}"#
+    ))
+    .unwrap();
+    let publisher = KvEventPublisher::start(&config, &[3]).unwrap();
+    assert_eq!(publisher.endpoints()[0].0, format!("tcp://127.0.0.1:{p}"));
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut sent = 0u64;
+    let msg = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing arrived after {sent} batches"
+        );
+        assert!(publisher.try_publish(batch(3, 1000 + sent)));
+        sent += 1;
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), sub.recv()).await {
+            break m.unwrap().into_vec();
+        }
+    };
+    assert_eq!(&msg[0][..], b"kv@c@m");
+    let s = seq(&msg[1]);
+    assert!((0..sent as i64).contains(&s), "sequence {s} of {sent} sent");
+    assert_eq!(
+        removed_hash(&msg[2]),
+        1000 + s as u64,
+        "the batch of that sequence number"
+    );
+    // Once connected and subscribed, the next batches all arrive, in order.
+    for h in 0..5 {
+        assert!(publisher.try_publish(batch(3, 5000 + h)));
+    }
+    let mut got = Vec::new();
+    while got.len() < 5 {
+        let m = tokio::time::timeout(Duration::from_secs(5), sub.recv())
+            .await
+            .expect("the batches after the first")
+            .unwrap()
+            .into_vec();
+        let h = removed_hash(&m[2]);
+        if h >= 5000 {
+            got.push(h);
+        }
+    }
+    assert_eq!(got, (5000..5005).collect::<Vec<_>>());
+}
+
+/// An IPv6 literal binds (vLLM's rule), so dialing a subscriber that bound
+/// `[::1]:p` fails at start, and the error says why.
+#[test]
+fn an_ipv6_literal_binds_and_the_error_says_so() {
+    let Ok(held) = std::net::TcpListener::bind("[::1]:0") else {
+        return; // no IPv6 loopback here
+    };
+    let port = held.local_addr().unwrap().port();
+    let config = KvEventsConfig::parse(&format!(
+        r#"{{"enable_kv_cache_events": true, "endpoint": "tcp://[::1]:{port}"}}"#
+    ))
+    .unwrap();
+    let err = KvEventPublisher::start(&config, &[0])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("binds") && err.contains("host name"), "{err}");
+}

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepOutput};
+use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
 
 use crate::attention::TokenCtx;
 use crate::kv_storage::KvStorage;
@@ -20,6 +20,108 @@ pub enum KvBudget {
     FractionOfAvailable(f64),
 }
 
+/// Estimated work per token of a model on the cpu executor, the terms of
+/// its step cost (`--enable-mfu-metrics`): an estimate from the shapes and
+/// the stored weights, not a measurement.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuCost {
+    /// FLOPs per token through the projections and the LM head: 2 × m × n
+    /// per `[m, n]` weight (one multiply and one add per weight).
+    pub linear_flops_per_token: f64,
+    /// FLOPs per (query token, attended position) pair: QKᵀ and PV,
+    /// 2 × 2 × layers × heads × head_dim.
+    pub attn_flops_per_pair: f64,
+    /// Bytes of the projection and LM-head weights as stored (f32 or bf16,
+    /// panel padding included), read once per step.
+    pub weight_bytes: f64,
+    /// Key and value bytes of one token over all layers (the pool is f32).
+    pub kv_bytes_per_token: f64,
+    /// Positions a token attends to, itself included (sliding window).
+    pub window: Option<usize>,
+}
+
+impl CpuCost {
+    /// The cost terms of `model`, or `None` when some of its weights are
+    /// quantized: their stored size per block is not visible from here, and
+    /// a read-bytes figure without them would understate the traffic.
+    pub fn of(model: &LlamaModel) -> Option<Self> {
+        let c = &model.cfg;
+        let (h, q, kv) = (
+            c.hidden_size as f64,
+            (c.num_heads * c.head_dim) as f64,
+            (c.num_kv_heads * c.head_dim) as f64,
+        );
+        let per_layer = h * q + 2.0 * h * kv + q * h + 3.0 * h * c.intermediate_size as f64;
+        let linear = per_layer * c.num_layers as f64 + h * c.vocab_size as f64;
+        let weight_bytes = model.dense_weight_bytes() as f64;
+        // Quantized weights count 0 dense bytes; every dense type stores at
+        // least 2 bytes per weight (bf16), so less than that means some are
+        // quantized.
+        if weight_bytes < 2.0 * linear {
+            return None;
+        }
+        Some(Self {
+            linear_flops_per_token: 2.0 * linear,
+            attn_flops_per_pair: 4.0 * c.num_layers as f64 * q,
+            weight_bytes,
+            kv_bytes_per_token: c.kv_bytes_per_token() as f64,
+            window: c.sliding_window,
+        })
+    }
+
+    /// The estimated work of `batch`: every new token goes through the
+    /// projections and attends to its window of the context; the step reads
+    /// the weights once and the KV of the positions its tokens attend to,
+    /// and writes the KV of the new tokens.
+    pub fn step_cost(&self, batch: &ScheduledBatch) -> StepCost {
+        if batch.seqs.is_empty() {
+            return StepCost::default();
+        }
+        let (mut pairs, mut kv_read, mut tokens) = (0u64, 0u64, 0u64);
+        for s in &batch.seqs {
+            let (start, n) = (s.start_pos as u64, s.num_tokens as u64);
+            let end = start + n;
+            // The token at position p attends to min(p + 1, window) positions.
+            pairs += attended_pairs(start, end, self.window.map(|w| w as u64));
+            // The earliest position any of them sees, to the last.
+            let first = self
+                .window
+                .map_or(0, |w| (start + 1).saturating_sub(w as u64));
+            kv_read += if n == 0 { 0 } else { end - first };
+            tokens += n;
+        }
+        StepCost {
+            flops: tokens as f64 * self.linear_flops_per_token
+                + pairs as f64 * self.attn_flops_per_pair,
+            read_bytes: self.weight_bytes + kv_read as f64 * self.kv_bytes_per_token,
+            write_bytes: tokens as f64 * self.kv_bytes_per_token,
+        }
+    }
+}
+
+/// Σ min(p + 1, window) over the positions `start..end`.
+fn attended_pairs(start: u64, end: u64, window: Option<u64>) -> u64 {
+    if end <= start {
+        return 0;
+    }
+    // Sum of v for v in lo..=hi.
+    let sum = |lo: u64, hi: u64| {
+        if hi < lo {
+            0
+        } else {
+            (lo + hi) * (hi - lo + 1) / 2
+        }
+    };
+    let (a, b) = (start + 1, end);
+    match window {
+        None => sum(a, b),
+        Some(w) => {
+            let capped = b.saturating_sub(w.max(a - 1));
+            sum(a, b.min(w)) + capped * w
+        }
+    }
+}
+
 /// Runs a [`LlamaModel`] on the CPU for the engine.
 pub struct CpuExecutor {
     name: String,
@@ -33,6 +135,8 @@ pub struct CpuExecutor {
     rows: Vec<usize>,
     scratch: Scratch,
     masked: Vec<u32>,
+    // `--enable-mfu-metrics`: the step cost's terms (none for quantized weights).
+    cost: Option<CpuCost>,
     // The last step's forward pass (the device time it reports).
     last_forward: Duration,
     // Tests: a sleep in input preparation and one in sampling, host work
@@ -67,6 +171,7 @@ impl CpuExecutor {
             ),
             None => None,
         };
+        let cost = CpuCost::of(&model);
         Ok(Self {
             name,
             model,
@@ -78,6 +183,7 @@ impl CpuExecutor {
             rows: Vec::new(),
             scratch: Scratch::default(),
             masked: Vec::new(),
+            cost,
             last_forward: Duration::ZERO,
             #[cfg(test)]
             host_pause: Duration::ZERO,
@@ -268,6 +374,10 @@ impl Executor for CpuExecutor {
         self.eos.clone()
     }
 
+    fn step_cost(&self, batch: &ScheduledBatch) -> Option<StepCost> {
+        self.cost.map(|c| c.step_cost(batch))
+    }
+
     fn execute(
         &mut self,
         batch: &ScheduledBatch,
@@ -353,5 +463,113 @@ mod tests {
             "wall {wall:?}, device {:?}",
             out.device_time
         );
+    }
+
+    fn seq(seq_id: u64, start_pos: usize, num_tokens: usize, token_offset: usize) -> ScheduledSeq {
+        ScheduledSeq {
+            seq_id,
+            token_offset,
+            num_tokens,
+            start_pos,
+            block_table_offset: 0,
+            block_table_len: 0,
+            is_prefill: num_tokens > 1,
+            sample: true,
+            num_generated: 0,
+            seed: 0,
+            params: Arc::new(SamplingParams::default()),
+        }
+    }
+
+    /// A model whose output dims are all multiples of the 16-row panels, so
+    /// the stored weights have no padding and the bytes are m × n × 4.
+    fn small_model(window: Option<usize>) -> LlamaModel {
+        let cfg = crate::ModelConfig {
+            vocab_size: 64,
+            hidden_size: 32,
+            intermediate_size: 48,
+            num_layers: 2,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+            sliding_window: window,
+            ..crate::demo::demo_config()
+        };
+        let w = crate::demo::random_weights(&cfg, 1).unwrap();
+        crate::loader::model_from_tensors(cfg, w).unwrap()
+    }
+
+    /// The step cost against a hand computation for a 2-layer model.
+    #[test]
+    fn step_cost_matches_a_hand_computation() {
+        // Per layer: q 32·32 + k 32·16 + v 32·16 + o 32·32 + gate, up, down
+        // 3 · 32·48 = 7680 weights; 2 layers + LM head 64·32 = 17408.
+        let linear = 17_408.0;
+        let model = small_model(None);
+        let c = CpuCost::of(&model).expect("dense model");
+        assert_eq!(c.linear_flops_per_token, 2.0 * linear);
+        // QKᵀ and PV: 2 · 2 · 2 layers · 32 query dims.
+        assert_eq!(c.attn_flops_per_pair, 256.0);
+        assert_eq!(c.weight_bytes, 4.0 * linear);
+        // K and V: 2 · 2 layers · 16 dims · 4 bytes.
+        assert_eq!(c.kv_bytes_per_token, 256.0);
+
+        // A 4-token chunk after 3 cached tokens and a decode at position 9.
+        let batch = ScheduledBatch {
+            seqs: vec![seq(1, 3, 4, 0), seq(2, 9, 1, 4)],
+            token_ids: vec![0; 5],
+            ..ScheduledBatch::default()
+        };
+        let cost = c.step_cost(&batch);
+        // Pairs: 4 + 5 + 6 + 7 = 22 for the chunk, 10 for the decode.
+        assert_eq!(cost.flops, 5.0 * 34_816.0 + 32.0 * 256.0);
+        // KV read: 7 + 10 positions; written: the 5 new tokens.
+        assert_eq!(cost.read_bytes, 69_632.0 + 17.0 * 256.0);
+        assert_eq!(cost.write_bytes, 5.0 * 256.0);
+        assert_eq!(c.step_cost(&ScheduledBatch::default()), StepCost::default());
+
+        // bf16 storage halves the weight bytes and nothing else.
+        let bf16 =
+            CpuCost::of(&small_model(None).with_weight_dtype(crate::packed::WeightDtype::Bf16))
+                .expect("dense model");
+        assert_eq!(bf16.weight_bytes, 2.0 * linear);
+        assert_eq!(bf16.step_cost(&batch).flops, cost.flops);
+
+        // A 4-position window: the chunk's tokens see 4 each, the decode 4;
+        // the chunk reads positions 0..7, the decode 6..10.
+        let w = CpuCost::of(&small_model(Some(4))).expect("dense model");
+        let cost = w.step_cost(&batch);
+        assert_eq!(cost.flops, 5.0 * 34_816.0 + 20.0 * 256.0);
+        assert_eq!(cost.read_bytes, 69_632.0 + 11.0 * 256.0);
+    }
+
+    /// The executor hands the engine its step cost (the demo model is dense).
+    #[test]
+    fn cpu_executor_reports_its_step_cost() {
+        let m = LoadedModel::load("demo-random", &ModelOptions::default()).unwrap();
+        let e = m.cpu_executor().unwrap();
+        let batch = ScheduledBatch {
+            seqs: vec![seq(1, 0, 2, 0)],
+            token_ids: vec![0; 2],
+            ..ScheduledBatch::default()
+        };
+        let cost = e.step_cost(&batch).expect("a cost for a dense model");
+        let expected = CpuCost::of(m.model()).unwrap().step_cost(&batch);
+        assert_eq!(cost, expected);
+        assert!(cost.flops > 0.0 && cost.read_bytes >= m.model().dense_weight_bytes() as f64);
+    }
+
+    #[test]
+    fn attended_pairs_sums_capped_positions() {
+        for (start, end, w) in [(0, 10, 3), (5, 6, 3), (2, 9, 100), (0, 1, 1), (7, 20, 7)] {
+            let brute: u64 = (start..end).map(|p: u64| (p + 1).min(w)).sum();
+            assert_eq!(
+                attended_pairs(start, end, Some(w)),
+                brute,
+                "{start}..{end} w {w}"
+            );
+            let full: u64 = (start..end).map(|p: u64| p + 1).sum();
+            assert_eq!(attended_pairs(start, end, None), full);
+        }
     }
 }

@@ -20,7 +20,7 @@ pub mod tokenizer;
 
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use executor::{CpuExecutor, KvBudget};
+pub use executor::{CpuCost, CpuExecutor, KvBudget};
 pub use model::{LoadedModel, ModelOptions};
 pub use tokenizer::{
     ByteTokenizer, ChatMessage, ChatTemplate, HfTokenizer, IncrementalDecoder, Tokenizer,

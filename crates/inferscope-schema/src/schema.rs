@@ -950,9 +950,11 @@ pub fn render_markdown(namespace: &str) -> String {
         out,
         "These are registered only when their flag is given (the flags are vLLM's). \
          `--kv-cache-metrics-sample F` (default 0.01) sets the fraction of allocated KV blocks \
-         whose residency is timed, so the block pool's hot path stays cheap. The `estimated_*` \
-         counters are estimates from the executor's cost model (the sim's profile), not \
-         measurements:\n"
+         whose residency is timed, so the block pool's hot path stays cheap (its cost is \
+         measured in docs/scale-out.md). The `estimated_*` counters are estimates from the \
+         executor's cost model, not measurements: the sim's profile, or for the cpu executor \
+         the model's shapes and its stored dense weights (f32 or bf16; not served for \
+         quantized weights):\n"
     );
     for def in ENGINE_METRICS {
         if let Some(flag) = enabling_flag(def) {

@@ -200,3 +200,55 @@ async fn a_bad_sample_fraction_is_refused() {
         );
     }
 }
+
+/// The cpu executor's estimates on a running server: one request of 5 prompt
+/// tokens and 3 generated ones runs a 5-token prefill and two decodes, and the
+/// counters equal the executor's cost model over exactly those steps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_executor_serves_its_estimated_flops_and_bytes() {
+    let args = inferscope_server::ServeArgs::try_parse_flags([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "cpu",
+        "--model",
+        "demo-random",
+        "--kv-cache-memory",
+        "8000000",
+        "--disable-log-stats",
+        "--enable-mfu-metrics",
+    ])
+    .expect("flags");
+    let server = inferscope_server::start(&args)
+        .await
+        .expect("server starts");
+    let addr = server.addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": [10, 11, 12, 13, 14], "max_tokens": 3, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    scrape_when(addr, &format!("{}_total", m(names::REQUEST_SUCCESS)), 1.0).await;
+    let s = scrape(addr).await;
+    let counter = |name: &str| sum(&s, &m(&format!("{name}_total")), &[]);
+
+    let model = inferscope_model::LoadedModel::load("demo-random", &Default::default()).unwrap();
+    let cost = inferscope_model::CpuCost::of(model.model()).expect("dense demo model");
+    let (mut flops, mut read, mut write) = (0u64, 0u64, 0u64);
+    for (start, n) in [(0, 5), (5, 1), (6, 1)] {
+        let c = cost.step_cost(&one_seq_batch(start, n));
+        flops += c.flops as u64;
+        read += c.read_bytes as u64;
+        write += c.write_bytes as u64;
+    }
+    assert_eq!(counter(names::ESTIMATED_FLOPS_PER_GPU), flops as f64);
+    assert_eq!(counter(names::ESTIMATED_READ_BYTES_PER_GPU), read as f64);
+    assert_eq!(counter(names::ESTIMATED_WRITE_BYTES_PER_GPU), write as f64);
+    // 7 tokens of f32 K and V: 2 · 4 layers · 4 KV heads · 32 dims · 4 bytes each.
+    assert_eq!(write, 7 * 4096);
+    server.shutdown(std::time::Duration::from_secs(5)).await;
+}
