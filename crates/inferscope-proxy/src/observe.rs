@@ -2,7 +2,8 @@
 //! body wrapper that passes each upstream frame on as it arrives and reads a
 //! view of it on the way: SSE events (per choice: TTFT at the first chunk
 //! with content, inter-token samples for later content chunks, one per
-//! token where the running usage total says how many a chunk holds, finish
+//! token where the running usage total says how many a chunk holds; the
+//! final chunk counts, text or not, as on `serve`; finish
 //! reasons; `usage`) or a JSON body (finish reasons and `usage` at the end).
 //!
 //! Usage injection: when the proxy asked the upstream for the usage chunk on
@@ -350,6 +351,17 @@ impl Observer {
                 seen.content_chunks += 1;
                 if running_total.is_some() {
                     seen.tokens_so_far = running_total;
+                }
+            } else if finish.is_some() {
+                // The final chunk is a token's delta even without text (an
+                // end-of-sequence token has none): `serve` samples it, as
+                // the first token when nothing came before it.
+                match seen.last_content {
+                    None => {
+                        seen.first_content = Some(now);
+                        engine.observe_ttft(now.duration_since(start).as_secs_f64());
+                    }
+                    Some(prev) => engine.observe_itl(now.duration_since(prev).as_secs_f64()),
                 }
             }
             if let Some(r) = finish {
