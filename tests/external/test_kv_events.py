@@ -296,9 +296,6 @@ def test_replay_fills_a_missed_range(workdir, ctx):
         server.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="open bug: through the server, connect mode logs "
-                   "'KV events: connected' but the binding SUB receives nothing, while the "
-                   "publisher alone delivers (crates/inferscope-kv-events/tests/publisher.rs)")
 def test_connect_mode_delivers_to_a_subscriber_that_binds(workdir, ctx):
     """A named host connects (vLLM's rule): the server dials this test's SUB
     socket, which bound the port first, as llm-d's picker does with one
@@ -312,8 +309,15 @@ def test_connect_mode_delivers_to_a_subscriber_that_binds(workdir, ctx):
     server = Server(["--sim-profile", "tiny,kv_tokens=256", "--block-size", str(BLOCK_SIZE),
                      "--kv-events-config", json.dumps(config)], workdir)
     try:
-        # The connection and the subscription are made in the background.
-        time.sleep(0.5)
+        # libzmq processes a socket's commands only inside calls on that
+        # socket, from the thread that owns it: the publisher's connection is
+        # attached, and this socket's subscription sent to it, when the socket
+        # is polled. So poll while the server connects, as a subscriber's
+        # receive loop does (a bare sleep here left the subscription unsent
+        # until the workload's events had all been dropped).
+        until = time.monotonic() + 1.0
+        while time.monotonic() < until:
+            sock.poll(50)
         workload(server, seed=6)
         consumer = Consumer()
         deadline = time.monotonic() + 30
