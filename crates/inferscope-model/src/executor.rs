@@ -31,8 +31,8 @@ pub struct CpuCost {
     /// FLOPs per (query token, attended position) pair: QKᵀ and PV,
     /// 2 × 2 × layers × heads × head_dim.
     pub attn_flops_per_pair: f64,
-    /// Bytes of the projection and LM-head weights as stored (f32 or bf16,
-    /// panel padding included), read once per step.
+    /// Bytes of the projection and LM-head weights as stored (f32, bf16 or
+    /// quantized blocks, panel padding included), read once per step.
     pub weight_bytes: f64,
     /// Key and value bytes of one token over all layers (the pool is f32).
     pub kv_bytes_per_token: f64,
@@ -41,10 +41,10 @@ pub struct CpuCost {
 }
 
 impl CpuCost {
-    /// The cost terms of `model`, or `None` when some of its weights are
-    /// quantized: their stored size per block is not visible from here, and
-    /// a read-bytes figure without them would understate the traffic.
-    pub fn of(model: &LlamaModel) -> Option<Self> {
+    /// The cost terms of `model`. A quantized weight costs the same FLOPs
+    /// as a dense one (the kernels widen it to f32) and reads its stored
+    /// bytes.
+    pub fn of(model: &LlamaModel) -> Self {
         let c = &model.cfg;
         let (h, q, kv) = (
             c.hidden_size as f64,
@@ -53,20 +53,13 @@ impl CpuCost {
         );
         let per_layer = h * q + 2.0 * h * kv + q * h + 3.0 * h * c.intermediate_size as f64;
         let linear = per_layer * c.num_layers as f64 + h * c.vocab_size as f64;
-        let weight_bytes = model.dense_weight_bytes() as f64;
-        // Quantized weights count 0 dense bytes; every dense type stores at
-        // least 2 bytes per weight (bf16), so less than that means some are
-        // quantized.
-        if weight_bytes < 2.0 * linear {
-            return None;
-        }
-        Some(Self {
+        Self {
             linear_flops_per_token: 2.0 * linear,
             attn_flops_per_pair: 4.0 * c.num_layers as f64 * q,
-            weight_bytes,
+            weight_bytes: model.weight_bytes() as f64,
             kv_bytes_per_token: c.kv_bytes_per_token() as f64,
             window: c.sliding_window,
-        })
+        }
     }
 
     /// The estimated work of `batch`: every new token goes through the
@@ -135,8 +128,8 @@ pub struct CpuExecutor {
     rows: Vec<usize>,
     scratch: Scratch,
     masked: Vec<u32>,
-    // `--enable-mfu-metrics`: the step cost's terms (none for quantized weights).
-    cost: Option<CpuCost>,
+    // `--enable-mfu-metrics`: the step cost's terms.
+    cost: CpuCost,
     // The last step's forward pass (the device time it reports).
     last_forward: Duration,
     // Tests: a sleep in input preparation and one in sampling, host work
@@ -375,7 +368,7 @@ impl Executor for CpuExecutor {
     }
 
     fn step_cost(&self, batch: &ScheduledBatch) -> Option<StepCost> {
-        self.cost.map(|c| c.step_cost(batch))
+        Some(self.cost.step_cost(batch))
     }
 
     fn execute(
@@ -506,7 +499,7 @@ mod tests {
         // 3 · 32·48 = 7680 weights; 2 layers + LM head 64·32 = 17408.
         let linear = 17_408.0;
         let model = small_model(None);
-        let c = CpuCost::of(&model).expect("dense model");
+        let c = CpuCost::of(&model);
         assert_eq!(c.linear_flops_per_token, 2.0 * linear);
         // QKᵀ and PV: 2 · 2 · 2 layers · 32 query dims.
         assert_eq!(c.attn_flops_per_pair, 256.0);
@@ -530,14 +523,13 @@ mod tests {
 
         // bf16 storage halves the weight bytes and nothing else.
         let bf16 =
-            CpuCost::of(&small_model(None).with_weight_dtype(crate::packed::WeightDtype::Bf16))
-                .expect("dense model");
+            CpuCost::of(&small_model(None).with_weight_dtype(crate::packed::WeightDtype::Bf16));
         assert_eq!(bf16.weight_bytes, 2.0 * linear);
         assert_eq!(bf16.step_cost(&batch).flops, cost.flops);
 
         // A 4-position window: the chunk's tokens see 4 each, the decode 4;
         // the chunk reads positions 0..7, the decode 6..10.
-        let w = CpuCost::of(&small_model(Some(4))).expect("dense model");
+        let w = CpuCost::of(&small_model(Some(4)));
         let cost = w.step_cost(&batch);
         assert_eq!(cost.flops, 5.0 * 34_816.0 + 20.0 * 256.0);
         assert_eq!(cost.read_bytes, 69_632.0 + 11.0 * 256.0);
@@ -554,9 +546,9 @@ mod tests {
             ..ScheduledBatch::default()
         };
         let cost = e.step_cost(&batch).expect("a cost for a dense model");
-        let expected = CpuCost::of(m.model()).unwrap().step_cost(&batch);
+        let expected = CpuCost::of(m.model()).step_cost(&batch);
         assert_eq!(cost, expected);
-        assert!(cost.flops > 0.0 && cost.read_bytes >= m.model().dense_weight_bytes() as f64);
+        assert!(cost.flops > 0.0 && cost.read_bytes >= m.model().weight_bytes() as f64);
     }
 
     #[test]

@@ -59,11 +59,15 @@ impl Linear {
         Self { w, ..self }
     }
 
-    /// Bytes of the weight when dense (quantized weights: 0, not counted).
-    fn dense_bytes(&self) -> usize {
+    /// Bytes of the weight as stored: what one product reads.
+    fn stored_bytes(&self) -> usize {
         match &self.w {
             Weight::Packed(w) => w.size_bytes(),
-            Weight::Q8(_) | Weight::Quantized(_) => 0,
+            Weight::Q8(w) => w.size_bytes(),
+            Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
+            Weight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
+                t.elem_count() * t.dtype().size_in_bytes()
+            }
         }
     }
 
@@ -363,23 +367,24 @@ impl LlamaModel {
         }
     }
 
-    /// Bytes of the dense layer weights and LM head (what a decode step reads).
-    pub fn dense_weight_bytes(&self) -> usize {
+    /// Bytes of the layer weights and LM head as stored (f32, bf16 or
+    /// quantized blocks; panel padding included): what a decode step reads.
+    pub fn weight_bytes(&self) -> usize {
         let layers: usize = self
             .layers
             .iter()
             .map(|b| {
-                b.qkv.parts.iter().map(Linear::dense_bytes).sum::<usize>()
-                    + b.o.dense_bytes()
+                b.qkv.parts.iter().map(Linear::stored_bytes).sum::<usize>()
+                    + b.o.stored_bytes()
                     + b.gate_up
                         .parts
                         .iter()
-                        .map(Linear::dense_bytes)
+                        .map(Linear::stored_bytes)
                         .sum::<usize>()
-                    + b.down.dense_bytes()
+                    + b.down.stored_bytes()
             })
             .sum();
-        layers + self.lm_head.dense_bytes()
+        layers + self.lm_head.stored_bytes()
     }
 
     /// Whether a step of `tokens` tokens has products big enough to split

@@ -300,6 +300,30 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     let mut exec = m.cpu_executor().unwrap();
     exec.init_kv_cache(BLOCK_SIZE).unwrap();
 
+    // What a step reads (the `estimated_read_bytes` term): every linear as
+    // repacked, 1 byte per weight plus an f32 scale per 32, over output rows
+    // padded to the 16-row panels.
+    let (h, kv, ffn) = (
+        cfg.hidden_size,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    );
+    let per_layer = [
+        (h, h),
+        (kv, h),
+        (kv, h),
+        (h, h),
+        (ffn, h),
+        (ffn, h),
+        (h, ffn),
+    ];
+    let q8_bytes = |(out, inp): (usize, usize)| out.div_ceil(16) * 16 * inp * 9 / 8;
+    let expected = cfg.num_layers * per_layer.into_iter().map(q8_bytes).sum::<usize>()
+        + q8_bytes((cfg.vocab_size, h));
+    assert_eq!(m.model().weight_bytes(), expected);
+    let cost = inferscope_model::CpuCost::of(m.model());
+    assert_eq!(cost.weight_bytes, expected as f64);
+
     let deq: HashMap<String, Tensor> = w
         .iter()
         .map(|(n, t)| {

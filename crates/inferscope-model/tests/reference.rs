@@ -334,8 +334,8 @@ fn bf16_weights_match_the_reference_on_the_same_rounded_weights() {
     let (f32_model, model) = (load("float32"), load("bfloat16"));
     let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(
-        model.model().dense_weight_bytes() * 2,
-        f32_model.model().dense_weight_bytes()
+        model.model().weight_bytes() * 2,
+        f32_model.model().weight_bytes()
     );
     let mut exec = model.cpu_executor().unwrap();
     exec.init_kv_cache(BLOCK_SIZE).unwrap();

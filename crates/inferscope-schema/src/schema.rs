@@ -953,8 +953,8 @@ pub fn render_markdown(namespace: &str) -> String {
          whose residency is timed, so the block pool's hot path stays cheap (its cost is \
          measured in docs/scale-out.md). The `estimated_*` counters are estimates from the \
          executor's cost model, not measurements: the sim's profile, or for the cpu executor \
-         the model's shapes and its stored dense weights (f32 or bf16; not served for \
-         quantized weights):\n"
+         the model's shapes and its weights' stored bytes (f32, bf16 or quantized blocks; \
+         a quantized weight costs the FLOPs of a dense one):\n"
     );
     for def in ENGINE_METRICS {
         if let Some(flag) = enabling_flag(def) {

@@ -11,7 +11,7 @@ use inferscope_engine::{
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
-    ByteTokenizer, ChatTemplate, CpuCost, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
+    ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
@@ -140,15 +140,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
 
     // The model side: a tokenizer, a length limit and an executor factory.
     type Factory = Box<dyn FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError>>;
-    // `cost_model`: whether the executor estimates its steps' FLOPs and
-    // bytes (`--enable-mfu-metrics`).
-    let (tokenizer, model_max_len, mut factory, served_default, cache_dtype, cost_model): (
+    let (tokenizer, model_max_len, mut factory, served_default, cache_dtype): (
         Arc<dyn Tokenizer>,
         usize,
         Factory,
         String,
         &str,
-        bool,
     ) = match args.executor {
         ExecutorKind::Sim => {
             let profile: SimProfile = args
@@ -186,7 +183,6 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 factory,
                 args.model.clone(),
                 SIM_CACHE_DTYPE,
-                true,
             )
         }
         ExecutorKind::Cpu => {
@@ -208,21 +204,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             let name = model.name().to_owned();
             let max_len = model.max_model_len();
             let tokenizer = model.tokenizer();
-            // Dense weights only: the stored size of quantized ones is not known.
-            let cost_model = CpuCost::of(model.model()).is_some();
             let factory: Factory = Box::new(move |_| {
                 model
                     .executor()
                     .map_err(|e| ExecutorError::Init(e.to_string()))
             });
-            (
-                tokenizer,
-                max_len,
-                factory,
-                name,
-                CPU_CACHE_DTYPE,
-                cost_model,
-            )
+            (tokenizer, max_len, factory, name, CPU_CACHE_DTYPE)
         }
     };
     let max_model_len = match args.max_model_len {
@@ -247,15 +234,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             "--kv-cache-metrics-sample must be a fraction in (0, 1], got {sample}"
         )));
     }
-    // Without a cost model the counters would read zero, which looks like a
-    // measurement, so they are left out.
-    let mfu_metrics = args.enable_mfu_metrics && cost_model;
-    if args.enable_mfu_metrics && !mfu_metrics {
-        tracing::warn!(
-            "--enable-mfu-metrics: the {:?} executor has no cost model for this model (quantized weights); the estimated_* counters are not served",
-            args.executor
-        );
-    }
+    let mfu_metrics = args.enable_mfu_metrics;
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.max_num_seqs,
