@@ -301,14 +301,16 @@ impl Observer {
         }
     }
 
-    fn choice(&mut self, index: usize) -> Option<&mut ChoiceSeen> {
+    /// The state of choice `index` (none past [`MAX_CHOICES`]). A function
+    /// of the list alone, so a chunk's reader can hold it beside `engine`.
+    fn choice(choices: &mut Vec<ChoiceSeen>, index: usize) -> Option<&mut ChoiceSeen> {
         if index >= MAX_CHOICES {
             return None;
         }
-        if self.choices.len() <= index {
-            self.choices.resize(index + 1, ChoiceSeen::default());
+        if choices.len() <= index {
+            choices.resize(index + 1, ChoiceSeen::default());
         }
-        self.choices.get_mut(index)
+        choices.get_mut(index)
     }
 
     fn read_chunk(&mut self, chunk: &Chunk<'_>, now: Instant) {
@@ -317,12 +319,14 @@ impl Observer {
             (Some(u), 1) => u.completion_tokens,
             _ => None,
         };
-        let engine = self.engine.clone();
+        // Borrowed, not cloned: the handles are dozens of `Arc`s, and this
+        // runs once per chunk.
+        let engine = &self.engine;
         let start = self.start;
         for c in &chunk.choices {
             let content = c.has_content();
             let finish = c.finish_reason.as_deref().map(finish_reason);
-            let Some(seen) = self.choice(c.index) else {
+            let Some(seen) = Self::choice(&mut self.choices, c.index) else {
                 continue;
             };
             if content {
@@ -378,7 +382,7 @@ impl Observer {
         if let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(body) {
             for c in &chunk.choices {
                 let finish = c.finish_reason.as_deref().map(finish_reason);
-                if let (Some(seen), Some(r)) = (self.choice(c.index), finish) {
+                if let (Some(seen), Some(r)) = (Self::choice(&mut self.choices, c.index), finish) {
                     seen.finish = Some(r);
                 }
             }
