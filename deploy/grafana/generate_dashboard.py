@@ -72,11 +72,13 @@ def row(title, y):
             "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
 
 
-def quantiles(metric, what):
-    """p50/p90/p99 over all selected engines, plus p99 per engine."""
+def quantiles(metric, what, exemplars=True):
+    """p50/p90/p99 over all selected engines, plus p99 per engine; exemplar
+    dots on the p99 only where the server attaches exemplars to `metric`."""
     b = f"${{prefix}}{metric}_bucket{{{SEL}}}"
     out = [
-        (f"histogram_quantile({q}, sum by (le) (rate({b}[{RI}])))", f"p{int(q * 100)} all engines", q == 0.99)
+        (f"histogram_quantile({q}, sum by (le) (rate({b}[{RI}])))", f"p{int(q * 100)} all engines",
+         exemplars and q == 0.99)
         for q in (0.5, 0.9, 0.99)
     ]
     out.append((f"histogram_quantile(0.99, sum by (le, engine) (rate({b}[{RI}])))",
@@ -236,7 +238,7 @@ def build():
     panels.append(panel(
         "Prefill KV tokens computed per request",
         "Per finished request: prompt tokens whose KV was computed (prompt minus prefix-cache hits).",
-        quantiles("request_prefill_kv_computed_tokens", "KV computed"), "short", 0, y))
+        quantiles("request_prefill_kv_computed_tokens", "KV computed", exemplars=False), "short", 0, y))
     panels.append(panel(
         "KV block residency (sampled)",
         "Needs --kv-cache-metrics. p50/p99 over a sample of KV blocks (--kv-cache-metrics-sample): "
