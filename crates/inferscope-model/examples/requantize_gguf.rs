@@ -43,11 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let heavy = ["attn_v.weight", "ffn_down.weight", "output.weight"]
                 .iter()
                 .any(|s| name.ends_with(s));
-            let dtype = if mixed && heavy {
-                GgmlDType::Q6K
-            } else {
-                base
-            };
+            let dtype = if mixed && heavy { GgmlDType::Q6K } else { base };
             let w = t.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?;
             QTensor::quantize(&w, dtype)?
         } else {

@@ -88,9 +88,7 @@ impl KQuant {
     /// Bytes per weight this layout stores (quants, scales, mins, `d`s).
     pub fn packed_bytes_per_weight(self) -> f64 {
         let mins = if self.has_min() { 2.0 } else { 1.0 };
-        self.bpk() as f64 / LANES as f64
-            + mins / self.sub() as f64
-            + 4.0 * mins / QK_K as f64
+        self.bpk() as f64 / LANES as f64 + mins / self.sub() as f64 + 4.0 * mins / QK_K as f64
     }
 }
 
@@ -254,7 +252,11 @@ pub struct PackedKQuant {
 
 impl std::fmt::Debug for PackedKQuant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedKQuant[{:?}, {}, {}]", self.kind, self.out, self.inp)
+        write!(
+            f,
+            "PackedKQuant[{:?}, {}, {}]",
+            self.kind, self.out, self.inp
+        )
     }
 }
 
@@ -278,7 +280,12 @@ impl PackedKQuant {
                 data.len()
             )));
         }
-        Ok(Self::pack(kind, &Rows::from_blocks(kind, data, out, inp), out, inp))
+        Ok(Self::pack(
+            kind,
+            &Rows::from_blocks(kind, data, out, inp),
+            out,
+            inp,
+        ))
     }
 
     /// Packs unpacked rows into panels.
@@ -927,7 +934,11 @@ mod tests {
                 p.product(isa, &x, rows, &mut y);
                 for (i, (a, b)) in y.iter().zip(&e).enumerate() {
                     let moved = (a - b).abs() > 1e-3 * b.abs().max(1.0);
-                    assert_eq!(moved, i % out == 19, "{isa:?} {kind:?} cell {i}: {a} vs {b}");
+                    assert_eq!(
+                        moved,
+                        i % out == 19,
+                        "{isa:?} {kind:?} cell {i}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -950,6 +961,9 @@ mod tests {
         let e = PackedKQuant::from_blocks(KQuant::Q4K, &[0; 144], 1, 128).unwrap_err();
         assert!(e.to_string().contains("not a multiple of 256"), "{e}");
         let e = PackedKQuant::from_blocks(KQuant::Q6K, &[0; 209], 1, 256).unwrap_err();
-        assert!(e.to_string().contains("holds 209 bytes, expected 210"), "{e}");
+        assert!(
+            e.to_string().contains("holds 209 bytes, expected 210"),
+            "{e}"
+        );
     }
 }

@@ -443,7 +443,10 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
         let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
         let got = logits(&mut exec, &prompt);
         let diff = max_rel_diff(&got, &logits(&mut hf_exec, &prompt));
-        assert!(diff < 1e-4, "{name}, {len} tokens: relative difference {diff}");
+        assert!(
+            diff < 1e-4,
+            "{name}, {len} tokens: relative difference {diff}"
+        );
         // And the quantization is visible: not the f32 model's logits.
         let off = max_rel_diff(&got, &logits(&mut undeq_exec, &prompt));
         assert!(off > 1e-4, "{name}, {len} tokens: equals f32 ({off})");
