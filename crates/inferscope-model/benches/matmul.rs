@@ -2,8 +2,10 @@
 //! against candle's matmul (the `gemm` crate) on the same matrices, at the
 //! row counts of decode (1, 4, 32) and of a prefill chunk (256); and GGUF
 //! Q8_0 weights, the packed Q8_0 kernel against candle's `QMatMul`, at rows
-//! 1, 8 and 128. Run: `cargo bench -p inferscope-model --bench matmul`
-//! (`-- matmul-q8` for the Q8_0 groups only).
+//! 1, 8 and 128; and likewise GGUF Q4_K and Q6_K weights with the packed
+//! K-quant kernels (`matmul-q4k`, `matmul-q6k`). Run: `cargo bench -p
+//! inferscope-model --bench matmul` (`-- matmul-q8` for the Q8_0 groups only,
+//! `-- 'matmul-q[46]k'` for the K-quants).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -12,6 +14,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use inferscope_model::packed::PackedWeight;
+use inferscope_model::packed_kquant::{KQuant, PackedKQuant};
 use inferscope_model::packed_q8::PackedQ8;
 
 fn matmul(c: &mut Criterion) {
@@ -58,19 +61,43 @@ fn matmul(c: &mut Criterion) {
     }
 }
 
-fn matmul_q8(c: &mut Criterion) {
+/// A packed quantized weight the benchmark runs.
+trait QuantProduct {
+    fn product(&self, x: &[f32], rows: usize) -> Vec<f32>;
+}
+
+impl QuantProduct for PackedQ8 {
+    fn product(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul(x, rows)
+    }
+}
+
+impl QuantProduct for PackedKQuant {
+    fn product(&self, x: &[f32], rows: usize) -> Vec<f32> {
+        self.matmul(x, rows)
+    }
+}
+
+/// candle's `QMatMul` against the packed kernel on the same `dtype` blocks,
+/// in one group per shape named `{prefix}/{shape}`.
+fn quant_groups<P: QuantProduct>(
+    c: &mut Criterion,
+    prefix: &str,
+    dtype: GgmlDType,
+    pack: impl Fn(&[u8], usize, usize) -> P,
+) {
     // (name, out, in): an 88M Llama's (hidden 768, MLP 2048) o projection
-    // and gate (or up), as Q8_0.
+    // and gate (or up).
     let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
     for (name, out, inp) in shapes {
         let w: Vec<f32> = (0..out * inp)
             .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
             .collect();
         let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
-        let q = QTensor::quantize(&wt, GgmlDType::Q8_0).expect("quantize");
-        let packed = PackedQ8::from_blocks(&q.data().expect("data"), out, inp).expect("pack");
+        let q = QTensor::quantize(&wt, dtype).expect("quantize");
+        let packed = pack(&q.data().expect("data"), out, inp);
         let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
-        let mut g = c.benchmark_group(format!("matmul-q8/{name}"));
+        let mut g = c.benchmark_group(format!("{prefix}/{name}"));
         g.sample_size(20)
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
@@ -80,7 +107,7 @@ fn matmul_q8(c: &mut Criterion) {
                 .collect();
             g.throughput(Throughput::Elements((rows * out * inp) as u64));
             g.bench_function(BenchmarkId::new("packed", rows), |b| {
-                b.iter(|| packed.matmul(black_box(&x), rows))
+                b.iter(|| packed.product(black_box(&x), rows))
             });
             g.bench_function(BenchmarkId::new("candle", rows), |b| {
                 b.iter(|| {
@@ -99,5 +126,22 @@ fn matmul_q8(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul, matmul_q8);
+fn matmul_q8(c: &mut Criterion) {
+    quant_groups(c, "matmul-q8", GgmlDType::Q8_0, |b, out, inp| {
+        PackedQ8::from_blocks(b, out, inp).expect("pack")
+    });
+}
+
+fn matmul_kquant(c: &mut Criterion) {
+    for (prefix, dtype, kind) in [
+        ("matmul-q4k", GgmlDType::Q4K, KQuant::Q4K),
+        ("matmul-q6k", GgmlDType::Q6K, KQuant::Q6K),
+    ] {
+        quant_groups(c, prefix, dtype, |b, out, inp| {
+            PackedKQuant::from_blocks(kind, b, out, inp).expect("pack")
+        });
+    }
+}
+
+criterion_group!(benches, matmul, matmul_q8, matmul_kquant);
 criterion_main!(benches);

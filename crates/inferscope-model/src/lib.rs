@@ -14,6 +14,7 @@ pub mod llama;
 pub mod loader;
 pub mod model;
 pub mod packed;
+pub mod packed_kquant;
 pub mod packed_q8;
 pub mod sampler;
 pub mod tokenizer;

@@ -9,13 +9,15 @@ use crate::elementwise::swiglu;
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
 use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
+use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 
-/// A layer's weight: dense f32 in panel layout, Q8_0 in panel layout, or
+/// A layer's weight: dense f32, Q8_0 or a K-quant in panel layout, or
 /// another quantized format (candle's kernels).
 enum Weight {
     Packed(PackedWeight),
     Q8(PackedQ8),
+    KQuant(PackedKQuant),
     Quantized(QMatMul),
 }
 
@@ -28,7 +30,8 @@ pub struct Linear {
 
 impl Linear {
     /// A layer from its weight (and bias), which must already have the right
-    /// shape; dense f32 and Q8_0 weights are repacked for the packed kernels.
+    /// shape; dense f32, Q8_0, Q4_K, Q5_K and Q6_K weights are repacked for
+    /// the packed kernels.
     pub fn new(w: QMatMul, b: Option<Vec<f32>>, out_dim: usize) -> Result<Self, ModelError> {
         let w = match w {
             QMatMul::Tensor(t) if t.dtype() == DType::F32 && t.rank() == 2 => {
@@ -39,6 +42,11 @@ impl Linear {
             QMatMul::QTensor(t) if t.dtype() == GgmlDType::Q8_0 && t.rank() == 2 => {
                 let (out, inp) = t.shape().dims2()?;
                 Weight::Q8(PackedQ8::from_blocks(&t.data()?, out, inp)?)
+            }
+            QMatMul::QTensor(t) if t.rank() == 2 && kquant(t.dtype()).is_some() => {
+                let (out, inp) = t.shape().dims2()?;
+                let kind = kquant(t.dtype()).expect("matched above");
+                Weight::KQuant(PackedKQuant::from_blocks(kind, &t.data()?, out, inp)?)
             }
             other => Weight::Quantized(other),
         };
@@ -64,6 +72,7 @@ impl Linear {
         match &self.w {
             Weight::Packed(w) => w.size_bytes(),
             Weight::Q8(w) => w.size_bytes(),
+            Weight::KQuant(w) => w.size_bytes(),
             Weight::Quantized(QMatMul::QTensor(q)) => q.storage_size_in_bytes(),
             Weight::Quantized(QMatMul::Tensor(t) | QMatMul::TensorF16(t)) => {
                 t.elem_count() * t.dtype().size_in_bytes()
@@ -76,6 +85,7 @@ impl Linear {
         match &self.w {
             Weight::Packed(w) => w.matmul_into(x, rows, y),
             Weight::Q8(w) => w.matmul_into(x, rows, y),
+            Weight::KQuant(w) => w.matmul_into(x, rows, y),
             Weight::Quantized(w) => {
                 // Candle's quantized kernels.
                 let cols = x.len() / rows.max(1);
@@ -95,8 +105,19 @@ impl Linear {
     }
 }
 
+/// The packed K-quant format of a GGUF type, if it has one.
+fn kquant(t: GgmlDType) -> Option<KQuant> {
+    match t {
+        GgmlDType::Q4K => Some(KQuant::Q4K),
+        GgmlDType::Q5K => Some(KQuant::Q5K),
+        GgmlDType::Q6K => Some(KQuant::Q6K),
+        _ => None,
+    }
+}
+
 /// Projections of the same input, fused into one product when all are
-/// dense or all Q8_0: one pass over the input and one product instead of several.
+/// dense, all Q8_0 or all the same K-quant: one pass over the input and one
+/// product instead of several.
 struct Projection {
     parts: Vec<Linear>,
     dims: Vec<usize>,
@@ -129,7 +150,8 @@ impl Projection {
     }
 
     /// The parts' weights stacked into one `[total][in]` weight, when they
-    /// are all dense or all Q8_0, with one input dimension.
+    /// are all dense, all Q8_0 or all the same K-quant, with one input
+    /// dimension (Q4_K_M files often mix Q4_K and Q6_K: those stay apart).
     fn fuse(parts: &[Linear], total: usize) -> Option<Weight> {
         if parts.len() < 2 {
             return None;
@@ -149,6 +171,16 @@ impl Projection {
             let rows: Vec<f32> = d.iter().flat_map(|w| w.unpack()).collect();
             let w = PackedWeight::pack_as(&rows, total, inp, d[0].dtype());
             return Some(Weight::Packed(w));
+        }
+        let kq: Option<Vec<&PackedKQuant>> = parts
+            .iter()
+            .map(|l| match &l.w {
+                Weight::KQuant(w) => Some(w),
+                _ => None,
+            })
+            .collect();
+        if let Some(kq) = kq {
+            return PackedKQuant::stack(&kq).map(Weight::KQuant);
         }
         let q8: Vec<&PackedQ8> = parts
             .iter()

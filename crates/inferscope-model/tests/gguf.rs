@@ -356,6 +356,119 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     }
 }
 
+/// Runs a model whose linear layers are K-quants (`lin` for q/k/v/o,
+/// gate/up and the head, `down` for down) and checks its logits against the
+/// same model with candle's dequantized weights, and the bytes the cost
+/// model reads against the packed layout computed from the shapes.
+fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
+    let (tokens, _, _) = vocab();
+    // K-quant super-blocks are 256 weights along the input dimension.
+    let cfg = ModelConfig {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        ..config(tokens.len())
+    };
+    let w = random_weights(&cfg, 11).unwrap();
+    let path = write_gguf_with(
+        &cfg,
+        &w,
+        (lin, down, GgmlDType::F32),
+        name,
+        spm_metadata(),
+        Vec::new(),
+    );
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        ..ModelOptions::default()
+    };
+    let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut exec = m.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+
+    // What a step reads: output rows padded to 16-row panels; per weight,
+    // Q4_K 0.5 byte of quants + an int8 scale and min per 32 + f32 d and
+    // dmin per 256 (19/32 byte), Q6_K an int8 quant + an int8 scale per 16
+    // + an f32 d per 256 (69/64 byte).
+    let bytes = |dtype: GgmlDType, (out, inp): (usize, usize)| {
+        let (num, den) = match dtype {
+            GgmlDType::Q4K => (19, 32),
+            GgmlDType::Q5K => (23, 32),
+            GgmlDType::Q6K => (69, 64),
+            other => panic!("not a K-quant: {other:?}"),
+        };
+        out.div_ceil(16) * 16 * inp * num / den
+    };
+    let (h, kv, ffn) = (
+        cfg.hidden_size,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    );
+    let per_layer = [(h, h), (kv, h), (kv, h), (h, h), (ffn, h), (ffn, h)]
+        .into_iter()
+        .map(|s| bytes(lin, s))
+        .sum::<usize>()
+        + bytes(down, (h, ffn));
+    let expected = cfg.num_layers * per_layer + bytes(lin, (cfg.vocab_size, h));
+    assert_eq!(m.model().weight_bytes(), expected, "{name}");
+    let cost = inferscope_model::CpuCost::of(m.model());
+    assert_eq!(cost.weight_bytes, expected as f64);
+
+    let deq: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| {
+            let dtype = if n.contains("down_proj") { down } else { lin };
+            let linear = n.contains("_proj") || n == "lm_head.weight";
+            let t = if linear {
+                let q = QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), dtype).unwrap();
+                q.dequantize(&candle_core::Device::Cpu).unwrap()
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), deq).unwrap());
+    let mut hf_exec =
+        CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    let undeq = std::sync::Arc::new(model_from_tensors(cfg.clone(), w.clone()).unwrap());
+    let mut undeq_exec =
+        CpuExecutor::new("f32".into(), undeq, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    undeq_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    for len in [9, 33] {
+        let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
+        let got = logits(&mut exec, &prompt);
+        let diff = max_rel_diff(&got, &logits(&mut hf_exec, &prompt));
+        assert!(
+            diff < 1e-4,
+            "{name}, {len} tokens: relative difference {diff}"
+        );
+        // And the quantization is visible: not the f32 model's logits.
+        let off = max_rel_diff(&got, &logits(&mut undeq_exec, &prompt));
+        assert!(off > 1e-4, "{name}, {len} tokens: equals f32 ({off})");
+    }
+}
+
+#[test]
+fn gguf_q4_k_runs_the_dequantized_model() {
+    // Every linear layer (and the head) in Q4_K: the packed Q4_K kernels
+    // (q/k/v and gate/up fused).
+    check_kquant_model(GgmlDType::Q4K, GgmlDType::Q4K, "q4k");
+}
+
+#[test]
+fn gguf_q6_k_and_q4_k_m_like_run_the_dequantized_model() {
+    // Every linear layer in Q6_K; then Q4_K with down in Q6_K (as a Q4_K_M
+    // file mixes them), and Q5_K with down in Q6_K.
+    check_kquant_model(GgmlDType::Q6K, GgmlDType::Q6K, "q6k");
+    check_kquant_model(GgmlDType::Q4K, GgmlDType::Q6K, "q4km");
+    check_kquant_model(GgmlDType::Q5K, GgmlDType::Q6K, "q5km");
+}
+
 #[test]
 fn gguf_errors_are_clear() {
     let opts = ModelOptions::default();
