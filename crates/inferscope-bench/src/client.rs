@@ -449,39 +449,37 @@ impl StreamState {
             self.fail(format!("error event: {err}"));
             return;
         }
-        match v.get("choices").and_then(Value::as_array) {
-            Some(choices) if !choices.is_empty() => {
-                match self.last {
-                    None => self.ttft = now.duration_since(self.st).as_secs_f64(),
-                    Some(prev) => self.itl.push(now.duration_since(prev).as_secs_f64()),
-                }
-                self.last = Some(now);
-                self.chunks += 1;
-                let c = &choices[0];
-                let piece = c.get("text").and_then(Value::as_str).or_else(|| {
-                    c.get("delta")
-                        .and_then(|d| d.get("content"))
-                        .and_then(Value::as_str)
-                });
-                if let Some(p) = piece {
-                    self.text.push_str(p);
-                }
+        if let Some(choices) = v.get("choices").and_then(Value::as_array)
+            && let Some(c) = choices.first()
+        {
+            match self.last {
+                None => self.ttft = now.duration_since(self.st).as_secs_f64(),
+                Some(prev) => self.itl.push(now.duration_since(prev).as_secs_f64()),
             }
-            _ => {
-                // Usage is read only from a chunk whose choices are empty or absent.
-                let usage = |k: &str| {
-                    v.get("usage")
-                        .and_then(|u| u.get(k))
-                        .and_then(Value::as_u64)
-                        .and_then(|n| usize::try_from(n).ok())
-                };
-                if let Some(n) = usage("completion_tokens") {
-                    self.usage = Some(n);
-                }
-                if let Some(n) = usage("prompt_tokens") {
-                    self.usage_prompt = Some(n);
-                }
+            self.last = Some(now);
+            self.chunks += 1;
+            let piece = c.get("text").and_then(Value::as_str).or_else(|| {
+                c.get("delta")
+                    .and_then(|d| d.get("content"))
+                    .and_then(Value::as_str)
+            });
+            if let Some(p) = piece {
+                self.text.push_str(p);
             }
+        }
+        // Usage from whichever chunk carries it: vLLM sends it on a chunk of
+        // its own, llama.cpp's server beside the last choice.
+        let usage = |k: &str| {
+            v.get("usage")
+                .and_then(|u| u.get(k))
+                .and_then(Value::as_u64)
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        if let Some(n) = usage("completion_tokens") {
+            self.usage = Some(n);
+        }
+        if let Some(n) = usage("prompt_tokens") {
+            self.usage_prompt = Some(n);
         }
     }
 
@@ -506,7 +504,9 @@ impl StreamState {
     }
 }
 
-/// Fetches `GET {base}/v1/models` and returns `data[0].root`, else `data[0].id`.
+/// Fetches `GET {base}/v1/models` and returns `data[0].id`, the name the
+/// server accepts as `model` (`root` is the checkpoint it was loaded from,
+/// which a server need not accept: vLLM's bench also sends the `id`).
 pub async fn discover_model(base_url: &str, timeout: Duration) -> Result<String, BenchError> {
     let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
     let v = get_json(&url, timeout).await?;
@@ -515,8 +515,7 @@ pub async fn discover_model(base_url: &str, timeout: Duration) -> Result<String,
         .and_then(Value::as_array)
         .and_then(|d| d.first());
     first
-        .and_then(|m| m.get("root").and_then(Value::as_str))
-        .or_else(|| first.and_then(|m| m.get("id").and_then(Value::as_str)))
+        .and_then(|m| m.get("id").and_then(Value::as_str))
         .map(str::to_string)
         .ok_or_else(|| BenchError::Server(format!("{url}: no model listed; pass --model")))
 }
@@ -644,6 +643,23 @@ mod tests {
         assert!((out.latency - 0.075).abs() < 1e-9);
         assert_eq!(out.itl.len(), 2);
         assert!((out.itl[1] - 0.015).abs() < 1e-9);
+    }
+
+    #[test]
+    fn usage_beside_the_last_choice_is_read() {
+        // llama.cpp's server: usage on the chunk with `finish_reason`.
+        let out = feed(&[
+            (r#"{"choices":[{"index":0,"text":"a"}]}"#, 50),
+            (
+                r#"{"choices":[{"index":0,"text":"","finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#,
+                70,
+            ),
+            ("[DONE]", 71),
+        ]);
+        assert!(out.success);
+        assert_eq!(out.usage_output_tokens, Some(2));
+        assert_eq!(out.usage_prompt_tokens, Some(5));
+        assert_eq!(out.itl.len(), 1);
     }
 
     #[test]
