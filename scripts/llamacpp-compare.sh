@@ -23,6 +23,10 @@
 #   RUNS            repeat the whole comparison (default 1); odd runs start each format
 #                   with inferscope, even runs with llama-server
 #   THREADS         compute threads of each server (default 2: RAYON_NUM_THREADS / -t, -tb)
+#   LLAMA_OMP_WAIT_POLICY  OMP_WAIT_POLICY of llama-server (default PASSIVE; empty: llama.cpp's
+#                   own default, spinning). On a machine shared with other work, spinning OpenMP
+#                   threads lose their core and decode was 3.6x slower (197 vs 55 ms/token, F32,
+#                   2 threads, load average 5); on an idle machine spinning may be faster.
 #   PORT            port of the server under test (default 18431); refused if busy
 #   OUT             where results are written (default: a new directory under WORK)
 set -euo pipefail
@@ -37,6 +41,7 @@ N1=${N1:-8}
 N8=${N8:-24}
 RUNS=${RUNS:-1}
 THREADS=${THREADS:-2}
+LLAMA_OMP_WAIT_POLICY=${LLAMA_OMP_WAIT_POLICY-PASSIVE}
 PORT=${PORT:-18431}
 IN_LEN=128
 OUT_LEN=64
@@ -127,7 +132,8 @@ start_server() {
       --host 127.0.0.1 --port "$PORT" --disable-log-stats --no-enable-prefix-caching >"$log" 2>&1 &
   else
     # -c: 8 slots × (128 + 64) tokens with room; continuous batching is llama-server's default.
-    "$LLAMA_BIN_DIR/llama-server" -m "$file" --host 127.0.0.1 --port "$PORT" \
+    env ${LLAMA_OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$LLAMA_OMP_WAIT_POLICY} \
+      "$LLAMA_BIN_DIR/llama-server" -m "$file" --host 127.0.0.1 --port "$PORT" \
       -t "$THREADS" -tb "$THREADS" --parallel 8 -c 4096 --cont-batching \
       --no-cache-prompt --cache-ram 0 --no-webui >"$log" 2>&1 &
   fi
@@ -168,7 +174,8 @@ bench() {
 }
 
 echo "== results in $OUT"
-echo "inferscope: $INFERSCOPE_BIN ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?')" | tee "$OUT/versions.txt"
+echo "llama-server OMP_WAIT_POLICY: ${LLAMA_OMP_WAIT_POLICY:-(llama.cpp default)}; threads: $THREADS; prompts: $N1 at concurrency 1, $N8 at 8" | tee -a "$OUT/versions.txt"
+echo "inferscope: $INFERSCOPE_BIN ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?')" | tee -a "$OUT/versions.txt"
 for run in $(seq "$RUNS"); do
   order="inferscope llama-server"
   [ $((run % 2)) = 0 ] && order="llama-server inferscope"
