@@ -1,6 +1,7 @@
 //! Decode throughput of the cpu executor (demo model and a generated ~110M
 //! Llama) at batch 1 and 32, next to `candle-transformers`' Llama at batch 1
-//! on the same weights, plus the machine's streaming read bandwidth for the
+//! on the same weights (and with bf16 and f16 weight storage), plus the
+//! machine's streaming read bandwidth for the
 //! roofline estimate. Run: `cargo bench -p inferscope-model --bench decode`.
 
 use std::hint::black_box;
@@ -163,14 +164,19 @@ fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
     });
     drop(exec);
 
-    // The same model with bf16 weights (`--dtype bfloat16`): half the bytes
-    // per decode step.
-    let mut exec = executor(name, cfg, &weights, WeightDtype::Bf16);
-    for (batch, b) in [(1, &b1), (32, &b32)] {
-        g.throughput(Throughput::Elements(batch));
-        g.bench_function(BenchmarkId::new("inferscope-bf16", batch), |bench| {
-            bench.iter(|| exec.execute(black_box(b), &mut out).expect("step"))
-        });
+    // The same model with bf16 weights (`--dtype bfloat16`) and with f16
+    // weights (how a GGUF F16 file is kept): half the bytes per decode step.
+    for (label, dtype) in [
+        ("inferscope-bf16", WeightDtype::Bf16),
+        ("inferscope-f16", WeightDtype::F16),
+    ] {
+        let mut exec = executor(name, cfg, &weights, dtype);
+        for (batch, b) in [(1, &b1), (32, &b32)] {
+            g.throughput(Throughput::Elements(batch));
+            g.bench_function(BenchmarkId::new(label, batch), |bench| {
+                bench.iter(|| exec.execute(black_box(b), &mut out).expect("step"))
+            });
+        }
     }
     g.finish();
 }
@@ -198,5 +204,66 @@ fn memory_bandwidth(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, memory_bandwidth);
+/// Sections a demo step synchronises at: 4 layers × (q/k/v, attention, o,
+/// gate/up, down) and the LM head.
+const SECTIONS: usize = 21;
+
+/// What synchronising costs, apart from the work: `SECTIONS` empty
+/// fork/joins on the rayon pool as a step does them today (from inside the
+/// pool, 16 tasks each), against one region per step where every thread
+/// crosses `SECTIONS` barriers (spinning, then yielding), and a bare
+/// `rayon::scope` (the one wake-up per step either way).
+fn sync(c: &mut Criterion) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut g = c.benchmark_group("sync");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    g.bench_function("rayon-scope", |b| b.iter(|| rayon::scope(|_| {})));
+    g.bench_function(BenchmarkId::new("fork-join-sections", SECTIONS), |b| {
+        b.iter(|| {
+            rayon::scope(|_| {
+                for _ in 0..SECTIONS {
+                    (0..16usize).into_par_iter().for_each(|i| {
+                        black_box(i);
+                    });
+                }
+            })
+        })
+    });
+    g.bench_function(BenchmarkId::new("one-region-barriers", SECTIONS), |b| {
+        let threads = rayon::current_num_threads();
+        b.iter(|| {
+            // A sense-reversing barrier: the last thread to arrive bumps
+            // the generation the others spin (then yield) on.
+            let (arrived, generation) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            let wait = || {
+                let gen0 = generation.load(Ordering::Acquire);
+                if arrived.fetch_add(1, Ordering::AcqRel) + 1 == threads {
+                    arrived.store(0, Ordering::Relaxed);
+                    generation.fetch_add(1, Ordering::Release);
+                } else {
+                    let mut spins = 0u32;
+                    while generation.load(Ordering::Acquire) == gen0 {
+                        spins += 1;
+                        if spins < 2000 {
+                            std::hint::spin_loop();
+                        } else {
+                            std::thread::yield_now();
+                        }
+                    }
+                }
+            };
+            rayon::broadcast(|_| {
+                for i in 0..SECTIONS {
+                    black_box(i);
+                    wait();
+                }
+            });
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, decode, memory_bandwidth, sync);
 criterion_main!(benches);

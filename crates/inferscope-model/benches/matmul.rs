@@ -2,10 +2,11 @@
 //! against candle's matmul (the `gemm` crate) on the same matrices, at the
 //! row counts of decode (1, 4, 32) and of a prefill chunk (256); and GGUF
 //! Q8_0 weights, the packed Q8_0 kernel against candle's `QMatMul`, at rows
-//! 1, 8 and 128; and likewise GGUF Q4_K and Q6_K weights with the packed
-//! K-quant kernels (`matmul-q4k`, `matmul-q6k`). Run: `cargo bench -p
-//! inferscope-model --bench matmul` (`-- matmul-q8` for the Q8_0 groups only,
-//! `-- 'matmul-q[46]k'` for the K-quants).
+//! 1, 8 and 128; likewise GGUF Q4_K and Q6_K weights with the packed
+//! K-quant kernels (`matmul-q4k`, `matmul-q6k`); and the packed kernel with
+//! f32, f16 and bf16 storage at the same shapes and rows (`matmul-f16`).
+//! Run: `cargo bench -p inferscope-model --bench matmul` (`-- matmul-q8`,
+//! `-- 'matmul-q[46]k'` or `-- matmul-f16` for those groups only).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -13,7 +14,7 @@ use std::time::Duration;
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use inferscope_model::packed::PackedWeight;
+use inferscope_model::packed::{PackedWeight, WeightDtype};
 use inferscope_model::packed_kquant::{KQuant, PackedKQuant};
 use inferscope_model::packed_q8::PackedQ8;
 
@@ -143,5 +144,38 @@ fn matmul_kquant(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul, matmul_q8, matmul_kquant);
+
+fn matmul_f16(c: &mut Criterion) {
+    // The same shapes with the weights stored as f32, f16 (GGUF F16, kept
+    // 16-bit) and bf16: half the bytes to read, widened in registers.
+    let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let mut g = c.benchmark_group(format!("matmul-f16/{name}"));
+        g.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            for (label, dtype) in [
+                ("f32", WeightDtype::F32),
+                ("f16", WeightDtype::F16),
+                ("bf16", WeightDtype::Bf16),
+            ] {
+                let packed = PackedWeight::pack_as(&w, out, inp, dtype);
+                g.bench_function(BenchmarkId::new(label, rows), |b| {
+                    b.iter(|| packed.matmul(black_box(&x), rows))
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, matmul, matmul_q8, matmul_kquant, matmul_f16);
 criterion_main!(benches);

@@ -1,5 +1,5 @@
-//! GGUF files: Llama-family weights (quantized ones stay quantized and run
-//! through candle's quantized matmul) and the tokenizer from the metadata.
+//! GGUF files: Llama-family weights (quantized ones stay quantized, F16 and
+//! BF16 stay 16-bit) and the tokenizer from the metadata.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -8,11 +8,13 @@ use std::sync::Arc;
 
 use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+use half::f16;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
+use crate::packed::PackedWeight;
 use crate::tokenizer::{ChatTemplate, HfTokenizer, Tokenizer};
 
 fn as_u64(v: &Value) -> Option<u64> {
@@ -111,8 +113,30 @@ impl Tensors<'_> {
         } else {
             None
         };
-        Linear::new(QMatMul::from_qtensor(w)?, b, out)
+        linear_of(w, b)
     }
+}
+
+/// A layer over a GGUF weight: F16 and BF16 tensors are packed from the
+/// file's 16-bit values as they are (candle would expand them to f32), the
+/// rest go through [`Linear::new`].
+fn linear_of(w: QTensor, b: Option<Vec<f32>>) -> Result<Linear, ModelError> {
+    let dims = w.shape().dims().to_vec();
+    if let (&[out, inp], GgmlDType::F16 | GgmlDType::BF16) = (dims.as_slice(), w.dtype()) {
+        let data = w.data()?;
+        let halves = data
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]));
+        let packed = if w.dtype() == GgmlDType::F16 {
+            let h: Vec<f16> = halves.map(f16::from_bits).collect();
+            PackedWeight::pack_f16(&h, out, inp)
+        } else {
+            PackedWeight::pack_bf16(&halves.collect::<Vec<u16>>(), out, inp)
+        };
+        return Ok(Linear::from_packed(packed, b));
+    }
+    let out = dims.first().copied().unwrap_or(0);
+    Linear::new(QMatMul::from_qtensor(w)?, b, out)
 }
 
 /// Loads a GGUF file: weights, and the tokenizer from `tokenizer.json`
@@ -222,7 +246,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     }
     let norm = tensors.vec("output_norm.weight", h)?;
     let lm_head = if cfg.tie_word_embeddings {
-        Linear::new(QMatMul::from_qtensor(embd)?, None, v)?
+        linear_of(embd, None)?
     } else {
         tensors.linear("output", v, h, false)?
     };

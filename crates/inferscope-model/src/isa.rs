@@ -10,7 +10,9 @@
 pub(crate) enum IsaKind {
     /// AVX-512F: 16-wide f32 vectors, 32 registers.
     Avx512,
-    /// AVX2 with FMA: 8-wide f32 vectors, 16 registers.
+    /// AVX2 with FMA and F16C (f16 → f32 conversion; every AVX2 CPU
+    /// made has it, one without falls back to portable): 8-wide f32
+    /// vectors, 16 registers.
     Avx2,
     /// Plain code, whatever the compiler makes of it.
     Portable,
@@ -32,6 +34,7 @@ impl IsaKind {
                 Self::Avx2 => {
                     std::arch::is_x86_feature_detected!("avx2")
                         && std::arch::is_x86_feature_detected!("fma")
+                        && std::arch::is_x86_feature_detected!("f16c")
                 }
                 Self::Portable => true,
             }

@@ -53,6 +53,17 @@ impl Linear {
         Ok(Self { w, b, out_dim })
     }
 
+    /// A layer over a weight already packed (GGUF F16/BF16 tensors, kept
+    /// 16-bit as the file stores them).
+    pub fn from_packed(w: PackedWeight, b: Option<Vec<f32>>) -> Self {
+        let out_dim = w.out_dim();
+        Self {
+            w: Weight::Packed(w),
+            b,
+            out_dim,
+        }
+    }
+
     /// The same layer with its dense weight stored as `dtype`.
     fn with_dtype(self, dtype: WeightDtype) -> Self {
         let w = match self.w {
@@ -164,12 +175,13 @@ impl Projection {
             })
             .collect();
         if let Some(d) = dense {
-            let inp = d[0].in_dim();
-            if d.iter().any(|w| w.in_dim() != inp) {
+            let (inp, dtype) = (d[0].in_dim(), d[0].dtype());
+            // One storage type, so repacking the widened rows is exact.
+            if d.iter().any(|w| w.in_dim() != inp || w.dtype() != dtype) {
                 return None;
             }
             let rows: Vec<f32> = d.iter().flat_map(|w| w.unpack()).collect();
-            let w = PackedWeight::pack_as(&rows, total, inp, d[0].dtype());
+            let w = PackedWeight::pack_as(&rows, total, inp, dtype);
             return Some(Weight::Packed(w));
         }
         let kq: Option<Vec<&PackedKQuant>> = parts

@@ -13,6 +13,7 @@
 
 use std::ops::Range;
 
+use half::f16;
 use rayon::prelude::*;
 
 use crate::isa::{Isa, IsaKind};
@@ -40,6 +41,9 @@ pub enum WeightDtype {
     /// bfloat16, 2 bytes per weight: half the memory and half the bytes
     /// read per decode step; widened to f32 as it is loaded.
     Bf16,
+    /// IEEE half precision, 2 bytes per weight (GGUF's F16): widened to f32
+    /// exactly as it is loaded (F16C `vcvtph2ps` on x86).
+    F16,
 }
 
 /// The panels, `[panels][inp][LANES]`, in one of the storage types.
@@ -47,6 +51,7 @@ pub enum WeightDtype {
 enum Panels {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    F16(Vec<f16>),
 }
 
 /// A run of panels borrowed for a tile.
@@ -54,6 +59,7 @@ enum Panels {
 enum PanelSlice<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    F16(&'a [f16]),
 }
 
 impl PanelSlice<'_> {
@@ -61,6 +67,7 @@ impl PanelSlice<'_> {
         match self {
             Self::F32(w) => w.len(),
             Self::Bf16(w) => w.len(),
+            Self::F16(w) => w.len(),
         }
     }
 }
@@ -70,6 +77,7 @@ impl Panels {
         match self {
             Self::F32(w) => PanelSlice::F32(&w[r]),
             Self::Bf16(w) => PanelSlice::Bf16(&w[r]),
+            Self::F16(w) => PanelSlice::F16(&w[r]),
         }
     }
 
@@ -77,20 +85,32 @@ impl Panels {
         match self {
             Self::F32(w) => w[i],
             Self::Bf16(w) => w[i].widen(),
+            Self::F16(w) => w[i].widen(),
         }
     }
 }
 
-/// A weight element the kernels read: f32, or bf16 kept as its bits.
+/// How a kernel widens a weight element to f32.
+#[derive(PartialEq, Eq)]
+enum Widen {
+    /// Already f32.
+    None,
+    /// bf16 bits, shifted into the high half of an f32.
+    Bf16,
+    /// IEEE half, converted (F16C on x86).
+    F16,
+}
+
+/// A weight element the kernels read: f32, bf16 kept as its bits, or f16.
 trait Elem: Copy + Send + Sync {
-    /// bf16 bits, to be shifted into the high half of an f32.
-    const BF16: bool;
+    /// How it becomes f32.
+    const WIDEN: Widen;
     /// The value as f32.
     fn widen(self) -> f32;
 }
 
 impl Elem for f32 {
-    const BF16: bool = false;
+    const WIDEN: Widen = Widen::None;
     #[inline(always)]
     fn widen(self) -> f32 {
         self
@@ -98,11 +118,35 @@ impl Elem for f32 {
 }
 
 impl Elem for u16 {
-    const BF16: bool = true;
+    const WIDEN: Widen = Widen::Bf16;
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits(u32::from(self) << 16)
     }
+}
+
+impl Elem for f16 {
+    const WIDEN: Widen = Widen::F16;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        // Exact: every f16 is an f32.
+        self.to_f32()
+    }
+}
+
+/// `w` (`[out][inp]`, row-major) rearranged into panels, `[panels][inp][LANES]`,
+/// the rows past `out` in the last panel zero.
+fn panelize<T: Copy + Default>(w: &[T], out: usize, inp: usize) -> Vec<T> {
+    assert_eq!(w.len(), out * inp, "weight is not [{out}][{inp}]");
+    let panels = out.div_ceil(LANES);
+    let mut data = vec![T::default(); panels * inp * LANES];
+    for (o, row) in w.chunks_exact(inp.max(1)).enumerate().take(out) {
+        let panel = &mut data[(o / LANES) * inp * LANES..][..inp * LANES];
+        for (k, &v) in row.iter().enumerate() {
+            panel[k * LANES + o % LANES] = v;
+        }
+    }
+    data
 }
 
 /// `x` rounded to the nearest bfloat16 (ties to even), as its bits.
@@ -138,20 +182,28 @@ impl PackedWeight {
     }
 
     /// Packs a row-major `[out][inp]` matrix, stored as `dtype`.
+    /// F16 rounds to nearest even (`half`), as bf16 does.
     pub fn pack_as(w: &[f32], out: usize, inp: usize, dtype: WeightDtype) -> Self {
-        assert_eq!(w.len(), out * inp, "weight is not [{out}][{inp}]");
-        let panels = out.div_ceil(LANES);
-        let mut data = vec![0f32; panels * inp * LANES];
-        for (o, row) in w.chunks_exact(inp.max(1)).enumerate().take(out) {
-            let panel = &mut data[(o / LANES) * inp * LANES..][..inp * LANES];
-            for (k, &v) in row.iter().enumerate() {
-                panel[k * LANES + o % LANES] = v;
-            }
-        }
+        let data = panelize(w, out, inp);
         let data = match dtype {
             WeightDtype::F32 => Panels::F32(data),
             WeightDtype::Bf16 => Panels::Bf16(data.into_iter().map(to_bf16).collect()),
+            WeightDtype::F16 => Panels::F16(data.into_iter().map(f16::from_f32).collect()),
         };
+        Self { data, out, inp }
+    }
+
+    /// Packs a row-major `[out][inp]` matrix of IEEE halves as they are
+    /// (GGUF F16: no round trip through f32).
+    pub fn pack_f16(w: &[f16], out: usize, inp: usize) -> Self {
+        let data = Panels::F16(panelize(w, out, inp));
+        Self { data, out, inp }
+    }
+
+    /// Packs a row-major `[out][inp]` matrix of bfloat16 bits as they are
+    /// (GGUF BF16).
+    pub fn pack_bf16(w: &[u16], out: usize, inp: usize) -> Self {
+        let data = Panels::Bf16(panelize(w, out, inp));
         Self { data, out, inp }
     }
 
@@ -160,6 +212,7 @@ impl PackedWeight {
         match self.data {
             Panels::F32(_) => WeightDtype::F32,
             Panels::Bf16(_) => WeightDtype::Bf16,
+            Panels::F16(_) => WeightDtype::F16,
         }
     }
 
@@ -168,10 +221,11 @@ impl PackedWeight {
         match &self.data {
             Panels::F32(w) => w.len() * 4,
             Panels::Bf16(w) => w.len() * 2,
+            Panels::F16(w) => w.len() * 2,
         }
     }
 
-    /// The row-major `[out][inp]` matrix back (bf16 widened to f32).
+    /// The row-major `[out][inp]` matrix back (bf16/f16 widened to f32).
     pub fn unpack(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.out * self.inp];
         for (o, row) in w
@@ -418,6 +472,11 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &Tile<'_>, out: &Out) {
                         let acc = unsafe { $f::<$m, $n, u16>(t, w) };
                         out.store::<$m, $n>(t, &acc)
                     }
+                    ($m, $n, PanelSlice::F16(w)) => {
+                        // SAFETY: `isa` names the kernel family (see below).
+                        let acc = unsafe { $f::<$m, $n, f16>(t, w) };
+                        out.store::<$m, $n>(t, &acc)
+                    }
                 )*
                 _ => unreachable!("no {mr}x{nv} kernel for {isa:?}"),
             }
@@ -463,24 +522,28 @@ fn checked_panels<const MR: usize, const NV: usize>(t: &Tile<'_>) -> usize {
     np
 }
 
-/// Loads 8 weights as f32 (bf16: widened by shifting into the high half).
+/// Loads 8 weights as f32 (bf16: widened by shifting into the high half;
+/// f16: converted by F16C, which [`IsaKind::Avx2`] includes).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn load8<E: Elem>(p: *const E) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     // SAFETY: the caller passes 8 readable elements.
     unsafe {
-        if E::BF16 {
-            let h = _mm_loadu_si128(p.cast::<__m128i>());
-            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
-        } else {
-            _mm256_loadu_ps(p.cast::<f32>())
+        match E::WIDEN {
+            Widen::Bf16 => {
+                let h = _mm_loadu_si128(p.cast::<__m128i>());
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+            }
+            Widen::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>())),
+            Widen::None => _mm256_loadu_ps(p.cast::<f32>()),
         }
     }
 }
 
-/// Loads 16 weights as f32 (bf16: widened by shifting into the high half).
+/// Loads 16 weights as f32 (bf16: widened by shifting into the high half;
+/// f16: `vcvtph2ps`, part of AVX-512F).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -488,11 +551,13 @@ unsafe fn load16<E: Elem>(p: *const E) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
     // SAFETY: the caller passes 16 readable elements.
     unsafe {
-        if E::BF16 {
-            let h = _mm256_loadu_si256(p.cast::<__m256i>());
-            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
-        } else {
-            _mm512_loadu_ps(p.cast::<f32>())
+        match E::WIDEN {
+            Widen::Bf16 => {
+                let h = _mm256_loadu_si256(p.cast::<__m256i>());
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            Widen::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.cast::<__m256i>())),
+            Widen::None => _mm512_loadu_ps(p.cast::<f32>()),
         }
     }
 }
@@ -500,7 +565,7 @@ unsafe fn load16<E: Elem>(p: *const E) -> std::arch::x86_64::__m512 {
 /// The tile's product with AVX2/FMA: `MR × 2·NV` accumulators in registers.
 /// A missing last panel is computed from zeros and not stored.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn tile_avx2<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E]) -> Acc<MR, NV> {
     use std::arch::x86_64::*;
     let np = checked_panels::<MR, NV>(t);
@@ -594,11 +659,12 @@ mod tests {
         let w: Vec<f32> = (0..out * inp)
             .map(|i| ((i * 5) % 11) as f32 * 0.1 - 0.5)
             .collect();
-        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
-            // What the packed weight holds: bf16 rounds each value.
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+            // What the packed weight holds: bf16 and f16 round each value.
             let held: Vec<f32> = match dtype {
                 WeightDtype::F32 => w.clone(),
                 WeightDtype::Bf16 => w.iter().map(|&v| to_bf16(v).widen()).collect(),
+                WeightDtype::F16 => w.iter().map(|&v| f16::from_f32(v).to_f32()).collect(),
             };
             let p = PackedWeight::pack_as(&w, out, inp, dtype);
             assert_eq!(p.dtype(), dtype);
@@ -637,6 +703,49 @@ mod tests {
             16 * 16 * 2,
             "one panel of 16 rows, 2 bytes each"
         );
+    }
+
+    #[test]
+    fn f16_weights_are_kept_and_widened_exactly() {
+        // Halves across the range (subnormal, fractional, near the largest
+        // finite), from bits as a GGUF F16 tensor holds them: unpacked and
+        // multiplied, each is its exact f32 value, on every ISA, for every
+        // row count a tile handles, serial and parallel.
+        let bits = [
+            0x0001u16, 0x3555, 0xb4cd, 0x7bff, 0xfbfe, 0x0400, 0x3c00, 0xc2d3, 0x1234,
+        ];
+        for (rows, inp, out) in [
+            (1, 37, 61),
+            (7, 9, 200),
+            (13, 37, 61),
+            (14, 8, 33),
+            (3, 600, 700),
+        ] {
+            let w: Vec<f16> = (0..out * inp)
+                .map(|i| f16::from_bits(bits[(i * 7) % bits.len()]))
+                .collect();
+            let wf: Vec<f32> = w.iter().map(|v| v.to_f32()).collect();
+            assert_eq!(wf[0], 5.960_464_5e-8, "the smallest subnormal half");
+            let p = PackedWeight::pack_f16(&w, out, inp);
+            assert_eq!(p.dtype(), WeightDtype::F16);
+            assert_eq!(p.size_bytes(), out.div_ceil(LANES) * LANES * inp * 2);
+            assert_eq!(p.unpack(), wf, "the halves, widened exactly");
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 3) % 7) as f32 * 0.25 - 0.75)
+                .collect();
+            let e = naive(&x, &wf, rows, inp, out);
+            let scale = e.iter().fold(1f32, |m, v| m.max(v.abs()));
+            for isa in Isa::available() {
+                let mut y = Vec::new();
+                p.product(isa, &x, rows, &mut y);
+                for (i, (a, b)) in y.iter().zip(&e).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * scale,
+                        "{isa:?} [{rows}x{inp}x{out}] {i}: {a} vs {b}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -598,3 +598,76 @@ fn gguf_rope_freqs_carry_llama3_scaling() {
         "without rope_freqs the logits should differ ({diff})"
     );
 }
+
+#[test]
+fn gguf_f16_and_bf16_weights_stay_16_bit_and_compute_exactly() {
+    // Every linear layer, the head and the embeddings in F16 (then BF16):
+    // the weights are kept 16-bit — half the bytes of the same file in F32 —
+    // and widening them is exact, so the logits equal those of the F32 file
+    // holding the same (rounded) values, for prompts of 9 and 33 tokens.
+    let (tokens, _, _) = vocab();
+    let cfg = config(tokens.len());
+    let w = random_weights(&cfg, 11).unwrap();
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        ..ModelOptions::default()
+    };
+    let load = |path: PathBuf| {
+        let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+        let _ = std::fs::remove_file(&path);
+        m
+    };
+    for (half, dtype, name) in [
+        (GgmlDType::F16, DType::F16, "f16"),
+        (GgmlDType::BF16, DType::BF16, "bf16"),
+    ] {
+        let halves = write_gguf_with(
+            &cfg,
+            &w,
+            (half, half, half),
+            name,
+            spm_metadata(),
+            Vec::new(),
+        );
+        // The same values, rounded by candle and written as F32 (the norms
+        // are F32 in both files).
+        let rounded: HashMap<String, Tensor> = w
+            .iter()
+            .map(|(n, t)| {
+                let half = n.contains("_proj") || n.contains("embed") || n == "lm_head.weight";
+                let t = if half {
+                    t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()
+                } else {
+                    t.clone()
+                };
+                (n.clone(), t)
+            })
+            .collect();
+        let f32_file = write_gguf_with(
+            &cfg,
+            &rounded,
+            (GgmlDType::F32, GgmlDType::F32, GgmlDType::F32),
+            &format!("{name}-f32"),
+            spm_metadata(),
+            Vec::new(),
+        );
+        let (m16, m32) = (load(halves), load(f32_file));
+        assert_eq!(
+            2 * m16.model().weight_bytes(),
+            m32.model().weight_bytes(),
+            "{name}: half the bytes of the f32 load"
+        );
+        let mut e16 = m16.cpu_executor().unwrap();
+        e16.init_kv_cache(BLOCK_SIZE).unwrap();
+        let mut e32 = m32.cpu_executor().unwrap();
+        e32.init_kv_cache(BLOCK_SIZE).unwrap();
+        for len in [9, 33] {
+            let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 31) % 260).collect();
+            let diff = max_rel_diff(&logits(&mut e16, &prompt), &logits(&mut e32, &prompt));
+            assert!(
+                diff < 1e-6,
+                "{name}, {len} tokens: relative difference {diff}"
+            );
+        }
+    }
+}
