@@ -153,7 +153,7 @@ impl RelayPool {
             };
             match got {
                 Ok((parts, framing, keep_alive)) => {
-                    let body = RelayBody {
+                    let mut body = RelayBody {
                         stream: Some(stream),
                         buf,
                         framing,
@@ -161,7 +161,6 @@ impl RelayPool {
                         pool: self.clone(),
                         authority: authority.to_owned(),
                     };
-                    let mut body = body;
                     body.settle();
                     return Ok(http::Response::from_parts(parts, body));
                 }
