@@ -6,17 +6,25 @@
 #
 #   cargo build --release -p inferscope
 #   scripts/proxy-ttft.sh                 # ROUNDS=5 N=200 by default; needs socat
+#   OLD=/path/to/other/inferscope scripts/proxy-ttft.sh   # adds that binary's proxy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/inferscope}
 ROUNDS=${ROUNDS:-5}; N=${N:-200}
 T=$(mktemp -d)
 "$BIN" serve --executor sim --sim-profile tiny --port 18301 --host 127.0.0.1 --disable-log-stats >"$T/s.log" 2>&1 & S=$!
-trap 'kill $S ${P:-} ${X:-} 2>/dev/null; rm -rf "$T"' EXIT
+trap 'kill $S ${P:-} ${X:-} ${O:-} 2>/dev/null; rm -rf "$T"' EXIT
 for _ in $(seq 300); do curl -sf 127.0.0.1:18301/health >/dev/null && break; sleep 0.1; done
 "$BIN" proxy --upstream http://127.0.0.1:18301 --port 18302 --host 127.0.0.1 >"$T/p.log" 2>&1 & P=$!
+targets="direct:18301 socat:18305 proxy:18302"
+if [ -n "${OLD:-}" ]; then
+  "$OLD" proxy --upstream http://127.0.0.1:18301 --port 18306 --host 127.0.0.1 >"$T/o.log" 2>&1 & O=$!
+  targets+=" old:18306"
+fi
 socat TCP-LISTEN:18305,fork,reuseaddr,bind=127.0.0.1,nodelay TCP:127.0.0.1:18301,nodelay & X=$!
-for _ in $(seq 300); do curl -sf 127.0.0.1:18302/v1/models >/dev/null && break; sleep 0.1; done
+for port in 18302 ${O:+18306}; do
+  for _ in $(seq 300); do curl -sf 127.0.0.1:$port/v1/models >/dev/null && break; sleep 0.1; done
+done
 run() { # port name → p50 TTFT in µs
   "$BIN" bench serve --host 127.0.0.1 --port "$1" --num-prompts "$N" --max-concurrency 1 \
     --random-input-len 32 --random-output-len 16 --ignore-eos --seed 7 \
@@ -26,11 +34,11 @@ run() { # port name → p50 TTFT in µs
 declare -A all
 for r in $(seq "$ROUNDS"); do
   line="round $r:"
-  for name in direct:18301 socat:18305 proxy:18302; do
+  for name in $targets; do
     n=${name%%:*}; p=${name##*:}; v=$(run "$p" "$n$r"); all[$n]+="$v "; line+=" $n=${v}us"
   done
   echo "$line"
 done
-for n in direct socat proxy; do
+for t in $targets; do n=${t%%:*}
   echo "$n: median p50 TTFT $(printf '%s\n' ${all[$n]} | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}') us"
 done

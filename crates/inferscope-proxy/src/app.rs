@@ -24,7 +24,10 @@ use tokio::sync::watch;
 use crate::observe::{
     BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
 };
-use crate::upstream::{self, BaseUrl, UpstreamClient, copy_end_to_end, error_response};
+use crate::relay::RelayPool;
+use crate::upstream::{
+    self, BaseUrl, UpstreamClient, UpstreamFailure, copy_end_to_end, error_response,
+};
 use crate::{ProxyArgs, ProxyError};
 
 /// The metrics the proxy can measure from outside an engine; the rest of the
@@ -62,6 +65,9 @@ struct AppState {
     base: BaseUrl,
     upstream_metrics: Option<Uri>,
     client: UpstreamClient,
+    /// The measured routes' (and body-less pass-through requests') upstream
+    /// connections, read in the client's task.
+    relay: RelayPool,
     manager: Arc<StatLoggerManager>,
     models: Arc<ModelSeries>,
     api_key: Option<String>,
@@ -82,6 +88,7 @@ impl AppState {
             base: self.base.clone(),
             upstream_metrics: self.upstream_metrics.clone(),
             client: upstream::client(connect_timeout),
+            relay: RelayPool::new(connect_timeout),
             manager: Arc::clone(&self.manager),
             models: Arc::clone(&self.models),
             api_key: self.api_key.clone(),
@@ -177,15 +184,16 @@ async fn discover_models(client: &UpstreamClient, base: &BaseUrl) -> Vec<String>
 /// chosen at start-up (`--served-model-name`, else the upstream's
 /// `/v1/models`), so a client cannot create series by inventing names.
 pub struct ModelSeries {
-    known: Vec<EngineMetrics>,
+    // Shared, not cloned per request: a handle set is dozens of `Arc`s.
+    known: Vec<Arc<EngineMetrics>>,
     /// The only model (every request is labelled with it, whatever its
     /// `model` says: single-model servers ignore the field), or `other`.
-    fallback: EngineMetrics,
+    fallback: Arc<EngineMetrics>,
 }
 
 impl ModelSeries {
     /// The series of a request for `model`.
-    pub fn for_request(&self, model: Option<&str>) -> &EngineMetrics {
+    pub fn for_request(&self, model: Option<&str>) -> &Arc<EngineMetrics> {
         model
             .and_then(|m| self.known.iter().find(|e| e.model_name() == m))
             .unwrap_or(&self.fallback)
@@ -275,6 +283,7 @@ async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
         manager
             .model_engine(name, 0)
             .cloned()
+            .map(Arc::new)
             .ok_or_else(|| ProxyError::Flag(format!("no series for model {name:?}")))
     };
     let known = names
@@ -292,6 +301,7 @@ async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
         base,
         upstream_metrics,
         client,
+        relay: RelayPool::new(connect_timeout),
         manager,
         models,
         api_key: args.api_key.clone(),
@@ -561,15 +571,19 @@ async fn shutdown_signal() {
 }
 
 fn router(state: Arc<AppState>) -> Router {
-    let v1 = Router::new()
+    let mut v1 = Router::new()
         .route("/v1/completions", post(generation))
         .route("/v1/chat/completions", post(generation))
         .route("/v1/models", get(pass_through))
-        .route("/v1/{*rest}", any(pass_through))
-        .route_layer(middleware::from_fn_with_state(
+        .route("/v1/{*rest}", any(pass_through));
+    // Only when there is a key to check: a middleware is a boxed future and
+    // a clone of the request's state more on every request's path.
+    if state.api_key.is_some() {
+        v1 = v1.route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
         ));
+    }
     Router::new()
         .merge(v1)
         .route("/metrics", get(metrics))
@@ -611,7 +625,6 @@ fn upstream_request(
     app: &AppState,
     parts: &http::request::Parts,
     body: Body,
-    measured: bool,
 ) -> Result<http::Request<Body>, String> {
     let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri = app
@@ -622,17 +635,52 @@ fn upstream_request(
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     copy_end_to_end(&parts.headers, req.headers_mut());
-    if measured {
-        // The body may be rewritten (its length is set from it), and the
-        // response must be readable, so not compressed.
-        req.headers_mut().remove(header::CONTENT_LENGTH);
-        req.headers_mut().remove(header::ACCEPT_ENCODING);
-    }
     if let Some(auth) = &app.upstream_auth {
         req.headers_mut()
             .insert(header::AUTHORIZATION, auth.clone());
     }
     Ok(req)
+}
+
+/// The headers a relayed request carries upstream: the client's end-to-end
+/// ones, less `expect` (the proxy has read the body already) and, on the
+/// measured routes, `accept-encoding` (the response must be readable).
+fn relay_headers(app: &AppState, from: &HeaderMap, measured: bool) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(from.len());
+    copy_end_to_end(from, &mut headers);
+    headers.remove(header::EXPECT);
+    if measured {
+        headers.remove(header::ACCEPT_ENCODING);
+    }
+    if let Some(auth) = &app.upstream_auth {
+        headers.insert(header::AUTHORIZATION, auth.clone());
+    }
+    headers
+}
+
+/// Sends a request over the relay, waiting at most `--upstream-timeout` for
+/// the response head.
+async fn relay(
+    app: &AppState,
+    parts: &http::request::Parts,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<http::Response<crate::relay::RelayBody>, UpstreamFailure> {
+    let pq = app
+        .base
+        .path(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+    let sent = app
+        .relay
+        .send(&parts.method, app.base.authority(), &pq, headers, body);
+    match tokio::time::timeout(app.upstream_timeout, sent).await {
+        Err(_) => Err(UpstreamFailure::Timeout(format!(
+            "upstream {} sent no response within {:.1} s",
+            app.base.as_str(),
+            app.upstream_timeout.as_secs_f64()
+        ))),
+        Ok(Err(e)) => Err(UpstreamFailure::from_relay_error(app.base.as_str(), &e)),
+        Ok(Ok(resp)) => Ok(resp),
+    }
 }
 
 /// The client's response: the upstream's status and headers, and `body`.
@@ -646,10 +694,27 @@ fn client_response(parts: &http::response::Parts, body: Body, length_changes: bo
     resp
 }
 
-/// Any path but the generation routes and `/metrics`: forwarded as it is.
+/// Any path but the generation routes and `/metrics`: forwarded as it is
+/// (over the relay when the request has no body, so the upstream connections
+/// are the measured routes'; through hyper's client when it streams one).
 async fn pass_through(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let req = match upstream_request(&app, &parts, body, false) {
+    let no_body = !parts.headers.contains_key(header::TRANSFER_ENCODING)
+        && parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .is_none_or(|v| v.as_bytes() == b"0");
+    if no_body {
+        let headers = relay_headers(&app, &parts.headers, false);
+        return match relay(&app, &parts, &headers, Bytes::new()).await {
+            Ok(resp) => {
+                let (parts, body) = resp.into_parts();
+                client_response(&parts, Body::new(body), false)
+            }
+            Err(failure) => failure.into_response(),
+        };
+    }
+    let req = match upstream_request(&app, &parts, body) {
         Ok(r) => r,
         Err(message) => {
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
@@ -705,16 +770,11 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
     } else {
         bytes
     };
-    let req = match upstream_request(&app, &parts, Body::from(body), true) {
-        Ok(r) => r,
-        Err(message) => {
-            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message);
-        }
-    };
+    let headers = relay_headers(&app, &parts.headers, true);
     // From here a drop (the client went away) counts as an abort.
     let engine = app.models.for_request(view.model.as_deref()).clone();
     let mut observer = Observer::new(engine, start, view);
-    let resp = match upstream::send(&app.client, &app.base, req, app.upstream_timeout).await {
+    let resp = match relay(&app, &parts, &headers, body).await {
         Ok(resp) => resp,
         Err(failure) => {
             tracing::warn!(error = ?failure, "upstream failed");

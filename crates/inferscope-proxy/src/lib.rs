@@ -20,6 +20,7 @@
 pub mod app;
 pub mod cli;
 pub mod observe;
+pub mod relay;
 pub mod upstream;
 
 pub use app::{RunningProxy, run, start};

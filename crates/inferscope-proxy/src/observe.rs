@@ -279,7 +279,7 @@ struct ChoiceSeen {
 /// and the prompt counted once per choice.
 #[derive(Debug)]
 pub struct Observer {
-    engine: EngineMetrics,
+    engine: std::sync::Arc<EngineMetrics>,
     start: Instant,
     request: RequestView,
     choices: Vec<ChoiceSeen>,
@@ -289,7 +289,11 @@ pub struct Observer {
 
 impl Observer {
     /// Starts observing a request that arrived at `start`; counts it in flight.
-    pub fn new(engine: EngineMetrics, start: Instant, request: RequestView) -> Self {
+    pub fn new(
+        engine: std::sync::Arc<EngineMetrics>,
+        start: Instant,
+        request: RequestView,
+    ) -> Self {
         engine.add_running(1);
         Self {
             engine,
@@ -919,7 +923,7 @@ mod tests {
             n,
             ..RequestView::default()
         };
-        let observer = Observer::new(engine.clone(), Instant::now(), view);
+        let observer = Observer::new(std::sync::Arc::new(engine.clone()), Instant::now(), view);
         let mut b = ObservedBody::new(
             http_body_util::Full::new(Bytes::from(body)),
             BodyKind::Sse { strip_usage: false },

@@ -42,6 +42,10 @@ const HOP_BY_HOP: &[&str] = &[
 pub struct BaseUrl {
     /// `http://host:port/prefix` without a trailing slash.
     base: String,
+    /// `host:port`.
+    authority: String,
+    /// The path prefix without a trailing slash (often empty).
+    prefix: String,
 }
 
 impl BaseUrl {
@@ -73,7 +77,19 @@ impl BaseUrl {
         let path = path.strip_suffix("/v1").unwrap_or(path);
         Ok(Self {
             base: format!("http://{authority}{path}"),
+            authority: authority.as_str().to_owned(),
+            prefix: path.to_owned(),
         })
+    }
+
+    /// `host:port`, where requests go.
+    pub fn authority(&self) -> &str {
+        &self.authority
+    }
+
+    /// The upstream's path and query for a client's.
+    pub fn path(&self, path_and_query: &str) -> String {
+        format!("{}{path_and_query}", self.prefix)
     }
 
     /// The upstream URI of a client's path and query.
@@ -344,6 +360,23 @@ impl UpstreamFailure {
             ConnectError::NoAuthority => {
                 Self::Unreachable(format!("upstream {base}: the URL has no host"))
             }
+        }
+    }
+
+    /// The failure a relayed request's error stands for (`base` for messages).
+    pub fn from_relay_error(base: &str, err: &crate::relay::RelayError) -> Self {
+        use crate::relay::RelayError;
+        match err {
+            RelayError::ConnectTimeout => {
+                Self::Timeout(format!("upstream {base} timed out: no connection in time"))
+            }
+            RelayError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                Self::Timeout(format!("upstream {base} timed out: {e}"))
+            }
+            RelayError::Io(e) => {
+                Self::Unreachable(format!("upstream {base} could not be reached: {e}"))
+            }
+            other => Self::Unreachable(format!("upstream {base} failed: {other}")),
         }
     }
 

@@ -754,3 +754,97 @@ async fn series_per_model_and_other_for_names_outside_the_set() {
     );
     p.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A raw HTTP/1.1 upstream: reads one request per connection, writes
+/// `pieces` with a pause between them, then closes the connection.
+async fn raw_upstream(pieces: Vec<Vec<u8>>) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let pieces = pieces.clone();
+            tokio::spawn(async move {
+                let mut req = vec![0u8; 8192];
+                if s.read(&mut req).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                for p in pieces {
+                    if s.write_all(&p).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_closes_mid_stream_cuts_the_clients_stream_and_counts_error() {
+    let event = "data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n";
+    let up = raw_upstream(vec![
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+            .to_vec(),
+        format!("{:x}\r\n{event}\r\n", event.len()).into_bytes(),
+        // Cut inside the next chunk: no terminator ever comes.
+        format!("{:x}\r\ndata: {{\"choices\":[{{\"ind", event.len()).into_bytes(),
+    ])
+    .await;
+    let p = proxy(&format!("http://{up}"), &["--served-model-name", "m"]).await;
+    let resp = send(
+        p.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"m","prompt":"x","stream":true}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    let ended_with_error = loop {
+        match body.frame().await {
+            Some(Ok(f)) => got.extend_from_slice(f.data_ref().map_or(&[][..], |d| &d[..])),
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(
+        ended_with_error,
+        "the client must see the stream cut, not a clean end: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        got.starts_with(b"data: {\"choices\":[{\"index\":0,\"text\":\"a\"}]}\n\n"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    let px = eventually(p.addr, "the proxy's error", |e| finished(e, "error") == 1.0).await;
+    assert_eq!(hist_count(&px, &schema::TIME_TO_FIRST_TOKEN), 1.0);
+    assert_eq!(value(&px, &schema::NUM_REQUESTS_RUNNING, &[]), 0.0);
+    assert_eq!(finished(&px, "stop") + finished(&px, "abort"), 0.0);
+    p.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_sends_no_valid_head_is_502() {
+    let up = raw_upstream(vec![b"SSH-2.0-OpenSSH_9.6\r\n\r\n".to_vec()]).await;
+    let p = proxy(&format!("http://{up}"), &["--served-model-name", "m"]).await;
+    let (status, body) = call(
+        p.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"model":"m","prompt":"x","stream":true}"#,
+    )
+    .await;
+    assert_eq!(status, 502, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("an OpenAI error body");
+    assert_eq!(v["error"]["type"], "bad_gateway", "{body}");
+    let px = scrape(p.addr).await;
+    assert_eq!(finished(&px, "error"), 1.0);
+    p.shutdown(Duration::from_secs(1)).await;
+}
