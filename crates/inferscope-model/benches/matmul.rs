@@ -144,7 +144,6 @@ fn matmul_kquant(c: &mut Criterion) {
     }
 }
 
-
 fn matmul_f16(c: &mut Criterion) {
     // The same shapes with the weights stored as f32, f16 (GGUF F16, kept
     // 16-bit) and bf16: half the bytes to read, widened in registers.

@@ -329,6 +329,36 @@ impl PackedWeight {
     }
 }
 
+/// The driver the quantized products share: checks that `x` is
+/// `[rows][inp]`, sizes `y` to `[rows][out]`, and runs `compute(isa, nv,
+/// rows, groups, out)` over [`schedule`]'s split. AVX-512 CPUs run the AVX2
+/// quantized kernels (no AVX-512 one could be tested here).
+pub(crate) fn quantized_product(
+    isa: Isa,
+    x: &[f32],
+    rows: usize,
+    (inp, out_dim): (usize, usize),
+    y: &mut Vec<f32>,
+    compute: impl Fn(Isa, usize, Range<usize>, Range<usize>, &Out) + Sync,
+) {
+    assert_eq!(x.len(), rows * inp, "input is not [{rows}][{inp}]");
+    y.resize(rows * out_dim, 0.0);
+    if rows == 0 || out_dim == 0 {
+        return;
+    }
+    let isa = match isa.kind() {
+        IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
+        _ => isa,
+    };
+    let nv = isa.panels_per_tile(rows);
+    let out = Out {
+        ptr: y.as_mut_ptr(),
+        rows,
+        cols: out_dim,
+    };
+    schedule(rows, inp, out_dim, nv, |r, g| compute(isa, nv, r, g, &out));
+}
+
 /// Cuts a `[rows] x [inp] x [out]` product into blocks of [`ROW_BLOCK`]
 /// rows × runs of panel groups (of `nv` panels) and runs `job` on each, on
 /// this thread when the product is small, else across the rayon pool.

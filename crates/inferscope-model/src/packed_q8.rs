@@ -17,7 +17,7 @@ use half::f16;
 
 use crate::error::ModelError;
 use crate::isa::{Isa, IsaKind};
-use crate::packed::{Acc, LANES, MAX_MR, Out, schedule};
+use crate::packed::{Acc, LANES, MAX_MR, Out, quantized_product};
 
 /// Weights per Q8_0 block (one scale each).
 pub const QK8_0: usize = 32;
@@ -142,31 +142,14 @@ impl PackedQ8 {
 
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(
-            x.len(),
-            rows * self.inp,
-            "input is not [{rows}][{}]",
-            self.inp
-        );
-        y.resize(rows * self.out, 0.0);
-        if rows == 0 || self.out == 0 {
-            return;
-        }
-        // No AVX-512 kernel yet (none could be tested here): AVX-512 CPUs
-        // run the AVX2 one, which they all support.
-        let isa = match isa.kind() {
-            IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
-            _ => isa,
-        };
-        let nv = isa.panels_per_tile(rows);
-        let out = Out {
-            ptr: y.as_mut_ptr(),
+        quantized_product(
+            isa,
+            x,
             rows,
-            cols: self.out,
-        };
-        schedule(rows, self.inp, self.out, nv, |r, g| {
-            self.compute(isa, nv, x, r, g, &out)
-        });
+            (self.inp, self.out),
+            y,
+            |isa, nv, r, g, out| self.compute(isa, nv, x, r, g, out),
+        );
     }
 
     /// Rows `rows` × the columns of panel groups `groups` (of `nv` panels),
