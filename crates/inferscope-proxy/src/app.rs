@@ -673,11 +673,10 @@ async fn relay(
         .relay
         .send(&parts.method, app.base.authority(), &pq, headers, body);
     match tokio::time::timeout(app.upstream_timeout, sent).await {
-        Err(_) => Err(UpstreamFailure::Timeout(format!(
-            "upstream {} sent no response within {:.1} s",
-            app.base.as_str(),
-            app.upstream_timeout.as_secs_f64()
-        ))),
+        Err(_) => Err(UpstreamFailure::no_response(
+            &app.base,
+            app.upstream_timeout,
+        )),
         Ok(Err(e)) => Err(UpstreamFailure::from_relay_error(app.base.as_str(), &e)),
         Ok(Ok(resp)) => Ok(resp),
     }

@@ -115,13 +115,7 @@ impl RelayPool {
     }
 
     async fn connect(&self, authority: &str) -> Result<TcpStream, RelayError> {
-        let stream =
-            tokio::time::timeout(self.inner.connect_timeout, TcpStream::connect(authority))
-                .await
-                .map_err(|_| RelayError::ConnectTimeout)??;
-        // Without it, small SSE chunks wait for delayed ACKs (Nagle's algorithm).
-        stream.set_nodelay(true)?;
-        Ok(stream)
+        connect(authority, self.inner.connect_timeout).await
     }
 
     /// Sends one request and reads the response head; the body reads the
@@ -171,6 +165,17 @@ impl RelayPool {
             }
         }
     }
+}
+
+/// A TCP connection to `authority` within `timeout`, with Nagle's algorithm
+/// off (small SSE chunks would otherwise wait for delayed ACKs); both
+/// upstream clients open theirs here.
+pub async fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, RelayError> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(authority))
+        .await
+        .map_err(|_| RelayError::ConnectTimeout)??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }
 
 fn closed_early(e: &RelayError) -> bool {

@@ -18,7 +18,6 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
 use pin_project_lite::pin_project;
 use serde_json::json;
-use tokio::net::TcpStream;
 
 use crate::ProxyError;
 
@@ -172,13 +171,9 @@ impl UpstreamClient {
     }
 
     async fn connect(&self, authority: &str) -> Result<SendRequest<Body>, ConnectError> {
-        let stream =
-            tokio::time::timeout(self.inner.connect_timeout, TcpStream::connect(authority))
-                .await
-                .map_err(|_| ConnectError::Timeout)?
-                .map_err(ConnectError::Io)?;
-        // Without it, small SSE chunks wait for delayed ACKs (Nagle's algorithm).
-        stream.set_nodelay(true).map_err(ConnectError::Io)?;
+        let stream = crate::relay::connect(authority, self.inner.connect_timeout)
+            .await
+            .map_err(ConnectError::Tcp)?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(ConnectError::Http)?;
@@ -312,8 +307,7 @@ impl http_body::Body for PooledBody {
 #[derive(Debug)]
 enum ConnectError {
     NoAuthority,
-    Timeout,
-    Io(std::io::Error),
+    Tcp(crate::relay::RelayError),
     Http(hyper::Error),
 }
 
@@ -338,15 +332,7 @@ pub enum UpstreamFailure {
 impl UpstreamFailure {
     fn from_connect_error(base: &str, err: &ConnectError) -> Self {
         match err {
-            ConnectError::Timeout => {
-                Self::Timeout(format!("upstream {base} timed out: no connection in time"))
-            }
-            ConnectError::Io(e) if e.kind() == std::io::ErrorKind::TimedOut => {
-                Self::Timeout(format!("upstream {base} timed out: {e}"))
-            }
-            ConnectError::Io(e) => {
-                Self::Unreachable(format!("upstream {base} could not be reached: {e}"))
-            }
+            ConnectError::Tcp(e) => Self::from_relay_error(base, e),
             ConnectError::Http(e) => {
                 let mut detail = e.to_string();
                 let mut source = std::error::Error::source(e);
@@ -361,6 +347,15 @@ impl UpstreamFailure {
                 Self::Unreachable(format!("upstream {base}: the URL has no host"))
             }
         }
+    }
+
+    /// No response head within `timeout`.
+    pub fn no_response(base: &BaseUrl, timeout: Duration) -> Self {
+        Self::Timeout(format!(
+            "upstream {} sent no response within {:.1} s",
+            base.as_str(),
+            timeout.as_secs_f64()
+        ))
     }
 
     /// The failure a relayed request's error stands for (`base` for messages).
@@ -420,11 +415,7 @@ pub async fn send(
     timeout: Duration,
 ) -> Result<http::Response<PooledBody>, UpstreamFailure> {
     match tokio::time::timeout(timeout, client.request(req)).await {
-        Err(_) => Err(UpstreamFailure::Timeout(format!(
-            "upstream {} sent no response within {:.1} s",
-            base.as_str(),
-            timeout.as_secs_f64()
-        ))),
+        Err(_) => Err(UpstreamFailure::no_response(base, timeout)),
         Ok(Err(e)) => Err(UpstreamFailure::from_connect_error(base.as_str(), &e)),
         Ok(Ok(resp)) => Ok(resp),
     }
