@@ -7,14 +7,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::Device;
+use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use half::f16;
 
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
-use crate::packed::PackedWeight;
 use crate::tokenizer::{ChatTemplate, HfTokenizer, Tokenizer};
 
 fn as_u64(v: &Value) -> Option<u64> {
@@ -113,30 +111,8 @@ impl Tensors<'_> {
         } else {
             None
         };
-        linear_of(w, b)
+        Linear::from_qtensor(w, b)
     }
-}
-
-/// A layer over a GGUF weight: F16 and BF16 tensors are packed from the
-/// file's 16-bit values as they are (candle would expand them to f32), the
-/// rest go through [`Linear::new`].
-fn linear_of(w: QTensor, b: Option<Vec<f32>>) -> Result<Linear, ModelError> {
-    let dims = w.shape().dims().to_vec();
-    if let (&[out, inp], GgmlDType::F16 | GgmlDType::BF16) = (dims.as_slice(), w.dtype()) {
-        let data = w.data()?;
-        let halves = data
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]));
-        let packed = if w.dtype() == GgmlDType::F16 {
-            let h: Vec<f16> = halves.map(f16::from_bits).collect();
-            PackedWeight::pack_f16(&h, out, inp)
-        } else {
-            PackedWeight::pack_bf16(&halves.collect::<Vec<u16>>(), out, inp)
-        };
-        return Ok(Linear::from_packed(packed, b));
-    }
-    let out = dims.first().copied().unwrap_or(0);
-    Linear::new(QMatMul::from_qtensor(w)?, b, out)
 }
 
 /// Loads a GGUF file: weights, and the tokenizer from `tokenizer.json`
@@ -246,7 +222,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     }
     let norm = tensors.vec("output_norm.weight", h)?;
     let lm_head = if cfg.tie_word_embeddings {
-        linear_of(embd, None)?
+        Linear::from_qtensor(embd, None)?
     } else {
         tensors.linear("output", v, h, false)?
     };

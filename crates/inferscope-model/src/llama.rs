@@ -1,7 +1,8 @@
 //! The Llama-family forward pass over a flattened batch of tokens.
 
-use candle_core::quantized::{GgmlDType, QMatMul};
+use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
+use half::f16;
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
@@ -53,15 +54,30 @@ impl Linear {
         Ok(Self { w, b, out_dim })
     }
 
-    /// A layer over a weight already packed (GGUF F16/BF16 tensors, kept
-    /// 16-bit as the file stores them).
-    pub fn from_packed(w: PackedWeight, b: Option<Vec<f32>>) -> Self {
-        let out_dim = w.out_dim();
-        Self {
-            w: Weight::Packed(w),
-            b,
-            out_dim,
+    /// A layer from a GGUF tensor (`[out, in]`): F16 and BF16 stay 16-bit,
+    /// packed from the file's bits as they are (candle's `QMatMul` would
+    /// widen them to f32); every other type goes through [`Linear::new`].
+    pub fn from_qtensor(w: QTensor, b: Option<Vec<f32>>) -> Result<Self, ModelError> {
+        let dims = w.shape().dims().to_vec();
+        if let (&[out, inp], GgmlDType::F16 | GgmlDType::BF16) = (dims.as_slice(), w.dtype()) {
+            let data = w.data()?;
+            let halves = data
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]));
+            let packed = if w.dtype() == GgmlDType::F16 {
+                let h: Vec<f16> = halves.map(f16::from_bits).collect();
+                PackedWeight::pack_f16(&h, out, inp)
+            } else {
+                PackedWeight::pack_bf16(&halves.collect::<Vec<u16>>(), out, inp)
+            };
+            return Ok(Self {
+                w: Weight::Packed(packed),
+                b,
+                out_dim: out,
+            });
         }
+        let out = dims.first().copied().unwrap_or(0);
+        Self::new(QMatMul::from_qtensor(w)?, b, out)
     }
 
     /// The same layer with its dense weight stored as `dtype`.
