@@ -27,6 +27,8 @@
 #                   own default, spinning). On a machine shared with other work, spinning OpenMP
 #                   threads lose their core and decode was 3.6x slower (197 vs 55 ms/token, F32,
 #                   2 threads, load average 5); on an idle machine spinning may be faster.
+#   INFERSCOPE_ARGS extra flags for `inferscope serve` (word-split), e.g. a step token budget
+#                   "--max-num-batched-tokens 256"
 #   PORT            port of the server under test (default 18431); refused if busy
 #   OUT             where results are written (default: a new directory under WORK)
 set -euo pipefail
@@ -129,7 +131,7 @@ start_server() {
   port_busy && die "port $PORT is in use (set PORT)"
   if [ "$name" = inferscope ]; then
     RAYON_NUM_THREADS=$THREADS "$INFERSCOPE_BIN" serve --executor cpu --model "$file" \
-      --host 127.0.0.1 --port "$PORT" --disable-log-stats --no-enable-prefix-caching >"$log" 2>&1 &
+      --host 127.0.0.1 --port "$PORT" --disable-log-stats --no-enable-prefix-caching ${INFERSCOPE_ARGS:-} >"$log" 2>&1 &
   else
     # -c: 8 slots × (128 + 64) tokens with room; continuous batching is llama-server's default.
     env ${LLAMA_OMP_WAIT_POLICY:+OMP_WAIT_POLICY=$LLAMA_OMP_WAIT_POLICY} \
@@ -175,7 +177,7 @@ bench() {
 
 echo "== results in $OUT"
 echo "llama-server OMP_WAIT_POLICY: ${LLAMA_OMP_WAIT_POLICY:-(llama.cpp default)}; threads: $THREADS; prompts: $N1 at concurrency 1, $N8 at 8" | tee -a "$OUT/versions.txt"
-echo "inferscope: $INFERSCOPE_BIN ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?')" | tee -a "$OUT/versions.txt"
+echo "inferscope: $INFERSCOPE_BIN ${INFERSCOPE_ARGS:-} ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?')" | tee -a "$OUT/versions.txt"
 for run in $(seq "$RUNS"); do
   order="inferscope llama-server"
   [ $((run % 2)) = 0 ] && order="llama-server inferscope"
