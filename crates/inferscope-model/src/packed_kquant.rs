@@ -1190,7 +1190,10 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
     let kind = kind_of(K);
     t.check::<MR>(kind);
     let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
-    let np = t.np.min(NV);
+    // Every loop runs over all NV panels (constant bounds: the arrays stay
+    // in registers); a missing last panel reads the last present one and
+    // is not stored.
+    let last = t.np.min(NV) - 1;
     let inp = nsb * QK_K;
     // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
     // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵.
@@ -1209,11 +1212,11 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
         let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
         for s in 0..QK_K / kind.sub() {
             let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
-            for (p, v) in sc16.iter_mut().enumerate().take(np) {
+            for (p, v) in sc16.iter_mut().enumerate() {
                 for (h, v) in v.iter_mut().enumerate() {
-                    // SAFETY: p < np, b < nsb, s / 2 < pairs: inside `sc`
-                    // (checked).
-                    let at = (((p * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
+                    // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: inside
+                    // `sc` (checked).
+                    let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
                     let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
                     *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
                 }
@@ -1230,9 +1233,9 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                             t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
                         });
                     }
-                    for p in 0..np {
-                        let base = (p * nsb + b) * sbb;
-                        // SAFETY: p < np, b < nsb, g < 64: inside `qs`.
+                    for p in 0..NV {
+                        let base = (p.min(last) * nsb + b) * sbb;
+                        // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
                         let (w0, w1) = unsafe {
                             if K == Q4 {
                                 let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
@@ -1255,7 +1258,7 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                     }
                 }
                 for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
-                    for p in 0..np {
+                    for p in 0..NV {
                         for h in 0..2 {
                             let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
                             ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
@@ -1265,8 +1268,8 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
             }
         }
         // The super-block's mins (or `−32`) and its f32 scale.
-        for p in 0..np {
-            let pb = p * nsb + b;
+        for p in 0..NV {
+            let pb = p.min(last) * nsb + b;
             for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
                 let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
                 let mut c = [_mm256_setzero_si256(); 2];

@@ -12,6 +12,8 @@
 
 use std::cell::Cell;
 
+use crate::isa::{Isa, IsaKind};
+
 /// Values per Q8_K block.
 pub(crate) const QK_K: usize = 256;
 
@@ -43,14 +45,15 @@ impl Q8K {
     /// to the largest product).
     pub(crate) fn with<R>(x: &[f32], rows: usize, inp: usize, f: impl FnOnce(&Q8K) -> R) -> R {
         let mut q = SCRATCH.take();
-        q.quantize(x, rows, inp);
+        q.quantize(Isa::detect(), x, rows, inp);
         let r = f(&q);
         SCRATCH.set(q);
         r
     }
 
-    /// Quantizes `x`, `[rows][inp]`, into these buffers.
-    pub(crate) fn quantize(&mut self, x: &[f32], rows: usize, inp: usize) {
+    /// Quantizes `x`, `[rows][inp]`, into these buffers with the code for
+    /// `isa` (the same values from each).
+    pub(crate) fn quantize(&mut self, isa: Isa, x: &[f32], rows: usize, inp: usize) {
         assert!(
             inp.is_multiple_of(QK_K) && x.len() == rows * inp,
             "Q8_K input [{rows}][{inp}] of {} values",
@@ -64,7 +67,12 @@ impl Q8K {
             .zip(self.qs.chunks_exact_mut(QK_K))
             .zip(self.bsums.chunks_exact_mut(QK_K / BSUM));
         for (((x, q), s), d) in blocks.zip(self.d.iter_mut()) {
-            *d = quantize_block(x, q, s);
+            *d = match isa.kind() {
+                // SAFETY: an `Isa` is only made for a CPU that runs it.
+                #[cfg(target_arch = "x86_64")]
+                IsaKind::Avx2 | IsaKind::Avx512 => unsafe { quantize_block_avx2(x, q, s) },
+                _ => quantize_block(x, q, s),
+            };
         }
     }
 }
@@ -96,6 +104,77 @@ fn quantize_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     let iscale = -127f32 / max;
     for (q, &v) in q.iter_mut().zip(x) {
         *q = round_i32(iscale * v).clamp(-128, 127) as i8;
+    }
+    for (s, q) in bsums.iter_mut().zip(q.chunks_exact(BSUM)) {
+        *s = q.iter().map(|&v| i16::from(v)).sum();
+    }
+    1.0 / iscale
+}
+
+/// [`quantize_block`] with AVX2: the same multiply, the same rounding
+/// (truncate, then a step away from zero where the exact remainder is at
+/// least a half), the same clamp, so the same quants.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn quantize_block_avx2(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
+    use std::arch::x86_64::*;
+    assert!(x.len() == QK_K && q.len() == QK_K && bsums.len() == QK_K / BSUM);
+    let (xp, qp) = (x.as_ptr(), q.as_mut_ptr());
+    let abs = _mm256_set1_ps(f32::from_bits(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    for i in (0..QK_K).step_by(8) {
+        // SAFETY: i + 8 ≤ 256 = x.len().
+        m = _mm256_max_ps(m, _mm256_and_ps(abs, unsafe { _mm256_loadu_ps(xp.add(i)) }));
+    }
+    let mut lanes = [0f32; 8];
+    // SAFETY: 8 floats.
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    let amax = lanes.iter().fold(0f32, |a, &v| a.max(v));
+    if amax == 0.0 {
+        q.fill(0);
+        bsums.fill(0);
+        return 0.0;
+    }
+    // The first value of that magnitude, as the scalar loop finds it.
+    let max = *x
+        .iter()
+        .find(|v| v.abs() == amax)
+        .expect("amax is one of them");
+    let iscale = -127f32 / max;
+    let (vs, half, one) = (
+        _mm256_set1_ps(iscale),
+        _mm256_set1_ps(0.5),
+        _mm256_set1_ps(1.0),
+    );
+    let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for i in (0..QK_K).step_by(32) {
+        let mut v = [_mm256_setzero_si256(); 4];
+        for (j, v) in v.iter_mut().enumerate() {
+            // SAFETY: i + 8j + 8 ≤ 256.
+            let s = _mm256_mul_ps(vs, unsafe { _mm256_loadu_ps(xp.add(i + 8 * j)) });
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
+            let f = _mm256_sub_ps(s, t);
+            let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(f, half), one);
+            let down = _mm256_and_ps(
+                _mm256_cmp_ps::<_CMP_LE_OQ>(f, _mm256_sub_ps(_mm256_setzero_ps(), half)),
+                one,
+            );
+            let r = _mm256_sub_ps(_mm256_add_ps(t, up), down);
+            *v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+        }
+        // Packing works per 128-bit lane: the permute puts the 32 bytes
+        // back in order.
+        let w = _mm256_packs_epi16(
+            _mm256_packs_epi32(v[0], v[1]),
+            _mm256_packs_epi32(v[2], v[3]),
+        );
+        let w = _mm256_permutevar8x32_epi32(w, order);
+        // SAFETY: i + 32 ≤ 256 = q.len().
+        unsafe { _mm256_storeu_si256(qp.add(i).cast(), w) };
     }
     for (s, q) in bsums.iter_mut().zip(q.chunks_exact(BSUM)) {
         *s = q.iter().map(|&v| i16::from(v)).sum();
@@ -139,12 +218,14 @@ mod tests {
     }
 
     fn check(x: &[f32], rows: usize, inp: usize) {
-        let mut q = Q8K::default();
-        q.quantize(x, rows, inp);
         let (qs, d, bs) = reference(x);
-        assert_eq!(q.qs, qs, "quants");
-        assert_eq!(q.d, d, "scales");
-        assert_eq!(q.bsums, bs, "bsums");
+        for isa in Isa::available() {
+            let mut q = Q8K::default();
+            q.quantize(isa, x, rows, inp);
+            assert_eq!(q.qs, qs, "{isa:?} quants");
+            assert_eq!(q.d, d, "{isa:?} scales");
+            assert_eq!(q.bsums, bs, "{isa:?} bsums");
+        }
     }
 
     #[test]
