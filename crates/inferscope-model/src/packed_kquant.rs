@@ -1214,9 +1214,9 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
             let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
             for (p, v) in sc16.iter_mut().enumerate() {
                 for (h, v) in v.iter_mut().enumerate() {
-                    // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: inside
-                    // `sc` (checked).
                     let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
+                    // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
+                    // bytes inside `sc` (checked).
                     let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
                     *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
                 }
@@ -1227,8 +1227,8 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                     let g = s * gsub + a * gsum + gg;
                     let mut xb = [_mm256_setzero_si256(); MR];
                     for (r, v) in xb.iter_mut().enumerate() {
-                        // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
                         let at = r * inp + b * QK_K + 4 * g;
+                        // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
                         *v = _mm256_set1_epi32(unsafe {
                             t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
                         });
@@ -1277,8 +1277,8 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                     let (b0, b1) = t.bsum_pair(kind, r, b, i);
                     let pair = _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
                     for (h, c) in c.iter_mut().enumerate() {
-                        // SAFETY: as for `sc16`.
                         let at = ((pb * pairs + i) * LANES + 8 * h) * 2;
+                        // SAFETY: as for `sc16`.
                         let v = unsafe { _mm_loadu_si128(corr_src.add(at).cast()) };
                         let m = _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), pair);
                         *c = _mm256_add_epi32(*c, m);
@@ -1289,6 +1289,7 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                     let d = unsafe { _mm256_loadu_ps(t.d.as_ptr().add(pb * LANES + 8 * h)) };
                     let a = &mut fa_r[p][h];
                     if K == Q4 {
+                        // SAFETY: as `d`: Q4_K has `dmin` (checked).
                         let dm =
                             unsafe { _mm256_loadu_ps(t.dmin.as_ptr().add(pb * LANES + 8 * h)) };
                         let i = _mm256_cvtepi32_ps(ia_r[p][h]);
