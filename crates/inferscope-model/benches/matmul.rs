@@ -176,5 +176,59 @@ fn matmul_f16(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul, matmul_q8, matmul_kquant, matmul_f16);
+/// K-quant products three ways in one run (`-- matmul-kint`): the f32
+/// rebuild of each weight (`rebuild`), the integer dot products with Q8_K
+/// activations (`int`), and candle's `QMatMul` (Q8_K activations too).
+fn matmul_kquant_int(c: &mut Criterion) {
+    for (prefix, dtype, kind) in [
+        ("matmul-kint-q4k", GgmlDType::Q4K, KQuant::Q4K),
+        ("matmul-kint-q6k", GgmlDType::Q6K, KQuant::Q6K),
+    ] {
+        for (name, out, inp) in [("768x768", 768, 768), ("2048x768", 2048, 768)] {
+            let w: Vec<f32> = (0..out * inp)
+                .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+                .collect();
+            let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+            let q = QTensor::quantize(&wt, dtype).expect("quantize");
+            let data = q.data().expect("data").into_owned();
+            let int = PackedKQuant::from_blocks(kind, &data, out, inp).expect("pack");
+            let rebuild = PackedKQuant::from_blocks_rebuild(kind, &data, out, inp).expect("pack");
+            let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
+            let mut g = c.benchmark_group(format!("{prefix}/{name}"));
+            g.sample_size(20)
+                .warm_up_time(Duration::from_millis(500))
+                .measurement_time(Duration::from_secs(2));
+            for rows in [1usize, 8, 128] {
+                let x: Vec<f32> = (0..rows * inp)
+                    .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                    .collect();
+                g.throughput(Throughput::Elements((rows * out * inp) as u64));
+                let mut y = Vec::new();
+                g.bench_function(BenchmarkId::new("rebuild", rows), |b| {
+                    b.iter(|| rebuild.matmul_into(black_box(&x), rows, &mut y))
+                });
+                g.bench_function(BenchmarkId::new("int", rows), |b| {
+                    b.iter(|| int.matmul_into(black_box(&x), rows, &mut y))
+                });
+                g.bench_function(BenchmarkId::new("candle", rows), |b| {
+                    b.iter(|| {
+                        let xt = Tensor::from_slice(black_box(&x), (rows, inp), &Device::Cpu)
+                            .expect("x");
+                        qmm.forward(&xt).expect("mm")
+                    })
+                });
+            }
+            g.finish();
+        }
+    }
+}
+
+criterion_group!(
+    benches,
+    matmul,
+    matmul_q8,
+    matmul_kquant,
+    matmul_f16,
+    matmul_kquant_int
+);
 criterion_main!(benches);

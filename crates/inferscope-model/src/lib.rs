@@ -16,6 +16,7 @@ pub mod model;
 pub mod packed;
 pub mod packed_kquant;
 pub mod packed_q8;
+mod q8k;
 pub mod sampler;
 pub mod tokenizer;
 

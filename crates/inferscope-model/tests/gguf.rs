@@ -443,8 +443,11 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
         let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
         let got = logits(&mut exec, &prompt);
         let diff = max_rel_diff(&got, &logits(&mut hf_exec, &prompt));
+        // Q4_K and Q6_K products round the activations to 8 bits (Q8_K,
+        // as llama.cpp and candle): measured up to 1.6e-2 here (1e-4 when
+        // the products were exact with the dequantized weights).
         assert!(
-            diff < 1e-4,
+            diff < 3e-2,
             "{name}, {len} tokens: relative difference {diff}"
         );
         // And the quantization is visible: not the f32 model's logits.
