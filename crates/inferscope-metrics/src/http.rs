@@ -2,7 +2,8 @@
 //! prometheus-fastapi-instrumentator metrics (`http_requests_total`, sizes,
 //! durations until the last body byte, requests in progress).
 //!
-//! Apply it with `Router::layer` so that axum's `MatchedPath` is set: series
+//! Apply it with `Router::layer` so that axum's `MatchedPath` is set (or, on
+//! a service routed by hand, set [`RouteTemplate`]): series
 //! are labelled by route template, never by raw path, and requests that match
 //! no route share `handler="none"`, so scanning random paths cannot grow the
 //! number of series.
@@ -33,6 +34,12 @@ pub const DEFAULT_EXCLUDED: &[&str] = &["/metrics", "/health"];
 
 /// The `handler` value of requests that matched no route.
 pub const UNMATCHED_HANDLER: &str = "none";
+
+/// The route template of a request served without an axum router (a
+/// request extension the layer reads when `MatchedPath` is absent), so a
+/// hand-routed service is labelled as the router would label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteTemplate(pub &'static str);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
@@ -291,7 +298,8 @@ where
         let matched = req
             .extensions()
             .get::<MatchedPath>()
-            .map(MatchedPath::as_str);
+            .map(MatchedPath::as_str)
+            .or_else(|| req.extensions().get::<RouteTemplate>().map(|r| r.0));
         let excluded = self
             .excluded
             .iter()

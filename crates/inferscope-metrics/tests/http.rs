@@ -13,7 +13,7 @@ use http_body_util::BodyExt;
 use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
 use inferscope_schema::promtext::{Exposition, check_histograms, parse};
 use tokio::sync::mpsc;
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 
 /// A response body fed by a channel, so tests control when bytes flow.
 struct ChannelBody(mpsc::Receiver<Bytes>);
@@ -387,4 +387,42 @@ async fn client_disconnect_over_tcp_records() {
     assert_eq!(e.value("http_requests_total", &labels), Some(1.0), "{body}");
     assert_eq!(e.value("http_requests_inprogress", &labels), Some(0.0));
     server.abort();
+}
+
+#[tokio::test]
+async fn a_service_outside_a_router_is_labelled_by_its_route_template() {
+    let m = manager();
+    let svc = m
+        .http_layer()
+        .layer(tower::service_fn(|_req: Request<_>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+        }));
+    let mut req = Request::post("/v1/chat/completions?x=1")
+        .body(Body::empty())
+        .unwrap();
+    req.extensions_mut()
+        .insert(inferscope_metrics::http::RouteTemplate(
+            "/v1/chat/completions",
+        ));
+    let resp = svc.clone().oneshot(req).await.unwrap();
+    resp.into_body().collect().await.unwrap();
+    // Without one (and no router), the request matched no route.
+    let req = Request::post("/v1/chat/completions")
+        .body(Body::empty())
+        .unwrap();
+    let resp = svc.oneshot(req).await.unwrap();
+    resp.into_body().collect().await.unwrap();
+
+    let (e, body) = scrape(&m);
+    let labels = |handler| [("handler", handler), ("method", "POST"), ("status", "2xx")];
+    assert_eq!(
+        e.value("http_requests_total", &labels("/v1/chat/completions")),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        e.value("http_requests_total", &labels("none")),
+        Some(1.0),
+        "{body}"
+    );
 }

@@ -2,9 +2,12 @@
 //! other path (passed through, counted by the HTTP layer only), `/metrics`
 //! (the proxy's registry, then the upstream's exposition), start and run.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -16,10 +19,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
+use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate};
 use inferscope_metrics::{EngineMetrics, Format, MetricsConfig, StatLoggerManager, negotiate};
 use inferscope_schema::schema::{self, MetricDef};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
+use tower::Layer;
 
 use crate::observe::{
     BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
@@ -372,7 +377,11 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
     })?;
     let (stop, stopped) = watch::channel(false);
     let state = Arc::new(state);
-    let task = tokio::spawn(serve_http1(listener, router(state.clone()), stopped));
+    let task = tokio::spawn(serve_http1(
+        listener,
+        ProxyService::new(state.clone()),
+        stopped,
+    ));
     tracing::info!(
         listen = %local,
         upstream = state.base.as_str(),
@@ -396,11 +405,10 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
 /// clients speak HTTP/1.1, and a proxy's added latency is its whole cost.
 async fn serve_http1(
     listener: TcpListener,
-    app: Router,
+    service: ProxyService,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let service = hyper_util::service::TowerToHyperService::new(app);
     let stopping = async move {
         let _ = stop.wait_for(|s| *s).await;
     };
@@ -448,7 +456,7 @@ fn current_thread_runtime() -> Result<tokio::runtime::Runtime, ProxyError> {
 /// Serves until `stop`, then gives open connections [`SHUTDOWN_GRACE`].
 async fn serve_bounded(
     listener: TcpListener,
-    app: Router,
+    app: ProxyService,
     stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
     let mut stopped = stop.clone();
@@ -509,7 +517,7 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
                         .build()?;
                     rt.block_on(async move {
                         let listener = TcpListener::from_std(listener)?;
-                        serve_bounded(listener, router(state), stopped).await
+                        serve_bounded(listener, ProxyService::new(state), stopped).await
                     })
                 })
                 .map_err(ProxyError::Serve)?;
@@ -523,7 +531,7 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             threads,
             "proxying; metrics at /metrics"
         );
-        let main = tokio::spawn(serve_bounded(first, router(state), stopped));
+        let main = tokio::spawn(serve_bounded(first, ProxyService::new(state), stopped));
         shutdown_signal().await;
         tracing::info!("shutting down: open streams get 10 s");
         let _ = stop.send(true);
@@ -570,6 +578,89 @@ async fn shutdown_signal() {
     }
 }
 
+/// The routes served without axum's router: the generation routes, matched
+/// by method and exact path; the `handler` label the router would give.
+///
+/// Why: they are the requests whose first token the proxy delays, and the
+/// router (boxed route services, `MatchedPath`, extractors) was a measurable
+/// part of the proxy's added TTFT. Anything else (another method, a
+/// trailing slash) goes through the router as before.
+fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
+    if *method != http::Method::POST {
+        return None;
+    }
+    ["/v1/completions", "/v1/chat/completions"]
+        .into_iter()
+        .find(|r| *r == path)
+}
+
+/// A boxed, sendable future (the connection task is spawned).
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A request as the HTTP metrics layer hands it on.
+type MeteredRequest = http::Request<CountingBody<hyper::body::Incoming>>;
+
+/// One thread's service: the generation routes straight to their handler,
+/// inside the same HTTP metrics layer; everything else through the router.
+#[derive(Clone)]
+struct ProxyService {
+    router: Router,
+    generation: HttpMetricsService<GenerationService>,
+}
+
+impl ProxyService {
+    fn new(state: Arc<AppState>) -> Self {
+        let generation = state.manager.http_layer().layer(GenerationService {
+            app: Arc::clone(&state),
+        });
+        Self {
+            router: router(state),
+            generation,
+        }
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some(route) = generation_route(req.method(), req.uri().path()) {
+            req.extensions_mut().insert(RouteTemplate(route));
+            let served = tower::Service::call(&mut self.generation.clone(), req);
+            return Box::pin(async move { served.await.map(|r| r.map(Body::new)) });
+        }
+        Box::pin(tower::Service::call(&mut self.router.clone(), req))
+    }
+}
+
+/// [`generation`] (after the API key check) as a tower service.
+#[derive(Clone)]
+struct GenerationService {
+    app: Arc<AppState>,
+}
+
+impl tower::Service<MeteredRequest> for GenerationService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: MeteredRequest) -> Self::Future {
+        let app = Arc::clone(&self.app);
+        Box::pin(async move {
+            if let Some(refused) = refuse_without_key(&app, req.headers()) {
+                return Ok(refused);
+            }
+            Ok(generation(State(app), req.map(Body::new)).await)
+        })
+    }
+}
+
 fn router(state: Arc<AppState>) -> Router {
     let mut v1 = Router::new()
         .route("/v1/completions", post(generation))
@@ -592,23 +683,29 @@ fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
+/// The 401 for a request without the `--api-key` (none when no key is set
+/// or the request has it).
+fn refuse_without_key(app: &AppState, headers: &HeaderMap) -> Option<Response> {
+    let key = app.api_key.as_ref()?;
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    (!constant_time_eq(given.as_bytes(), key.as_bytes())).then(|| {
+        error_response(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
+        )
+    })
+}
+
 async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
-            return error_response(
-                StatusCode::UNAUTHORIZED,
-                "invalid_request_error",
-                "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
-            );
-        }
+    match refuse_without_key(&s, req.headers()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
     }
-    next.run(req).await
 }
 
 /// Compares without stopping at the first difference (no timing oracle).
@@ -937,6 +1034,25 @@ mod tests {
             "{own}"
         );
         assert!(!own.contains("# EOF"), "{own}");
+    }
+
+    #[test]
+    fn only_the_generation_posts_skip_the_router() {
+        let post = http::Method::POST;
+        assert_eq!(
+            generation_route(&post, "/v1/completions"),
+            Some("/v1/completions")
+        );
+        assert_eq!(
+            generation_route(&post, "/v1/chat/completions"),
+            Some("/v1/chat/completions")
+        );
+        assert_eq!(
+            generation_route(&http::Method::GET, "/v1/completions"),
+            None
+        );
+        assert_eq!(generation_route(&post, "/v1/completions/"), None);
+        assert_eq!(generation_route(&post, "/v1/models"), None);
     }
 
     #[test]

@@ -478,6 +478,33 @@ async fn engine_only_series_are_absent_and_upstream_metrics_appear_beside() {
     )
     .await;
     assert_eq!(resp.status(), 200);
+    // The generation routes (served without the router) check it too, and
+    // the HTTP layer counts the refusal under the route's template.
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, body) = call(p3.addr, "POST", "/v1/chat/completions", chat).await;
+    assert_eq!(status, 401, "{body}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["error"]["type"], "invalid_request_error", "{body}");
+    let resp = send(
+        p3.addr,
+        "POST",
+        "/v1/chat/completions",
+        chat,
+        &[("authorization", "Bearer sekrit")],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let e = scrape(p3.addr).await;
+    let http = name(&schema::HTTP_REQUESTS);
+    let chat_route = ("handler", "/v1/chat/completions");
+    assert_eq!(
+        promtext::sum(e.samples(), &http, &[chat_route, ("status", "4xx")]),
+        1.0
+    );
+    assert_eq!(
+        promtext::sum(e.samples(), &http, &[chat_route, ("status", "2xx")]),
+        1.0
+    );
     for p in [p, p2, p3] {
         p.shutdown(Duration::from_secs(1)).await;
     }
