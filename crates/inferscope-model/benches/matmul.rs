@@ -176,5 +176,61 @@ fn matmul_f16(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul, matmul_q8, matmul_kquant, matmul_f16);
+/// Q8_0: the f32-widening kernel (f32 activations) against the integer one
+/// (activations quantized to Q8_0) and candle's `QMatMul`, in one run
+/// (`-- matmul-q8-int`).
+fn matmul_q8_int(c: &mut Criterion) {
+    use inferscope_model::packed_q8::widening::PackedQ8 as Widening;
+    let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+        let q = QTensor::quantize(&wt, GgmlDType::Q8_0).expect("quantize");
+        let blocks = q.data().expect("data").into_owned();
+        let wide = Widening::from_blocks(&blocks, out, inp).expect("pack");
+        let int = PackedQ8::from_blocks(&blocks, out, inp).expect("pack");
+        let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
+        let mut g = c.benchmark_group(format!("matmul-q8-int/{name}"));
+        g.sample_size(20)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            let mut y = Vec::new();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            g.bench_function(BenchmarkId::new("widening", rows), |b| {
+                b.iter(|| wide.matmul_into(black_box(&x), rows, &mut y))
+            });
+            g.bench_function(BenchmarkId::new("integer", rows), |b| {
+                b.iter(|| int.matmul_into(black_box(&x), rows, &mut y))
+            });
+            g.bench_function(BenchmarkId::new("candle", rows), |b| {
+                b.iter(|| {
+                    let xt =
+                        Tensor::from_slice(black_box(&x), (rows, inp), &Device::Cpu).expect("x");
+                    qmm.forward(&xt)
+                        .expect("mm")
+                        .flatten_all()
+                        .expect("f")
+                        .to_vec1::<f32>()
+                        .expect("v")
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    matmul,
+    matmul_q8,
+    matmul_kquant,
+    matmul_f16,
+    matmul_q8_int
+);
 criterion_main!(benches);
