@@ -582,14 +582,17 @@ mod tests {
     fn weights_of_minus_128_are_exact() {
         // GGUF allows -128 (llama.cpp's quantizer never writes it): the
         // kernels must not lose its sign. One block of -128 against one row
-        // of ones: each output is -128 · 32 · d · 1.
+        // of ±1 (negative activations are where a signed -128 would flip).
         let (out, inp) = (17, 64);
         let mut blocks = Vec::new();
         for o in 0..out {
             for b in 0..2 {
                 blocks.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
-                let v = if b == 0 { -128i8 } else { (o as i8) - 8 };
-                blocks.extend((0..QK8_0).map(|_| v as u8));
+                // Block 0 all -128; block 1 alternates -128 and o - 8.
+                blocks.extend((0..QK8_0).map(|j| {
+                    let v = if b == 0 || j % 2 == 0 { -128i8 } else { o as i8 - 8 };
+                    v as u8
+                }));
             }
         }
         let p = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
@@ -604,7 +607,8 @@ mod tests {
             for (o, v) in y.iter().enumerate() {
                 // Activations quantize to ±127 with d = f16(1/127).
                 let dx = f16::from_f32(1.0 / 127.0).to_f32();
-                let e = (-128.0 * 127.0 * 32.0 - (o as f32 - 8.0) * 127.0 * 32.0) * 0.5 * dx;
+                let b1 = 16.0 * (-128.0 + (o as f32 - 8.0));
+                let e = (-128.0 * 32.0 - b1) * 127.0 * 0.5 * dx;
                 assert!((v - e).abs() <= 1e-4 * e.abs().max(1.0), "{isa:?} {o}: {v} vs {e}");
             }
         }
