@@ -36,10 +36,6 @@ use activations::Q8Rows;
 #[path = "q8_activations.rs"]
 pub(crate) mod activations;
 
-#[doc(hidden)]
-#[path = "packed_q8_widening.rs"]
-pub mod widening;
-
 /// Weights per Q8_0 block (one scale each).
 pub const QK8_0: usize = 32;
 
