@@ -177,7 +177,12 @@ impl PackedQ8 {
 
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(x.len(), rows * self.inp, "input is not [{rows}][{}]", self.inp);
+        assert_eq!(
+            x.len(),
+            rows * self.inp,
+            "input is not [{rows}][{}]",
+            self.inp
+        );
         y.resize(rows * self.out, 0.0);
         if rows == 0 || self.out == 0 {
             return;
@@ -364,7 +369,12 @@ fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
     let (panel_q, panel_s) = (t.inp * LANES, nb * LANES);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-    let (q, s, x, xd) = (t.qs.as_ptr(), t.scales.as_ptr(), t.xq.as_ptr(), t.xd.as_ptr());
+    let (q, s, x, xd) = (
+        t.qs.as_ptr(),
+        t.scales.as_ptr(),
+        t.xq.as_ptr(),
+        t.xd.as_ptr(),
+    );
     for b in 0..nb {
         let mut sum = [[[_mm256_setzero_si256(); 2]; NV]; MR];
         for g in b * QK8_0 / GROUP..(b + 1) * QK8_0 / GROUP {
@@ -481,7 +491,11 @@ mod tests {
         (0..rows * inp)
             .map(|i| {
                 let v = ((i * 7) % 13) as f32 * 0.25 - 1.5 + ((i * 31) % 17) as f32 * 0.013;
-                if i < 32 { 0.0 } else { v * (1 + (i / 32) % 5) as f32 }
+                if i < 32 {
+                    0.0
+                } else {
+                    v * (1 + (i / 32) % 5) as f32
+                }
             })
             .collect()
     }
@@ -586,7 +600,11 @@ mod tests {
                 blocks.extend_from_slice(&f16::from_f32(0.5).to_le_bytes());
                 // Block 0 all -128; block 1 alternates -128 and o - 8.
                 blocks.extend((0..QK8_0).map(|j| {
-                    let v = if b == 0 || j % 2 == 0 { -128i8 } else { o as i8 - 8 };
+                    let v = if b == 0 || j % 2 == 0 {
+                        -128i8
+                    } else {
+                        o as i8 - 8
+                    };
                     v as u8
                 }));
             }
@@ -605,7 +623,10 @@ mod tests {
                 let dx = f16::from_f32(1.0 / 127.0).to_f32();
                 let b1 = 16.0 * (-128.0 + (o as f32 - 8.0));
                 let e = (-128.0 * 32.0 - b1) * 127.0 * 0.5 * dx;
-                assert!((v - e).abs() <= 1e-4 * e.abs().max(1.0), "{isa:?} {o}: {v} vs {e}");
+                assert!(
+                    (v - e).abs() <= 1e-4 * e.abs().max(1.0),
+                    "{isa:?} {o}: {v} vs {e}"
+                );
             }
         }
     }

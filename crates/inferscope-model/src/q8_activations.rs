@@ -120,13 +120,19 @@ fn quantize_block_avx2(x: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> f32 {
         b | _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ))
     });
     let (d, id) = scale(amax, bad == 0);
-    let (id, half) = (_mm256_set1_ps(id), _mm256_set1_ps(f32::from_bits(0x3eff_ffff)));
+    let (id, half) = (
+        _mm256_set1_ps(id),
+        _mm256_set1_ps(f32::from_bits(0x3eff_ffff)),
+    );
     let i = v.map(|v| {
         let s = _mm256_mul_ps(v, id);
         _mm256_cvttps_epi32(_mm256_add_ps(s, _mm256_or_ps(_mm256_and_ps(s, sign), half)))
     });
     // Packing interleaves 4-element groups across the 128-bit halves.
-    let p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]),
+        _mm256_packs_epi32(i[2], i[3]),
+    );
     let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     let p = _mm256_max_epi8(p, _mm256_set1_epi8(-127));
     // SAFETY: one 32-byte store into the 32-byte block.
