@@ -275,10 +275,9 @@ fn gguf_loads_runs_and_matches_the_safetensors_path() {
 
 #[test]
 fn gguf_q8_0_runs_the_dequantized_model() {
-    // Every linear layer (and the head) in Q8_0: the packed Q8_0 kernels
-    // keep the activations in f32, so the logits equal those of the same
-    // model with the weights dequantized by candle (run through the
-    // safetensors path), for prompts of 9 and 33 tokens.
+    // Every linear layer (and the head) in Q8_0: the logits are close to
+    // those of the same model with the weights dequantized by candle (run
+    // through the safetensors path), for prompts of 9 and 33 tokens.
     let (tokens, _, _) = vocab();
     let cfg = config(tokens.len());
     let w = random_weights(&cfg, 7).unwrap();
@@ -349,7 +348,11 @@ fn gguf_q8_0_runs_the_dequantized_model() {
         let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
         let got = logits(&mut exec, &prompt);
         let diff = max_rel_diff(&got, &logits(&mut hf_exec, &prompt));
-        assert!(diff < 1e-4, "{len} tokens: relative difference {diff}");
+        // The packed kernels round the activations to 8 bits per 32-block
+        // (as candle's QMatMul and llama.cpp do): 1.0e-2 / 8.6e-3 of the
+        // largest logit at 9 / 33 tokens, where it was 1e-4 with f32
+        // activations.
+        assert!(diff < 2e-2, "{len} tokens: relative difference {diff}");
         // And the quantization is visible: not the f32 model's logits.
         let off = max_rel_diff(&got, &logits(&mut undeq_exec, &prompt));
         assert!(off > 1e-4, "{len} tokens: Q8_0 equals f32 ({off})");
