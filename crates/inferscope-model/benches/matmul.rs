@@ -176,5 +176,47 @@ fn matmul_f16(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, matmul, matmul_q8, matmul_kquant, matmul_f16);
+fn matmul_prefill(c: &mut Criterion) {
+    // The 125M Llama of the llama.cpp side by side (hidden 768, 4 KV heads
+    // of 64, MLP 2048): fused q/k/v, o, fused gate/up, down, f32 and f16
+    // weights, at a 128-token prefill and at decode's 1 and 8 rows.
+    let shapes = [
+        ("qkv-1280x768", 1280, 768),
+        ("o-768x768", 768, 768),
+        ("gate-up-4096x768", 4096, 768),
+        ("down-768x2048", 768, 2048),
+    ];
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let mut g = c.benchmark_group(format!("matmul-prefill/{name}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            for (label, dtype) in [("f32", WeightDtype::F32), ("f16", WeightDtype::F16)] {
+                let packed = PackedWeight::pack_as(&w, out, inp, dtype);
+                let mut y = Vec::new();
+                g.bench_function(BenchmarkId::new(label, rows), |b| {
+                    b.iter(|| packed.matmul_into(black_box(&x), rows, &mut y))
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    matmul,
+    matmul_q8,
+    matmul_kquant,
+    matmul_f16,
+    matmul_prefill
+);
 criterion_main!(benches);
