@@ -264,6 +264,17 @@ impl PackedWeight {
         self.product(Isa::detect(), x, rows, y);
     }
 
+    /// [`PackedWeight::matmul_into`] with the plain register tiles whatever
+    /// the rows (no blocked path): the benchmarks compare the two.
+    #[doc(hidden)]
+    pub fn matmul_plain_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
+        assert_eq!(x.len(), rows * self.inp, "input is not [{rows}][{}]", self.inp);
+        y.resize(rows * self.out, 0.0);
+        if rows > 0 && self.out > 0 {
+            self.product_tiles(Isa::detect(), x, rows, y);
+        }
+    }
+
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
         assert_eq!(
