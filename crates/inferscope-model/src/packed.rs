@@ -268,7 +268,12 @@ impl PackedWeight {
     /// the rows (no blocked path): the benchmarks compare the two.
     #[doc(hidden)]
     pub fn matmul_plain_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(x.len(), rows * self.inp, "input is not [{rows}][{}]", self.inp);
+        assert_eq!(
+            x.len(),
+            rows * self.inp,
+            "input is not [{rows}][{}]",
+            self.inp
+        );
         y.resize(rows * self.out, 0.0);
         if rows > 0 && self.out > 0 {
             self.product_tiles(Isa::detect(), x, rows, y);
