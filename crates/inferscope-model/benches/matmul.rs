@@ -223,12 +223,90 @@ fn matmul_kquant_int(c: &mut Criterion) {
     }
 }
 
+
+fn matmul_prefill(c: &mut Criterion) {
+    // The 125M Llama of the llama.cpp side by side (hidden 768, 4 KV heads
+    // of 64, MLP 2048): fused q/k/v, o, fused gate/up, down, f32 and f16
+    // weights, at a 128-token prefill (the blocked path, and `plain`: the
+    // register tiles without it) and at decode's 1 and 8 rows. `cpu1`: one
+    // thread, timed by its own on-CPU time (/proc/thread-self/schedstat),
+    // which other processes on a loaded machine disturb far less than the
+    // wall clock of a 2-thread run.
+    let shapes = [
+        ("qkv-1280x768", 1280, 768),
+        ("o-768x768", 768, 768),
+        ("gate-up-4096x768", 4096, 768),
+        ("down-768x2048", 768, 2048),
+    ];
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .use_current_thread()
+        .build()
+        .expect("pool");
+    for (name, out, inp) in shapes {
+        let w: Vec<f32> = (0..out * inp)
+            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+            .collect();
+        let mut g = c.benchmark_group(format!("matmul-prefill/{name}"));
+        g.sample_size(10)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            g.throughput(Throughput::Elements((rows * out * inp) as u64));
+            for (label, dtype) in [("f32", WeightDtype::F32), ("f16", WeightDtype::F16)] {
+                let packed = PackedWeight::pack_as(&w, out, inp, dtype);
+                let mut y = Vec::new();
+                g.bench_function(BenchmarkId::new(label, rows), |b| {
+                    b.iter(|| packed.matmul_into(black_box(&x), rows, &mut y))
+                });
+                if rows < 128 {
+                    continue;
+                }
+                g.bench_function(BenchmarkId::new(format!("{label}-plain"), rows), |b| {
+                    b.iter(|| packed.matmul_plain_into(black_box(&x), rows, &mut y))
+                });
+                for plain in [false, true] {
+                    let id = format!("{label}{}-cpu1", if plain { "-plain" } else { "" });
+                    g.bench_function(BenchmarkId::new(id, rows), |b| {
+                        b.iter_custom(|iters| {
+                            one.install(|| {
+                                let t0 = thread_cpu_ns();
+                                for _ in 0..iters {
+                                    if plain {
+                                        packed.matmul_plain_into(black_box(&x), rows, &mut y);
+                                    } else {
+                                        packed.matmul_into(black_box(&x), rows, &mut y);
+                                    }
+                                }
+                                Duration::from_nanos(thread_cpu_ns() - t0)
+                            })
+                        })
+                    });
+                }
+            }
+        }
+        g.finish();
+    }
+}
+
+/// Nanoseconds this thread has run on a CPU (Linux schedstat's first field).
+fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .expect("/proc/thread-self/schedstat")
+}
+
 criterion_group!(
     benches,
     matmul,
     matmul_q8,
     matmul_kquant,
     matmul_f16,
-    matmul_kquant_int
+    matmul_kquant_int,
+    matmul_prefill,
 );
 criterion_main!(benches);

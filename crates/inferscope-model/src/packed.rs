@@ -264,6 +264,22 @@ impl PackedWeight {
         self.product(Isa::detect(), x, rows, y);
     }
 
+    /// [`PackedWeight::matmul_into`] with the plain register tiles whatever
+    /// the rows (no blocked path): the benchmarks compare the two.
+    #[doc(hidden)]
+    pub fn matmul_plain_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
+        assert_eq!(
+            x.len(),
+            rows * self.inp,
+            "input is not [{rows}][{}]",
+            self.inp
+        );
+        y.resize(rows * self.out, 0.0);
+        if rows > 0 && self.out > 0 {
+            self.product_tiles(Isa::detect(), x, rows, y);
+        }
+    }
+
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
         assert_eq!(
@@ -277,6 +293,15 @@ impl PackedWeight {
         if rows == 0 || self.out == 0 {
             return;
         }
+        #[cfg(target_arch = "x86_64")]
+        if isa.kind() == IsaKind::Avx2 && rows >= BLOCKED_MIN_ROWS {
+            return self.product_blocked(isa, x, rows, y);
+        }
+        self.product_tiles(isa, x, rows, y);
+    }
+
+    /// The product with the plain register tiles (`y` already sized).
+    fn product_tiles(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32]) {
         let nv = isa.panels_per_tile(rows);
         let out = Out {
             ptr: y.as_mut_ptr(),
@@ -303,18 +328,11 @@ impl PackedWeight {
         let Tiles { isa, nv } = tiles;
         let panel_len = self.inp * LANES;
         let panels = self.out.div_ceil(LANES);
-        // Rows cut into near-equal tiles of at most MAX_MR, so that 32 rows
-        // are 6+6+5+5+5+5, all with the widest kernel.
-        let n = rows.len();
-        let count = n.div_ceil(MAX_MR);
-        let (base, extra) = (n / count, n % count);
         for g in groups {
             let p0 = g * nv;
             let np = nv.min(panels - p0);
             let w = self.data.slice(p0 * panel_len..(p0 + np) * panel_len);
-            let mut r0 = rows.start;
-            for i in 0..count {
-                let mr = base + usize::from(i < extra);
+            for (r0, mr) in row_tiles(rows.clone()) {
                 let t = Tile {
                     w,
                     x: &x[r0 * self.inp..(r0 + mr) * self.inp],
@@ -323,10 +341,23 @@ impl PackedWeight {
                     col0: p0 * LANES,
                 };
                 kernel(isa, mr, nv, &t, out);
-                r0 += mr;
             }
         }
     }
+}
+
+/// `rows` cut into near-equal tiles of at most [`MAX_MR`], as `(first row,
+/// rows)`, so that 32 rows are 6+6+5+5+5+5, all with the widest kernel.
+fn row_tiles(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
+    let n = rows.len();
+    let count = n.div_ceil(MAX_MR);
+    let (base, extra) = (n / count.max(1), n % count.max(1));
+    (0..count).scan(rows.start, move |r0, i| {
+        let mr = base + usize::from(i < extra);
+        let tile = (*r0, mr);
+        *r0 += mr;
+        Some(tile)
+    })
 }
 
 /// The driver the quantized products share: checks that `x` is
@@ -369,15 +400,27 @@ pub(crate) fn schedule(
     nv: usize,
     job: impl Fn(Range<usize>, Range<usize>) + Sync,
 ) {
+    schedule_blocks(rows, ROW_BLOCK, inp, out, nv, job);
+}
+
+/// [`schedule`] with blocks of `row_block` rows.
+fn schedule_blocks(
+    rows: usize,
+    row_block: usize,
+    inp: usize,
+    out: usize,
+    nv: usize,
+    job: impl Fn(Range<usize>, Range<usize>) + Sync,
+) {
     let groups = out.div_ceil(LANES).div_ceil(nv);
-    let blocks = rows.div_ceil(ROW_BLOCK);
-    let block = |b: usize| b * ROW_BLOCK..((b + 1) * ROW_BLOCK).min(rows);
+    let blocks = rows.div_ceil(row_block);
+    let block = |b: usize| b * row_block..((b + 1) * row_block).min(rows);
     if rows * inp * out < PARALLEL_MIN_MACS {
         for b in 0..blocks {
             job(block(b), 0..groups);
         }
     } else {
-        let group_macs = rows.min(ROW_BLOCK) * inp * nv * LANES;
+        let group_macs = rows.min(row_block) * inp * nv * LANES;
         let per_task = (TASK_MACS / group_macs.max(1)).max(1);
         let chunks = groups.div_ceil(per_task);
         (0..blocks * chunks).into_par_iter().for_each(|i| {
@@ -668,6 +711,224 @@ fn tile_avx512<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E])
     res
 }
 
+/// Rows from which AVX2 products take the blocked path (prefill): below,
+/// the weights' stream dominates and the plain tiles read them once.
+pub(crate) const BLOCKED_MIN_ROWS: usize = 16;
+
+/// Inner-dimension block of the blocked path: a panel's `KC × LANES` f32
+/// weights (16 KiB) stay in L1 while every row tile of the block uses them.
+const KC: usize = 256;
+
+/// Floats of packed `x` a row block of the blocked path may hold (512 KiB,
+/// half the L2), so that it stays in L2 while the panels stream past.
+const X_BLOCK_FLOATS: usize = 1 << 17;
+
+thread_local! {
+    /// The blocked path's per-thread scratch: the packed `x` of a product,
+    /// and a task's widened weights and accumulators.
+    static X_SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static TASK_SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<[f32; LANES]>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` on a thread-local buffer, or on a fresh one when the thread's is
+/// in use (a rayon worker that took up a task of another product).
+fn with_scratch<T: Default, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => f(&mut s),
+        Err(_) => f(&mut T::default()),
+    })
+}
+
+/// Rows per block of the blocked path: as many as keep the block's `x`
+/// within [`X_BLOCK_FLOATS`] (at least [`ROW_BLOCK`]), in near-equal blocks.
+fn blocked_row_block(rows: usize, inp: usize) -> usize {
+    let most = (X_BLOCK_FLOATS / inp.max(1)).max(ROW_BLOCK);
+    rows.div_ceil(rows.div_ceil(most))
+}
+
+/// `x`'s rows packed per register tile, `[k][mr]` (the tiles of
+/// [`row_tiles`] over each block of `row_block` rows), so that the kernel
+/// broadcasts from one sequential stream at fixed offsets.
+fn pack_rows(x: &[f32], rows: usize, inp: usize, row_block: usize, xp: &mut Vec<f32>) {
+    xp.clear();
+    xp.resize(rows * inp, 0.0);
+    for b0 in (0..rows).step_by(row_block) {
+        for (r0, mr) in row_tiles(b0..(b0 + row_block).min(rows)) {
+            let dst = &mut xp[r0 * inp..(r0 + mr) * inp];
+            for r in 0..mr {
+                let src = &x[(r0 + r) * inp..(r0 + r + 1) * inp];
+                for (k, &v) in src.iter().enumerate() {
+                    dst[k * mr + r] = v;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl PackedWeight {
+    /// The product for many rows with AVX2 (prefill): `x` packed per row
+    /// tile once, the inner dimension cut into [`KC`] blocks whose panel
+    /// slice stays in L1 (f16/bf16 widened to f32 once per slice, not per
+    /// row tile) while every row tile passes over it, 6×16 tiles whose
+    /// accumulators carry from block to block in f32 (the same sums, in the
+    /// same order, as the plain tiles).
+    fn product_blocked(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32]) {
+        let inp = self.inp;
+        let row_block = blocked_row_block(rows, inp);
+        let out = Out {
+            ptr: y.as_mut_ptr(),
+            rows,
+            cols: self.out,
+        };
+        with_scratch(&X_SCRATCH, |xp| {
+            pack_rows(x, rows, inp, row_block, xp);
+            let xp = &xp[..];
+            schedule_blocks(rows, row_block, inp, self.out, 1, |r, g| {
+                with_scratch(&TASK_SCRATCH, |(wide, acc)| {
+                    self.compute_blocked(isa, xp, r, g, (wide, acc), &out)
+                })
+            });
+        });
+    }
+
+    /// Rows `rows` × panels `panels` of the blocked path.
+    fn compute_blocked(
+        &self,
+        _isa: Isa,
+        xp: &[f32],
+        rows: Range<usize>,
+        panels: Range<usize>,
+        (wide, acc): (&mut Vec<f32>, &mut Vec<[f32; LANES]>),
+        out: &Out,
+    ) {
+        let inp = self.inp;
+        let panel_len = inp * LANES;
+        acc.clear();
+        acc.resize(rows.len(), [0.0; LANES]);
+        wide.resize(KC * LANES, 0.0);
+        for p in panels {
+            for k0 in (0..inp).step_by(KC) {
+                let kc = KC.min(inp - k0);
+                let span = p * panel_len + k0 * LANES..p * panel_len + (k0 + kc) * LANES;
+                // SAFETY: `_isa` is AVX2 (the caller checked), so the CPU
+                // has AVX2, FMA and F16C.
+                let w: &[f32] = unsafe {
+                    match self.data.slice(span) {
+                        PanelSlice::F32(w) => w,
+                        PanelSlice::F16(w) => widen_avx2(w, wide),
+                        PanelSlice::Bf16(w) => widen_avx2(w, wide),
+                    }
+                };
+                for (r0, mr) in row_tiles(rows.clone()) {
+                    let a = &mut acc[r0 - rows.start..][..mr];
+                    let xt = &xp[r0 * inp + k0 * mr..][..kc * mr];
+                    // SAFETY: as above.
+                    unsafe { block_tile_avx2(mr, xt, w, kc, a, k0 == 0) };
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                out.store_at::<1, 1>(rows.start + i, p * LANES, 1, &[[*a]]);
+            }
+        }
+    }
+}
+
+/// `src` widened to f32 into `dst` (resized to fit); returns it.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn widen_avx2<'a, E: Elem>(src: &[E], dst: &'a mut Vec<f32>) -> &'a [f32] {
+    dst.resize(src.len(), 0.0);
+    let chunks = src.len() / 8;
+    for i in 0..chunks {
+        // SAFETY: 8 elements from 8·i are inside both slices.
+        unsafe {
+            let v = load8(src.as_ptr().add(i * 8));
+            std::arch::x86_64::_mm256_storeu_ps(dst.as_mut_ptr().add(i * 8), v);
+        }
+    }
+    for i in chunks * 8..src.len() {
+        dst[i] = src[i].widen();
+    }
+    &dst[..src.len()]
+}
+
+/// Runs [`block_avx2`] for a tile of `mr` (1 to [`MAX_MR`]) rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn block_tile_avx2(
+    mr: usize,
+    xt: &[f32],
+    w: &[f32],
+    kc: usize,
+    acc: &mut [[f32; LANES]],
+    first: bool,
+) {
+    match mr {
+        1 => block_avx2::<1>(xt, w, kc, acc, first),
+        2 => block_avx2::<2>(xt, w, kc, acc, first),
+        3 => block_avx2::<3>(xt, w, kc, acc, first),
+        4 => block_avx2::<4>(xt, w, kc, acc, first),
+        5 => block_avx2::<5>(xt, w, kc, acc, first),
+        6 => block_avx2::<6>(xt, w, kc, acc, first),
+        _ => unreachable!("no {mr}-row block kernel"),
+    }
+}
+
+/// One `kc`-long block of an `MR`-row tile against one panel: `acc` (the
+/// tile's rows × LANES columns) starts from zero when `first`, else from
+/// what the blocks before left, and receives the sums. `xt` is the tile's
+/// packed `x` for the block, `[kc][MR]`; `w` the panel's, `[kc][LANES]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn block_avx2<const MR: usize>(
+    xt: &[f32],
+    w: &[f32],
+    kc: usize,
+    acc: &mut [[f32; LANES]],
+    first: bool,
+) {
+    use std::arch::x86_64::*;
+    assert!(xt.len() >= kc * MR && w.len() >= kc * LANES && acc.len() >= MR);
+    let mut a = [[_mm256_setzero_ps(); 2]; MR];
+    if !first {
+        for (v, row) in a.iter_mut().zip(acc.iter()) {
+            // SAFETY: `row` is LANES (16) floats.
+            unsafe {
+                *v = [
+                    _mm256_loadu_ps(row.as_ptr()),
+                    _mm256_loadu_ps(row.as_ptr().add(8)),
+                ];
+            }
+        }
+    }
+    let (mut x, mut w) = (xt.as_ptr(), w.as_ptr());
+    for _ in 0..kc {
+        // SAFETY: kc steps of MR floats of x and LANES of w (checked above).
+        unsafe {
+            let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
+            for (r, v) in a.iter_mut().enumerate() {
+                let xv = _mm256_broadcast_ss(&*x.add(r));
+                v[0] = _mm256_fmadd_ps(w0, xv, v[0]);
+                v[1] = _mm256_fmadd_ps(w1, xv, v[1]);
+            }
+            x = x.add(MR);
+            w = w.add(LANES);
+        }
+    }
+    for (v, row) in a.iter().zip(acc.iter_mut()) {
+        // SAFETY: `row` is LANES (16) floats.
+        unsafe {
+            _mm256_storeu_ps(row.as_mut_ptr(), v[0]);
+            _mm256_storeu_ps(row.as_mut_ptr().add(8), v[1]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -798,6 +1059,48 @@ mod tests {
         check(2, 600, 1000);
         check(32, 256, 517);
         check(200, 64, 130);
+    }
+
+    #[test]
+    fn blocked_path_gives_the_plain_tiles_sums() {
+        // The AVX2 prefill path against the plain tiles, bit for bit (the
+        // same f32 sums in the same order), and against the naive product:
+        // rows from the threshold up, in one row block and in several
+        // (inp 2100 holds 62 rows a block), inp shorter than a KC block and
+        // not a multiple of it, out not a multiple of a panel; serial
+        // (small) and parallel; f32, f16 and bf16 weights.
+        let Some(isa) = Isa::get(IsaKind::Avx2) else {
+            return;
+        };
+        for (rows, inp, out) in [
+            (BLOCKED_MIN_ROWS, 37, 61),
+            (17, 300, 33),
+            (23, 513, 100),
+            (128, 768, 200),
+            (130, 2100, 40),
+            (45, 256, 16),
+        ] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.1)
+                .collect();
+            let w: Vec<f32> = (0..out * inp)
+                .map(|i| ((i * 5) % 11) as f32 * 0.13 - 0.6)
+                .collect();
+            for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+                let p = PackedWeight::pack_as(&w, out, inp, dtype);
+                let e = naive(&x, &p.unpack(), rows, inp, out);
+                let mut blocked = vec![f32::NAN; 5];
+                p.product(isa, &x, rows, &mut blocked);
+                let mut plain = vec![f32::NAN; rows * out];
+                p.product_tiles(isa, &x, rows, &mut plain);
+                assert_eq!(blocked.len(), rows * out);
+                for (i, ((a, b), c)) in blocked.iter().zip(&plain).zip(&e).enumerate() {
+                    let at = format!("{dtype:?} [{rows}x{inp}x{out}] {i}");
+                    assert_eq!(a.to_bits(), b.to_bits(), "{at}: {a} vs plain {b}");
+                    assert!((a - c).abs() <= 1e-4 * c.abs().max(1.0), "{at}: {a} vs {c}");
+                }
+            }
+        }
     }
 
     #[test]
