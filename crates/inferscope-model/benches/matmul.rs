@@ -223,7 +223,6 @@ fn matmul_kquant_int(c: &mut Criterion) {
     }
 }
 
-
 fn matmul_prefill(c: &mut Criterion) {
     // The 125M Llama of the llama.cpp side by side (hidden 768, 4 KV heads
     // of 64, MLP 2048): fused q/k/v, o, fused gate/up, down, f32 and f16
