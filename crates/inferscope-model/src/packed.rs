@@ -268,29 +268,15 @@ impl PackedWeight {
     /// the rows (no blocked path): the benchmarks compare the two.
     #[doc(hidden)]
     pub fn matmul_plain_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(
-            x.len(),
-            rows * self.inp,
-            "input is not [{rows}][{}]",
-            self.inp
-        );
-        y.resize(rows * self.out, 0.0);
-        if rows > 0 && self.out > 0 {
+        if shape_output(x, rows, (self.inp, self.out), y) {
             self.product_tiles(Isa::detect(), x, rows, y);
         }
     }
 
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(
-            x.len(),
-            rows * self.inp,
-            "input is not [{rows}][{}]",
-            self.inp
-        );
         // Every cell is written below: no need to clear what was there.
-        y.resize(rows * self.out, 0.0);
-        if rows == 0 || self.out == 0 {
+        if !shape_output(x, rows, (self.inp, self.out), y) {
             return;
         }
         #[cfg(target_arch = "x86_64")]
@@ -360,6 +346,20 @@ fn row_tiles(rows: Range<usize>) -> impl Iterator<Item = (usize, usize)> {
     })
 }
 
+/// Checks that `x` is `[rows][inp]` and sizes `y` to `[rows][out]` (its
+/// cells are all written by the caller); false when there is nothing to
+/// compute.
+pub(crate) fn shape_output(
+    x: &[f32],
+    rows: usize,
+    (inp, out): (usize, usize),
+    y: &mut Vec<f32>,
+) -> bool {
+    assert_eq!(x.len(), rows * inp, "input is not [{rows}][{inp}]");
+    y.resize(rows * out, 0.0);
+    rows > 0 && out > 0
+}
+
 /// The driver the quantized products share: checks that `x` is
 /// `[rows][inp]`, sizes `y` to `[rows][out]`, and runs `compute(isa, nv,
 /// rows, groups, out)` over [`schedule`]'s split. AVX-512 CPUs run the AVX2
@@ -372,9 +372,7 @@ pub(crate) fn quantized_product(
     y: &mut Vec<f32>,
     compute: impl Fn(Isa, usize, Range<usize>, Range<usize>, &Out) + Sync,
 ) {
-    assert_eq!(x.len(), rows * inp, "input is not [{rows}][{inp}]");
-    y.resize(rows * out_dim, 0.0);
-    if rows == 0 || out_dim == 0 {
+    if !shape_output(x, rows, (inp, out_dim), y) {
         return;
     }
     let isa = match isa.kind() {

@@ -30,7 +30,7 @@ use half::f16;
 
 use crate::error::ModelError;
 use crate::isa::{Isa, IsaKind};
-use crate::packed::{Acc, LANES, Out, schedule};
+use crate::packed::{Acc, LANES, Out, schedule, shape_output};
 use activations::Q8Rows;
 
 #[path = "q8_activations.rs"]
@@ -177,14 +177,7 @@ impl PackedQ8 {
 
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        assert_eq!(
-            x.len(),
-            rows * self.inp,
-            "input is not [{rows}][{}]",
-            self.inp
-        );
-        y.resize(rows * self.out, 0.0);
-        if rows == 0 || self.out == 0 {
+        if !shape_output(x, rows, (self.inp, self.out), y) {
             return;
         }
         // No AVX-512 kernel: its CPUs run the AVX2 one.
