@@ -13,10 +13,30 @@ use std::time::Duration;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use inferscope_model::packed::{PackedWeight, WeightDtype};
 use inferscope_model::packed_kquant::{KQuant, PackedKQuant};
 use inferscope_model::packed_q8::PackedQ8;
+
+/// A deterministic `[out][in]` weight matrix in [-0.5, 0.5].
+fn weights(out: usize, inp: usize) -> Vec<f32> {
+    (0..out * inp)
+        .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
+        .collect()
+}
+
+/// A benchmark group with the sampling every group here uses but the
+/// prefill one (20 samples, 0.5 s warm-up, 2 s measured).
+fn group(c: &mut Criterion, name: String) -> BenchmarkGroup<'_, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    g
+}
 
 fn matmul(c: &mut Criterion) {
     // (name, out, in): the demo model's fused q/k/v, gate/up and down, and
@@ -28,15 +48,10 @@ fn matmul(c: &mut Criterion) {
         ("110m-gate-up", 4096, 768),
     ];
     for (name, out, inp) in shapes {
-        let w: Vec<f32> = (0..out * inp)
-            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
-            .collect();
+        let w = weights(out, inp);
         let packed = PackedWeight::pack(&w, out, inp);
         let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
-        let mut g = c.benchmark_group(format!("matmul/{name}"));
-        g.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2));
+        let mut g = group(c, format!("matmul/{name}"));
         for rows in [1usize, 4, 32, 256] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
@@ -91,17 +106,12 @@ fn quant_groups<P: QuantProduct>(
     // and gate (or up).
     let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
     for (name, out, inp) in shapes {
-        let w: Vec<f32> = (0..out * inp)
-            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
-            .collect();
+        let w = weights(out, inp);
         let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
         let q = QTensor::quantize(&wt, dtype).expect("quantize");
         let packed = pack(&q.data().expect("data"), out, inp);
         let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
-        let mut g = c.benchmark_group(format!("{prefix}/{name}"));
-        g.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2));
+        let mut g = group(c, format!("{prefix}/{name}"));
         for rows in [1usize, 8, 128] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
@@ -149,13 +159,8 @@ fn matmul_f16(c: &mut Criterion) {
     // 16-bit) and bf16: half the bytes to read, widened in registers.
     let shapes = [("768x768", 768, 768), ("2048x768", 2048, 768)];
     for (name, out, inp) in shapes {
-        let w: Vec<f32> = (0..out * inp)
-            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
-            .collect();
-        let mut g = c.benchmark_group(format!("matmul-f16/{name}"));
-        g.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2));
+        let w = weights(out, inp);
+        let mut g = group(c, format!("matmul-f16/{name}"));
         for rows in [1usize, 8, 128] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
@@ -185,19 +190,14 @@ fn matmul_kquant_int(c: &mut Criterion) {
         ("matmul-kint-q6k", GgmlDType::Q6K, KQuant::Q6K),
     ] {
         for (name, out, inp) in [("768x768", 768, 768), ("2048x768", 2048, 768)] {
-            let w: Vec<f32> = (0..out * inp)
-                .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
-                .collect();
+            let w = weights(out, inp);
             let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
             let q = QTensor::quantize(&wt, dtype).expect("quantize");
             let data = q.data().expect("data").into_owned();
             let int = PackedKQuant::from_blocks(kind, &data, out, inp).expect("pack");
             let rebuild = PackedKQuant::from_blocks_rebuild(kind, &data, out, inp).expect("pack");
             let qmm = QMatMul::from_qtensor(q).expect("qmatmul");
-            let mut g = c.benchmark_group(format!("{prefix}/{name}"));
-            g.sample_size(20)
-                .warm_up_time(Duration::from_millis(500))
-                .measurement_time(Duration::from_secs(2));
+            let mut g = group(c, format!("{prefix}/{name}"));
             for rows in [1usize, 8, 128] {
                 let x: Vec<f32> = (0..rows * inp)
                     .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
@@ -243,9 +243,7 @@ fn matmul_prefill(c: &mut Criterion) {
         .build()
         .expect("pool");
     for (name, out, inp) in shapes {
-        let w: Vec<f32> = (0..out * inp)
-            .map(|i| ((i * 37) % 101) as f32 * 0.01 - 0.5)
-            .collect();
+        let w = weights(out, inp);
         let mut g = c.benchmark_group(format!("matmul-prefill/{name}"));
         g.sample_size(10)
             .warm_up_time(Duration::from_millis(300))
