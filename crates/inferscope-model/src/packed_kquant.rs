@@ -32,7 +32,7 @@ use half::f16;
 
 use crate::error::ModelError;
 use crate::isa::{Isa, IsaKind};
-use crate::packed::{Acc, LANES, MAX_MR, Out, quantized_product};
+use crate::packed::{Acc, LANES, MAX_MR, Out, quantized_product, shape_output};
 use crate::q8k::{BSUM, Q8K};
 
 /// Weights per K-quant super-block.
@@ -494,12 +494,10 @@ impl PackedKQuant {
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
         if let Some(ip) = &self.int {
-            assert_eq!(
-                x.len(),
-                rows * self.inp,
-                "input is not [{rows}][{}]",
-                self.inp
-            );
+            // Checked before quantizing `x` (the driver checks it again).
+            if !shape_output(x, rows, (self.inp, self.out), y) {
+                return;
+            }
             return Q8K::with(x, rows, self.inp, |q| {
                 quantized_product(
                     isa,
