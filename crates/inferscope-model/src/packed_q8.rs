@@ -23,7 +23,7 @@
 //! 1/254 of each block's largest element), so it equals candle's
 //! `QMatMul` to f32 rounding, not the product with dequantized weights.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::ops::Range;
 
 use half::f16;
@@ -50,7 +50,7 @@ const MAX_MR: usize = 4;
 
 thread_local! {
     /// The quantized activations of the product running on this thread.
-    static SCRATCH: RefCell<Q8Rows> = RefCell::new(Q8Rows::default());
+    static SCRATCH: Cell<Q8Rows> = Cell::new(Q8Rows::default());
 }
 
 /// A Q8_0 `[out][in]` weight in panel layout.
@@ -185,13 +185,12 @@ impl PackedQ8 {
             IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
             _ => isa,
         };
-        // The thread's scratch, or a fresh one if a product on this thread
-        // is already using it (a rayon worker that stole a second product
-        // while waiting inside the first).
-        SCRATCH.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut s) => self.product_with(isa, x, rows, y, &mut s),
-            Err(_) => self.product_with(isa, x, rows, y, &mut Q8Rows::default()),
-        });
+        // The thread's scratch, taken while in use (as `Q8K::with` does): a
+        // rayon worker that steals a second product while waiting inside the
+        // first finds it empty and gets a fresh one.
+        let mut scratch = SCRATCH.take();
+        self.product_with(isa, x, rows, y, &mut scratch);
+        SCRATCH.set(scratch);
     }
 
     /// The product, quantizing `x` into `xq`.
