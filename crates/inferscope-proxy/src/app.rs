@@ -406,11 +406,13 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
 async fn serve_http1(
     listener: TcpListener,
     service: ProxyService,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Each connection holds a sender: when all are dropped, all have ended.
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+    let mut stopped = stop.clone();
     let stopping = async move {
-        let _ = stop.wait_for(|s| *s).await;
+        let _ = stopped.wait_for(|s| *s).await;
     };
     tokio::pin!(stopping);
     loop {
@@ -429,17 +431,16 @@ async fn serve_http1(
         };
         // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
         let _ = stream.set_nodelay(true);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service.clone());
-        let conn = graceful.watch(conn);
+        let conn = crate::inbound::serve_connection(stream, service.clone(), stop.clone());
+        let open = open.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
+            conn.await;
+            drop(open);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    drop(open);
+    let _ = all_closed.recv().await;
     Ok(())
 }
 
@@ -585,7 +586,7 @@ async fn shutdown_signal() {
 /// router (boxed route services, `MatchedPath`, extractors) was a measurable
 /// part of the proxy's added TTFT. Anything else (another method, a
 /// trailing slash) goes through the router as before.
-fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
+pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
     if *method != http::Method::POST {
         return None;
     }
@@ -597,15 +598,16 @@ fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
 /// A boxed, sendable future (the connection task is spawned).
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-/// A request as the HTTP metrics layer hands it on.
-type MeteredRequest = http::Request<CountingBody<hyper::body::Incoming>>;
-
 /// One thread's service: the generation routes straight to their handler,
 /// inside the same HTTP metrics layer; everything else through the router.
 #[derive(Clone)]
-struct ProxyService {
+pub(crate) struct ProxyService {
     router: Router,
-    generation: HttpMetricsService<GenerationService>,
+    /// The generation routes' handler inside the HTTP metrics layer (hyper's
+    /// requests and the fast path's, [`crate::inbound`], alike).
+    pub(crate) generation: HttpMetricsService<GenerationService>,
+    /// `--max-request-body`: larger generation posts are hyper's to refuse.
+    pub(crate) max_body: usize,
 }
 
 impl ProxyService {
@@ -614,6 +616,7 @@ impl ProxyService {
             app: Arc::clone(&state),
         });
         Self {
+            max_body: state.max_body,
             router: router(state),
             generation,
         }
@@ -637,11 +640,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyServ
 
 /// [`generation`] (after the API key check) as a tower service.
 #[derive(Clone)]
-struct GenerationService {
+pub(crate) struct GenerationService {
     app: Arc<AppState>,
 }
 
-impl tower::Service<MeteredRequest> for GenerationService {
+impl<B> tower::Service<http::Request<CountingBody<B>>> for GenerationService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = BoxFuture<Result<Response, Infallible>>;
@@ -650,7 +657,7 @@ impl tower::Service<MeteredRequest> for GenerationService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: MeteredRequest) -> Self::Future {
+    fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
         let app = Arc::clone(&self.app);
         Box::pin(async move {
             if let Some(refused) = refuse_without_key(&app, req.headers()) {

@@ -19,6 +19,7 @@
 
 pub mod app;
 pub mod cli;
+mod inbound;
 pub mod observe;
 pub mod relay;
 pub mod upstream;
