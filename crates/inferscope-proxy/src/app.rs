@@ -596,13 +596,14 @@ pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'st
 }
 
 /// A boxed, sendable future (the connection task is spawned).
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One thread's service: the generation routes straight to their handler,
 /// inside the same HTTP metrics layer; everything else through the router.
 #[derive(Clone)]
 pub(crate) struct ProxyService {
-    router: Router,
+    /// Every other request's router (inside the same layer).
+    pub(crate) router: Router,
     /// The generation routes' handler inside the HTTP metrics layer (hyper's
     /// requests and the fast path's, [`crate::inbound`], alike).
     pub(crate) generation: HttpMetricsService<GenerationService>,

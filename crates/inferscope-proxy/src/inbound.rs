@@ -1,5 +1,6 @@
-//! The client side of a connection: the generation posts are read and
-//! answered here, straight on the socket, and anything else hands the
+//! The client side of a connection: plain HTTP/1.1 requests are read and
+//! answered here, straight on the socket, and anything else (a chunked or
+//! `Expect` body, an upgrade, HTTP/1.0, `HEAD`, a malformed head) hands the
 //! connection to hyper's server (with the bytes already read) for the rest
 //! of its life.
 //!
@@ -13,6 +14,9 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use std::convert::Infallible;
+
+use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version, header};
 use http_body::{Body as _, Frame, SizeHint};
@@ -33,8 +37,8 @@ const MAX_AHEAD: usize = 64 * 1024;
 
 /// What to do with a parsed head.
 enum Head {
-    /// A generation post the fast path serves: its request (body to come)
-    /// and the head's length in the buffer.
+    /// A request the fast path serves: its head (body to come), the head's
+    /// length in the buffer and the body's.
     Fast {
         request: http::Request<()>,
         head_len: usize,
@@ -47,9 +51,13 @@ enum Head {
 }
 
 /// Parses the head at the start of `buf` and says whether the fast path
-/// takes it: `POST` to a generation route (exact path, no query), HTTP/1.1,
-/// one `Content-Length` within `max_body`, no `Transfer-Encoding`, `Expect`
-/// or `Upgrade`, and `Connection` absent or `keep-alive`.
+/// takes it: HTTP/1.1, a method with a response body (not `HEAD` or
+/// `CONNECT`), an origin-form target, at most one `Content-Length` within
+/// `max_body`, no `Transfer-Encoding`, `Expect` or `Upgrade`, and
+/// `Connection` absent or `keep-alive`. The generation posts get their
+/// [`RouteTemplate`]; other requests go to the router as under hyper (they
+/// must: clients such as the bench's ask `/tokenize` or `/v1/models` first
+/// on the connection they then post on).
 fn parse_head(buf: &[u8], max_body: usize) -> Head {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut slots);
@@ -59,11 +67,22 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
         // Malformed, too many headers or too long: hyper answers as before.
         _ => return Head::Other,
     };
-    let (Some("POST"), Some(path), Some(1)) = (req.method, req.path, req.version) else {
+    let (Some(method), Some(target), Some(1)) = (req.method, req.path, req.version) else {
         return Head::Other;
     };
-    let Some(route) = generation_route(&Method::POST, path) else {
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Head::Other;
+    };
+    if method == Method::HEAD || method == Method::CONNECT || !target.starts_with('/') {
+        return Head::Other;
+    }
+    let route = generation_route(&method, target);
+    let uri = match route {
+        Some(route) => Uri::from_static(route),
+        None => match Uri::try_from(target) {
+            Ok(uri) => uri,
+            Err(_) => return Head::Other,
+        },
     };
     let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut content_length = None;
@@ -92,19 +111,19 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
         }
         headers.append(name, value);
     }
-    let Some(content_length) = content_length else {
-        return Head::Other;
-    };
     let mut request = http::Request::new(());
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = Uri::from_static(route);
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    request.extensions_mut().insert(RouteTemplate(route));
+    if let Some(route) = route {
+        request.extensions_mut().insert(RouteTemplate(route));
+    }
     Head::Fast {
         request,
         head_len,
-        content_length,
+        // Neither length nor chunked: HTTP/1.1 says the body is empty.
+        content_length: content_length.unwrap_or(0),
     }
 }
 
@@ -145,8 +164,9 @@ impl http_body::Body for ReadBody {
     }
 }
 
-/// Serves one client connection: generation posts here, and from the first
-/// request that is anything else, hyper (with `service`) until the end.
+/// Serves one client connection: plain requests here (the generation posts
+/// to their handler, the rest to the router, both as under hyper), and from
+/// the first request that is anything else, hyper until the end.
 pub(crate) async fn serve_connection(
     mut stream: TcpStream,
     service: ProxyService,
@@ -198,13 +218,17 @@ pub(crate) async fn serve_connection(
             data: Some(body),
             truncated,
         });
-        let served = tower::Service::call(&mut service.generation.clone(), request);
-        if truncated {
-            // Nobody to answer; the metrics layer records the handler's
-            // refusal as it would under hyper.
-            drop(served.await);
-            return;
-        }
+        let served = if request.extensions().get::<RouteTemplate>().is_some() {
+            let served = tower::Service::call(&mut service.generation.clone(), request);
+            Box::pin(async move { served.await.map(|r| r.map(Body::new)) })
+                as crate::app::BoxFuture<Result<http::Response<Body>, Infallible>>
+        } else {
+            Box::pin(tower::Service::call(&mut service.router.clone(), request))
+        };
+        // The handler refuses a short body (400, recorded by the metrics
+        // layer as under hyper); a half-closed client can still read the
+        // answer. The connection ends after it.
+        let keep = !truncated;
         tokio::pin!(served);
         // A client that goes away before the response head drops the
         // handler (and with it the upstream request: an abort).
@@ -212,14 +236,14 @@ pub(crate) async fn serve_connection(
             tokio::select! {
                 biased;
                 r = &mut served => break r,
-                read = stream.read_buf(&mut buf), if buf.len() < MAX_AHEAD => match read {
+                read = stream.read_buf(&mut buf), if keep && buf.len() < MAX_AHEAD => match read {
                     Ok(0) | Err(_) => return,
                     Ok(_) => {}
                 },
             }
         };
         let Ok(response) = response;
-        if !respond(&mut stream, &mut buf, &mut out, response).await {
+        if !respond(&mut stream, &mut buf, &mut out, response).await || !keep {
             return;
         }
     }
@@ -250,7 +274,12 @@ where
         .and_then(|v| v.parse::<u64>().ok());
     let length = declared.or_else(|| body.size_hint().exact());
     out.clear();
-    write_head(out, &parts, declared.is_none().then_some(length).flatten(), bodiless);
+    write_head(
+        out,
+        &parts,
+        declared.is_none().then_some(length).flatten(),
+        bodiless,
+    );
     let chunked = length.is_none() && !bodiless;
     let mut sent: u64 = 0;
     let mut ended = bodiless || body.is_end_stream();
@@ -433,5 +462,122 @@ impl AsyncWrite for Rewind {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(head: &str) -> &'static str {
+        match parse_head(head.as_bytes(), 1000) {
+            Head::Fast { .. } => "fast",
+            Head::Other => "other",
+            Head::Partial => "partial",
+        }
+    }
+
+    #[test]
+    fn only_plain_generation_posts_take_the_fast_path() {
+        let fast = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}";
+        assert_eq!(kind(fast), "fast");
+        match parse_head(fast.as_bytes(), 1000) {
+            Head::Fast {
+                request,
+                head_len,
+                content_length,
+            } => {
+                assert_eq!(head_len, fast.len() - 2);
+                assert_eq!(content_length, 2);
+                assert_eq!(request.uri().path(), "/v1/completions");
+                assert_eq!(request.headers()["host"], "x");
+                assert_eq!(
+                    request.extensions().get::<RouteTemplate>(),
+                    Some(&RouteTemplate("/v1/completions"))
+                );
+            }
+            _ => unreachable!(),
+        }
+        assert_eq!(
+            kind(
+                "POST /v1/chat/completions HTTP/1.1\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"
+            ),
+            "fast"
+        );
+        assert_eq!(
+            kind("POST /v1/completions HTTP/1.1\r\nhost: x\r\n"),
+            "partial"
+        );
+        assert_eq!(kind("POST /v1/compl"), "partial");
+        for other in [
+            "GET /v1/completions HTTP/1.1\r\n\r\n",
+            "POST /v1/models HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions?x=1 HTTP/1.1\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: +2\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 1001\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nexpect: 100-continue\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\nupgrade: h2c\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nbad header\r\n\r\n",
+        ] {
+            assert_eq!(kind(other), "other", "{other:?}");
+        }
+        let long = format!(
+            "POST /v1/completions HTTP/1.1\r\nx: {}",
+            "a".repeat(MAX_HEAD)
+        );
+        assert_eq!(kind(&long), "other", "a head that never ends");
+    }
+
+    #[test]
+    fn the_head_says_how_the_body_is_framed() {
+        let parts = |status: u16, headers: &[(&str, &str)]| {
+            let mut r = http::Response::builder().status(status);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.body(()).unwrap().into_parts().0
+        };
+        let head = |p: &http::response::Parts, len: Option<u64>, bodiless: bool| {
+            let mut out = Vec::new();
+            write_head(&mut out, p, len, bodiless);
+            String::from_utf8(out).unwrap()
+        };
+        let sse = head(
+            &parts(200, &[("content-type", "text/event-stream")]),
+            None,
+            false,
+        );
+        assert!(
+            sse.starts_with("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ndate: "),
+            "{sse}"
+        );
+        assert!(
+            sse.ends_with("\r\ntransfer-encoding: chunked\r\n\r\n"),
+            "{sse}"
+        );
+        let sized = head(&parts(401, &[]), Some(42), false);
+        assert!(
+            sized.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+            "{sized}"
+        );
+        assert!(sized.ends_with("\r\ncontent-length: 42\r\n\r\n"), "{sized}");
+        let given = head(&parts(200, &[("content-length", "7")]), None, false);
+        assert_eq!(given.matches("content-length").count(), 1, "{given}");
+        assert!(!given.contains("chunked"), "{given}");
+        let none = head(&parts(204, &[]), None, true);
+        assert!(
+            !none.contains("chunked") && !none.contains("content-length"),
+            "{none}"
+        );
+
+        let mut out = Vec::new();
+        put_data(&mut out, b"data: x\n\n", true);
+        put_data(&mut out, b"", true);
+        assert_eq!(out, b"9\r\ndata: x\n\n\r\n");
     }
 }
