@@ -406,13 +406,11 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
 async fn serve_http1(
     listener: TcpListener,
     service: ProxyService,
-    stop: watch::Receiver<bool>,
+    mut stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
-    // Each connection holds a sender: when all are dropped, all have ended.
-    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
-    let mut stopped = stop.clone();
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let stopping = async move {
-        let _ = stopped.wait_for(|s| *s).await;
+        let _ = stop.wait_for(|s| *s).await;
     };
     tokio::pin!(stopping);
     loop {
@@ -431,16 +429,17 @@ async fn serve_http1(
         };
         // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
         let _ = stream.set_nodelay(true);
-        let conn = crate::inbound::serve_connection(stream, service.clone(), stop.clone());
-        let open = open.clone();
+        let conn = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service.clone());
+        let conn = graceful.watch(conn);
         tokio::spawn(async move {
-            conn.await;
-            drop(open);
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
         });
     }
     drop(listener);
-    drop(open);
-    let _ = all_closed.recv().await;
+    graceful.shutdown().await;
     Ok(())
 }
 
@@ -586,7 +585,7 @@ async fn shutdown_signal() {
 /// router (boxed route services, `MatchedPath`, extractors) was a measurable
 /// part of the proxy's added TTFT. Anything else (another method, a
 /// trailing slash) goes through the router as before.
-pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
+fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
     if *method != http::Method::POST {
         return None;
     }
@@ -596,19 +595,17 @@ pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'st
 }
 
 /// A boxed, sendable future (the connection task is spawned).
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// A request as the HTTP metrics layer hands it on.
+type MeteredRequest = http::Request<CountingBody<hyper::body::Incoming>>;
 
 /// One thread's service: the generation routes straight to their handler,
 /// inside the same HTTP metrics layer; everything else through the router.
 #[derive(Clone)]
-pub(crate) struct ProxyService {
-    /// Every other request's router (inside the same layer).
-    pub(crate) router: Router,
-    /// The generation routes' handler inside the HTTP metrics layer (hyper's
-    /// requests and the fast path's, [`crate::inbound`], alike).
-    pub(crate) generation: HttpMetricsService<GenerationService>,
-    /// `--max-request-body`: larger generation posts are hyper's to refuse.
-    pub(crate) max_body: usize,
+struct ProxyService {
+    router: Router,
+    generation: HttpMetricsService<GenerationService>,
 }
 
 impl ProxyService {
@@ -617,7 +614,6 @@ impl ProxyService {
             app: Arc::clone(&state),
         });
         Self {
-            max_body: state.max_body,
             router: router(state),
             generation,
         }
@@ -641,15 +637,11 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyServ
 
 /// [`generation`] (after the API key check) as a tower service.
 #[derive(Clone)]
-pub(crate) struct GenerationService {
+struct GenerationService {
     app: Arc<AppState>,
 }
 
-impl<B> tower::Service<http::Request<CountingBody<B>>> for GenerationService
-where
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
+impl tower::Service<MeteredRequest> for GenerationService {
     type Response = Response;
     type Error = Infallible;
     type Future = BoxFuture<Result<Response, Infallible>>;
@@ -658,7 +650,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
+    fn call(&mut self, req: MeteredRequest) -> Self::Future {
         let app = Arc::clone(&self.app);
         Box::pin(async move {
             if let Some(refused) = refuse_without_key(&app, req.headers()) {

@@ -19,7 +19,6 @@
 
 pub mod app;
 pub mod cli;
-mod inbound;
 pub mod observe;
 pub mod relay;
 pub mod upstream;
