@@ -9,6 +9,8 @@
 #
 #   cargo build --release -p inferscope
 #   scripts/proxy-overhead.sh            # ROUNDS=5 N=300 RATE=10 by default
+#   PROXY_BIN=target/release/inferscope-proxy scripts/proxy-overhead.sh
+#     # the proxy from that binary (takes `proxy`'s flags, no subcommand)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/inferscope}
@@ -25,7 +27,7 @@ TMP=$(mktemp -d)
 SERVER=$!
 trap 'kill $SERVER ${PROXY:-} 2>/dev/null || true; rm -rf "$TMP"' EXIT
 for _ in $(seq 300); do curl -sf "127.0.0.1:$SERVER_PORT/health" >/dev/null && break; sleep 0.1; done
-"$BIN" proxy --upstream "http://127.0.0.1:$SERVER_PORT" --port "$PROXY_PORT" --host 127.0.0.1 >"$TMP/proxy.log" 2>&1 &
+${PROXY_BIN:-$BIN proxy} --upstream "http://127.0.0.1:$SERVER_PORT" --port "$PROXY_PORT" --host 127.0.0.1 >"$TMP/proxy.log" 2>&1 &
 PROXY=$!
 for _ in $(seq 300); do curl -sf "127.0.0.1:$PROXY_PORT/v1/models" >/dev/null && break; sleep 0.1; done
 

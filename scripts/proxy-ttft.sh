@@ -7,6 +7,8 @@
 #   cargo build --release -p inferscope
 #   scripts/proxy-ttft.sh                 # ROUNDS=5 N=200 by default; needs socat
 #   OLD=/path/to/other/inferscope scripts/proxy-ttft.sh   # adds that binary's proxy
+#   PROXY_BIN=target/release/inferscope-proxy scripts/proxy-ttft.sh
+#     # the proxy from that binary (takes `proxy`'s flags, no subcommand)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/inferscope}
@@ -15,7 +17,7 @@ T=$(mktemp -d)
 "$BIN" serve --executor sim --sim-profile tiny --port 18301 --host 127.0.0.1 --disable-log-stats >"$T/s.log" 2>&1 & S=$!
 trap 'kill $S ${P:-} ${X:-} ${O:-} 2>/dev/null; rm -rf "$T"' EXIT
 for _ in $(seq 300); do curl -sf 127.0.0.1:18301/health >/dev/null && break; sleep 0.1; done
-"$BIN" proxy --upstream http://127.0.0.1:18301 --port 18302 --host 127.0.0.1 >"$T/p.log" 2>&1 & P=$!
+${PROXY_BIN:-$BIN proxy} --upstream http://127.0.0.1:18301 --port 18302 --host 127.0.0.1 >"$T/p.log" 2>&1 & P=$!
 targets="direct:18301 socat:18305 proxy:18302"
 if [ -n "${OLD:-}" ]; then
   "$OLD" proxy --upstream http://127.0.0.1:18301 --port 18306 --host 127.0.0.1 >"$T/o.log" 2>&1 & O=$!

@@ -1,0 +1,16 @@
+//! `inferscope proxy` on its own, without the rest of the CLI (no model
+//! crates to build): for a sidecar image, or to measure a proxy change
+//! quickly (`cargo build --release -p inferscope-proxy --bin
+//! inferscope-proxy`, then `PROXY_BIN=target/release/inferscope-proxy
+//! scripts/proxy-ttft.sh`). Takes `inferscope proxy`'s flags.
+
+fn main() {
+    let args = match inferscope_proxy::ProxyArgs::try_parse_flags(std::env::args_os().skip(1)) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    if let Err(e) = inferscope_proxy::run(args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
