@@ -80,13 +80,17 @@ pub(crate) fn paged_attention(
         }
         attend::<false>(&g, scores, o);
     };
-    // Small steps (decode at low batch) run on one thread: a parallel
-    // section's synchronisation costs more than the work, and far more when
-    // other processes hold the cores.
+    // Small steps run on one thread: a parallel section's synchronisation
+    // costs more than the work, and far more when other processes hold the
+    // cores. A decode step with a long context is small in multiply-adds
+    // but reads every key and value from memory (the weights streamed
+    // since the last layer evicted them), which two threads do faster.
     let seen = |t: &TokenCtx| window.map_or(t.pos + 1, |w| w.min(t.pos + 1));
-    let macs: usize = tokens.iter().map(seen).sum::<usize>() * num_heads * d;
+    let positions: usize = tokens.iter().map(seen).sum();
+    let macs = positions * num_heads * d;
+    let kv_bytes = positions * num_kv_heads * d * 2 * std::mem::size_of::<f32>();
     let unit = group * d;
-    if macs < PARALLEL_MIN_MACS {
+    if !parallel_attention(macs, kv_bytes, tokens.len() * num_kv_heads) {
         let mut scores = Vec::new();
         out.chunks_mut(unit)
             .enumerate()
@@ -98,8 +102,17 @@ pub(crate) fn paged_attention(
     }
 }
 
-/// Multiply-adds below which attention runs on one thread.
+/// Multiply-adds below which attention runs on one thread...
 const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// ...unless it reads at least this many bytes of keys and values.
+const PARALLEL_MIN_KV_BYTES: usize = 128 << 10;
+
+/// Whether attention over `units` (token, KV head) pairs splits across
+/// the pool.
+fn parallel_attention(macs: usize, kv_bytes: usize, units: usize) -> bool {
+    units > 1 && (macs >= PARALLEL_MIN_MACS || kv_bytes >= PARALLEL_MIN_KV_BYTES)
+}
 
 /// One token's KV head and the query heads that share it.
 struct Group<'a> {
@@ -251,4 +264,109 @@ fn weighted_sum<const D: usize, const FMA: bool>(
         }
     }
     o.copy_from_slice(&acc);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::demo::SplitMix64;
+
+    /// Softmax attention written out, over K/V rows `[pos][kv_heads * d]`.
+    fn reference(
+        q: &[f32],
+        k: &[Vec<f32>],
+        v: &[Vec<f32>],
+        shape: AttnShape,
+        n: usize,
+    ) -> Vec<f32> {
+        let (nh, nkv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+        let group = nh / nkv;
+        let mut out = vec![0f32; nh * d];
+        for h in 0..nh {
+            let kvh = h / group;
+            let qh = &q[h * d..(h + 1) * d];
+            let s: Vec<f32> = (0..n)
+                .map(|p| {
+                    let kh = &k[p][kvh * d..(kvh + 1) * d];
+                    qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
+                })
+                .collect();
+            let max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let e: Vec<f32> = s.iter().map(|x| (x - max).exp()).collect();
+            let sum: f32 = e.iter().sum();
+            for (p, ep) in e.iter().enumerate() {
+                for i in 0..d {
+                    out[h * d + i] += ep / sum * v[p][kvh * d + i];
+                }
+            }
+        }
+        out
+    }
+
+    /// A decode token at position `pos` over a pool filled with random K/V
+    /// (blocks in reverse order, so the block table matters), against the
+    /// reference.
+    fn check_decode(pos: usize, shape: AttnShape, expect_parallel: bool) {
+        let (nh, nkv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
+        let bs = 16;
+        let n = pos + 1;
+        let blocks = n.div_ceil(bs);
+        let mut pool = KvStorage::new(2, blocks + 1, bs, nkv, d);
+        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        let mut rng = SplitMix64::new(pos as u64);
+        let mut rand = |len: usize| -> Vec<f32> {
+            (0..len)
+                .map(|_| (rng.next_u64() % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let (k, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
+            (0..n).map(|_| (rand(nkv * d), rand(nkv * d))).unzip();
+        for p in 0..n {
+            pool.write(1, table[p / bs] as usize, p % bs, &k[p], &v[p]);
+        }
+        let q = rand(nh * d);
+        let kv_bytes = n * nkv * d * 8;
+        assert_eq!(
+            parallel_attention(n * nh * d, kv_bytes, nkv),
+            expect_parallel,
+            "pos {pos}"
+        );
+        let mut out = vec![f32::NAN; nh * d];
+        let ctx = [TokenCtx {
+            pos,
+            table_offset: 0,
+        }];
+        let queries = Queries {
+            data: &q,
+            stride: nh * d,
+        };
+        paged_attention(queries, &mut out, &ctx, &table, &pool, 1, shape);
+        let want = reference(&q, &k, &v, shape, n);
+        for (i, (a, b)) in out.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() < 1e-5, "pos {pos}, output {i}: {a} vs {b}");
+        }
+    }
+
+    /// Decode attention gives the reference's outputs on one thread (short
+    /// context) and split across the pool (a context whose K/V pass
+    /// `PARALLEL_MIN_KV_BYTES`, though its multiply-adds do not).
+    #[test]
+    fn decode_attention_matches_the_reference_serial_and_parallel() {
+        let shape = AttnShape {
+            num_heads: 6,
+            num_kv_heads: 2,
+            head_dim: 64,
+            window: None,
+        };
+        check_decode(20, shape, false);
+        check_decode(300, shape, true);
+        const { assert!(300 * 6 * 64 < PARALLEL_MIN_MACS) };
+    }
+
+    #[test]
+    fn one_unit_never_splits() {
+        assert!(!parallel_attention(usize::MAX, usize::MAX, 1));
+        assert!(parallel_attention(0, PARALLEL_MIN_KV_BYTES, 2));
+        assert!(!parallel_attention(0, PARALLEL_MIN_KV_BYTES - 1, 2));
+    }
 }

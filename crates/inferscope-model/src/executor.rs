@@ -8,7 +8,7 @@ use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepCost, StepO
 
 use crate::attention::TokenCtx;
 use crate::kv_storage::KvStorage;
-use crate::llama::{LlamaModel, Scratch, StepTokens};
+use crate::llama::{LlamaModel, Part, Scratch, StepProfile, StepTokens};
 use crate::sampler::{sample, token_rng};
 
 /// Where the KV pool's size comes from.
@@ -233,6 +233,18 @@ impl CpuExecutor {
         Ok(())
     }
 
+    /// Turns the per-part step profile on (cleared) or off.
+    #[doc(hidden)]
+    pub fn set_profile(&mut self, on: bool) {
+        self.scratch.laps.set(on);
+    }
+
+    /// The per-part times of the steps since [`CpuExecutor::set_profile`].
+    #[doc(hidden)]
+    pub fn profile(&self) -> Option<&StepProfile> {
+        self.scratch.laps.profile()
+    }
+
     /// Runs the step and returns the logits (`[vocab]`) of each sequence that
     /// samples, in batch order. `execute` is this plus sampling; tests compare
     /// these logits with a reference implementation.
@@ -266,6 +278,7 @@ impl CpuExecutor {
         batch: &ScheduledBatch,
         pool: &mut KvStorage,
     ) -> Result<(), ExecutorError> {
+        self.scratch.laps.start();
         self.check(batch, pool)?;
         #[cfg(test)]
         std::thread::sleep(self.host_pause);
@@ -296,6 +309,7 @@ impl CpuExecutor {
                 step.ids.len()
             )));
         }
+        self.scratch.laps.lap(Part::Prepare);
         let model = &self.model;
         let rows = &self.rows;
         let scratch = &mut self.scratch;
@@ -402,6 +416,8 @@ impl Executor for CpuExecutor {
                 .push(Some(sample(l, &s.params, masked, &mut rng)));
         }
         out.device_time = self.last_forward;
+        self.scratch.laps.lap(Part::Sample);
+        self.scratch.laps.step_done();
         Ok(())
     }
 }

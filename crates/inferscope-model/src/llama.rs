@@ -319,6 +319,141 @@ pub(crate) struct StepTokens<'a> {
     pub block_tables: &'a [u32],
 }
 
+/// The parts of a step that [`StepProfile`] times apart.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The executor's checks and per-token contexts before the forward pass.
+    Prepare,
+    /// Embedding lookup and RoPE angles.
+    Embed,
+    /// The RMSNorms (two per layer and the final one).
+    Norm,
+    /// The fused (or separate) q/k/v projection.
+    Qkv,
+    /// RoPE on q and k, and writing k/v into the pool.
+    RopeKv,
+    /// Attention over the pool.
+    Attention,
+    /// The output projection.
+    O,
+    /// The two residual additions per layer.
+    Residual,
+    /// The fused (or separate) gate/up projection.
+    GateUp,
+    /// SwiGLU.
+    Swiglu,
+    /// The down projection.
+    Down,
+    /// Gathering the sampling rows, and the LM head.
+    LmHead,
+    /// Sampling, after the forward pass.
+    Sample,
+}
+
+impl Part {
+    /// Every part, in step order.
+    pub const ALL: [Part; 13] = [
+        Part::Prepare,
+        Part::Embed,
+        Part::Norm,
+        Part::Qkv,
+        Part::RopeKv,
+        Part::Attention,
+        Part::O,
+        Part::Residual,
+        Part::GateUp,
+        Part::Swiglu,
+        Part::Down,
+        Part::LmHead,
+        Part::Sample,
+    ];
+
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Part::Prepare => "prepare",
+            Part::Embed => "embed",
+            Part::Norm => "rms_norm",
+            Part::Qkv => "qkv",
+            Part::RopeKv => "rope+kv_write",
+            Part::Attention => "attention",
+            Part::O => "o",
+            Part::Residual => "residual",
+            Part::GateUp => "gate_up",
+            Part::Swiglu => "swiglu",
+            Part::Down => "down",
+            Part::LmHead => "lm_head",
+            Part::Sample => "sample",
+        }
+    }
+}
+
+/// Wall time per [`Part`] summed over steps, for a breakdown of where a
+/// step goes (the `decode` bench). Off by default: when on, each part
+/// costs one clock read (~25 ns, ~120 per decode step of a 12-layer model).
+#[doc(hidden)]
+#[derive(Debug, Clone, Default)]
+pub struct StepProfile {
+    /// Steps measured.
+    pub steps: u64,
+    /// Time per part, indexed like [`Part::ALL`].
+    pub time: [std::time::Duration; Part::ALL.len()],
+}
+
+impl StepProfile {
+    /// Time spent in `part`.
+    pub fn get(&self, part: Part) -> std::time::Duration {
+        self.time[part as usize]
+    }
+}
+
+/// The clock of a step's profile: `lap` charges the time since the last
+/// lap to a part; without a profile it does nothing.
+#[derive(Default)]
+pub(crate) struct Laps {
+    profile: Option<StepProfile>,
+    last: Option<std::time::Instant>,
+}
+
+impl Laps {
+    /// Turns the profile on (cleared) or off.
+    pub(crate) fn set(&mut self, on: bool) {
+        self.profile = on.then(StepProfile::default);
+        self.last = None;
+    }
+
+    /// The profile so far, if on.
+    pub(crate) fn profile(&self) -> Option<&StepProfile> {
+        self.profile.as_ref()
+    }
+
+    /// Starts timing (the next lap is charged from now).
+    #[inline]
+    pub(crate) fn start(&mut self) {
+        if self.profile.is_some() {
+            self.last = Some(std::time::Instant::now());
+        }
+    }
+
+    /// Charges the time since the last lap (or `start`) to `part`.
+    #[inline]
+    pub(crate) fn lap(&mut self, part: Part) {
+        if let (Some(p), Some(last)) = (&mut self.profile, &mut self.last) {
+            let now = std::time::Instant::now();
+            p.time[part as usize] += now - *last;
+            *last = now;
+        }
+    }
+
+    /// Counts one step.
+    pub(crate) fn step_done(&mut self) {
+        if let Some(p) = &mut self.profile {
+            p.steps += 1;
+        }
+    }
+}
+
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
@@ -447,6 +582,21 @@ impl LlamaModel {
         layers + self.lm_head.stored_bytes()
     }
 
+    /// Bytes of the stored weights per product kind (q/k/v, o, gate/up,
+    /// down over all layers, and the LM head): what each reads per step.
+    #[doc(hidden)]
+    pub fn weight_bytes_by_part(&self) -> [(Part, usize); 5] {
+        let proj = |p: &Projection| p.parts.iter().map(Linear::stored_bytes).sum::<usize>();
+        let sum = |f: &dyn Fn(&Block) -> usize| self.layers.iter().map(f).sum::<usize>();
+        [
+            (Part::Qkv, sum(&|b| proj(&b.qkv))),
+            (Part::O, sum(&|b| b.o.stored_bytes())),
+            (Part::GateUp, sum(&|b| proj(&b.gate_up))),
+            (Part::Down, sum(&|b| b.down.stored_bytes())),
+            (Part::LmHead, self.lm_head.stored_bytes()),
+        ]
+    }
+
     /// Whether a step of `tokens` tokens has products big enough to split
     /// across threads.
     pub(crate) fn parallel_step(&self, tokens: usize) -> bool {
@@ -503,8 +653,10 @@ impl LlamaModel {
         sc.normed.resize(n * h, 0.0);
         sc.attn.resize(n * q_dim, 0.0);
         sc.act.resize(n * inter, 0.0);
+        sc.laps.lap(Part::Embed);
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&sc.x, &layer.attn_norm, eps, &mut sc.normed);
+            sc.laps.lap(Part::Norm);
             // q, k and v of a token side by side in one row.
             layer
                 .qkv
@@ -514,6 +666,7 @@ impl LlamaModel {
                     "q/k/v projection has the wrong size".into(),
                 ));
             }
+            sc.laps.lap(Part::Qkv);
             let q_rows = Span::new(qkv_dim, 0);
             apply_rope(&mut sc.fused, q_rows, nh, d, &sc.angles);
             apply_rope(&mut sc.fused, Span::new(qkv_dim, q_dim), nkv, d, &sc.angles);
@@ -522,6 +675,7 @@ impl LlamaModel {
                 let (k, v) = row[q_dim..].split_at(kv_dim);
                 pool.write(li, block, c.pos % bs, k, v);
             }
+            sc.laps.lap(Part::RopeKv);
             let q = Queries {
                 data: &sc.fused,
                 stride: qkv_dim,
@@ -535,9 +689,13 @@ impl LlamaModel {
                 li,
                 shape,
             );
+            sc.laps.lap(Part::Attention);
             layer.o.forward_into(&sc.attn, n, &mut sc.out)?;
+            sc.laps.lap(Part::O);
             add(&mut sc.x, &sc.out);
+            sc.laps.lap(Part::Residual);
             rms_norm(&sc.x, &layer.mlp_norm, eps, &mut sc.normed);
+            sc.laps.lap(Part::Norm);
             // gate and up side by side; SwiGLU reads both halves of a row.
             layer
                 .gate_up
@@ -547,6 +705,7 @@ impl LlamaModel {
                     "gate/up projection has the wrong size".into(),
                 ));
             }
+            sc.laps.lap(Part::GateUp);
             for (a, gu) in sc
                 .act
                 .chunks_exact_mut(inter)
@@ -555,8 +714,11 @@ impl LlamaModel {
                 let (g, u) = gu.split_at(inter);
                 swiglu(g, u, a);
             }
+            sc.laps.lap(Part::Swiglu);
             layer.down.forward_into(&sc.act, n, &mut sc.out)?;
+            sc.laps.lap(Part::Down);
             add(&mut sc.x, &sc.out);
+            sc.laps.lap(Part::Residual);
         }
         // Only the tokens that sample need the (large) LM head.
         sc.logits.clear();
@@ -569,8 +731,12 @@ impl LlamaModel {
         }
         sc.normed.resize(sc.part.len(), 0.0);
         rms_norm(&sc.part, &self.norm, eps, &mut sc.normed);
-        self.lm_head
-            .forward_into(&sc.normed, logit_rows.len(), &mut sc.logits)
+        sc.laps.lap(Part::Norm);
+        let result = self
+            .lm_head
+            .forward_into(&sc.normed, logit_rows.len(), &mut sc.logits);
+        sc.laps.lap(Part::LmHead);
+        result
     }
 }
 
@@ -619,6 +785,8 @@ pub(crate) struct Scratch {
     /// SwiGLU activations, `[tokens][intermediate]`.
     act: Vec<f32>,
     angles: Angles,
+    /// The step's profile, when on.
+    pub laps: Laps,
     /// The step's result: `[sampling tokens][vocab]`.
     pub logits: Vec<f32>,
 }

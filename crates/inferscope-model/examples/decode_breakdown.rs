@@ -1,0 +1,204 @@
+//! Where a decode step at batch 1 spends its time, part by part, against
+//! the memory roofline:
+//!
+//! ```text
+//! cargo run --release -p inferscope-model --example decode_breakdown -- FILE.gguf [FILE.gguf …]
+//! ```
+//!
+//! For each GGUF file: a prefill of `CONTEXT` tokens (default 128), then
+//! decode steps at batch 1 that rewrite the same KV slot (so the context
+//! stays fixed), through the cpu executor as the engine calls it (sampling
+//! greedy over the vocabulary included). Prints the median step time with
+//! the profile off, then the median over rounds of each part's time per
+//! step with it on, and for each product its weight bytes and the rate at
+//! which it read them, against the streaming read bandwidth measured first
+//! (1 GiB, all threads and one thread, 1, 4 and 8 streams per thread; the roofline
+//! column uses 8 streams on all threads). Knobs (environment): `CONTEXT`,
+//! `STEPS` per round (default 40), `ROUNDS` (default 7).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
+use inferscope_model::gguf::load_gguf;
+use inferscope_model::llama::Part;
+use inferscope_model::{CpuExecutor, KvBudget};
+use rayon::prelude::*;
+
+const BLOCK_SIZE: usize = 16;
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Streaming read bandwidth in GB/s over 1 GiB (median of 5), on all
+/// threads of the pool or on this one, each thread reading `streams`
+/// sequential streams side by side (a product's panels are several
+/// streams: one stream per core leaves memory-level parallelism unused).
+fn read_bandwidth(parallel: bool, streams: usize) -> f64 {
+    let data = vec![1u32; 256 << 20];
+    let bytes = (data.len() * 4) as f64;
+    // One task: `streams` equal parts of `c`, read in lockstep.
+    let sum = |c: &[u32]| {
+        let len = c.len() / streams;
+        let parts: Vec<&[u32]> = c.chunks_exact(len).take(streams).collect();
+        let mut acc = [0u32; 8];
+        for i in (0..len).step_by(8) {
+            for p in &parts {
+                for (a, &x) in acc.iter_mut().zip(&p[i..i + 8]) {
+                    *a = a.wrapping_add(x);
+                }
+            }
+        }
+        acc.iter().fold(0u32, |a, &x| a.wrapping_add(x))
+    };
+    let runs = (0..6)
+        .map(|_| {
+            let t = Instant::now();
+            let s = if parallel {
+                data.par_chunks(1 << 20)
+                    .map(sum)
+                    .reduce(|| 0, u32::wrapping_add)
+            } else {
+                data.chunks(1 << 20).map(sum).fold(0, u32::wrapping_add)
+            };
+            black_box(s);
+            bytes / t.elapsed().as_secs_f64() / 1e9
+        })
+        .skip(1)
+        .collect();
+    median(runs)
+}
+
+/// One sequence's step: `n` tokens from position `start`.
+fn step(start: usize, n: usize, blocks: usize) -> ScheduledBatch {
+    ScheduledBatch {
+        block_size: BLOCK_SIZE,
+        token_ids: (0..n as u32).map(|i| 3 + (i * 7) % 200).collect(),
+        block_tables: (0..blocks as u32).collect(),
+        seqs: vec![ScheduledSeq {
+            seq_id: 1,
+            token_offset: 0,
+            num_tokens: n,
+            start_pos: start,
+            block_table_offset: 0,
+            block_table_len: blocks,
+            is_prefill: start == 0,
+            sample: true,
+            num_generated: 1,
+            seed: 1,
+            params: Arc::new(SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            }),
+        }],
+        ..ScheduledBatch::default()
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let files: Vec<String> = std::env::args().skip(1).collect();
+    if files.is_empty() {
+        return Err("usage: decode_breakdown FILE.gguf [FILE.gguf …]".into());
+    }
+    let (context, steps, rounds) = (env("CONTEXT", 128), env("STEPS", 40), env("ROUNDS", 7));
+    let threads = rayon::current_num_threads();
+    for streams in [1, 4, 8] {
+        println!(
+            "read bandwidth, {streams} stream(s) per thread: {:.1} GB/s on {threads} threads, {:.1} GB/s on one",
+            read_bandwidth(true, streams),
+            read_bandwidth(false, streams)
+        );
+    }
+    let bw_all = read_bandwidth(true, 8);
+    for file in &files {
+        let (model, _) = load_gguf(file.as_ref()).map_err(|e| format!("{file}: {e}"))?;
+        let model = Arc::new(model);
+        let blocks = (context + 1).div_ceil(BLOCK_SIZE);
+        let kv = (blocks * BLOCK_SIZE * model.cfg.kv_bytes_per_token()) as u64;
+        let mut exec = CpuExecutor::new(
+            "cpu".into(),
+            model.clone(),
+            KvBudget::Bytes(kv),
+            vec![],
+            None,
+        )?;
+        exec.init_kv_cache(BLOCK_SIZE)?;
+        let mut out = StepOutput::default();
+        exec.execute(&step(0, context, blocks), &mut out)?;
+        let decode = step(context, 1, blocks);
+        let mut run = |exec: &mut CpuExecutor| -> Result<Duration, Box<dyn std::error::Error>> {
+            let t = Instant::now();
+            exec.execute(&decode, &mut out)?;
+            Ok(t.elapsed())
+        };
+        for _ in 0..steps {
+            run(&mut exec)?;
+        }
+        // Step time without the profile: median of every step of every round.
+        let mut plain = Vec::new();
+        for _ in 0..rounds {
+            for _ in 0..steps {
+                plain.push(run(&mut exec)?.as_secs_f64() * 1e6);
+            }
+        }
+        let plain = median(plain);
+        let mut per_part = vec![Vec::new(); Part::ALL.len()];
+        let mut totals = Vec::new();
+        for _ in 0..rounds {
+            exec.set_profile(true);
+            let mut total = Duration::ZERO;
+            for _ in 0..steps {
+                total += run(&mut exec)?;
+            }
+            let p = exec.profile().expect("profile on").clone();
+            for (v, t) in per_part.iter_mut().zip(p.time) {
+                v.push(t.as_secs_f64() * 1e6 / p.steps as f64);
+            }
+            totals.push(total.as_secs_f64() * 1e6 / steps as f64);
+        }
+        exec.set_profile(false);
+        let parts: Vec<f64> = per_part.into_iter().map(median).collect();
+        let total = median(totals);
+        let bytes = model.weight_bytes_by_part();
+        let all_bytes: usize = bytes.iter().map(|b| b.1).sum();
+        println!(
+            "\n{file}: decode step at batch 1, context {context}: {plain:.0} µs median \
+             ({:.1} tok/s); profiled {total:.0} µs; weights {:.1} MB, roofline {:.0} µs at {bw_all:.1} GB/s",
+            1e6 / plain,
+            all_bytes as f64 / 1e6,
+            all_bytes as f64 / bw_all / 1e3,
+        );
+        println!(
+            "| part | µs/step | % of step | weight MB | GB/s read | roofline µs |\n|---|---|---|---|---|---|"
+        );
+        for (part, us) in Part::ALL.iter().zip(&parts) {
+            let pct = 100.0 * us / total;
+            match bytes.iter().find(|b| b.0 == *part) {
+                Some(&(_, b)) => println!(
+                    "| {} | {us:.0} | {pct:.1} | {:.1} | {:.1} | {:.0} |",
+                    part.label(),
+                    b as f64 / 1e6,
+                    b as f64 / us / 1e3,
+                    b as f64 / bw_all / 1e3,
+                ),
+                None => println!("| {} | {us:.0} | {pct:.1} | | | |", part.label()),
+            }
+        }
+        let other = total - parts.iter().sum::<f64>();
+        println!(
+            "| outside the parts (pool entry, device clock) | {other:.0} | {:.1} | | | |",
+            100.0 * other / total
+        );
+    }
+    Ok(())
+}
