@@ -493,12 +493,6 @@ impl PackedKQuant {
 
     /// The product with the kernels of `isa` (tests run each one the CPU has).
     fn product(&self, isa: Isa, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        self.product_with(isa, int_kernel, x, rows, y)
-    }
-
-    /// [`PackedKQuant::product`] with the integer tiles of `kernel` (tests
-    /// compare kernels through the same driver).
-    fn product_with(&self, isa: Isa, kernel: IntKernel, x: &[f32], rows: usize, y: &mut Vec<f32>) {
         if let Some(ip) = &self.int {
             // Checked before quantizing `x` (the driver checks it again).
             if !shape_output(x, rows, (self.inp, self.out), y) {
@@ -511,9 +505,7 @@ impl PackedKQuant {
                     rows,
                     (self.inp, self.out),
                     y,
-                    |isa, nv, r, g, out| {
-                        ip.compute(self.kind, self.inp, (isa, kernel), nv, q, r, g, out)
-                    },
+                    |isa, nv, r, g, out| ip.compute(self.kind, self.inp, isa, nv, q, r, g, out),
                 )
             });
         }
@@ -992,7 +984,7 @@ impl IntPanels {
         &self,
         kind: KQuant,
         inp: usize,
-        (isa, kernel): (Isa, IntKernel),
+        isa: Isa,
         nv: usize,
         x: &Q8K,
         rows: Range<usize>,
@@ -1030,7 +1022,7 @@ impl IntPanels {
                     nsb,
                     np,
                 };
-                kernel(isa, kind, mr, nv, &t, r0, p0 * LANES, out);
+                int_kernel(isa, kind, mr, nv, &t, r0, p0 * LANES, out);
                 r0 += mr;
             }
         }
@@ -1091,9 +1083,6 @@ impl ITile<'_> {
         }
     }
 }
-
-/// An integer micro-kernel driver with [`int_kernel`]'s arguments.
-type IntKernel = fn(Isa, KQuant, usize, usize, &ITile<'_>, usize, usize, &Out);
 
 /// Runs the integer micro-kernel for `kind`, `mr` rows and `nv` panels,
 /// storing at (`row0`, `col0`).
@@ -1190,14 +1179,6 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_
 /// by the sub-block scales into int32 per super-block; at its end the
 /// mins (or `−32`) from the `bsums`, and one f32 multiply-add by `d·d_x`.
 ///
-/// The sub-block scales are loaded where the int16 sums are flushed (not
-/// held through the groups) and each row's 4 activations are broadcast
-/// where they are used: fewer values live through the groups than in the
-/// previous arrangement (which held `2·NV` scale vectors and `MR`
-/// broadcasts), same sums. Keeping the int32 sums in memory on purpose
-/// (volatile) and an asm barrier per group made the 4×1 inner loop free of
-/// stack traffic but measured slower (docs/cpu-executor.md).
-///
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
@@ -1217,67 +1198,67 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
     let gsub = kind.sub() / 4;
     let gsum = if K == Q4 { 8 } else { 2 };
     let mask = _mm256_set1_epi8(0x0F);
-    let (qs, sc, xq) = (t.qs.as_ptr(), t.sc.as_ptr(), t.xq.as_ptr());
+    // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
+    let pick = [
+        _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
+        _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15),
+    ];
+    let (qs, sc) = (t.qs.as_ptr(), t.sc.as_ptr());
     let corr_src = if K == Q4 { t.mn.as_ptr() } else { sc };
     let mut facc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
     for b in 0..nsb {
-        // The panels' quants of this super-block.
-        let qb: [*const u8; NV] = std::array::from_fn(|p| {
-            // SAFETY: p.min(last) < np, b < nsb: the start of a
-            // super-block inside `qs` (checked).
-            unsafe { qs.add((p.min(last) * nsb + b) * sbb) }
-        });
-        // SAFETY: r < MR, b < nsb: a block of 256 inside `xq` (checked).
-        let xb: [*const i8; MR] = std::array::from_fn(|r| unsafe { xq.add(r * inp + b * QK_K) });
         let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
         for s in 0..QK_K / kind.sub() {
+            let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
+            for (p, v) in sc16.iter_mut().enumerate() {
+                for (h, v) in v.iter_mut().enumerate() {
+                    let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
+                    // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
+                    // bytes inside `sc` (checked).
+                    let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
+                    *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
+                }
+            }
             for a in 0..gsub / gsum {
                 let mut s16 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
                 for gg in 0..gsum {
                     let g = s * gsub + a * gsum + gg;
-                    for (p, &q) in qb.iter().enumerate() {
-                        // SAFETY: g < 64: inside the super-block's bytes.
+                    let mut xb = [_mm256_setzero_si256(); MR];
+                    for (r, v) in xb.iter_mut().enumerate() {
+                        let at = r * inp + b * QK_K + 4 * g;
+                        // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
+                        *v = _mm256_set1_epi32(unsafe {
+                            t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
+                        });
+                    }
+                    for p in 0..NV {
+                        let base = (p.min(last) * nsb + b) * sbb;
+                        // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
                         let (w0, w1) = unsafe {
                             if K == Q4 {
-                                let v = _mm256_loadu_si256(q.add(32 * g).cast());
+                                let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
                                 (
                                     _mm256_and_si256(v, mask),
                                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
                                 )
                             } else {
                                 (
-                                    _mm256_loadu_si256(q.add(64 * g).cast()),
-                                    _mm256_loadu_si256(q.add(64 * g + 32).cast()),
+                                    _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
+                                    _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
                                 )
                             }
                         };
-                        for (s16_r, &x) in s16.iter_mut().zip(&xb) {
-                            // SAFETY: 4g + 4 ≤ 256: inside the row's block.
-                            let x = _mm256_set1_epi32(unsafe {
-                                x.add(4 * g).cast::<i32>().read_unaligned()
-                            });
+                        for (s16_r, x) in s16.iter_mut().zip(&xb) {
                             let v = &mut s16_r[p];
-                            v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, x));
-                            v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, x));
+                            v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
+                            v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
                         }
                     }
                 }
-                // Into int32 by the sub-block's scales (sub-block `s % 2`
-                // of pair `s / 2`, each twice for `madd`).
-                let pick = if s % 2 == 0 {
-                    _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14)
-                } else {
-                    _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15)
-                };
-                for p in 0..NV {
-                    for h in 0..2 {
-                        let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
-                        // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
-                        // bytes inside `sc` (checked).
-                        let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
-                        let sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick));
-                        for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
-                            let m = _mm256_madd_epi16(s16_r[p][h], sc16);
+                for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
+                    for p in 0..NV {
+                        for h in 0..2 {
+                            let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
                             ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
                         }
                     }
@@ -1641,213 +1622,5 @@ mod tests {
             e.to_string().contains("holds 209 bytes, expected 210"),
             "{e}"
         );
-    }
-
-    // The AVX2 integer tile as it was before its registers were rearranged
-    // (commit a00cc19), kept to check that the new one gives the same bits.
-    /// The integer tile with AVX2: per group of 4 elements of `in`, each
-    /// panel's 16 rows × 4 quants are two 32-byte vectors (Q4_K: one load, the
-    /// nibbles split by and/shift), `maddubs` against each row's 4
-    /// activations broadcast gives int16 pair sums, added up per sub-block
-    /// (Q6_K: per 2 groups, where int16 would overflow further), then `madd`
-    /// by the sub-block scales into int32 per super-block; at its end the
-    /// mins (or `−32`) from the `bsums`, and one f32 multiply-add by `d·d_x`.
-    ///
-    /// # Safety
-    /// The CPU has AVX2 and FMA.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    fn previous_int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -> Acc<MR, NV> {
-        use std::arch::x86_64::*;
-        let kind = kind_of(K);
-        t.check::<MR>(kind);
-        let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
-        // Every loop runs over all NV panels (constant bounds: the arrays stay
-        // in registers); a missing last panel reads the last present one and
-        // is not stored.
-        let last = t.np.min(NV) - 1;
-        let inp = nsb * QK_K;
-        // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
-        // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵.
-        let gsub = kind.sub() / 4;
-        let gsum = if K == Q4 { 8 } else { 2 };
-        let mask = _mm256_set1_epi8(0x0F);
-        // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
-        let pick = [
-            _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
-            _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15),
-        ];
-        let (qs, sc) = (t.qs.as_ptr(), t.sc.as_ptr());
-        let corr_src = if K == Q4 { t.mn.as_ptr() } else { sc };
-        let mut facc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-        for b in 0..nsb {
-            let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-            for s in 0..QK_K / kind.sub() {
-                let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
-                for (p, v) in sc16.iter_mut().enumerate() {
-                    for (h, v) in v.iter_mut().enumerate() {
-                        let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
-                        // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
-                        // bytes inside `sc` (checked).
-                        let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
-                        *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
-                    }
-                }
-                for a in 0..gsub / gsum {
-                    let mut s16 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-                    for gg in 0..gsum {
-                        let g = s * gsub + a * gsum + gg;
-                        let mut xb = [_mm256_setzero_si256(); MR];
-                        for (r, v) in xb.iter_mut().enumerate() {
-                            let at = r * inp + b * QK_K + 4 * g;
-                            // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
-                            *v = _mm256_set1_epi32(unsafe {
-                                t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
-                            });
-                        }
-                        for p in 0..NV {
-                            let base = (p.min(last) * nsb + b) * sbb;
-                            // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
-                            let (w0, w1) = unsafe {
-                                if K == Q4 {
-                                    let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
-                                    (
-                                        _mm256_and_si256(v, mask),
-                                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                    )
-                                } else {
-                                    (
-                                        _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
-                                        _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
-                                    )
-                                }
-                            };
-                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                                let v = &mut s16_r[p];
-                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
-                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
-                            }
-                        }
-                    }
-                    for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
-                        for p in 0..NV {
-                            for h in 0..2 {
-                                let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
-                                ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
-                            }
-                        }
-                    }
-                }
-            }
-            // The super-block's mins (or `−32`) and its f32 scale.
-            for p in 0..NV {
-                let pb = p.min(last) * nsb + b;
-                for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
-                    let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
-                    let mut c = [_mm256_setzero_si256(); 2];
-                    for i in 0..pairs {
-                        let (b0, b1) = t.bsum_pair(kind, r, b, i);
-                        let pair = _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
-                        for (h, c) in c.iter_mut().enumerate() {
-                            let at = ((pb * pairs + i) * LANES + 8 * h) * 2;
-                            // SAFETY: as for `sc16`.
-                            let v = unsafe { _mm_loadu_si128(corr_src.add(at).cast()) };
-                            let m = _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), pair);
-                            *c = _mm256_add_epi32(*c, m);
-                        }
-                    }
-                    for h in 0..2 {
-                        // SAFETY: pb < np · nsb: 16 floats of `d` (and `dmin`).
-                        let d = unsafe { _mm256_loadu_ps(t.d.as_ptr().add(pb * LANES + 8 * h)) };
-                        let a = &mut fa_r[p][h];
-                        if K == Q4 {
-                            // SAFETY: as `d`: Q4_K has `dmin` (checked).
-                            let dm =
-                                unsafe { _mm256_loadu_ps(t.dmin.as_ptr().add(pb * LANES + 8 * h)) };
-                            let i = _mm256_cvtepi32_ps(ia_r[p][h]);
-                            *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
-                            let m = _mm256_cvtepi32_ps(c[h]);
-                            *a = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, dx), *a);
-                        } else {
-                            let i = _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<5>(c[h]));
-                            let i = _mm256_cvtepi32_ps(i);
-                            *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
-                        }
-                    }
-                }
-            }
-        }
-        let mut res = [[[0f32; LANES]; NV]; MR];
-        for (dst_r, acc_r) in res.iter_mut().zip(&facc) {
-            for (dst, a) in dst_r.iter_mut().zip(acc_r) {
-                // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
-                unsafe {
-                    _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
-                    _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
-                }
-            }
-        }
-        res
-    }
-
-    /// [`int_kernel`] with the previous AVX2 tile.
-    #[allow(unused_unsafe, clippy::too_many_arguments)]
-    fn previous_int_kernel(
-        isa: Isa,
-        kind: KQuant,
-        mr: usize,
-        nv: usize,
-        t: &ITile<'_>,
-        row0: usize,
-        col0: usize,
-        out: &Out,
-    ) {
-        macro_rules! go {
-            ($k:expr; $($m:literal x $n:literal),*) => {
-                match (mr, nv) {
-                    $(
-                        ($m, $n) => {
-                            // SAFETY: only called with an AVX2 `isa`.
-                            let acc = unsafe { previous_int_tile_avx2::<$k, $m, $n>(t) };
-                            out.store_at::<$m, $n>(row0, col0, t.np, &acc)
-                        }
-                    )*
-                    _ => unreachable!(),
-                }
-            };
-        }
-        match (isa.kind(), kind) {
-            (IsaKind::Avx2, KQuant::Q4K) => {
-                go!(Q4; 1 x 4, 2 x 2, 3 x 2, 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1)
-            }
-            (IsaKind::Avx2, KQuant::Q6K) => {
-                go!(Q6; 1 x 4, 2 x 2, 3 x 2, 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1)
-            }
-            _ => int_kernel(isa, kind, mr, nv, t, row0, col0, out),
-        }
-    }
-
-    #[test]
-    fn the_avx2_integer_tile_gives_the_previous_tiles_bits() {
-        let Some(isa) = Isa::get(IsaKind::Avx2) else {
-            eprintln!("no AVX2: nothing to compare");
-            return;
-        };
-        // Serial (small) and parallel (≥ 2²⁰ multiply-adds) products, every
-        // tile shape, a last panel group with fewer panels (out 61, 300).
-        for (kind, dtype) in [(KQuant::Q4K, GgmlDType::Q4K), (KQuant::Q6K, GgmlDType::Q6K)] {
-            for (inp, out) in [(512, 61), (768, 300)] {
-                let (blocks, _) = quantized(dtype, out, inp, inp + out);
-                let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
-                for rows in [1, 2, 3, 4, 5, 8, 33, 128] {
-                    let x = varied_input(rows, inp, out + rows);
-                    let (mut a, mut b) = (Vec::new(), Vec::new());
-                    p.product_with(isa, int_kernel, &x, rows, &mut a);
-                    p.product_with(isa, previous_int_kernel, &x, rows, &mut b);
-                    let same = a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same && a.len() == rows * out, "{kind:?} {rows}x{inp}x{out}");
-                }
-            }
-        }
     }
 }
