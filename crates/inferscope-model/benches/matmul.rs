@@ -324,7 +324,11 @@ fn matmul_quant_shapes(c: &mut Criterion) {
                     Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
                 }
                 _ => {
-                    let kind = if dtype == GgmlDType::Q4K { KQuant::Q4K } else { KQuant::Q6K };
+                    let kind = if dtype == GgmlDType::Q4K {
+                        KQuant::Q4K
+                    } else {
+                        KQuant::Q6K
+                    };
                     let p = PackedKQuant::from_blocks(kind, &data, out, inp).expect("pack");
                     Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
                 }
