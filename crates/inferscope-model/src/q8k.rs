@@ -67,6 +67,8 @@ impl Q8K {
         self.qs.resize(rows * inp, 0);
         self.d.resize(rows * inp / QK_K, 0.0);
         self.bsums.resize(rows * inp / BSUM, 0);
+        // One block: its values, quants, 16-sums and scale.
+        #[allow(clippy::type_complexity)]
         let run = |((x, q), (s, d)): ((&[f32], &mut [i8]), (&mut [i16], &mut f32))| {
             *d = match isa.kind() {
                 // SAFETY: an `Isa` is only made for a CPU that runs it.
