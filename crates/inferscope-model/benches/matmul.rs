@@ -302,6 +302,8 @@ fn thread_cpu_ns() -> u64 {
 /// 2048→768 at 1, 8 and 128 rows (decode, batched decode, prefill), and the
 /// LM head 768→32000 at 1 and 8; throughput in multiply-adds per second.
 fn matmul_quant_shapes(c: &mut Criterion) {
+    /// One packed weight's `matmul_into`.
+    type Product = dyn Fn(&[f32], usize, &mut Vec<f32>);
     let shapes = [
         ("o-768x768", 768, 768),
         ("gate-up-4096x768", 4096, 768),
@@ -318,7 +320,7 @@ fn matmul_quant_shapes(c: &mut Criterion) {
             let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
             let q = QTensor::quantize(&wt, dtype).expect("quantize");
             let data = q.data().expect("data").into_owned();
-            let packed: Box<dyn Fn(&[f32], usize, &mut Vec<f32>)> = match dtype {
+            let packed: Box<Product> = match dtype {
                 GgmlDType::Q8_0 => {
                     let p = PackedQ8::from_blocks(&data, out, inp).expect("pack");
                     Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
