@@ -297,6 +297,61 @@ fn thread_cpu_ns() -> u64 {
         .expect("/proc/thread-self/schedstat")
 }
 
+/// The integer products of every quantized format on the 125M Llama's
+/// shapes (`-- matmul-qshapes`): `o` 768×768, fused gate/up 768→4096, down
+/// 2048→768 at 1, 8 and 128 rows (decode, batched decode, prefill), and the
+/// LM head 768→32000 at 1 and 8; throughput in multiply-adds per second.
+fn matmul_quant_shapes(c: &mut Criterion) {
+    /// One packed weight's `matmul_into`.
+    type Product = dyn Fn(&[f32], usize, &mut Vec<f32>);
+    let shapes = [
+        ("o-768x768", 768, 768),
+        ("gate-up-4096x768", 4096, 768),
+        ("down-768x2048", 768, 2048),
+        ("head-32000x768", 32000, 768),
+    ];
+    for (fmt, dtype) in [
+        ("q8_0", GgmlDType::Q8_0),
+        ("q4k", GgmlDType::Q4K),
+        ("q6k", GgmlDType::Q6K),
+    ] {
+        for (name, out, inp) in shapes {
+            let w = weights(out, inp);
+            let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+            let q = QTensor::quantize(&wt, dtype).expect("quantize");
+            let data = q.data().expect("data").into_owned();
+            let packed: Box<Product> = match dtype {
+                GgmlDType::Q8_0 => {
+                    let p = PackedQ8::from_blocks(&data, out, inp).expect("pack");
+                    Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
+                }
+                _ => {
+                    let kind = if dtype == GgmlDType::Q4K {
+                        KQuant::Q4K
+                    } else {
+                        KQuant::Q6K
+                    };
+                    let p = PackedKQuant::from_blocks(kind, &data, out, inp).expect("pack");
+                    Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
+                }
+            };
+            let mut g = group(c, format!("matmul-qshapes/{fmt}/{name}"));
+            let rows_list: &[usize] = if out > 4096 { &[1, 8] } else { &[1, 8, 128] };
+            for &rows in rows_list {
+                let x: Vec<f32> = (0..rows * inp)
+                    .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                    .collect();
+                g.throughput(Throughput::Elements((rows * out * inp) as u64));
+                let mut y = Vec::new();
+                g.bench_function(BenchmarkId::new("int", rows), |b| {
+                    b.iter(|| packed(black_box(&x), rows, &mut y))
+                });
+            }
+            g.finish();
+        }
+    }
+}
+
 criterion_group!(
     benches,
     matmul,
@@ -305,5 +360,6 @@ criterion_group!(
     matmul_f16,
     matmul_kquant_int,
     matmul_prefill,
+    matmul_quant_shapes,
 );
 criterion_main!(benches);

@@ -12,6 +12,8 @@
 
 use std::cell::Cell;
 
+use rayon::prelude::*;
+
 use crate::isa::{Isa, IsaKind};
 
 /// Values per Q8_K block.
@@ -19,6 +21,9 @@ pub(crate) const QK_K: usize = 256;
 
 /// Values per `bsums` entry.
 pub(crate) const BSUM: usize = 16;
+
+/// Below this many elements one thread quantizes all rows.
+const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 
 /// A `[rows][inp]` matrix quantized to Q8_K, with buffers reused across
 /// products.
@@ -62,17 +67,38 @@ impl Q8K {
         self.qs.resize(rows * inp, 0);
         self.d.resize(rows * inp / QK_K, 0.0);
         self.bsums.resize(rows * inp / BSUM, 0);
-        let blocks = x
-            .chunks_exact(QK_K)
-            .zip(self.qs.chunks_exact_mut(QK_K))
-            .zip(self.bsums.chunks_exact_mut(QK_K / BSUM));
-        for (((x, q), s), d) in blocks.zip(self.d.iter_mut()) {
+        // One block: its values, quants, 16-sums and scale.
+        #[allow(clippy::type_complexity)]
+        let run = |((x, q), (s, d)): ((&[f32], &mut [i8]), (&mut [i16], &mut f32))| {
             *d = match isa.kind() {
                 // SAFETY: an `Isa` is only made for a CPU that runs it.
                 #[cfg(target_arch = "x86_64")]
                 IsaKind::Avx2 | IsaKind::Avx512 => unsafe { quantize_block_avx2(x, q, s) },
                 _ => quantize_block(x, q, s),
             };
+        };
+        if x.len() < PARALLEL_MIN_ELEMS {
+            x.chunks_exact(QK_K)
+                .zip(self.qs.chunks_exact_mut(QK_K))
+                .zip(
+                    self.bsums
+                        .chunks_exact_mut(QK_K / BSUM)
+                        .zip(self.d.iter_mut()),
+                )
+                .for_each(run);
+        } else {
+            // A prefill chunk: each block is independent (the same bits
+            // from any thread), and on one thread it was a few percent of
+            // a 2-thread product.
+            x.par_chunks_exact(QK_K)
+                .zip(self.qs.par_chunks_exact_mut(QK_K))
+                .zip(
+                    self.bsums
+                        .par_chunks_exact_mut(QK_K / BSUM)
+                        .zip(self.d.par_iter_mut()),
+                )
+                .with_min_len(32)
+                .for_each(run);
         }
     }
 }
@@ -250,6 +276,13 @@ mod tests {
         t[3] = -2.0;
         t[9] = 2.0;
         check(&t, 1, QK_K);
+        // A prefill chunk, quantized across threads: the same bits.
+        let (rows, inp) = (128, 768);
+        assert!(rows * inp >= PARALLEL_MIN_ELEMS);
+        let x: Vec<f32> = (0..rows * inp)
+            .map(|i| ((i * 2654435761) % 10007) as f32 / 10007.0 - 0.5 + (i / QK_K % 7) as f32)
+            .collect();
+        check(&x, rows, inp);
     }
 
     #[test]
