@@ -1203,7 +1203,7 @@ mod tests {
         // The AVX2 prefill path against the plain tiles, bit for bit (the
         // same f32 sums in the same order), and against the naive product:
         // rows from the threshold up, in one row block and in several
-        // (300 rows are two blocks of 150), inp shorter than a KC block and
+        // (280 rows are two blocks of 140, tiled unlike one of 280), inp shorter than a KC block and
         // not a multiple of it, out not a multiple of a panel nor of a
         // task's panels (200 columns: 13 panels, tasks of 4, 4, 4, 1);
         // serial (small) and parallel; f32, f16 and bf16 weights.
@@ -1217,7 +1217,7 @@ mod tests {
             (128, 768, 200),
             (130, 2100, 40),
             (45, 256, 16),
-            (300, 530, 70),
+            (280, 530, 70),
         ] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.1)
