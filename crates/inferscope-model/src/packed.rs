@@ -1203,10 +1203,11 @@ mod tests {
         // The AVX2 prefill path against the plain tiles, bit for bit (the
         // same f32 sums in the same order), and against the naive product:
         // rows from the threshold up, in one row block and in several
-        // (280 rows are two blocks of 140, tiled unlike one of 280), inp shorter than a KC block and
-        // not a multiple of it, out not a multiple of a panel nor of a
-        // task's panels (200 columns: 13 panels, tasks of 4, 4, 4, 1);
-        // serial (small) and parallel; f32, f16 and bf16 weights.
+        // (280 rows are two blocks of 140, tiled unlike one of 280), inp
+        // shorter than a KC block and not a multiple of it, out not a
+        // multiple of a panel nor of a task's panels (200 columns: 13
+        // panels, tasks of 4, 4, 4, 1); serial (small) and parallel; f32,
+        // f16 and bf16 weights.
         let Some(isa) = Isa::get(IsaKind::Avx2) else {
             return;
         };
