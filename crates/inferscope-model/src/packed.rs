@@ -488,6 +488,15 @@ impl Tile<'_> {
 pub(crate) type Acc<const MR: usize, const NV: usize> = [[[f32; LANES]; NV]; MR];
 
 impl Out {
+    /// The address of cell (`row`, `col`), which must be inside (the
+    /// caller owns the cells it writes through it).
+    #[cfg(target_arch = "x86_64")]
+    fn cell(&self, row: usize, col: usize) -> *mut f32 {
+        assert!(row < self.rows && col < self.cols);
+        // SAFETY: inside the buffer (asserted).
+        unsafe { self.ptr.add(row * self.cols + col) }
+    }
+
     /// Stores `acc` at the tile's place, dropping padding columns.
     fn store<const MR: usize, const NV: usize>(&self, t: &Tile<'_>, acc: &Acc<MR, NV>) {
         self.store_at(t.row0, t.col0, t.panels(), acc);
@@ -717,9 +726,15 @@ pub(crate) const BLOCKED_MIN_ROWS: usize = 16;
 /// weights (16 KiB) stay in L1 while every row tile of the block uses them.
 const KC: usize = 256;
 
-/// Floats of packed `x` a row block of the blocked path may hold (512 KiB,
-/// half the L2), so that it stays in L2 while the panels stream past.
-const X_BLOCK_FLOATS: usize = 1 << 17;
+/// Most rows of a row block of the blocked path: their packed `x` over one
+/// [`KC`] block (rows × KC f32, 256 KiB at 256 rows) stays in L2 while every
+/// panel of a task passes over it.
+const BLOCKED_ROW_BLOCK: usize = 256;
+
+/// Panels a task of the blocked path computes (64 columns): each of its KC
+/// blocks of `x` is read from L2 once per panel, and a 128-row product of
+/// `o` (48 panels) still makes 12 tasks to balance two threads.
+const BLOCKED_TASK_PANELS: usize = 4;
 
 thread_local! {
     /// The blocked path's per-thread scratch: the packed `x` of a product,
@@ -741,26 +756,28 @@ fn with_scratch<T: Default, R>(
     })
 }
 
-/// Rows per block of the blocked path: as many as keep the block's `x`
-/// within [`X_BLOCK_FLOATS`] (at least [`ROW_BLOCK`]), in near-equal blocks.
-fn blocked_row_block(rows: usize, inp: usize) -> usize {
-    let most = (X_BLOCK_FLOATS / inp.max(1)).max(ROW_BLOCK);
-    rows.div_ceil(rows.div_ceil(most))
+/// Rows per block of the blocked path: at most [`BLOCKED_ROW_BLOCK`], in
+/// near-equal blocks.
+fn blocked_row_block(rows: usize) -> usize {
+    rows.div_ceil(rows.div_ceil(BLOCKED_ROW_BLOCK))
 }
 
 /// `x`'s rows packed per register tile, `[k][mr]` (the tiles of
 /// [`row_tiles`] over each block of `row_block` rows), so that the kernel
 /// broadcasts from one sequential stream at fixed offsets.
 fn pack_rows(x: &[f32], rows: usize, inp: usize, row_block: usize, xp: &mut Vec<f32>) {
-    xp.clear();
-    xp.resize(rows * inp, 0.0);
+    // Grown, not cleared: every cell is written below.
+    if xp.len() < rows * inp {
+        xp.resize(rows * inp, 0.0);
+    }
     for b0 in (0..rows).step_by(row_block) {
         for (r0, mr) in row_tiles(b0..(b0 + row_block).min(rows)) {
             let dst = &mut xp[r0 * inp..(r0 + mr) * inp];
-            for r in 0..mr {
-                let src = &x[(r0 + r) * inp..(r0 + r + 1) * inp];
-                for (k, &v) in src.iter().enumerate() {
-                    dst[k * mr + r] = v;
+            let src = &x[r0 * inp..(r0 + mr) * inp];
+            // Sequential writes, `mr` sequential reads.
+            for (k, d) in dst.chunks_exact_mut(mr).enumerate() {
+                for (r, v) in d.iter_mut().enumerate() {
+                    *v = src[r * inp + k];
                 }
             }
         }
@@ -770,14 +787,16 @@ fn pack_rows(x: &[f32], rows: usize, inp: usize, row_block: usize, xp: &mut Vec<
 #[cfg(target_arch = "x86_64")]
 impl PackedWeight {
     /// The product for many rows with AVX2 (prefill): `x` packed per row
-    /// tile once, the inner dimension cut into [`KC`] blocks whose panel
-    /// slice stays in L1 (f16/bf16 widened to f32 once per slice, not per
-    /// row tile) while every row tile passes over it, 6×16 tiles whose
-    /// accumulators carry from block to block in f32 (the same sums, in the
-    /// same order, as the plain tiles).
+    /// tile once; tasks of [`BLOCKED_TASK_PANELS`] panels × a row block;
+    /// within a task the inner dimension is cut into [`KC`] blocks, and for
+    /// each block every panel's slice stays in L1 (f16/bf16 widened to f32
+    /// once per slice, not per row tile) while every row tile passes over
+    /// it, the block's packed `x` staying in L2 for all the task's panels;
+    /// 6×16 tiles whose accumulators carry from block to block in f32 (the
+    /// same sums, in the same order, as the plain tiles).
     fn product_blocked(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32]) {
         let inp = self.inp;
-        let row_block = blocked_row_block(rows, inp);
+        let row_block = blocked_row_block(rows);
         let out = Out {
             ptr: y.as_mut_ptr(),
             rows,
@@ -786,33 +805,65 @@ impl PackedWeight {
         with_scratch(&X_SCRATCH, |xp| {
             pack_rows(x, rows, inp, row_block, xp);
             let xp = &xp[..];
-            schedule_blocks(rows, row_block, inp, self.out, 1, |r, g| {
-                with_scratch(&TASK_SCRATCH, |(wide, acc)| {
-                    self.compute_blocked(isa, xp, r, g, (wide, acc), &out)
-                })
-            });
+            schedule_blocks(
+                rows,
+                row_block,
+                inp,
+                self.out,
+                BLOCKED_TASK_PANELS,
+                |r, g| {
+                    with_scratch(&TASK_SCRATCH, |(wide, acc)| {
+                        self.compute_blocked(isa, xp, r, g, (wide, acc), &out)
+                    })
+                },
+            );
         });
     }
 
-    /// Rows `rows` × panels `panels` of the blocked path.
+    /// Rows `rows` × panel groups `groups` (of [`BLOCKED_TASK_PANELS`]) of
+    /// the blocked path.
     fn compute_blocked(
         &self,
         _isa: Isa,
         xp: &[f32],
         rows: Range<usize>,
-        panels: Range<usize>,
+        groups: Range<usize>,
         (wide, acc): (&mut Vec<f32>, &mut Vec<[f32; LANES]>),
         out: &Out,
     ) {
         let inp = self.inp;
         let panel_len = inp * LANES;
-        acc.clear();
-        acc.resize(rows.len(), [0.0; LANES]);
+        let all = self.out.div_ceil(LANES);
+        let panels =
+            groups.start * BLOCKED_TASK_PANELS..(groups.end * BLOCKED_TASK_PANELS).min(all);
+        let n = rows.len();
+        // Grown, not cleared: the first block writes every cell before a
+        // block reads it.
+        if acc.len() < n * panels.len() {
+            acc.resize(n * panels.len(), [0.0; LANES]);
+        }
         wide.resize(KC * LANES, 0.0);
-        for p in panels {
-            for k0 in (0..inp).step_by(KC) {
-                let kc = KC.min(inp - k0);
+        let tiles: Vec<(usize, usize)> = row_tiles(rows.clone()).collect();
+        for k0 in (0..inp).step_by(KC) {
+            let kc = KC.min(inp - k0);
+            for (i, p) in panels.clone().enumerate() {
                 let span = p * panel_len + k0 * LANES..p * panel_len + (k0 + kc) * LANES;
+                // The next slice this task reads (the next panel's, or the
+                // first panel's of the next block) does not follow this one
+                // in memory, so the first tiles prefetch it into L2 by hand.
+                let next = if p + 1 < panels.end {
+                    Some(((p + 1) * panel_len + k0 * LANES, kc))
+                } else if k0 + KC < inp {
+                    Some((
+                        panels.start * panel_len + (k0 + KC) * LANES,
+                        KC.min(inp - k0 - KC),
+                    ))
+                } else {
+                    None
+                };
+                let (pf, pf_bytes) = next.map_or((std::ptr::null(), 0), |(at, len)| {
+                    self.data.bytes_at(at, len * LANES)
+                });
                 // SAFETY: `_isa` is AVX2 (the caller checked), so the CPU
                 // has AVX2, FMA and F16C.
                 let w: &[f32] = unsafe {
@@ -822,16 +873,55 @@ impl PackedWeight {
                         PanelSlice::Bf16(w) => widen_avx2(w, wide),
                     }
                 };
-                for (r0, mr) in row_tiles(rows.clone()) {
+                let acc = &mut acc[i * n..(i + 1) * n];
+                // The last block of a whole panel stores its sums in `y`
+                // itself; the others (and a last, partial panel) in `acc`.
+                let direct = k0 + kc == inp && (p + 1) * LANES <= self.out;
+                for (t, &(r0, mr)) in tiles.iter().enumerate() {
                     let a = &mut acc[r0 - rows.start..][..mr];
+                    let dst = if direct {
+                        out.cell(r0, p * LANES)
+                    } else {
+                        std::ptr::null_mut()
+                    };
                     let xt = &xp[r0 * inp + k0 * mr..][..kc * mr];
-                    // SAFETY: as above.
-                    unsafe { block_tile_avx2(mr, xt, w, kc, a, k0 == 0) };
+                    // Tile t prefetches the next slice's bytes from
+                    // t·PREFETCH_BYTES (prefetching does not fault: a
+                    // pointer past the slice is only never used).
+                    let from = (t * PREFETCH_BYTES).min(pf_bytes);
+                    let part = (pf.wrapping_add(from), (pf_bytes - from).min(PREFETCH_BYTES));
+                    // SAFETY: as above for the instructions; `dst`, when not
+                    // null, is row r0's column p·LANES of `y`, which has
+                    // rows r0..r0 + mr and columns p·LANES.. + LANES (a whole
+                    // panel), cells this task alone writes (see `Out`).
+                    unsafe { block_tile_avx2(mr, xt, w, kc, a, k0 == 0, part, (dst, out.cols)) };
                 }
             }
-            for (i, a) in acc.iter().enumerate() {
-                out.store_at::<1, 1>(rows.start + i, p * LANES, 1, &[[*a]]);
+        }
+        for (i, p) in panels.enumerate() {
+            if (p + 1) * LANES > self.out {
+                for (r, a) in acc[i * n..(i + 1) * n].iter().enumerate() {
+                    out.store_at::<1, 1>(rows.start + r, p * LANES, 1, &[[*a]]);
+                }
             }
+        }
+    }
+}
+
+/// Bytes of the next weight slice each row tile prefetches (64 lines: one
+/// per 4 steps of a 256-long block): a 16 KiB f32 slice is fetched by the
+/// first 4 tiles of a block's 22 (at 128 rows).
+const PREFETCH_BYTES: usize = 4096;
+
+#[cfg(target_arch = "x86_64")]
+impl Panels {
+    /// The address of element `at` and the bytes of `len` elements from it
+    /// (for prefetching; never read through).
+    fn bytes_at(&self, at: usize, len: usize) -> (*const u8, usize) {
+        match self {
+            Self::F32(w) => (w[at..].as_ptr().cast(), len * 4),
+            Self::Bf16(w) => (w[at..].as_ptr().cast(), len * 2),
+            Self::F16(w) => (w[at..].as_ptr().cast(), len * 2),
         }
     }
 }
@@ -856,24 +946,33 @@ fn widen_avx2<'a, E: Elem>(src: &[E], dst: &'a mut Vec<f32>) -> &'a [f32] {
 }
 
 /// Runs [`block_avx2`] for a tile of `mr` (1 to [`MAX_MR`]) rows.
+///
+/// # Safety
+/// As [`block_avx2`]'s.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_tile_avx2(
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_tile_avx2(
     mr: usize,
     xt: &[f32],
     w: &[f32],
     kc: usize,
     acc: &mut [[f32; LANES]],
     first: bool,
+    pf: (*const u8, usize),
+    dst: (*mut f32, usize),
 ) {
-    match mr {
-        1 => block_avx2::<1>(xt, w, kc, acc, first),
-        2 => block_avx2::<2>(xt, w, kc, acc, first),
-        3 => block_avx2::<3>(xt, w, kc, acc, first),
-        4 => block_avx2::<4>(xt, w, kc, acc, first),
-        5 => block_avx2::<5>(xt, w, kc, acc, first),
-        6 => block_avx2::<6>(xt, w, kc, acc, first),
-        _ => unreachable!("no {mr}-row block kernel"),
+    // SAFETY: the caller's.
+    unsafe {
+        match mr {
+            1 => block_avx2::<1>(xt, w, kc, acc, first, pf, dst),
+            2 => block_avx2::<2>(xt, w, kc, acc, first, pf, dst),
+            3 => block_avx2::<3>(xt, w, kc, acc, first, pf, dst),
+            4 => block_avx2::<4>(xt, w, kc, acc, first, pf, dst),
+            5 => block_avx2::<5>(xt, w, kc, acc, first, pf, dst),
+            6 => block_avx2::<6>(xt, w, kc, acc, first, pf, dst),
+            _ => unreachable!("no {mr}-row block kernel"),
+        }
     }
 }
 
@@ -881,14 +980,25 @@ fn block_tile_avx2(
 /// tile's rows × LANES columns) starts from zero when `first`, else from
 /// what the blocks before left, and receives the sums. `xt` is the tile's
 /// packed `x` for the block, `[kc][MR]`; `w` the panel's, `[kc][LANES]`.
+/// The sums go to `dst` (pointer, row stride in floats) when it is not
+/// null, else to `acc`. Every 4 steps it prefetches one line of `pf`
+/// (address, bytes) into L2. The loop is unrolled by 4: the 2·MR
+/// accumulators, the two weight vectors and the broadcast stay in registers.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; a non-null `dst` is valid for writes of
+/// LANES floats at each of `dst + r·stride`, r < MR, that nothing else
+/// accesses meanwhile.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_avx2<const MR: usize>(
+unsafe fn block_avx2<const MR: usize>(
     xt: &[f32],
     w: &[f32],
     kc: usize,
     acc: &mut [[f32; LANES]],
     first: bool,
+    (pf, pf_bytes): (*const u8, usize),
+    (dst, stride): (*mut f32, usize),
 ) {
     use std::arch::x86_64::*;
     assert!(xt.len() >= kc * MR && w.len() >= kc * LANES && acc.len() >= MR);
@@ -905,24 +1015,53 @@ fn block_avx2<const MR: usize>(
         }
     }
     let (mut x, mut w) = (xt.as_ptr(), w.as_ptr());
-    for _ in 0..kc {
-        // SAFETY: kc steps of MR floats of x and LANES of w (checked above).
-        unsafe {
-            let (w0, w1) = (_mm256_loadu_ps(w), _mm256_loadu_ps(w.add(8)));
+    // One step k: the panel's 16 weights times each row's x[k].
+    macro_rules! step {
+        ($s:literal) => {{
+            let w0 = _mm256_loadu_ps(w.add($s * LANES));
+            let w1 = _mm256_loadu_ps(w.add($s * LANES + 8));
             for (r, v) in a.iter_mut().enumerate() {
-                let xv = _mm256_broadcast_ss(&*x.add(r));
+                let xv = _mm256_broadcast_ss(&*x.add($s * MR + r));
                 v[0] = _mm256_fmadd_ps(w0, xv, v[0]);
                 v[1] = _mm256_fmadd_ps(w1, xv, v[1]);
             }
+        }};
+    }
+    let lines = pf_bytes.div_ceil(64);
+    for j in 0..kc / 4 {
+        // SAFETY: steps 4j..4j+4 < kc: MR floats of x and LANES of w each
+        // (checked above); a prefetch reads nothing.
+        unsafe {
+            if j < lines {
+                _mm_prefetch::<_MM_HINT_T1>(pf.wrapping_add(j * 64).cast());
+            }
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            x = x.add(4 * MR);
+            w = w.add(4 * LANES);
+        }
+    }
+    for _ in 0..kc % 4 {
+        // SAFETY: as above, one step.
+        unsafe {
+            step!(0);
             x = x.add(MR);
             w = w.add(LANES);
         }
     }
-    for (v, row) in a.iter().zip(acc.iter_mut()) {
-        // SAFETY: `row` is LANES (16) floats.
+    let (dst, stride) = if dst.is_null() {
+        (acc.as_mut_ptr().cast::<f32>(), LANES)
+    } else {
+        (dst, stride)
+    };
+    for (r, v) in a.iter().enumerate() {
+        // SAFETY: `acc` holds MR rows of LANES floats (checked above); a
+        // non-null `dst` is the caller's promise.
         unsafe {
-            _mm256_storeu_ps(row.as_mut_ptr(), v[0]);
-            _mm256_storeu_ps(row.as_mut_ptr().add(8), v[1]);
+            _mm256_storeu_ps(dst.add(r * stride), v[0]);
+            _mm256_storeu_ps(dst.add(r * stride + 8), v[1]);
         }
     }
 }
@@ -1064,9 +1203,11 @@ mod tests {
         // The AVX2 prefill path against the plain tiles, bit for bit (the
         // same f32 sums in the same order), and against the naive product:
         // rows from the threshold up, in one row block and in several
-        // (inp 2100 holds 62 rows a block), inp shorter than a KC block and
-        // not a multiple of it, out not a multiple of a panel; serial
-        // (small) and parallel; f32, f16 and bf16 weights.
+        // (280 rows are two blocks of 140, tiled unlike one of 280), inp
+        // shorter than a KC block and not a multiple of it, out not a
+        // multiple of a panel nor of a task's panels (200 columns: 13
+        // panels, tasks of 4, 4, 4, 1); serial (small) and parallel; f32,
+        // f16 and bf16 weights.
         let Some(isa) = Isa::get(IsaKind::Avx2) else {
             return;
         };
@@ -1077,6 +1218,7 @@ mod tests {
             (128, 768, 200),
             (130, 2100, 40),
             (45, 256, 16),
+            (280, 530, 70),
         ] {
             let x: Vec<f32> = (0..rows * inp)
                 .map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.1)
