@@ -26,8 +26,11 @@ pub(crate) const MAX_MR: usize = 6;
 
 /// Below this many multiply-adds one thread does the product: a parallel
 /// section costs a synchronisation, and on a loaded machine waiting for a
-/// descheduled worker costs far more than the work.
-pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 20;
+/// descheduled worker costs far more than the work. At 512 Ki a one-row
+/// product of a 768-wide model's q/k/v and o (0.6–1 M multiply-adds, 18 %
+/// of a decode step) splits: one thread cannot pull the memory bandwidth
+/// two can, and a one-row integer product is bound by its unpacking.
+pub(crate) const PARALLEL_MIN_MACS: usize = 1 << 19;
 
 /// Multiply-adds per parallel task, so that tasks outnumber threads enough
 /// to balance without each paying more in scheduling than it computes.
