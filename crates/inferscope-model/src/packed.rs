@@ -846,7 +846,6 @@ impl PackedWeight {
             acc.resize(n * panels.len(), [0.0; LANES]);
         }
         wide.resize(KC * LANES, 0.0);
-        let tiles: Vec<(usize, usize)> = row_tiles(rows.clone()).collect();
         for k0 in (0..inp).step_by(KC) {
             let kc = KC.min(inp - k0);
             for (i, p) in panels.clone().enumerate() {
@@ -880,7 +879,7 @@ impl PackedWeight {
                 // The last block of a whole panel stores its sums in `y`
                 // itself; the others (and a last, partial panel) in `acc`.
                 let direct = k0 + kc == inp && (p + 1) * LANES <= self.out;
-                for (t, &(r0, mr)) in tiles.iter().enumerate() {
+                for (t, (r0, mr)) in row_tiles(rows.clone()).enumerate() {
                     let a = &mut acc[r0 - rows.start..][..mr];
                     let dst = if direct {
                         out.cell(r0, p * LANES)
