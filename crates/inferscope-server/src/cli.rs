@@ -60,9 +60,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
 
-    /// Token budget of one engine step (prefill chunks plus decodes).
-    #[arg(long, default_value_t = 8192)]
-    pub max_num_batched_tokens: usize,
+    /// Token budget of one engine step, prefill chunks plus decodes
+    /// (default: 256 for cpu, at least --max-num-seqs; 8192 for sim).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
 
     /// Tokens per KV-cache block.
     #[arg(long, default_value_t = 16)]
@@ -233,7 +234,27 @@ pub struct ServeArgs {
     pub sim_fault_engine: Option<usize>,
 }
 
+/// The cpu executor's default step budget. A CPU prefills a few hundred
+/// tokens a second, so a burst of prompts in one 8192-token step would hold
+/// every first token (and every running stream) for seconds; 256-token
+/// chunks let the burst's first tokens out in turn. Measured against 512,
+/// 128 and 8192 in docs/cpu-executor.md ("Step budget").
+pub const CPU_MAX_NUM_BATCHED_TOKENS: usize = 256;
+
+/// The sim executor's default step budget (vLLM's on large GPUs).
+pub const SIM_MAX_NUM_BATCHED_TOKENS: usize = 8192;
+
 impl ServeArgs {
+    /// The step token budget: `--max-num-batched-tokens`, else the
+    /// executor's default (on cpu never below `--max-num-seqs`, so the
+    /// default does not cap the decode batch).
+    pub fn max_num_batched_tokens(&self) -> usize {
+        self.max_num_batched_tokens.unwrap_or(match self.executor {
+            ExecutorKind::Cpu => CPU_MAX_NUM_BATCHED_TOKENS.max(self.max_num_seqs),
+            ExecutorKind::Sim => SIM_MAX_NUM_BATCHED_TOKENS,
+        })
+    }
+
     /// Whether prefix caching is on.
     pub fn prefix_caching(&self) -> bool {
         !self.no_enable_prefix_caching
@@ -267,8 +288,8 @@ mod tests {
         assert_eq!(a.model, "demo");
         assert_eq!(a.executor, ExecutorKind::Cpu);
         assert_eq!(
-            (a.max_num_seqs, a.max_num_batched_tokens, a.block_size),
-            (256, 8192, 16)
+            (a.max_num_seqs, a.max_num_batched_tokens(), a.block_size),
+            (256, 256, 16)
         );
         assert!(a.prefix_caching());
         assert_eq!(
@@ -278,6 +299,19 @@ mod tests {
         let a = ServeArgs::try_parse_flags(["--no-enable-prefix-caching", "--executor", "sim"])
             .expect("flags");
         assert!(!a.prefix_caching());
+        assert_eq!(a.max_num_batched_tokens(), 8192);
+        let budget = |flags: &[&str]| {
+            ServeArgs::try_parse_flags(flags)
+                .expect("flags")
+                .max_num_batched_tokens()
+        };
+        assert_eq!(budget(&["--max-num-seqs", "512"]), 512);
+        assert_eq!(budget(&["--max-num-seqs", "8"]), 256);
+        assert_eq!(
+            budget(&["--executor", "sim", "--max-num-batched-tokens", "100"]),
+            100
+        );
+        assert_eq!(budget(&["--max-num-batched-tokens", "4096"]), 4096);
         assert!(ServeArgs::try_parse_flags(["--executor", "gpu"]).is_err());
         let a = ServeArgs::try_parse_flags::<[&str; 0], &str>([]).expect("defaults");
         assert!(!a.kv_cache_metrics && !a.enable_mfu_metrics);

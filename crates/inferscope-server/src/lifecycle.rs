@@ -165,6 +165,8 @@ pub async fn run(args: ServeArgs) -> Result<(), ServerError> {
         addr = %server.addr,
         model = %server.state.served_model_names[0],
         engines = server.state.coordinator.engine_indices().len(),
+        max_num_seqs = args.max_num_seqs,
+        max_num_batched_tokens = args.max_num_batched_tokens(),
         "inferscope is serving (OpenAI API under /v1, metrics at /metrics)"
     );
     shutdown_signal().await;

@@ -236,7 +236,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     }
     let mfu_metrics = args.enable_mfu_metrics;
     let engine_config = EngineConfig {
-        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_batched_tokens: args.max_num_batched_tokens(),
         max_num_seqs: args.max_num_seqs,
         block_size: args.block_size,
         enable_prefix_caching: args.prefix_caching(),
