@@ -27,8 +27,8 @@
 #                   own default, spinning). On a machine shared with other work, spinning OpenMP
 #                   threads lose their core and decode was 3.6x slower (197 vs 55 ms/token, F32,
 #                   2 threads, load average 5); on an idle machine spinning may be faster.
-#   INFERSCOPE_ARGS extra flags for `inferscope serve` (word-split), e.g. a step token budget
-#                   "--max-num-batched-tokens 256"
+#   INFERSCOPE_ARGS extra flags for `inferscope serve` (word-split), e.g. another step token
+#                   budget than the cpu default of 256: "--max-num-batched-tokens 8192"
 #   PORT            port of the server under test (default 18431); refused if busy
 #   OUT             where results are written (default: a new directory under WORK)
 set -euo pipefail
