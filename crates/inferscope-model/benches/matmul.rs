@@ -352,6 +352,55 @@ fn matmul_quant_shapes(c: &mut Criterion) {
     }
 }
 
+/// The one-row (decode) products of the 125M Llama with f32, f16 and bf16
+/// weights (`-- matmul-row`): the one-row kernel (`row`) against the plain
+/// 1-row tile (`plain`), throughput in stored weight bytes per second. Each
+/// iteration takes the next of enough copies of the weight (≥ 160 MB) that
+/// it reads from DRAM as a decode step does, not from L3.
+fn matmul_decode_row(c: &mut Criterion) {
+    let shapes = [
+        ("qkv-1280x768", 1280, 768),
+        ("o-768x768", 768, 768),
+        ("gate-up-4096x768", 4096, 768),
+        ("down-768x2048", 768, 2048),
+        ("head-32000x768", 32000, 768),
+    ];
+    for (name, out, inp) in shapes {
+        let w = weights(out, inp);
+        let x: Vec<f32> = (0..inp)
+            .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        let mut g = group(c, format!("matmul-row/{name}"));
+        for (label, dtype) in [
+            ("f32", WeightDtype::F32),
+            ("f16", WeightDtype::F16),
+            ("bf16", WeightDtype::Bf16),
+        ] {
+            let one = PackedWeight::pack_as(&w, out, inp, dtype);
+            let bytes = one.size_bytes();
+            let copies = (160usize << 20).div_ceil(bytes).max(2);
+            let ws: Vec<PackedWeight> = (0..copies).map(|_| one.clone()).collect();
+            g.throughput(Throughput::Bytes(bytes as u64));
+            let mut y = Vec::new();
+            for plain in [true, false] {
+                let id = format!("{label}-{}", if plain { "plain" } else { "row" });
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(id, 1), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % copies;
+                        if plain {
+                            ws[i].matmul_plain_into(black_box(&x), 1, &mut y)
+                        } else {
+                            ws[i].matmul_into(black_box(&x), 1, &mut y)
+                        }
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 criterion_group!(
     benches,
     matmul,
@@ -361,5 +410,6 @@ criterion_group!(
     matmul_kquant_int,
     matmul_prefill,
     matmul_quant_shapes,
+    matmul_decode_row,
 );
 criterion_main!(benches);

@@ -268,7 +268,8 @@ impl PackedWeight {
     }
 
     /// [`PackedWeight::matmul_into`] with the plain register tiles whatever
-    /// the rows (no blocked path): the benchmarks compare the two.
+    /// the rows (no blocked path, no one-row kernel): the benchmarks
+    /// compare them.
     #[doc(hidden)]
     pub fn matmul_plain_into(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
         if shape_output(x, rows, (self.inp, self.out), y) {
@@ -285,6 +286,10 @@ impl PackedWeight {
         #[cfg(target_arch = "x86_64")]
         if isa.kind() == IsaKind::Avx2 && rows >= BLOCKED_MIN_ROWS {
             return self.product_blocked(isa, x, rows, y);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa.kind() == IsaKind::Avx2 && rows == 1 {
+            return self.product_row(x, y);
         }
         self.product_tiles(isa, x, rows, y);
     }
@@ -333,6 +338,138 @@ impl PackedWeight {
             }
         }
     }
+}
+
+/// Panels the one-row kernel reads side by side: 8 independent accumulator
+/// chains (2 per panel) hide the FMA latency, and 4 streams are few enough
+/// for the hardware prefetcher.
+#[cfg(target_arch = "x86_64")]
+const ROW_PANELS: usize = 4;
+
+/// Tasks per thread of a parallel one-row product: near-equal runs of
+/// panel groups, so each thread streams long sequential runs, with a
+/// second task each to rebalance when one thread is held up.
+#[cfg(target_arch = "x86_64")]
+const ROW_TASKS_PER_THREAD: usize = 2;
+
+/// Bytes ahead of each panel stream that the one-row kernel prefetches
+/// into L2 for 16-bit weights: their converts make 4× the instructions per
+/// byte of f32's, so the out-of-order window alone keeps fewer lines in
+/// flight (f32 needs no prefetch).
+#[cfg(target_arch = "x86_64")]
+const ROW_PREFETCH_BYTES: usize = 256;
+
+#[cfg(target_arch = "x86_64")]
+impl PackedWeight {
+    /// The one-row product with AVX2 (decode at batch 1): groups of
+    /// [`ROW_PANELS`] panels, split across the pool in near-equal runs.
+    /// Each column's sum is the plain 1-row tile's, in the same order.
+    fn product_row(&self, x: &[f32], y: &mut [f32]) {
+        let out = Out {
+            ptr: y.as_mut_ptr(),
+            rows: 1,
+            cols: self.out,
+        };
+        let panels = self.out.div_ceil(LANES);
+        let groups = panels.div_ceil(ROW_PANELS);
+        let panel_len = self.inp * LANES;
+        let job = |gs: Range<usize>| {
+            for g in gs {
+                let p0 = g * ROW_PANELS;
+                let np = ROW_PANELS.min(panels - p0);
+                let w = self.data.slice(p0 * panel_len..(p0 + np) * panel_len);
+                // SAFETY: the caller checked that the CPU runs AVX2 (with
+                // FMA and F16C).
+                let acc = unsafe {
+                    match w {
+                        PanelSlice::F32(w) => row_avx2::<ROW_PANELS, f32>(x, w, self.inp, np),
+                        PanelSlice::F16(w) => row_avx2::<ROW_PANELS, f16>(x, w, self.inp, np),
+                        PanelSlice::Bf16(w) => row_avx2::<ROW_PANELS, u16>(x, w, self.inp, np),
+                    }
+                };
+                out.store_at::<1, ROW_PANELS>(0, p0 * LANES, np, &[acc]);
+            }
+        };
+        if self.inp * self.out < PARALLEL_MIN_MACS {
+            job(0..groups);
+        } else {
+            let tasks = (rayon::current_num_threads() * ROW_TASKS_PER_THREAD).min(groups);
+            (0..tasks)
+                .into_par_iter()
+                .for_each(|t| job(t * groups / tasks..(t + 1) * groups / tasks));
+        }
+    }
+}
+
+/// One row of `x` (`inp` long) against `NV` panels of `w` of which `np`
+/// are present (the missing ones are computed from the last one and not
+/// stored): the 1-row tile of [`tile_avx2`], unrolled by 4 steps, with
+/// 16-bit weights prefetched [`ROW_PREFETCH_BYTES`] ahead.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn row_avx2<const NV: usize, E: Elem>(
+    x: &[f32],
+    w: &[E],
+    inp: usize,
+    np: usize,
+) -> [[f32; LANES]; NV] {
+    use std::arch::x86_64::*;
+    assert!((1..=NV).contains(&np) && x.len() >= inp && w.len() >= np * inp * LANES);
+    let panel_len = inp * LANES;
+    let base: [*const E; NV] = std::array::from_fn(|p| w[p.min(np - 1) * panel_len..].as_ptr());
+    let mut acc = [[_mm256_setzero_ps(); 2]; NV];
+    let xp = x.as_ptr();
+    let size = std::mem::size_of::<E>();
+    // Lines one panel's 4 steps span (2 for 16-bit weights).
+    let lines = (4 * LANES * size).div_ceil(64);
+    macro_rules! step {
+        ($k:expr) => {{
+            let k = $k;
+            // SAFETY: k < inp: inside `x` (checked above).
+            let xv = unsafe { _mm256_broadcast_ss(&*xp.add(k)) };
+            for (a, b) in acc.iter_mut().zip(&base) {
+                // SAFETY: k < inp: the 16 weights lie inside the panel.
+                unsafe {
+                    let at = b.add(k * LANES);
+                    a[0] = _mm256_fmadd_ps(load8(at), xv, a[0]);
+                    a[1] = _mm256_fmadd_ps(load8(at.add(8)), xv, a[1]);
+                }
+            }
+        }};
+    }
+    for k in (0..inp / 4).map(|j| j * 4) {
+        if size == 2 {
+            for b in &base {
+                let at = b.wrapping_add(k * LANES).cast::<u8>();
+                for l in 0..lines {
+                    // Past the panel's end it fetches the next panel's
+                    // start, or nothing: a prefetch never faults.
+                    _mm_prefetch::<_MM_HINT_T1>(
+                        at.wrapping_add(ROW_PREFETCH_BYTES + l * 64).cast(),
+                    );
+                }
+            }
+        }
+        step!(k);
+        step!(k + 1);
+        step!(k + 2);
+        step!(k + 3);
+    }
+    for k in inp / 4 * 4..inp {
+        step!(k);
+    }
+    let mut res = [[0f32; LANES]; NV];
+    for (dst, a) in res.iter_mut().zip(&acc) {
+        // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
+        unsafe {
+            _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
+        }
+    }
+    res
 }
 
 /// `rows` cut into near-equal tiles of at most [`MAX_MR`], as `(first row,
@@ -1238,6 +1375,48 @@ mod tests {
                 assert_eq!(blocked.len(), rows * out);
                 for (i, ((a, b), c)) in blocked.iter().zip(&plain).zip(&e).enumerate() {
                     let at = format!("{dtype:?} [{rows}x{inp}x{out}] {i}");
+                    assert_eq!(a.to_bits(), b.to_bits(), "{at}: {a} vs plain {b}");
+                    assert!((a - c).abs() <= 1e-4 * c.abs().max(1.0), "{at}: {a} vs {c}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_row_path_gives_the_plain_tiles_sums() {
+        // The AVX2 one-row (decode) kernel against the plain 1-row tile, bit
+        // for bit (each column's sum in the same order), and against the
+        // naive product: inp not a multiple of the 4-step unroll, out not a
+        // multiple of a panel nor of a group (a ragged last group), serial
+        // and parallel (past PARALLEL_MIN_MACS, more groups than tasks);
+        // f32, f16 and bf16 weights.
+        let Some(isa) = Isa::get(IsaKind::Avx2) else {
+            return;
+        };
+        for (inp, out) in [
+            (37, 61),
+            (3, 20),
+            (768, 40),
+            (770, 1000),
+            (2049, 300),
+            (64, 16),
+        ] {
+            let x: Vec<f32> = (0..inp)
+                .map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.1)
+                .collect();
+            let w: Vec<f32> = (0..out * inp)
+                .map(|i| ((i * 5) % 11) as f32 * 0.13 - 0.6)
+                .collect();
+            for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::Bf16] {
+                let p = PackedWeight::pack_as(&w, out, inp, dtype);
+                let e = naive(&x, &p.unpack(), 1, inp, out);
+                let mut row = vec![f32::NAN; 5];
+                p.product(isa, &x, 1, &mut row);
+                let mut plain = vec![f32::NAN; out];
+                p.product_tiles(isa, &x, 1, &mut plain);
+                assert_eq!(row.len(), out);
+                for (i, ((a, b), c)) in row.iter().zip(&plain).zip(&e).enumerate() {
+                    let at = format!("{dtype:?} [1x{inp}x{out}] {i}");
                     assert_eq!(a.to_bits(), b.to_bits(), "{at}: {a} vs plain {b}");
                     assert!((a - c).abs() <= 1e-4 * c.abs().max(1.0), "{at}: {a} vs {c}");
                 }
