@@ -413,7 +413,9 @@ fn matmul_q8_decode(c: &mut Criterion) {
             .map(|_| f.clone())
             .collect();
         g.throughput(Throughput::Bytes((4 * out * inp) as u64));
-        let x: Vec<f32> = (0..inp).map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8).collect();
+        let x: Vec<f32> = (0..inp)
+            .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+            .collect();
         for (threads, pool) in &pools {
             let mut i = 0;
             g.bench_function(BenchmarkId::new(format!("f32-{threads}t"), 1), |b| {

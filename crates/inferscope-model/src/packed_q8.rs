@@ -56,14 +56,10 @@ const PANEL_BLOCK: usize = BLOCK_QS + 2 * LANES;
 /// Most rows of `x` in one register tile.
 const MAX_MR: usize = 4;
 
-/// Products of at most this many rows split their panels into equal
-/// contiguous runs, one stream of weights per task (decode and small
-/// batches); larger ones take [`schedule`]'s row blocks and panel groups.
-const FEW_ROWS: usize = 8;
-
-/// Stored bytes per task of a parallel few-row product, beyond one task
-/// per thread: enough that a task streams far past its start-up cost.
-const TASK_BYTES: usize = 1 << 20;
+/// Stored bytes per task of a parallel one-row product (at least one task
+/// per thread): a task streams far past its start-up cost, and tasks stay
+/// small enough to rebalance when another process holds a core.
+const TASK_BYTES: usize = 256 << 10;
 
 thread_local! {
     /// The quantized activations of the product running on this thread.
@@ -230,15 +226,17 @@ impl PackedQ8 {
         let nv = panels_per_tile(rows);
         let xq = &*xq;
         let job = |r: Range<usize>, g: Range<usize>| self.compute(isa, nv, xq, r, g, &out);
-        if rows > FEW_ROWS {
+        if rows > 1 {
             return schedule(rows, self.inp, self.out, nv, job);
         }
         let groups = self.out.div_ceil(LANES).div_ceil(nv);
         if rows * self.inp * self.out < PARALLEL_MIN_MACS {
             return job(0..rows, 0..groups);
         }
-        // Equal contiguous runs of panel groups: each task streams one
-        // stretch of the weights, and the threads finish together.
+        // One row: equal contiguous runs of panel groups, a multiple of the
+        // threads, so each task streams one stretch of the weights and the
+        // threads finish together (`schedule`'s tasks of 256 Ki
+        // multiply-adds left 3 tasks for 2 threads on a 768×768).
         let threads = rayon::current_num_threads();
         let tasks = (threads * (self.data.len() / (threads * TASK_BYTES)).max(1)).min(groups);
         (0..tasks)
@@ -591,10 +589,10 @@ mod tests {
         check(8, 512, 300);
         check(33, 256, 200);
         check(128, 256, 80);
-        // Few rows split into equal runs of panel groups: 4.3 MB makes more
+        // One row splits into equal runs of panel groups: 4.3 MB makes more
         // tasks than threads, and 69 panels leave a last group of one.
         check(1, 2048, 2000);
-        check(5, 1024, 1100);
+        check(1, 768, 1280);
     }
 
     #[test]
@@ -604,7 +602,10 @@ mod tests {
         for (out, inp) in [(32, 64), (768, 768), (61, 96)] {
             let (blocks, _) = quantized(out, inp, 1);
             let p = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
-            assert_eq!(p.size_bytes(), out.next_multiple_of(LANES) * inp / QK8_0 * 34);
+            assert_eq!(
+                p.size_bytes(),
+                out.next_multiple_of(LANES) * inp / QK8_0 * 34
+            );
         }
     }
 
