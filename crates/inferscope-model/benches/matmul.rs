@@ -401,6 +401,83 @@ fn matmul_decode_row(c: &mut Criterion) {
     }
 }
 
+/// The Q8_0 products of a decode step at the memory roofline
+/// (`-- matmul-q8dec`): each shape of the 125M Llama (fused q/k/v, o, fused
+/// gate/up, down, LM head) at 1, 8 and 128 rows on one thread and on two,
+/// cycling through enough copies of the weight (≥ 96 MiB, three times the
+/// L3) that every product reads its weights from DRAM, as a decode step
+/// does; throughput in stored bytes (weights and scales) per second. The
+/// one-row F32 product on the same shapes and copies (`f32/1`) is the rate
+/// the memory gives a kernel that does little per byte.
+fn matmul_q8_decode(c: &mut Criterion) {
+    const COLD_BYTES: usize = 96 << 20;
+    let shapes = [
+        ("qkv-1280x768", 1280, 768),
+        ("o-768x768", 768, 768),
+        ("gate-up-4096x768", 4096, 768),
+        ("down-768x2048", 768, 2048),
+        ("head-32000x768", 32000, 768),
+    ];
+    let pools: Vec<(usize, rayon::ThreadPool)> = [1, 2]
+        .into_iter()
+        .map(|n| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .expect("pool");
+            (n, pool)
+        })
+        .collect();
+    for (name, out, inp) in shapes {
+        let w = weights(out, inp);
+        let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
+        let q = QTensor::quantize(&wt, GgmlDType::Q8_0).expect("quantize");
+        let data = q.data().expect("data").into_owned();
+        let one = PackedQ8::from_blocks(&data, out, inp).expect("pack");
+        let bytes = one.size_bytes();
+        let copies: Vec<PackedQ8> = (0..COLD_BYTES.div_ceil(bytes).max(2))
+            .map(|_| one.clone())
+            .collect();
+        let mut g = group(c, format!("matmul-q8dec/{name}"));
+        g.throughput(Throughput::Bytes(bytes as u64));
+        for rows in [1usize, 8, 128] {
+            let x: Vec<f32> = (0..rows * inp)
+                .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+                .collect();
+            for (threads, pool) in &pools {
+                let mut y = Vec::new();
+                let mut i = 0;
+                let id = BenchmarkId::new(format!("q8_0-{threads}t"), rows);
+                g.bench_function(id, |b| {
+                    b.iter(|| {
+                        i = (i + 1) % copies.len();
+                        pool.install(|| copies[i].matmul_into(black_box(&x), rows, &mut y))
+                    })
+                });
+            }
+        }
+        // F32 at one row, the same cycling: bytes are 4 per weight.
+        let f = PackedWeight::pack(&w, out, inp);
+        let f_copies: Vec<PackedWeight> = (0..COLD_BYTES.div_ceil(4 * out * inp).max(2))
+            .map(|_| f.clone())
+            .collect();
+        g.throughput(Throughput::Bytes((4 * out * inp) as u64));
+        let x: Vec<f32> = (0..inp)
+            .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        for (threads, pool) in &pools {
+            let mut i = 0;
+            g.bench_function(BenchmarkId::new(format!("f32-{threads}t"), 1), |b| {
+                b.iter(|| {
+                    i = (i + 1) % f_copies.len();
+                    pool.install(|| f_copies[i].matmul(black_box(&x), 1))
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 criterion_group!(
     benches,
     matmul,
@@ -411,5 +488,6 @@ criterion_group!(
     matmul_prefill,
     matmul_quant_shapes,
     matmul_decode_row,
+    matmul_q8_decode,
 );
 criterion_main!(benches);

@@ -15,6 +15,8 @@ use crate::packed_q8::PackedQ8;
 
 /// A layer's weight: dense f32, Q8_0 or a K-quant in panel layout, or
 /// another quantized format (candle's kernels).
+// A few per layer: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Weight {
     Packed(PackedWeight),
     Q8(PackedQ8),

@@ -6,18 +6,19 @@
 //! [`activations`]), then takes int8 · int8 dot products per block
 //! and one f32 multiply-add per block with the two scales.
 //!
-//! At load the weights are repacked into panels of [`LANES`] output rows
-//! interleaved along `in` by groups of 4, `[out / LANES][in / 4][LANES][4]`
-//! int8, beside `[out / LANES][in / 32][LANES]` f32 scales. One 32-byte
-//! vector then holds 4 consecutive weights of 8 output rows, which matches
-//! AVX2's integer dot product (`vpmaddubsw` sums pairs of u8·i8 into i16,
-//! `vpmaddwd` with ones sums pairs of those into i32): against 4 activations
-//! broadcast to every lane, it gives 8 outputs' partial sums in the 8 i32
-//! lanes, so a block's sums accumulate in integer registers, one lane per
-//! output, and only once per block are they converted and scaled (the
-//! llama.cpp layout, 32 weights of one row per vector, needs a convert, a
-//! multiply-add and a horizontal sum per row, block and output). A tile
-//! streams each panel sequentially, 64 bytes per 4 inputs.
+//! At load the weights are repacked into panels of [`LANES`] output rows,
+//! each panel a run of [`PANEL_BLOCK`]-byte blocks: per 32 inputs, the
+//! int8 interleaved by groups of 4 (`[8][LANES][4]`, 512 bytes), then the
+//! 16 rows' f16 scales (32 bytes) as the file stores them, so 1.0625 bytes
+//! per weight, the file's size, and one sequential stream per panel. One
+//! 32-byte vector holds 4 consecutive weights of 8 output rows, which
+//! matches AVX2's integer dot product (`vpmaddubsw` sums pairs of u8·i8
+//! into i16, `vpmaddwd` with ones sums pairs of those into i32): against 4
+//! activations broadcast to every lane, it gives 8 outputs' partial sums in
+//! the 8 i32 lanes, so a block's sums accumulate in integer registers, one
+//! lane per output, and only once per block are they converted and scaled
+//! (the llama.cpp layout, 32 weights of one row per vector, needs a convert,
+//! a multiply-add and a horizontal sum per row, block and output).
 //!
 //! The product rounds the activations to 8 bits (relative error up to
 //! 1/254 of each block's largest element), so it equals candle's
@@ -27,10 +28,11 @@ use std::cell::Cell;
 use std::ops::Range;
 
 use half::f16;
+use rayon::prelude::*;
 
 use crate::error::ModelError;
 use crate::isa::{Isa, IsaKind};
-use crate::packed::{Acc, LANES, Out, schedule, shape_output};
+use crate::packed::{Acc, LANES, Out, PARALLEL_MIN_MACS, schedule, shape_output};
 use activations::Q8Rows;
 
 #[path = "q8_activations.rs"]
@@ -45,8 +47,19 @@ pub const Q8_0_BLOCK_BYTES: usize = 2 + QK8_0;
 /// Inputs per interleaved group: the 4 bytes `vpmaddubsw`+`vpmaddwd` sum.
 const GROUP: usize = 4;
 
+/// Bytes of one panel's int8 in one block: 32 inputs × [`LANES`] rows.
+const BLOCK_QS: usize = QK8_0 * LANES;
+
+/// Bytes of one panel's block: its int8, then its [`LANES`] f16 scales.
+const PANEL_BLOCK: usize = BLOCK_QS + 2 * LANES;
+
 /// Most rows of `x` in one register tile.
 const MAX_MR: usize = 4;
+
+/// Stored bytes per task of a parallel one-row product (at least one task
+/// per thread): a task streams far past its start-up cost, and tasks stay
+/// small enough to rebalance when another process holds a core.
+const TASK_BYTES: usize = 256 << 10;
 
 thread_local! {
     /// The quantized activations of the product running on this thread.
@@ -56,11 +69,10 @@ thread_local! {
 /// A Q8_0 `[out][in]` weight in panel layout.
 #[derive(Clone)]
 pub struct PackedQ8 {
-    /// `[panels][in / 4][LANES][4]` int8; rows past `out` in the last panel
+    /// `[panels][in / QK8_0]` blocks of [`PANEL_BLOCK`] bytes: `[8][LANES][4]`
+    /// int8, then `[LANES]` f16 scales; rows past `out` in the last panel
     /// are 0.
-    qs: Vec<i8>,
-    /// `[panels][in / QK8_0][LANES]`: each row's block scales.
-    scales: Vec<f32>,
+    data: Vec<u8>,
     out: usize,
     inp: usize,
 }
@@ -73,7 +85,18 @@ impl std::fmt::Debug for PackedQ8 {
 
 /// Where weight (`o`, `k`) of an `[out][inp]` matrix lies in the panels.
 fn at(o: usize, k: usize, inp: usize) -> usize {
-    (o / LANES) * inp * LANES + (k / GROUP) * LANES * GROUP + (o % LANES) * GROUP + k % GROUP
+    let b = k / QK8_0;
+    block_at(o, b, inp) + (k % QK8_0 / GROUP) * LANES * GROUP + (o % LANES) * GROUP + k % GROUP
+}
+
+/// Where the block holding row `o`'s block `b` starts.
+fn block_at(o: usize, b: usize, inp: usize) -> usize {
+    ((o / LANES) * (inp / QK8_0) + b) * PANEL_BLOCK
+}
+
+/// Where row `o`'s scale of block `b` lies (two bytes, little-endian f16).
+fn scale_at(o: usize, b: usize, inp: usize) -> usize {
+    block_at(o, b, inp) + BLOCK_QS + 2 * (o % LANES)
 }
 
 impl PackedQ8 {
@@ -93,55 +116,54 @@ impl PackedQ8 {
             )));
         }
         let panels = out.div_ceil(LANES);
-        let mut qs = vec![0i8; panels * inp * LANES];
-        let mut scales = vec![0f32; panels * nb * LANES];
+        let mut packed = vec![0u8; panels * nb * PANEL_BLOCK];
         for (i, blk) in data.chunks_exact(Q8_0_BLOCK_BYTES).enumerate() {
             let (o, b) = (i / nb, i % nb);
-            let (p, l) = (o / LANES, o % LANES);
-            scales[(p * nb + b) * LANES + l] = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            let s = scale_at(o, b, inp);
+            packed[s..s + 2].copy_from_slice(&blk[..2]);
             for (j, &q) in blk[2..].iter().enumerate() {
-                qs[at(o, b * QK8_0 + j, inp)] = q as i8;
+                packed[at(o, b * QK8_0 + j, inp)] = q;
             }
         }
         Ok(Self {
-            qs,
-            scales,
+            data: packed,
             out,
             inp,
         })
     }
 
-    /// The GGUF Q8_0 blocks back, row-major (scales are exact: f16 → f32
-    /// → f16 round-trips), to fuse projections.
+    /// The GGUF Q8_0 blocks back, row-major (the scales are the file's
+    /// bytes), to fuse projections.
     pub fn to_blocks(&self) -> Vec<u8> {
         let nb = self.inp / QK8_0;
         let mut data = Vec::with_capacity(self.out * nb * Q8_0_BLOCK_BYTES);
         for o in 0..self.out {
-            let (p, l) = (o / LANES, o % LANES);
             for b in 0..nb {
-                let d = f16::from_f32(self.scales[(p * nb + b) * LANES + l]);
-                data.extend_from_slice(&d.to_le_bytes());
-                data.extend(
-                    (b * QK8_0..(b + 1) * QK8_0).map(|k| self.qs[at(o, k, self.inp)] as u8),
-                );
+                let s = scale_at(o, b, self.inp);
+                data.extend_from_slice(&self.data[s..s + 2]);
+                data.extend((b * QK8_0..(b + 1) * QK8_0).map(|k| self.data[at(o, k, self.inp)]));
             }
         }
         data
     }
 
+    /// Row `o`'s scale of block `b`.
+    fn scale(&self, o: usize, b: usize) -> f32 {
+        let s = scale_at(o, b, self.inp);
+        f16::from_le_bytes([self.data[s], self.data[s + 1]]).to_f32()
+    }
+
     /// The dequantized row-major `[out][inp]` matrix.
     pub fn dequantize(&self) -> Vec<f32> {
-        let nb = self.inp / QK8_0;
         let mut w = vec![0f32; self.out * self.inp];
         for (o, row) in w
             .chunks_exact_mut(self.inp.max(1))
             .enumerate()
             .take(self.out)
         {
-            let (p, l) = (o / LANES, o % LANES);
             for (k, v) in row.iter_mut().enumerate() {
-                let d = self.scales[(p * nb + k / QK8_0) * LANES + l];
-                *v = d * f32::from(self.qs[at(o, k, self.inp)]);
+                let q = self.data[at(o, k, self.inp)] as i8;
+                *v = self.scale(o, k / QK8_0) * f32::from(q);
             }
         }
         w
@@ -149,7 +171,7 @@ impl PackedQ8 {
 
     /// Bytes the weights and scales occupy.
     pub fn size_bytes(&self) -> usize {
-        self.qs.len() + self.scales.len() * 4
+        self.data.len()
     }
 
     /// Output dimension.
@@ -203,9 +225,23 @@ impl PackedQ8 {
         };
         let nv = panels_per_tile(rows);
         let xq = &*xq;
-        schedule(rows, self.inp, self.out, nv, |r, g| {
-            self.compute(isa, nv, xq, r, g, &out)
-        });
+        let job = |r: Range<usize>, g: Range<usize>| self.compute(isa, nv, xq, r, g, &out);
+        if rows > 1 {
+            return schedule(rows, self.inp, self.out, nv, job);
+        }
+        let groups = self.out.div_ceil(LANES).div_ceil(nv);
+        if rows * self.inp * self.out < PARALLEL_MIN_MACS {
+            return job(0..rows, 0..groups);
+        }
+        // One row: equal contiguous runs of panel groups, a multiple of the
+        // threads, so each task streams one stretch of the weights and the
+        // threads finish together (`schedule`'s tasks of 256 Ki
+        // multiply-adds left 3 tasks for 2 threads on a 768×768).
+        let threads = rayon::current_num_threads();
+        let tasks = (threads * (self.data.len() / (threads * TASK_BYTES)).max(1)).min(groups);
+        (0..tasks)
+            .into_par_iter()
+            .for_each(|t| job(0..rows, t * groups / tasks..(t + 1) * groups / tasks));
     }
 
     /// Rows `rows` × the columns of panel groups `groups` (of `nv` panels),
@@ -221,7 +257,7 @@ impl PackedQ8 {
         out: &Out,
     ) {
         let nb = self.inp / QK8_0;
-        let (panel_q, panel_s) = (self.inp * LANES, nb * LANES);
+        let panel = nb * PANEL_BLOCK;
         let panels = self.out.div_ceil(LANES);
         let n = rows.len();
         let count = n.div_ceil(MAX_MR);
@@ -236,8 +272,7 @@ impl PackedQ8 {
                 for i in 0..count {
                     let mr = base + usize::from(i < extra);
                     let t = QTile {
-                        qs: &self.qs[p * panel_q..(p + tile_nv) * panel_q],
-                        scales: &self.scales[p * panel_s..(p + tile_nv) * panel_s],
+                        w: &self.data[p * panel..(p + tile_nv) * panel],
                         xq: &xq.qs[r0 * self.inp..(r0 + mr) * self.inp],
                         xd: &xq.d[r0 * nb..(r0 + mr) * nb],
                         inp: self.inp,
@@ -251,18 +286,16 @@ impl PackedQ8 {
 }
 
 /// Panels per tile for a product of `rows` rows: one row reuses each
-/// broadcast activation across two panels; with more rows, the rows share
-/// each panel's weights and their absolute values.
+/// broadcast activation across four panels (four streams of weights in
+/// flight); with more rows, the rows share each panel's weights.
 fn panels_per_tile(rows: usize) -> usize {
-    if rows == 1 { 2 } else { 1 }
+    if rows == 1 { 4 } else { 1 }
 }
 
 /// One register tile's operands.
 struct QTile<'a> {
-    /// The tile's panels of int8, `[NV][inp / 4][LANES][4]`.
-    qs: &'a [i8],
-    /// Their scales, `[NV][inp / QK8_0][LANES]`.
-    scales: &'a [f32],
+    /// The tile's panels, `[NV][inp / QK8_0]` blocks of [`PANEL_BLOCK`].
+    w: &'a [u8],
     /// Its rows of quantized `x`, `[mr][inp]`.
     xq: &'a [i8],
     /// Their block scales, `[mr][inp / QK8_0]`.
@@ -279,8 +312,7 @@ impl QTile<'_> {
             self.inp.is_multiple_of(QK8_0)
                 && self.xq.len() >= mr * self.inp
                 && self.xd.len() >= mr * nb
-                && self.qs.len() >= nv * self.inp * LANES
-                && self.scales.len() >= nv * nb * LANES
+                && self.w.len() >= nv * nb * PANEL_BLOCK
         );
     }
 }
@@ -308,8 +340,8 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &QTile<'_>, row0: usize, col0: usiz
     // (see `isa.rs`), so holding one means the CPU has its features.
     match isa.kind() {
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 => go!(tile_avx2; 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
-        _ => go!(tile_portable; 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        IsaKind::Avx2 => go!(tile_avx2; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        _ => go!(tile_portable; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
     }
 }
 
@@ -318,25 +350,25 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &QTile<'_>, row0: usize, col0: usiz
 fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
     let mut acc = [[[0f32; LANES]; NV]; MR];
     let nb = t.inp / QK8_0;
-    let (panel_q, panel_s) = (t.inp * LANES, nb * LANES);
     for b in 0..nb {
         for (r, acc_r) in acc.iter_mut().enumerate() {
             let x = &t.xq[r * t.inp + b * QK8_0..][..QK8_0];
             let dx = t.xd[r * nb + b];
             for (p, acc_p) in acc_r.iter_mut().enumerate() {
-                let w = &t.qs[p * panel_q + b * QK8_0 * LANES..][..QK8_0 * LANES];
-                let dw = &t.scales[p * panel_s + b * LANES..][..LANES];
+                let blk = &t.w[(p * nb + b) * PANEL_BLOCK..][..PANEL_BLOCK];
+                let (w, dw) = blk.split_at(BLOCK_QS);
                 let mut sum = [0i32; LANES];
                 for (g, xg) in x.chunks_exact(GROUP).enumerate() {
                     let wg = &w[g * LANES * GROUP..][..LANES * GROUP];
                     for (l, s) in sum.iter_mut().enumerate() {
                         *s += (0..GROUP)
-                            .map(|j| i32::from(wg[l * GROUP + j]) * i32::from(xg[j]))
+                            .map(|j| i32::from(wg[l * GROUP + j] as i8) * i32::from(xg[j]))
                             .sum::<i32>();
                     }
                 }
                 for l in 0..LANES {
-                    acc_p[l] += sum[l] as f32 * (dw[l] * dx);
+                    let d = f16::from_le_bytes([dw[2 * l], dw[2 * l + 1]]).to_f32();
+                    acc_p[l] += sum[l] as f32 * (d * dx);
                 }
             }
         }
@@ -349,37 +381,34 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV>
 /// quantized activations are broadcast and given the weights' signs, and
 /// `vpmaddubsw` + `vpmaddwd` add the 4 products of each output into its i32
 /// lane; after a block's 8 groups the lanes are converted and multiply-added
-/// with the scales. The weights supply the unsigned side, as in llama.cpp,
-/// because `|-128|` is 128 as u8 while the activations, clamped to ±127,
-/// never hit `vpsignb`'s overflow.
+/// with the scales (converted from f16 by `vcvtph2ps`). The weights supply
+/// the unsigned side, as in llama.cpp, because `|-128|` is 128 as u8 while
+/// the activations, clamped to ±127, never hit `vpsignb`'s overflow.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
     use std::arch::x86_64::*;
     t.check(MR, NV);
     let nb = t.inp / QK8_0;
-    let (panel_q, panel_s) = (t.inp * LANES, nb * LANES);
+    let panel = nb * PANEL_BLOCK;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-    let (q, s, x, xd) = (
-        t.qs.as_ptr(),
-        t.scales.as_ptr(),
-        t.xq.as_ptr(),
-        t.xd.as_ptr(),
-    );
+    let (q, x, xd) = (t.w.as_ptr(), t.xq.as_ptr(), t.xd.as_ptr());
     for b in 0..nb {
         let mut sum = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-        for g in b * QK8_0 / GROUP..(b + 1) * QK8_0 / GROUP {
-            // SAFETY: r < MR and 4·g + 4 <= inp: inside `xq` (checked).
+        for g in 0..QK8_0 / GROUP {
+            // SAFETY: r < MR and 32·b + 4·g + 4 <= inp: inside `xq` (checked).
             let xv: [__m256i; MR] = std::array::from_fn(|r| unsafe {
-                _mm256_set1_epi32(x.add(r * t.inp + g * GROUP).cast::<i32>().read_unaligned())
+                let at = x.add(r * t.inp + b * QK8_0 + g * GROUP);
+                _mm256_set1_epi32(at.cast::<i32>().read_unaligned())
             });
             for (p, _) in acc[0].iter().enumerate() {
                 for h in 0..2 {
-                    // SAFETY: p < NV and g < inp / 4: 32 bytes inside `qs`
-                    // (checked).
+                    // SAFETY: p < NV and b < nb: 32 bytes inside the int8
+                    // of block b of panel p, inside `w` (checked).
                     let w = unsafe {
-                        _mm256_loadu_si256(q.add(p * panel_q + (g * LANES + 8 * h) * GROUP).cast())
+                        let at = p * panel + b * PANEL_BLOCK + (g * LANES + 8 * h) * GROUP;
+                        _mm256_loadu_si256(q.add(at).cast())
                     };
                     let aw = _mm256_sign_epi8(w, w);
                     for (r, sum_r) in sum.iter_mut().enumerate() {
@@ -390,10 +419,14 @@ fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
             }
         }
         for p in 0..NV {
-            // SAFETY: p < NV and b < nb: 16 scales inside `scales` (checked).
+            // SAFETY: p < NV and b < nb: the 16 f16 scales after the int8
+            // of block b of panel p, inside `w` (checked).
             let dw = unsafe {
-                let at = s.add(p * panel_s + b * LANES);
-                [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))]
+                let at = q.add(p * panel + b * PANEL_BLOCK + BLOCK_QS);
+                [
+                    _mm256_cvtph_ps(_mm_loadu_si128(at.cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(at.add(16).cast())),
+                ]
             };
             for (r, acc_r) in acc.iter_mut().enumerate() {
                 // SAFETY: r < MR and b < nb: inside `xd` (checked).
@@ -556,6 +589,24 @@ mod tests {
         check(8, 512, 300);
         check(33, 256, 200);
         check(128, 256, 80);
+        // One row splits into equal runs of panel groups: 4.3 MB makes more
+        // tasks than threads, and 69 panels leave a last group of one.
+        check(1, 2048, 2000);
+        check(1, 768, 1280);
+    }
+
+    #[test]
+    fn stores_the_files_bytes_per_weight() {
+        // f16 scales inline: 34 bytes per 32 weights, as the file; a last
+        // panel of 13 rows is padded to 16.
+        for (out, inp) in [(32, 64), (768, 768), (61, 96)] {
+            let (blocks, _) = quantized(out, inp, 1);
+            let p = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
+            assert_eq!(
+                p.size_bytes(),
+                out.next_multiple_of(LANES) * inp / QK8_0 * 34
+            );
+        }
     }
 
     #[test]

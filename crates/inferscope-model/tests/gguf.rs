@@ -300,7 +300,7 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     exec.init_kv_cache(BLOCK_SIZE).unwrap();
 
     // What a step reads (the `estimated_read_bytes` term): every linear as
-    // repacked, 1 byte per weight plus an f32 scale per 32, over output rows
+    // repacked, 1 byte per weight plus an f16 scale per 32, over output rows
     // padded to the 16-row panels.
     let (h, kv, ffn) = (
         cfg.hidden_size,
@@ -316,7 +316,7 @@ fn gguf_q8_0_runs_the_dequantized_model() {
         (ffn, h),
         (h, ffn),
     ];
-    let q8_bytes = |(out, inp): (usize, usize)| out.div_ceil(16) * 16 * inp * 9 / 8;
+    let q8_bytes = |(out, inp): (usize, usize)| out.div_ceil(16) * 16 * inp * 17 / 16;
     let expected = cfg.num_layers * per_layer.into_iter().map(q8_bytes).sum::<usize>()
         + q8_bytes((cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected);
