@@ -199,6 +199,20 @@ pub fn first_errors(outputs: &[RequestOutput], k: usize) -> Vec<String> {
     seen
 }
 
+/// How many requests were sent again because the server had closed their
+/// pooled connection before any of them was written (`None` when none was).
+pub fn resent_line(outputs: &[RequestOutput]) -> Option<String> {
+    let requests = outputs.iter().filter(|o| o.resent > 0).count();
+    if requests == 0 {
+        return None;
+    }
+    let times: usize = outputs.iter().map(|o| o.resent).sum();
+    Some(format!(
+        "{requests} requests were sent again ({times} times in all) on a new connection: the server had closed \
+         the kept-alive one before any byte of them was written (it never saw them; their TTFT includes the retry)"
+    ))
+}
+
 /// Runs one benchmark: prints the report (and the server-side view) and saves
 /// the result when asked.
 pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError> {
@@ -400,6 +414,9 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         counting,
     );
 
+    if let Some(line) = resent_line(&run.outputs) {
+        println!("{line}");
+    }
     let errors = first_errors(&run.outputs, 5);
     if !errors.is_empty() {
         println!("{} requests failed; first errors:", m.failed);
