@@ -11,7 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Which request format to speak.
@@ -215,6 +216,8 @@ const MAX_RESENDS: usize = 16;
 /// A shared, pooled client for one endpoint.
 pub struct ApiClient {
     http: HttpClient,
+    /// The server has closed one of `http`'s connections (see [`Self::send`]).
+    server_closes: Arc<AtomicBool>,
     uri: Uri,
     cfg: ClientConfig,
     next_id: AtomicU64,
@@ -254,13 +257,21 @@ pub fn parse_http_uri(url: &str) -> Result<Uri, BenchError> {
 /// connections checked for a server-side close before each request
 /// ([`crate::connect`]).
 pub fn http_client() -> HttpClient {
+    http_client_watching_closes().0
+}
+
+/// [`http_client`], and a flag set once the server closes any of its connections.
+pub fn http_client_watching_closes() -> (HttpClient, Arc<AtomicBool>) {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(Duration::from_secs(10)));
-    Client::builder(TokioExecutor::new())
+    let conn = GuardedConnector::new(conn);
+    let closes = conn.peer_closes();
+    let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(usize::MAX)
-        .build(GuardedConnector::new(conn))
+        .build(conn);
+    (client, closes)
 }
 
 /// Error text with its chain of causes (hyper's top-level messages are terse).
@@ -279,13 +290,21 @@ impl ApiClient {
     /// Creates a client for `cfg.url`.
     pub fn new(cfg: ClientConfig) -> Result<Self, BenchError> {
         let uri = parse_http_uri(&cfg.url)?;
+        let (http, server_closes) = http_client_watching_closes();
         Ok(ApiClient {
-            http: http_client(),
+            http,
+            server_closes,
             uri,
             cfg,
             next_id: AtomicU64::new(0),
             id_seed: random_seed(),
         })
+    }
+
+    /// Whether the server has closed one of the client's connections, so
+    /// that requests now ask for a connection each (`Connection: close`).
+    pub fn server_closes_connections(&self) -> bool {
+        self.server_closes.load(Ordering::Relaxed)
     }
 
     /// The request body for one prompt.
@@ -338,6 +357,13 @@ impl ApiClient {
             }
             if let Some(key) = &self.cfg.api_key {
                 builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+            }
+            // A server that closed a connection (llama-server does after
+            // every streamed response, announcing keep-alive) may close the
+            // next one while a request is being written into it, and then
+            // nobody can tell whether it ran: one connection per request.
+            if self.server_closes.load(Ordering::Relaxed) {
+                builder = builder.header(http::header::CONNECTION, "close");
             }
             let req = match builder.body(Full::new(body.clone())) {
                 Ok(r) => r,

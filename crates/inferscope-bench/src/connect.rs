@@ -19,6 +19,8 @@ use std::future::Future;
 use std::io;
 use std::os::fd::AsFd;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -77,16 +79,19 @@ fn starts_request(buf: &[u8]) -> bool {
 #[derive(Debug)]
 pub struct GuardedStream {
     tcp: TcpStream,
+    /// Set when the peer ends the stream (a read returns end of file).
+    peer_closed_one: Arc<AtomicBool>,
     /// The last write took fewer bytes than offered: the next one continues
     /// it, so it is not the start of a request even if it looks like one.
     mid_write: bool,
 }
 
 impl GuardedStream {
-    /// Wraps a connected stream.
-    pub fn new(tcp: TcpStream) -> Self {
+    /// Wraps a connected stream; `peer_closed_one` is set at the peer's FIN.
+    pub fn new(tcp: TcpStream, peer_closed_one: Arc<AtomicBool>) -> Self {
         GuardedStream {
             tcp,
+            peer_closed_one,
             mid_write: false,
         }
     }
@@ -131,7 +136,12 @@ impl AsyncRead for GuardedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.tcp).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() == before && buf.remaining() > 0 {
+            self.peer_closed_one.store(true, Ordering::Relaxed);
+        }
+        r
     }
 }
 
@@ -194,12 +204,22 @@ impl Connection for GuardedStream {
 #[derive(Debug, Clone)]
 pub struct GuardedConnector {
     inner: HttpConnector,
+    peer_closed_one: Arc<AtomicBool>,
 }
 
 impl GuardedConnector {
     /// Wraps a configured `HttpConnector`.
     pub fn new(inner: HttpConnector) -> Self {
-        GuardedConnector { inner }
+        GuardedConnector {
+            inner,
+            peer_closed_one: Arc::default(),
+        }
+    }
+
+    /// Set once the server has closed any of this connector's connections
+    /// (shared by its clones, so by the pool that owns one).
+    pub fn peer_closes(&self) -> Arc<AtomicBool> {
+        self.peer_closed_one.clone()
     }
 }
 
@@ -214,9 +234,10 @@ impl tower::Service<Uri> for GuardedConnector {
 
     fn call(&mut self, dst: Uri) -> Self::Future {
         let connecting = self.inner.call(dst);
+        let flag = self.peer_closed_one.clone();
         Box::pin(async move {
             let io = connecting.await?;
-            Ok(TokioIo::new(GuardedStream::new(io.into_inner())))
+            Ok(TokioIo::new(GuardedStream::new(io.into_inner(), flag)))
         })
     }
 }

@@ -21,11 +21,14 @@ enum Then {
     ReadSecondAndClose,
 }
 
-/// The mock's log: (connection number, request number on it) per request read.
-type Log = Arc<Mutex<Vec<(usize, usize)>>>;
+/// The mock's log per request read: (connection number, request number on
+/// it, whether it asked for `Connection: close`).
+type Log = Arc<Mutex<Vec<(usize, usize, bool)>>>;
 
-fn read_request(r: &mut BufReader<TcpStream>) -> Option<()> {
+/// Reads one request; whether it carried `Connection: close`.
+fn read_request(r: &mut BufReader<TcpStream>) -> Option<bool> {
     let mut len = 0usize;
+    let mut close = false;
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).ok()? == 0 {
@@ -39,10 +42,15 @@ fn read_request(r: &mut BufReader<TcpStream>) -> Option<()> {
         {
             len = v.trim().parse().ok()?;
         }
+        if let Some((k, v)) = line.split_once(':')
+            && k.eq_ignore_ascii_case("connection")
+        {
+            close = v.trim().eq_ignore_ascii_case("close");
+        }
     }
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).ok()?;
-    Some(())
+    Some(close)
 }
 
 fn chunk(s: &str) -> String {
@@ -77,10 +85,10 @@ fn start(then: Then) -> (u16, Log) {
                 let mut w = stream.try_clone().expect("clone");
                 let mut r = BufReader::new(stream);
                 for n in 1.. {
-                    if read_request(&mut r).is_none() {
+                    let Some(close) = read_request(&mut r) else {
                         return;
-                    }
-                    l.lock().expect("log").push((conn, n));
+                    };
+                    l.lock().expect("log").push((conn, n, close));
                     if then == Then::ReadSecondAndClose && n == 2 {
                         let _ = w.shutdown(Shutdown::Both);
                         return;
@@ -139,8 +147,17 @@ async fn a_request_on_a_connection_the_server_closed_is_sent_again() {
     );
     assert_eq!(second.generated_text, "ab");
     assert_eq!(second.usage_output_tokens, Some(2));
+    // Once the client has seen a close, each request asks for a connection
+    // of its own, so none can be written into one the server is closing.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let third = c.send("p", 3, 2).await;
+    assert!(third.success, "{}", third.error);
+    assert_eq!(third.resent, 0);
     // The server read each request once, each on its own connection.
-    assert_eq!(*log.lock().expect("log"), vec![(0, 1), (1, 1)]);
+    assert_eq!(
+        *log.lock().expect("log"),
+        vec![(0, 1, false), (1, 1, false), (2, 1, true)]
+    );
 }
 
 /// A request the server read before closing is a failure, not a resend:
@@ -161,5 +178,8 @@ async fn a_request_the_server_read_is_not_sent_again() {
         "{}",
         second.error
     );
-    assert_eq!(*log.lock().expect("log"), vec![(0, 1), (0, 2)]);
+    assert_eq!(
+        *log.lock().expect("log"),
+        vec![(0, 1, false), (0, 2, false)]
+    );
 }
