@@ -1,6 +1,7 @@
 //! The HTTP client: one pooled connection set shared by every request,
 //! OpenAI request bodies, and per-request timing of the SSE stream.
 
+use crate::connect::{GuardedConnector, never_sent};
 use crate::error::BenchError;
 use crate::sse::SseParser;
 use bytes::Bytes;
@@ -10,7 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Which request format to speak.
@@ -56,6 +58,9 @@ pub struct RequestOutput {
     pub prompt_len: usize,
     /// Why it failed (empty on success).
     pub error: String,
+    /// Times it was sent again because its pooled connection turned out to
+    /// be closed by the server before any of it was written.
+    pub resent: usize,
 }
 
 /// Connection and request settings.
@@ -199,9 +204,20 @@ impl Sampling {
     }
 }
 
+/// The pooled HTTP/1 client type of the bench.
+pub type HttpClient = Client<GuardedConnector, Full<Bytes>>;
+
+/// How many times a request is sent again after finding its pooled
+/// connection closed by the server before any of it was written (each try
+/// discards one dead connection; a server that closes after every response
+/// leaves at most one per earlier request in the pool).
+const MAX_RESENDS: usize = 16;
+
 /// A shared, pooled client for one endpoint.
 pub struct ApiClient {
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: HttpClient,
+    /// The server has closed one of `http`'s connections (see [`Self::send`]).
+    server_closes: Arc<AtomicBool>,
     uri: Uri,
     cfg: ClientConfig,
     next_id: AtomicU64,
@@ -237,15 +253,25 @@ pub fn parse_http_uri(url: &str) -> Result<Uri, BenchError> {
     }
 }
 
-/// A pooled HTTP/1 client with TCP_NODELAY and a connect timeout.
-pub fn http_client() -> Client<HttpConnector, Full<Bytes>> {
+/// A pooled HTTP/1 client with TCP_NODELAY, a connect timeout, and
+/// connections checked for a server-side close before each request
+/// ([`crate::connect`]).
+pub fn http_client() -> HttpClient {
+    http_client_watching_closes().0
+}
+
+/// [`http_client`], and a flag set once the server closes any of its connections.
+pub fn http_client_watching_closes() -> (HttpClient, Arc<AtomicBool>) {
     let mut conn = HttpConnector::new();
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(Duration::from_secs(10)));
-    Client::builder(TokioExecutor::new())
+    let conn = GuardedConnector::new(conn);
+    let closes = conn.peer_closes();
+    let client = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(90))
         .pool_max_idle_per_host(usize::MAX)
-        .build(conn)
+        .build(conn);
+    (client, closes)
 }
 
 /// Error text with its chain of causes (hyper's top-level messages are terse).
@@ -264,13 +290,21 @@ impl ApiClient {
     /// Creates a client for `cfg.url`.
     pub fn new(cfg: ClientConfig) -> Result<Self, BenchError> {
         let uri = parse_http_uri(&cfg.url)?;
+        let (http, server_closes) = http_client_watching_closes();
         Ok(ApiClient {
-            http: http_client(),
+            http,
+            server_closes,
             uri,
             cfg,
             next_id: AtomicU64::new(0),
             id_seed: random_seed(),
         })
+    }
+
+    /// Whether the server has closed one of the client's connections, so
+    /// that requests now ask for a connection each (`Connection: close`).
+    pub fn server_closes_connections(&self) -> bool {
+        self.server_closes.load(Ordering::Relaxed)
     }
 
     /// The request body for one prompt.
@@ -312,33 +346,49 @@ impl ApiClient {
             RequestIds::Uuid { prefix } => Some(format!("{prefix}{}", uuid_v4(self.id_seed, n))),
             RequestIds::Off => None,
         };
-        let mut builder =
-            Request::post(self.uri.clone()).header(http::header::CONTENT_TYPE, "application/json");
-        if let Some(id) = &request_id {
-            builder = builder.header("x-request-id", id.as_str());
-        }
-        if let Some(key) = &self.cfg.api_key {
-            builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
-        }
-        let req = match builder.body(Full::new(Bytes::from(body))) {
-            Ok(r) => r,
-            Err(e) => {
-                out.error = format!("building request: {e}");
-                return out;
-            }
-        };
+        let body = Bytes::from(body);
         let timeout = self.cfg.read_timeout;
         let st = Instant::now();
-        let resp = match tokio::time::timeout(timeout, self.http.request(req)).await {
-            Err(_) => {
-                out.error = format!("no response within {:.0} s", timeout.as_secs_f64());
-                return out;
+        let resp = loop {
+            let mut builder = Request::post(self.uri.clone())
+                .header(http::header::CONTENT_TYPE, "application/json");
+            if let Some(id) = &request_id {
+                builder = builder.header("x-request-id", id.as_str());
             }
-            Ok(Err(e)) => {
-                out.error = error_chain(&e);
-                return out;
+            if let Some(key) = &self.cfg.api_key {
+                builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
             }
-            Ok(Ok(r)) => r,
+            // A server that closed a connection (llama-server does after
+            // every streamed response, announcing keep-alive) may close the
+            // next one while a request is being written into it, and then
+            // nobody can tell whether it ran: one connection per request.
+            if self.server_closes.load(Ordering::Relaxed) {
+                builder = builder.header(http::header::CONNECTION, "close");
+            }
+            let req = match builder.body(Full::new(body.clone())) {
+                Ok(r) => r,
+                Err(e) => {
+                    out.error = format!("building request: {e}");
+                    return out;
+                }
+            };
+            match tokio::time::timeout(timeout, self.http.request(req)).await {
+                Err(_) => {
+                    out.error = format!("no response within {:.0} s", timeout.as_secs_f64());
+                    return out;
+                }
+                // Nothing of it reached the server (see `connect`): sending it
+                // again cannot run it twice. The clock keeps the first try's
+                // start, so the resend's cost is in TTFT.
+                Ok(Err(e)) if never_sent(&e) && out.resent < MAX_RESENDS => {
+                    out.resent += 1;
+                }
+                Ok(Err(e)) => {
+                    out.error = error_chain(&e);
+                    return out;
+                }
+                Ok(Ok(r)) => break r,
+            }
         };
         let status = resp.status();
         let mut body = resp.into_body();

@@ -6,6 +6,7 @@ pub mod arrivals;
 pub mod cli;
 pub mod client;
 pub mod compare;
+pub mod connect;
 pub mod dataset;
 pub mod error;
 pub mod html;

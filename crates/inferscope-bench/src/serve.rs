@@ -199,6 +199,20 @@ pub fn first_errors(outputs: &[RequestOutput], k: usize) -> Vec<String> {
     seen
 }
 
+/// How many requests were sent again because the server had closed their
+/// pooled connection before any of them was written (`None` when none was).
+pub fn resent_line(outputs: &[RequestOutput]) -> Option<String> {
+    let requests = outputs.iter().filter(|o| o.resent > 0).count();
+    if requests == 0 {
+        return None;
+    }
+    let times: usize = outputs.iter().map(|o| o.resent).sum();
+    Some(format!(
+        "{requests} requests were sent again ({times} times in all) on a new connection: the server had closed \
+         the kept-alive one before any byte of them was written (it never saw them; their TTFT includes the retry)"
+    ))
+}
+
 /// Runs one benchmark: prints the report (and the server-side view) and saves
 /// the result when asked.
 pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError> {
@@ -333,6 +347,14 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         .ok_or_else(|| BenchError::Dataset("no request to send".into()))?;
     initial_test(&client, &first, args.ready_check_timeout_sec).await?;
     println!("Initial test run completed.");
+    // A server that closes the connection after a response does it within
+    // microseconds; this lets the client see it before the run reuses it.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    if client.server_closes_connections() {
+        println!(
+            "The server closed the test request's kept-alive connection: each request gets a connection of its own (Connection: close)"
+        );
+    }
     if args.num_warmups > 0 {
         println!("Warming up with {} requests...", args.num_warmups);
         let warm = Plan {
@@ -400,6 +422,9 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         counting,
     );
 
+    if let Some(line) = resent_line(&run.outputs) {
+        println!("{line}");
+    }
     let errors = first_errors(&run.outputs, 5);
     if !errors.is_empty() {
         println!("{} requests failed; first errors:", m.failed);
@@ -583,4 +608,23 @@ fn client_quantiles(d: &crate::statistics::Distribution) -> (f64, Option<f64>) {
         .find(|(p, _)| (*p - 99.0).abs() < 1e-9)
         .map(|&(_, v)| v);
     (d.median_ms, p99)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resends_are_counted_per_request_and_in_all() {
+        let out = |resent| RequestOutput {
+            resent,
+            ..Default::default()
+        };
+        assert_eq!(resent_line(&[out(0), out(0)]), None);
+        let line = resent_line(&[out(2), out(0), out(1)]).expect("a line");
+        assert!(
+            line.starts_with("2 requests were sent again (3 times in all)"),
+            "{line}"
+        );
+    }
 }

@@ -8,15 +8,13 @@
 //! dataset code that drives it: call it from a blocking thread
 //! (`tokio::task::spawn_blocking`), never from a task on the runtime.
 
-use crate::client::{error_chain, http_client, parse_http_uri};
+use crate::client::{HttpClient, error_chain, http_client, parse_http_uri};
 use crate::dataset::{CountedBy, WORDS};
 use crate::error::BenchError;
 use crate::tokenizer::Codec;
 use bytes::Bytes;
 use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,7 +26,7 @@ pub const CONCURRENCY: usize = 16;
 /// What one call needs; cloned into each concurrent task.
 #[derive(Clone)]
 struct Endpoint {
-    http: Client<HttpConnector, Full<Bytes>>,
+    http: HttpClient,
     api_key: Option<String>,
     /// Longest wait for one call.
     timeout: Duration,
