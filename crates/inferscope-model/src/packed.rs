@@ -858,9 +858,12 @@ fn tile_avx512<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E])
     res
 }
 
-/// Rows from which AVX2 products take the blocked path (prefill): below,
-/// the weights' stream dominates and the plain tiles read them once.
-pub(crate) const BLOCKED_MIN_ROWS: usize = 16;
+/// Rows from which AVX2 products take the blocked path: from 8 rows (a
+/// decode step at concurrency 8) the plain tiles' two row tiles read each
+/// panel twice, the second time from L2, while the blocked path keeps a
+/// KC slice in L1 for both; a whole 8-row step of the side-by-side model
+/// took about 0.7× the time (docs/cpu-executor.md, "Decode at 8 rows").
+pub(crate) const BLOCKED_MIN_ROWS: usize = 8;
 
 /// Inner-dimension block of the blocked path: a panel's `KC × LANES` f32
 /// weights (16 KiB) stay in L1 while every row tile of the block uses them.
