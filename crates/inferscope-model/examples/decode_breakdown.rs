@@ -16,68 +16,19 @@
 //! column uses 8 streams on all threads). Knobs (environment): `CONTEXT`,
 //! `STEPS` per round (default 40), `ROUNDS` (default 7).
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use measure::{env, median, pool, read_bandwidth};
 
 use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
 use inferscope_model::gguf::load_gguf;
 use inferscope_model::llama::Part;
 use inferscope_model::{CpuExecutor, KvBudget};
-use rayon::prelude::*;
+
+mod measure;
 
 const BLOCK_SIZE: usize = 16;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Streaming read bandwidth in GB/s over 1 GiB (median of 5), on all
-/// threads of the pool or on this one, each thread reading `streams`
-/// sequential streams side by side (a product's panels are several
-/// streams: one stream per core leaves memory-level parallelism unused).
-fn read_bandwidth(parallel: bool, streams: usize) -> f64 {
-    let data = vec![1u32; 256 << 20];
-    let bytes = (data.len() * 4) as f64;
-    // One task: `streams` equal parts of `c`, read in lockstep.
-    let sum = |c: &[u32]| {
-        let len = c.len() / streams;
-        let parts: Vec<&[u32]> = c.chunks_exact(len).take(streams).collect();
-        let mut acc = [0u32; 8];
-        for i in (0..len).step_by(8) {
-            for p in &parts {
-                for (a, &x) in acc.iter_mut().zip(&p[i..i + 8]) {
-                    *a = a.wrapping_add(x);
-                }
-            }
-        }
-        acc.iter().fold(0u32, |a, &x| a.wrapping_add(x))
-    };
-    let runs = (0..6)
-        .map(|_| {
-            let t = Instant::now();
-            let s = if parallel {
-                data.par_chunks(1 << 20)
-                    .map(sum)
-                    .reduce(|| 0, u32::wrapping_add)
-            } else {
-                data.chunks(1 << 20).map(sum).fold(0, u32::wrapping_add)
-            };
-            black_box(s);
-            bytes / t.elapsed().as_secs_f64() / 1e9
-        })
-        .skip(1)
-        .collect();
-    median(runs)
-}
 
 /// One sequence's step: `n` tokens from position `start`.
 fn step(start: usize, n: usize, blocks: usize) -> ScheduledBatch {
@@ -112,14 +63,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let (context, steps, rounds) = (env("CONTEXT", 128), env("STEPS", 40), env("ROUNDS", 7));
     let threads = rayon::current_num_threads();
+    let (all, one) = (pool(threads), pool(1));
     for streams in [1, 4, 8] {
         println!(
             "read bandwidth, {streams} stream(s) per thread: {:.1} GB/s on {threads} threads, {:.1} GB/s on one",
-            read_bandwidth(true, streams),
-            read_bandwidth(false, streams)
+            read_bandwidth(&all, streams),
+            read_bandwidth(&one, streams)
         );
     }
-    let bw_all = read_bandwidth(true, 8);
+    let bw_all = read_bandwidth(&all, 8);
     for file in &files {
         let (model, _) = load_gguf(file.as_ref()).map_err(|e| format!("{file}: {e}"))?;
         let model = Arc::new(model);

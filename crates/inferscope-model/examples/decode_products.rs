@@ -18,67 +18,18 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use inferscope_model::packed::{PackedWeight, WeightDtype};
-use rayon::prelude::*;
+use measure::{env, median, pool, read_bandwidth};
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
-/// Streaming read bandwidth in GB/s over 1 GiB (median of 5), `streams`
-/// sequential streams per task, as `decode_breakdown` measures it.
-fn read_bandwidth(pool: &rayon::ThreadPool, streams: usize) -> f64 {
-    let data = vec![1u32; 256 << 20];
-    let bytes = (data.len() * 4) as f64;
-    let sum = |c: &[u32]| {
-        let len = c.len() / streams;
-        let parts: Vec<&[u32]> = c.chunks_exact(len).take(streams).collect();
-        let mut acc = [0u32; 8];
-        for i in (0..len).step_by(8) {
-            for p in &parts {
-                for (a, &x) in acc.iter_mut().zip(&p[i..i + 8]) {
-                    *a = a.wrapping_add(x);
-                }
-            }
-        }
-        acc.iter().fold(0u32, |a, &x| a.wrapping_add(x))
-    };
-    let runs = (0..6)
-        .map(|_| {
-            let t = Instant::now();
-            let s = pool.install(|| {
-                data.par_chunks(1 << 20)
-                    .map(sum)
-                    .reduce(|| 0, u32::wrapping_add)
-            });
-            black_box(s);
-            bytes / t.elapsed().as_secs_f64() / 1e9
-        })
-        .skip(1)
-        .collect();
-    median(runs)
-}
+mod measure;
 
 fn main() {
     let rows: usize = std::env::args()
         .nth(1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(1);
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(9);
+    let rounds = env("ROUNDS", 9);
     let dtypes = std::env::var("DTYPES").unwrap_or_else(|_| "f32,f16,bf16".into());
-    let pools: Vec<(usize, rayon::ThreadPool)> = [1, 2]
-        .into_iter()
-        .map(|n| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .expect("pool");
-            (n, pool)
-        })
-        .collect();
+    let pools: Vec<(usize, rayon::ThreadPool)> = [1, 2].into_iter().map(|n| (n, pool(n))).collect();
     for (n, pool) in &pools {
         for streams in [1, 8] {
             println!(

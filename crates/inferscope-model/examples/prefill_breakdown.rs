@@ -20,20 +20,11 @@ use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, 
 use inferscope_model::gguf::load_gguf;
 use inferscope_model::llama::Part;
 use inferscope_model::{CpuExecutor, KvBudget, ModelConfig};
+use measure::{env, median};
+
+mod measure;
 
 const BLOCK_SIZE: usize = 16;
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// One step prefilling `seqs` sequences of `n` tokens, each in its own
 /// `blocks` KV blocks.
