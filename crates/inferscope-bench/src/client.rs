@@ -413,10 +413,19 @@ impl ApiClient {
         }
         let mut parser = SseParser::new();
         let mut state = StreamState::new(st);
+        // After `[DONE]` the body is still read to its end, as vLLM's client
+        // does: dropping it early would close the connection from this side,
+        // and a server that closes every streamed response's connection
+        // itself (llama-server) would then never be seen doing it, so the
+        // run would go on reusing connections it is about to close. What
+        // comes after `[DONE]` (the end, a close, a timeout) is not timed and
+        // cannot fail the request.
         loop {
             match tokio::time::timeout(timeout, body.frame()).await {
                 Err(_) => {
-                    state.fail(format!("no data for {:.0} s", timeout.as_secs_f64()));
+                    if !state.done {
+                        state.fail(format!("no data for {:.0} s", timeout.as_secs_f64()));
+                    }
                     break;
                 }
                 Ok(None) => {
@@ -424,7 +433,9 @@ impl ApiClient {
                     break;
                 }
                 Ok(Some(Err(e))) => {
-                    state.fail(format!("stream broken: {}", error_chain(&e)));
+                    if !state.done {
+                        state.fail(format!("stream broken: {}", error_chain(&e)));
+                    }
                     break;
                 }
                 Ok(Some(Ok(frame))) => {
@@ -434,7 +445,7 @@ impl ApiClient {
                     }
                 }
             }
-            if state.done || state.error.is_some() {
+            if state.error.is_some() {
                 break;
             }
         }

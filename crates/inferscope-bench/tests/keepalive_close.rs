@@ -19,6 +19,10 @@ enum Then {
     /// Answers the first request of each connection; closes without an
     /// answer after reading the second (the server saw that request).
     ReadSecondAndClose,
+    /// Streams the events through `[DONE]`, ends the chunked body 30 ms
+    /// later, and closes at once (the body's end and the FIN arrive
+    /// together, after the client has parsed `[DONE]`).
+    LateEndAndClose,
 }
 
 /// The mock's log per request read: (connection number, request number on
@@ -57,7 +61,7 @@ fn chunk(s: &str) -> String {
     format!("{:x}\r\n{s}\r\n", s.len())
 }
 
-fn respond(w: &mut TcpStream) -> std::io::Result<()> {
+fn respond(w: &mut TcpStream, end_after: Duration) -> std::io::Result<()> {
     w.write_all(
         b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\nKeep-Alive: timeout=5, max=100\r\n\r\n",
     )?;
@@ -68,6 +72,7 @@ fn respond(w: &mut TcpStream) -> std::io::Result<()> {
     ] {
         w.write_all(chunk(&format!("data: {ev}\n\n")).as_bytes())?;
     }
+    std::thread::sleep(end_after);
     w.write_all(b"0\r\n\r\n")
 }
 
@@ -93,7 +98,15 @@ fn start(then: Then) -> (u16, Log) {
                         let _ = w.shutdown(Shutdown::Both);
                         return;
                     }
-                    if respond(&mut w).is_err() {
+                    let end_after = match then {
+                        Then::LateEndAndClose => Duration::from_millis(30),
+                        _ => Duration::ZERO,
+                    };
+                    if respond(&mut w, end_after).is_err() {
+                        return;
+                    }
+                    if then == Then::LateEndAndClose {
+                        let _ = w.shutdown(Shutdown::Both);
                         return;
                     }
                     if then == Then::AnswerAndClose {
@@ -182,4 +195,26 @@ async fn a_request_the_server_read_is_not_sent_again() {
         *log.lock().expect("log"),
         vec![(0, 1, false), (0, 2, false)]
     );
+}
+
+/// The client reads a stream to its end after `[DONE]`, so it sees the
+/// server close the connection (and later requests ask for their own):
+/// dropping the body at `[DONE]` closed the connection from the client's
+/// side, and the server's habit went unnoticed.
+#[tokio::test(flavor = "current_thread")]
+async fn a_close_after_the_end_of_a_stream_is_seen() {
+    let (port, log) = start(Then::LateEndAndClose);
+    let c = client(port);
+    let first = c.send("p", 3, 2).await;
+    assert!(first.success, "{}", first.error);
+    assert_eq!(first.generated_text, "ab");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        c.server_closes_connections(),
+        "the server's close after the stream was not seen"
+    );
+    let second = c.send("p", 3, 2).await;
+    assert!(second.success, "{}", second.error);
+    assert_eq!(second.resent, 0);
+    assert_eq!(*log.lock().expect("log"), vec![(0, 1, false), (1, 1, true)]);
 }
