@@ -6,7 +6,7 @@ use half::f16;
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
-use crate::elementwise::swiglu;
+use crate::elementwise::{rms_norm, swiglu_rows};
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
 use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
@@ -456,17 +456,6 @@ impl Laps {
     }
 }
 
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let h = w.len();
-    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        let ms = xr.iter().map(|v| v * v).sum::<f32>() / h as f32;
-        let r = 1.0 / (ms + eps).sqrt();
-        for ((o, v), wi) in or.iter_mut().zip(xr).zip(w) {
-            *o = v * r * wi;
-        }
-    }
-}
-
 /// Rotates each of the `heads` heads (`d` floats each, from `offset` in
 /// each row of `stride` floats) of every token by that token's angles.
 fn apply_rope(x: &mut [f32], rows: Span, heads: usize, d: usize, angles: &Angles) {
@@ -708,14 +697,7 @@ impl LlamaModel {
                 ));
             }
             sc.laps.lap(Part::GateUp);
-            for (a, gu) in sc
-                .act
-                .chunks_exact_mut(inter)
-                .zip(sc.fused.chunks_exact(2 * inter))
-            {
-                let (g, u) = gu.split_at(inter);
-                swiglu(g, u, a);
-            }
+            swiglu_rows(&sc.fused, inter, &mut sc.act);
             sc.laps.lap(Part::Swiglu);
             layer.down.forward_into(&sc.act, n, &mut sc.out)?;
             sc.laps.lap(Part::Down);
