@@ -1207,6 +1207,26 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
     let corr_src = if K == Q4 { t.mn.as_ptr() } else { sc };
     let mut facc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
     for b in 0..nsb {
+        if MR == 1 {
+            // Decode: the next super-block's scales (past a panel's last,
+            // the next panel's first), which lie in four arrays of their
+            // own; without this their misses held up the quants' stream
+            // (a Q4_K_M decode step took 1.5–6 % longer).
+            for p in 0..NV {
+                let pb = p.min(last) * nsb + b + 1;
+                let (at, bytes) = (pb * pairs * LANES * 2, pairs * LANES * 2);
+                for line in (at..at + bytes).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(line).cast());
+                    if K == Q4 {
+                        _mm_prefetch::<_MM_HINT_T0>(t.mn.as_ptr().wrapping_add(line).cast());
+                    }
+                }
+                _mm_prefetch::<_MM_HINT_T0>(t.d.as_ptr().wrapping_add(pb * LANES).cast());
+                if K == Q4 {
+                    _mm_prefetch::<_MM_HINT_T0>(t.dmin.as_ptr().wrapping_add(pb * LANES).cast());
+                }
+            }
+        }
         let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
         for s in 0..QK_K / kind.sub() {
             let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
