@@ -22,7 +22,7 @@ enum Then {
     /// Streams the events through `[DONE]`, ends the chunked body 30 ms
     /// later, and closes at once (the body's end and the FIN arrive
     /// together, after the client has parsed `[DONE]`).
-    LateEndAndClose,
+    CloseAfterLateEnd,
 }
 
 /// The mock's log per request read: (connection number, request number on
@@ -99,13 +99,13 @@ fn start(then: Then) -> (u16, Log) {
                         return;
                     }
                     let end_after = match then {
-                        Then::LateEndAndClose => Duration::from_millis(30),
+                        Then::CloseAfterLateEnd => Duration::from_millis(30),
                         _ => Duration::ZERO,
                     };
                     if respond(&mut w, end_after).is_err() {
                         return;
                     }
-                    if then == Then::LateEndAndClose {
+                    if then == Then::CloseAfterLateEnd {
                         let _ = w.shutdown(Shutdown::Both);
                         return;
                     }
@@ -203,7 +203,7 @@ async fn a_request_the_server_read_is_not_sent_again() {
 /// side, and the server's habit went unnoticed.
 #[tokio::test(flavor = "current_thread")]
 async fn a_close_after_the_end_of_a_stream_is_seen() {
-    let (port, log) = start(Then::LateEndAndClose);
+    let (port, log) = start(Then::CloseAfterLateEnd);
     let c = client(port);
     let first = c.send("p", 3, 2).await;
     assert!(first.success, "{}", first.error);
