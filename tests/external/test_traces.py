@@ -140,7 +140,8 @@ def traced_server(receiver, workdir):
         # No path: the server adds /v1/traces. A small step budget chunks prompts;
         # without prefix caching every prompt token is prefilled (counted below).
         s = Server(["--otlp-traces-endpoint", f"http://127.0.0.1:{receiver.port}",
-                    "--max-num-batched-tokens", "64", "--sim-profile", "tiny",
+                    "--max-num-batched-tokens", "64", "--max-num-seqs", "64",
+                    "--sim-profile", "tiny",
                     "--no-enable-prefix-caching"], workdir)
     finally:
         mp.undo()

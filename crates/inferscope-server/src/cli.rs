@@ -60,8 +60,9 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
 
-    /// Token budget of one engine step, prefill chunks plus decodes
-    /// (default: 256 for cpu, at least --max-num-seqs; 8192 for sim).
+    /// Token budget of one engine step, prefill chunks plus decodes; at
+    /// least --max-num-seqs (default: 256 for cpu, at least --max-num-seqs;
+    /// 8192 for sim).
     #[arg(long)]
     pub max_num_batched_tokens: Option<usize>,
 

@@ -113,6 +113,16 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     if args.validation_workers == 0 {
         return Err(config_err("--validation-workers must be at least 1".into()));
     }
+    // As vLLM: with fewer tokens per step than running sequences, the first
+    // ones would decode every step and the rest wait behind them.
+    let budget = args.max_num_batched_tokens();
+    if budget < args.max_num_seqs {
+        return Err(config_err(format!(
+            "--max-num-batched-tokens ({budget}) must be at least --max-num-seqs ({}): \
+             every running sequence needs a token in each step",
+            args.max_num_seqs
+        )));
+    }
     if !(args.log_stats_interval.is_finite() && args.log_stats_interval > 0.0) {
         return Err(config_err(
             "--log-stats-interval must be a positive number of seconds".into(),

@@ -252,3 +252,40 @@ async fn cpu_executor_serves_its_estimated_flops_and_bytes() {
     assert_eq!(write, 7 * 4096);
     server.shutdown(std::time::Duration::from_secs(5)).await;
 }
+
+/// A step budget below `--max-num-seqs` is refused at start, as vLLM does
+/// (the first sequences would decode every step, the rest wait); equal is
+/// accepted.
+#[tokio::test]
+async fn a_step_budget_below_max_num_seqs_is_refused() {
+    let flags = |budget: &str| {
+        inferscope_server::ServeArgs::try_parse_flags([
+            "--executor",
+            "sim",
+            "--sim-profile",
+            "tiny",
+            "--port",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            budget,
+        ])
+        .expect("parses")
+    };
+    let err = inferscope_server::start(&flags("63"))
+        .await
+        .err()
+        .expect("a budget of 63 for 64 sequences accepted");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("--max-num-batched-tokens (63)") && msg.contains("--max-num-seqs (64)"),
+        "{msg}"
+    );
+    let server = inferscope_server::start(&flags("64"))
+        .await
+        .expect("a budget equal to --max-num-seqs");
+    server.shutdown(std::time::Duration::from_secs(1)).await;
+}
