@@ -22,6 +22,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -74,13 +75,22 @@ fn starts_request(buf: &[u8]) -> bool {
     buf.starts_with(b"POST ") || buf.starts_with(b"GET ")
 }
 
+/// How soon after the server's last bytes its close counts as closing
+/// after every response (llama-server's, within milliseconds) rather than
+/// an idle timeout (uvicorn's 5 s, nginx's 75 s), which the peek before a
+/// write covers without giving up kept-alive connections.
+pub const CLOSE_AFTER_RESPONSE: Duration = Duration::from_secs(1);
+
 /// A TCP stream that refuses to start a request on a connection the peer
 /// has already closed.
 #[derive(Debug)]
 pub struct GuardedStream {
     tcp: TcpStream,
-    /// Set when the peer ends the stream (a read returns end of file).
+    /// Set when the peer ends the stream (a read returns end of file)
+    /// within [`CLOSE_AFTER_RESPONSE`] of its last bytes.
     peer_closed_one: Arc<AtomicBool>,
+    /// When a read last returned bytes.
+    last_data: Option<Instant>,
     /// The last write took fewer bytes than offered: the next one continues
     /// it, so it is not the start of a request even if it looks like one.
     mid_write: bool,
@@ -92,6 +102,7 @@ impl GuardedStream {
         GuardedStream {
             tcp,
             peer_closed_one,
+            last_data: None,
             mid_write: false,
         }
     }
@@ -138,8 +149,16 @@ impl AsyncRead for GuardedStream {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.tcp).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() == before && buf.remaining() > 0 {
-            self.peer_closed_one.store(true, Ordering::Relaxed);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            if buf.filled().len() > before {
+                self.last_data = Some(Instant::now());
+            } else if buf.remaining() > 0
+                && self
+                    .last_data
+                    .is_some_and(|t| t.elapsed() < CLOSE_AFTER_RESPONSE)
+            {
+                self.peer_closed_one.store(true, Ordering::Relaxed);
+            }
         }
         r
     }
@@ -217,7 +236,8 @@ impl GuardedConnector {
     }
 
     /// Set once the server has closed any of this connector's connections
-    /// (shared by its clones, so by the pool that owns one).
+    /// right after a response (within [`CLOSE_AFTER_RESPONSE`] of its last
+    /// bytes); shared by its clones, so by the pool that owns one.
     pub fn peer_closes(&self) -> Arc<AtomicBool> {
         self.peer_closed_one.clone()
     }

@@ -23,6 +23,9 @@ enum Then {
     /// later, and closes at once (the body's end and the FIN arrive
     /// together, after the client has parsed `[DONE]`).
     CloseAfterLateEnd,
+    /// Keeps connections alive, and closes one that has been idle for
+    /// 1.2 s (an idle timeout, as uvicorn's 5 s).
+    CloseWhenIdle,
 }
 
 /// The mock's log per request read: (connection number, request number on
@@ -108,6 +111,11 @@ fn start(then: Then) -> (u16, Log) {
                     if then == Then::CloseAfterLateEnd {
                         let _ = w.shutdown(Shutdown::Both);
                         return;
+                    }
+                    if then == Then::CloseWhenIdle {
+                        // The next read times out: the thread returns and
+                        // the connection closes.
+                        let _ = w.set_read_timeout(Some(Duration::from_millis(1200)));
                     }
                     if then == Then::AnswerAndClose {
                         std::thread::sleep(Duration::from_millis(20));
@@ -217,4 +225,29 @@ async fn a_close_after_the_end_of_a_stream_is_seen() {
     assert!(second.success, "{}", second.error);
     assert_eq!(second.resent, 0);
     assert_eq!(*log.lock().expect("log"), vec![(0, 1, false), (1, 1, true)]);
+}
+
+/// A server that closes a connection only once it has been idle (past
+/// `CLOSE_AFTER_RESPONSE` after the response) does not turn the run to
+/// `Connection: close`: the next request simply gets a new connection.
+#[tokio::test(flavor = "current_thread")]
+async fn an_idle_timeout_close_keeps_connections_alive() {
+    let (port, log) = start(Then::CloseWhenIdle);
+    let c = client(port);
+    let first = c.send("p", 3, 2).await;
+    assert!(first.success, "{}", first.error);
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(
+        !c.server_closes_connections(),
+        "an idle timeout was taken for a close after every response"
+    );
+    for _ in 0..2 {
+        let next = c.send("p", 3, 2).await;
+        assert!(next.success, "{}", next.error);
+    }
+    // The second connection is kept alive for the third request.
+    assert_eq!(
+        *log.lock().expect("log"),
+        vec![(0, 1, false), (1, 1, false), (1, 2, false)]
+    );
 }
