@@ -175,21 +175,25 @@ async fn complete_vllm(addr: std::net::SocketAddr) {
     scrape_when(addr, "vllm:request_success_total", 1.0).await;
 }
 
+/// A tiny sim server on a free local port, with `extra` flags.
+fn sim_args(extra: &[&str]) -> inferscope_server::ServeArgs {
+    let base = [
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+        "--port",
+        "0",
+        "--host",
+        "127.0.0.1",
+    ];
+    inferscope_server::ServeArgs::try_parse_flags(base.iter().chain(extra)).expect("parses")
+}
+
 #[tokio::test]
 async fn a_bad_sample_fraction_is_refused() {
     for bad in ["0", "1.5", "NaN", "-0.1"] {
-        let args = inferscope_server::ServeArgs::try_parse_flags([
-            "--executor",
-            "sim",
-            "--sim-profile",
-            "tiny",
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            format!("--kv-cache-metrics-sample={bad}").as_str(),
-        ])
-        .expect("parses");
+        let args = sim_args(&[format!("--kv-cache-metrics-sample={bad}").as_str()]);
         let err = inferscope_server::start(&args)
             .await
             .err()
@@ -258,23 +262,8 @@ async fn cpu_executor_serves_its_estimated_flops_and_bytes() {
 /// accepted.
 #[tokio::test]
 async fn a_step_budget_below_max_num_seqs_is_refused() {
-    let flags = |budget: &str| {
-        inferscope_server::ServeArgs::try_parse_flags([
-            "--executor",
-            "sim",
-            "--sim-profile",
-            "tiny",
-            "--port",
-            "0",
-            "--host",
-            "127.0.0.1",
-            "--max-num-seqs",
-            "64",
-            "--max-num-batched-tokens",
-            budget,
-        ])
-        .expect("parses")
-    };
+    let flags =
+        |budget: &str| sim_args(&["--max-num-seqs", "64", "--max-num-batched-tokens", budget]);
     let err = inferscope_server::start(&flags("63"))
         .await
         .err()
