@@ -4,8 +4,8 @@
 # (continuous batching, --parallel 8), one after the other on 127.0.0.1, both driven by
 # `inferscope bench serve` with the same prompts (128 tokens) and 64 output tokens
 # (`--ignore-eos`), at concurrency 1 and 8. Prints a markdown table of output tok/s and TTFT
-# p50 per format and concurrency, with the ratios, and checks that both servers give the same
-# greedy text. Not part of CI: it needs llama.cpp built (scripts/build-llama-server.sh).
+# p50 per format and concurrency, with the ratios (and with RUNS > 1 the median ratio over the
+# rounds), and checks that both servers give the same greedy text. Not part of CI: it needs llama.cpp built (scripts/build-llama-server.sh).
 #
 #   scripts/build-llama-server.sh                 # once, minutes
 #   scripts/llamacpp-compare.sh                   # all five formats, both concurrencies
@@ -196,10 +196,11 @@ for run in $(seq "$RUNS"); do
 done
 
 "$PYTHON" - "$OUT" "$FORMATS" "$RUNS" "$N1" "$N8" "$OUT_LEN" <<'EOF' | tee "$OUT/table.md"
-import json, os, sys
+import json, os, statistics, sys
 out, formats, runs, n1, n8, out_len = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 names = ["inferscope", "llama-server"]
 problems = []
+ratios = {}  # (format, concurrency) -> [(tok/s ratio, TTFT ratio)] over the rounds
 print("| format | concurrency | run | inferscope out tok/s | llama-server out tok/s | ratio | TTFT p50 inferscope / llama-server | TTFT ratio |")
 print("|---|---|---|---|---|---|---|---|")
 for fmt in formats:
@@ -218,7 +219,21 @@ for fmt in formats:
             ta, tb = a["median_ttft_ms"], b["median_ttft_ms"]
             print(f"| {fmt.upper()} | {c} ({n} prompts) | {run} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
                   f"{a['output_throughput'] / b['output_throughput']:.2f}× | {ta:.0f} / {tb:.0f} ms | {ta / tb:.2f}× |")
+            ratios.setdefault((fmt, c), []).append((a["output_throughput"] / b["output_throughput"], ta / tb))
 print()
+if runs > 1:
+    # Runs spread by ±15 % between server processes: the median over the
+    # rounds, and how many rounds met issue #18's goal.
+    print(f"Over the {runs} rounds: the median ratio, and the rounds that met issue #18's goal "
+          "(output tok/s ≥ 1.3×, TTFT p50 ≤ 0.8×):")
+    print()
+    print("| format | concurrency | tok/s ratio, median | rounds ≥ 1.3× | TTFT ratio, median | rounds ≤ 0.8× |")
+    print("|---|---|---|---|---|---|")
+    for (fmt, c), v in ratios.items():
+        tp, tt = [x for x, _ in v], [y for _, y in v]
+        print(f"| {fmt.upper()} | {c} | {statistics.median(tp):.2f}× | {sum(x >= 1.3 for x in tp)} of {runs} | "
+              f"{statistics.median(tt):.2f}× | {sum(y <= 0.8 for y in tt)} of {runs} |")
+    print()
 for fmt in formats:
     texts, usage = {}, {}
     for name in names:
