@@ -419,13 +419,11 @@ impl ApiClient {
         // itself (llama-server) would then never be seen doing it, so the
         // run would go on reusing connections it is about to close. What
         // comes after `[DONE]` (the end, a close, a timeout) is not timed and
-        // cannot fail the request.
+        // cannot fail the request (`StreamState::fail`).
         loop {
             match tokio::time::timeout(timeout, body.frame()).await {
                 Err(_) => {
-                    if !state.done {
-                        state.fail(format!("no data for {:.0} s", timeout.as_secs_f64()));
-                    }
+                    state.fail(format!("no data for {:.0} s", timeout.as_secs_f64()));
                     break;
                 }
                 Ok(None) => {
@@ -433,9 +431,7 @@ impl ApiClient {
                     break;
                 }
                 Ok(Some(Err(e))) => {
-                    if !state.done {
-                        state.fail(format!("stream broken: {}", error_chain(&e)));
-                    }
+                    state.fail(format!("stream broken: {}", error_chain(&e)));
                     break;
                 }
                 Ok(Some(Ok(frame))) => {
@@ -484,8 +480,9 @@ impl StreamState {
         }
     }
 
+    /// Records the stream's first failure; none after `[DONE]` counts.
     fn fail(&mut self, msg: String) {
-        if self.error.is_none() {
+        if self.error.is_none() && !self.done {
             self.error = Some(msg);
         }
     }
