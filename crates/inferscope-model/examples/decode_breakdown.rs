@@ -19,12 +19,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use measure::{env, median, pool, read_bandwidth};
+use measure::{env, executor, median, pool, profile_parts, read_bandwidth};
 
 use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
+use inferscope_model::CpuExecutor;
 use inferscope_model::gguf::load_gguf;
 use inferscope_model::llama::Part;
-use inferscope_model::{CpuExecutor, KvBudget};
 
 mod measure;
 
@@ -77,14 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let model = Arc::new(model);
         let blocks = (context + 1).div_ceil(BLOCK_SIZE);
         let kv = (blocks * BLOCK_SIZE * model.cfg.kv_bytes_per_token()) as u64;
-        let mut exec = CpuExecutor::new(
-            "cpu".into(),
-            model.clone(),
-            KvBudget::Bytes(kv),
-            vec![],
-            None,
-        )?;
-        exec.init_kv_cache(BLOCK_SIZE)?;
+        let mut exec = executor(model.clone(), kv, BLOCK_SIZE)?;
         let mut out = StepOutput::default();
         exec.execute(&step(0, context, blocks), &mut out)?;
         let decode = step(context, 1, blocks);
@@ -104,23 +97,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let plain = median(plain);
-        let mut per_part = vec![Vec::new(); Part::ALL.len()];
-        let mut totals = Vec::new();
-        for _ in 0..rounds {
-            exec.set_profile(true);
-            let mut total = Duration::ZERO;
-            for _ in 0..steps {
-                total += run(&mut exec)?;
-            }
-            let p = exec.profile().expect("profile on").clone();
-            for (v, t) in per_part.iter_mut().zip(p.time) {
-                v.push(t.as_secs_f64() * 1e6 / p.steps as f64);
-            }
-            totals.push(total.as_secs_f64() * 1e6 / steps as f64);
-        }
-        exec.set_profile(false);
-        let parts: Vec<f64> = per_part.into_iter().map(median).collect();
-        let total = median(totals);
+        let (parts, total) = profile_parts(&mut exec, rounds, steps, run)?;
+        let parts: Vec<f64> = parts.iter().map(|s| s * 1e6).collect();
+        let total = total * 1e6;
         let bytes = model.weight_bytes_by_part();
         let all_bytes: usize = bytes.iter().map(|b| b.1).sum();
         println!(

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
 use inferscope_model::gguf::load_gguf;
 use inferscope_model::llama::Part;
-use inferscope_model::{CpuExecutor, KvBudget, ModelConfig};
-use measure::{env, median};
+use inferscope_model::{CpuExecutor, ModelConfig};
+use measure::{env, executor, median, profile_parts};
 
 mod measure;
 
@@ -81,14 +81,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let model = Arc::new(model);
         let blocks = context.div_ceil(BLOCK_SIZE);
         let kv = (seqs * blocks * BLOCK_SIZE * model.cfg.kv_bytes_per_token()) as u64;
-        let mut exec = CpuExecutor::new(
-            "cpu".into(),
-            model.clone(),
-            KvBudget::Bytes(kv),
-            vec![],
-            None,
-        )?;
-        exec.init_kv_cache(BLOCK_SIZE)?;
+        let mut exec = executor(model.clone(), kv, BLOCK_SIZE)?;
         let batch = prefill(seqs, context, blocks);
         let mut out = StepOutput::default();
         let mut run = |exec: &mut CpuExecutor| -> Result<Duration, Box<dyn std::error::Error>> {
@@ -102,20 +95,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|_| run(&mut exec).map(|d| d.as_secs_f64() * 1e3))
                 .collect::<Result<_, _>>()?,
         );
-        let mut per_part = vec![Vec::new(); Part::ALL.len()];
-        let mut totals = Vec::new();
-        for _ in 0..rounds {
-            exec.set_profile(true);
-            let total = run(&mut exec)?;
-            let p = exec.profile().expect("profile on").clone();
-            for (v, t) in per_part.iter_mut().zip(p.time) {
-                v.push(t.as_secs_f64() * 1e3);
-            }
-            totals.push(total.as_secs_f64() * 1e3);
-        }
-        exec.set_profile(false);
-        let parts: Vec<f64> = per_part.into_iter().map(median).collect();
-        let total = median(totals);
+        let (parts, total) = profile_parts(&mut exec, rounds, 1, run)?;
+        let parts: Vec<f64> = parts.iter().map(|s| s * 1e3).collect();
+        let total = total * 1e3;
         let macs = macs_per_token(&model.cfg);
         let lm_macs = seqs * model.cfg.hidden_size * model.cfg.vocab_size;
         let all_macs = rows * macs.iter().map(|m| m.1).sum::<usize>() + lm_macs;

@@ -4,9 +4,14 @@
 // Each example uses a part of this module.
 #![allow(dead_code)]
 
+use std::error::Error;
 use std::hint::black_box;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use inferscope_engine::Executor;
+use inferscope_model::llama::{LlamaModel, Part};
+use inferscope_model::{CpuExecutor, KvBudget};
 use rayon::prelude::*;
 
 /// The environment variable `name` as a number, else `default`.
@@ -66,4 +71,43 @@ pub fn pool(threads: usize) -> rayon::ThreadPool {
         .num_threads(threads)
         .build()
         .expect("a thread pool")
+}
+
+/// A cpu executor of `model` with a KV pool of `kv_bytes` in blocks of
+/// `block_size` tokens, on the global rayon pool.
+pub fn executor(
+    model: Arc<LlamaModel>,
+    kv_bytes: u64,
+    block_size: usize,
+) -> Result<CpuExecutor, Box<dyn Error>> {
+    let mut exec = CpuExecutor::new("cpu".into(), model, KvBudget::Bytes(kv_bytes), vec![], None)?;
+    exec.init_kv_cache(block_size)?;
+    Ok(exec)
+}
+
+/// With the executor's profile on, `rounds` rounds of `steps` steps each
+/// through `run`: the median over the rounds of each part's seconds per
+/// step (in [`Part::ALL`]'s order) and of the whole step's.
+pub fn profile_parts(
+    exec: &mut CpuExecutor,
+    rounds: usize,
+    steps: usize,
+    mut run: impl FnMut(&mut CpuExecutor) -> Result<Duration, Box<dyn Error>>,
+) -> Result<(Vec<f64>, f64), Box<dyn Error>> {
+    let mut per_part = vec![Vec::new(); Part::ALL.len()];
+    let mut totals = Vec::new();
+    for _ in 0..rounds {
+        exec.set_profile(true);
+        let mut total = Duration::ZERO;
+        for _ in 0..steps {
+            total += run(exec)?;
+        }
+        let p = exec.profile().expect("profile on").clone();
+        for (v, t) in per_part.iter_mut().zip(p.time) {
+            v.push(t.as_secs_f64() / p.steps as f64);
+        }
+        totals.push(total.as_secs_f64() / steps as f64);
+    }
+    exec.set_profile(false);
+    Ok((per_part.into_iter().map(median).collect(), median(totals)))
 }
