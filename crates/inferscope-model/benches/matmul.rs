@@ -352,20 +352,23 @@ fn matmul_quant_shapes(c: &mut Criterion) {
     }
 }
 
+/// The products of a decode step of the 125M Llama of the llama.cpp side by
+/// side: fused q/k/v, o, fused gate/up, down, LM head (`[out][in]`).
+const DECODE_SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv-1280x768", 1280, 768),
+    ("o-768x768", 768, 768),
+    ("gate-up-4096x768", 4096, 768),
+    ("down-768x2048", 768, 2048),
+    ("head-32000x768", 32000, 768),
+];
+
 /// The one-row (decode) products of the 125M Llama with f32, f16 and bf16
 /// weights (`-- matmul-row`): the one-row kernel (`row`) against the plain
 /// 1-row tile (`plain`), throughput in stored weight bytes per second. Each
 /// iteration takes the next of enough copies of the weight (≥ 160 MB) that
 /// it reads from DRAM as a decode step does, not from L3.
 fn matmul_decode_row(c: &mut Criterion) {
-    let shapes = [
-        ("qkv-1280x768", 1280, 768),
-        ("o-768x768", 768, 768),
-        ("gate-up-4096x768", 4096, 768),
-        ("down-768x2048", 768, 2048),
-        ("head-32000x768", 32000, 768),
-    ];
-    for (name, out, inp) in shapes {
+    for (name, out, inp) in DECODE_SHAPES {
         let w = weights(out, inp);
         let x: Vec<f32> = (0..inp)
             .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
@@ -411,13 +414,6 @@ fn matmul_decode_row(c: &mut Criterion) {
 /// the memory gives a kernel that does little per byte.
 fn matmul_q8_decode(c: &mut Criterion) {
     const COLD_BYTES: usize = 96 << 20;
-    let shapes = [
-        ("qkv-1280x768", 1280, 768),
-        ("o-768x768", 768, 768),
-        ("gate-up-4096x768", 4096, 768),
-        ("down-768x2048", 768, 2048),
-        ("head-32000x768", 32000, 768),
-    ];
     let pools: Vec<(usize, rayon::ThreadPool)> = [1, 2]
         .into_iter()
         .map(|n| {
@@ -428,7 +424,7 @@ fn matmul_q8_decode(c: &mut Criterion) {
             (n, pool)
         })
         .collect();
-    for (name, out, inp) in shapes {
+    for (name, out, inp) in DECODE_SHAPES {
         let w = weights(out, inp);
         let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
         let q = QTensor::quantize(&wt, GgmlDType::Q8_0).expect("quantize");
