@@ -143,6 +143,13 @@ fn client(port: u16) -> ApiClient {
     .expect("client")
 }
 
+/// Sends one request and checks that it succeeded.
+async fn answered(c: &ApiClient) -> inferscope_bench::client::RequestOutput {
+    let out = c.send("p", 3, 2).await;
+    assert!(out.success, "request failed: {}", out.error);
+    out
+}
+
 /// The second request goes to the pooled connection after the server's FIN
 /// arrived but before the runtime read it (the thread is blocked meanwhile,
 /// as a busy runtime is): it must be sent again on a new connection, once.
@@ -150,16 +157,14 @@ fn client(port: u16) -> ApiClient {
 async fn a_request_on_a_connection_the_server_closed_is_sent_again() {
     let (port, log) = start(Then::AnswerAndClose);
     let c = client(port);
-    let first = c.send("p", 3, 2).await;
-    assert!(first.success, "{}", first.error);
+    let first = answered(&c).await;
     assert_eq!(first.resent, 0);
     // Lets the connection task drain the response and park the connection
     // in the pool, then blocks the runtime: the FIN (20 ms after the
     // response) lands unseen.
     tokio::time::sleep(Duration::from_millis(5)).await;
     std::thread::sleep(Duration::from_millis(150));
-    let second = c.send("p", 3, 2).await;
-    assert!(second.success, "second request failed: {}", second.error);
+    let second = answered(&c).await;
     assert_eq!(
         second.resent,
         1,
@@ -171,8 +176,7 @@ async fn a_request_on_a_connection_the_server_closed_is_sent_again() {
     // Once the client has seen a close, each request asks for a connection
     // of its own, so none can be written into one the server is closing.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let third = c.send("p", 3, 2).await;
-    assert!(third.success, "{}", third.error);
+    let third = answered(&c).await;
     assert_eq!(third.resent, 0);
     // The server read each request once, each on its own connection.
     assert_eq!(
@@ -187,8 +191,7 @@ async fn a_request_on_a_connection_the_server_closed_is_sent_again() {
 async fn a_request_the_server_read_is_not_sent_again() {
     let (port, log) = start(Then::ReadSecondAndClose);
     let c = client(port);
-    let first = c.send("p", 3, 2).await;
-    assert!(first.success, "{}", first.error);
+    answered(&c).await;
     let second = c.send("p", 3, 2).await;
     assert!(!second.success);
     assert_eq!(second.resent, 0);
@@ -213,16 +216,14 @@ async fn a_request_the_server_read_is_not_sent_again() {
 async fn a_close_after_the_end_of_a_stream_is_seen() {
     let (port, log) = start(Then::CloseAfterLateEnd);
     let c = client(port);
-    let first = c.send("p", 3, 2).await;
-    assert!(first.success, "{}", first.error);
+    let first = answered(&c).await;
     assert_eq!(first.generated_text, "ab");
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(
         c.server_closes_connections(),
         "the server's close after the stream was not seen"
     );
-    let second = c.send("p", 3, 2).await;
-    assert!(second.success, "{}", second.error);
+    let second = answered(&c).await;
     assert_eq!(second.resent, 0);
     assert_eq!(*log.lock().expect("log"), vec![(0, 1, false), (1, 1, true)]);
 }
@@ -234,16 +235,14 @@ async fn a_close_after_the_end_of_a_stream_is_seen() {
 async fn an_idle_timeout_close_keeps_connections_alive() {
     let (port, log) = start(Then::CloseWhenIdle);
     let c = client(port);
-    let first = c.send("p", 3, 2).await;
-    assert!(first.success, "{}", first.error);
+    answered(&c).await;
     tokio::time::sleep(Duration::from_millis(1600)).await;
     assert!(
         !c.server_closes_connections(),
         "an idle timeout was taken for a close after every response"
     );
     for _ in 0..2 {
-        let next = c.send("p", 3, 2).await;
-        assert!(next.success, "{}", next.error);
+        answered(&c).await;
     }
     // The second connection is kept alive for the third request.
     assert_eq!(
