@@ -144,21 +144,45 @@ fn kquant(t: GgmlDType) -> Option<KQuant> {
     }
 }
 
-/// Projections of the same input, fused into one product when all are
-/// dense, all Q8_0 or all the same K-quant: one pass over the input and one
-/// product instead of several.
+/// Projections of the same input, side by side. Adjacent ones that are all
+/// dense, all Q8_0 or all the same K-quant are fused into one product: one
+/// pass over the input and one parallel section instead of several (a
+/// Q4_K_M layer with a Q6_K `attn_v` still fuses its Q4_K `q` and `k`).
 struct Projection {
     parts: Vec<Linear>,
-    dims: Vec<usize>,
 }
 
 impl Projection {
     fn new(parts: Vec<Linear>) -> Self {
-        let dims: Vec<usize> = parts.iter().map(|l| l.out_dim).collect();
-        let total: usize = dims.iter().sum();
-        let Some(w) = Self::fuse(&parts, total) else {
-            return Self { parts, dims };
-        };
+        // The longest fusable run from each part on.
+        let mut plan: Vec<(usize, Option<Linear>)> = Vec::new();
+        let mut s = 0;
+        while s < parts.len() {
+            let run = (s + 2..=parts.len())
+                .rev()
+                .find_map(|e| Self::fused(&parts[s..e]).map(|l| (e - s, Some(l))));
+            let (n, l) = run.unwrap_or((1, None));
+            plan.push((n, l));
+            s += n;
+        }
+        let mut it = parts.into_iter();
+        let parts = plan
+            .into_iter()
+            .map(|(n, fused)| match fused {
+                Some(l) => {
+                    it.by_ref().take(n).for_each(drop);
+                    l
+                }
+                None => it.next().expect("the plan covers every part"),
+            })
+            .collect();
+        Self { parts }
+    }
+
+    /// `parts` as one layer, when their weights fuse.
+    fn fused(parts: &[Linear]) -> Option<Linear> {
+        let total: usize = parts.iter().map(|l| l.out_dim).sum();
+        let w = Self::fuse(parts)?;
         let b = parts.iter().any(|l| l.b.is_some()).then(|| {
             parts
                 .iter()
@@ -168,20 +192,18 @@ impl Projection {
                 })
                 .collect()
         });
-        Self {
-            parts: vec![Linear {
-                w,
-                b,
-                out_dim: total,
-            }],
-            dims,
-        }
+        Some(Linear {
+            w,
+            b,
+            out_dim: total,
+        })
     }
 
     /// The parts' weights stacked into one `[total][in]` weight, when they
     /// are all dense, all Q8_0 or all the same K-quant, with one input
-    /// dimension (Q4_K_M files often mix Q4_K and Q6_K: those stay apart).
-    fn fuse(parts: &[Linear], total: usize) -> Option<Weight> {
+    /// dimension.
+    fn fuse(parts: &[Linear]) -> Option<Weight> {
+        let total: usize = parts.iter().map(|l| l.out_dim).sum();
         if parts.len() < 2 {
             return None;
         }
@@ -238,7 +260,6 @@ impl Projection {
                 .into_iter()
                 .map(|l| l.with_dtype(dtype))
                 .collect(),
-            dims: self.dims,
         }
     }
 
@@ -254,10 +275,11 @@ impl Projection {
         if let [fused] = self.parts.as_slice() {
             return fused.forward_into(x, rows, y);
         }
-        let total: usize = self.dims.iter().sum();
+        let total: usize = self.parts.iter().map(|l| l.out_dim).sum();
         y.resize(rows * total, 0.0);
         let mut off = 0;
-        for (l, &d) in self.parts.iter().zip(&self.dims) {
+        for l in &self.parts {
+            let d = l.out_dim;
             l.forward_into(x, rows, part)?;
             for (dst, src) in y.chunks_exact_mut(total).zip(part.chunks_exact(d)) {
                 dst[off..off + d].copy_from_slice(src);

@@ -170,7 +170,8 @@ fn write_gguf_with(
             permute(&hf("self_attn.k_proj"), cfg.num_kv_heads),
             lin,
         );
-        put(g("attn_v"), hf("self_attn.v_proj"), lin);
+        // `attn_v` as `ffn_down`, as a Q4_K_M file has them (Q6_K).
+        put(g("attn_v"), hf("self_attn.v_proj"), down);
         put(g("attn_output"), hf("self_attn.o_proj"), lin);
         put(g("ffn_gate"), hf("mlp.gate_proj"), lin);
         put(g("ffn_up"), hf("mlp.up_proj"), lin);
@@ -359,8 +360,8 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     }
 }
 
-/// Runs a model whose linear layers are K-quants (`lin` for q/k/v/o,
-/// gate/up and the head, `down` for down) and checks its logits against the
+/// Runs a model whose linear layers are K-quants (`lin` for q/k/o,
+/// gate/up and the head, `down` for v and down) and checks its logits against the
 /// same model with candle's dequantized weights, and the bytes the cost
 /// model reads against the packed layout computed from the shapes.
 fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
@@ -410,10 +411,11 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
         cfg.num_kv_heads * cfg.head_dim,
         cfg.intermediate_size,
     );
-    let per_layer = [(h, h), (kv, h), (kv, h), (h, h), (ffn, h), (ffn, h)]
+    let per_layer = [(h, h), (kv, h), (h, h), (ffn, h), (ffn, h)]
         .into_iter()
         .map(|s| bytes(lin, s))
         .sum::<usize>()
+        + bytes(down, (kv, h))
         + bytes(down, (h, ffn));
     let expected = cfg.num_layers * per_layer + bytes(lin, (cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected, "{name}");
@@ -423,7 +425,11 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
     let deq: HashMap<String, Tensor> = w
         .iter()
         .map(|(n, t)| {
-            let dtype = if n.contains("down_proj") { down } else { lin };
+            let dtype = if n.contains("down_proj") || n.contains("v_proj") {
+                down
+            } else {
+                lin
+            };
             let linear = n.contains("_proj") || n == "lm_head.weight";
             let t = if linear {
                 let q = QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), dtype).unwrap();
@@ -468,8 +474,9 @@ fn gguf_q4_k_runs_the_dequantized_model() {
 
 #[test]
 fn gguf_q6_k_and_q4_k_m_like_run_the_dequantized_model() {
-    // Every linear layer in Q6_K; then Q4_K with down in Q6_K (as a Q4_K_M
-    // file mixes them), and Q5_K with down in Q6_K.
+    // Every linear layer in Q6_K; then Q4_K with v and down in Q6_K (as a
+    // Q4_K_M file mixes them: q and k fuse, v stays apart), and Q5_K with v
+    // and down in Q6_K.
     check_kquant_model(GgmlDType::Q6K, GgmlDType::Q6K, "q6k");
     check_kquant_model(GgmlDType::Q4K, GgmlDType::Q6K, "q4km");
     check_kquant_model(GgmlDType::Q5K, GgmlDType::Q6K, "q5km");
