@@ -865,6 +865,15 @@ fn tile_avx512<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E])
 /// took about 0.7× the time (docs/cpu-executor.md, "Decode at 8 rows").
 pub(crate) const BLOCKED_MIN_ROWS: usize = 8;
 
+/// Most row tiles of a row block whose 16-bit weights the blocked path
+/// widens in the kernel's registers, each tile again, instead of once per
+/// slice into a scratch f32 slice that every tile reads back: with few
+/// tiles (a decode step at concurrency 8 has 2) the separate widening pass
+/// costs more than the conversions it saves: a whole 8-row step of the
+/// side-by-side model's F16 and BF16 files took 0.75–0.80× the time, 16
+/// rows (3 tiles) the same, 24 rows 1.15× (docs/cpu-executor.md).
+const DIRECT_16BIT_MAX_TILES: usize = 2;
+
 /// Inner-dimension block of the blocked path: a panel's `KC × LANES` f32
 /// weights (16 KiB) stay in L1 while every row tile of the block uses them.
 const KC: usize = 256;
@@ -933,7 +942,8 @@ impl PackedWeight {
     /// tile once; tasks of [`BLOCKED_TASK_PANELS`] panels × a row block;
     /// within a task the inner dimension is cut into [`KC`] blocks, and for
     /// each block every panel's slice stays in L1 (f16/bf16 widened to f32
-    /// once per slice, not per row tile) while every row tile passes over
+    /// once per slice, not per row tile, unless the block has at most
+    /// [`DIRECT_16BIT_MAX_TILES`] row tiles) while every row tile passes over
     /// it, the block's packed `x` staying in L2 for all the task's panels;
     /// 6×16 tiles whose accumulators carry from block to block in f32 (the
     /// same sums, in the same order, as the plain tiles).
@@ -986,6 +996,7 @@ impl PackedWeight {
             acc.resize(n * panels.len(), [0.0; LANES]);
         }
         wide.resize(KC * LANES, 0.0);
+        let few_tiles = row_tiles(rows.clone()).count() <= DIRECT_16BIT_MAX_TILES;
         for k0 in (0..inp).step_by(KC) {
             let kc = KC.min(inp - k0);
             for (i, p) in panels.clone().enumerate() {
@@ -1006,37 +1017,49 @@ impl PackedWeight {
                 let (pf, pf_bytes) = next.map_or((std::ptr::null(), 0), |(at, len)| {
                     self.data.bytes_at(at, len * LANES)
                 });
-                // SAFETY: `_isa` is AVX2 (the caller checked), so the CPU
-                // has AVX2, FMA and F16C.
-                let w: &[f32] = unsafe {
-                    match self.data.slice(span) {
-                        PanelSlice::F32(w) => w,
-                        PanelSlice::F16(w) => widen_avx2(w, wide),
-                        PanelSlice::Bf16(w) => widen_avx2(w, wide),
-                    }
-                };
                 let acc = &mut acc[i * n..(i + 1) * n];
                 // The last block of a whole panel stores its sums in `y`
                 // itself; the others (and a last, partial panel) in `acc`.
                 let direct = k0 + kc == inp && (p + 1) * LANES <= self.out;
-                for (t, (r0, mr)) in row_tiles(rows.clone()).enumerate() {
-                    let a = &mut acc[r0 - rows.start..][..mr];
-                    let dst = if direct {
-                        out.cell(r0, p * LANES)
-                    } else {
-                        std::ptr::null_mut()
-                    };
-                    let xt = &xp[r0 * inp + k0 * mr..][..kc * mr];
-                    // Tile t prefetches the next slice's bytes from
-                    // t·PREFETCH_BYTES (prefetching does not fault: a
-                    // pointer past the slice is only never used).
-                    let from = (t * PREFETCH_BYTES).min(pf_bytes);
-                    let part = (pf.wrapping_add(from), (pf_bytes - from).min(PREFETCH_BYTES));
-                    // SAFETY: as above for the instructions; `dst`, when not
-                    // null, is row r0's column p·LANES of `y`, which has
-                    // rows r0..r0 + mr and columns p·LANES.. + LANES (a whole
-                    // panel), cells this task alone writes (see `Out`).
-                    unsafe { block_tile_avx2(mr, xt, w, kc, a, k0 == 0, part, (dst, out.cols)) };
+                // Every row tile over the slice `w` (f32, or 16-bit
+                // widened in the kernel's registers).
+                macro_rules! tiles {
+                    ($w:expr) => {{
+                        let w = $w;
+                        for (t, (r0, mr)) in row_tiles(rows.clone()).enumerate() {
+                            let a = &mut acc[r0 - rows.start..][..mr];
+                            let dst = if direct {
+                                out.cell(r0, p * LANES)
+                            } else {
+                                std::ptr::null_mut()
+                            };
+                            let xt = &xp[r0 * inp + k0 * mr..][..kc * mr];
+                            // Tile t prefetches the next slice's bytes from
+                            // t·PREFETCH_BYTES (prefetching does not fault: a
+                            // pointer past the slice is only never used).
+                            let from = (t * PREFETCH_BYTES).min(pf_bytes);
+                            let part =
+                                (pf.wrapping_add(from), (pf_bytes - from).min(PREFETCH_BYTES));
+                            // SAFETY: `_isa` is AVX2 (the caller checked), so
+                            // the CPU has AVX2, FMA and F16C; `dst`, when not
+                            // null, is row r0's column p·LANES of `y`, which
+                            // has rows r0..r0 + mr and columns p·LANES.. +
+                            // LANES (a whole panel), cells this task alone
+                            // writes (see `Out`).
+                            unsafe {
+                                block_tile_avx2(mr, xt, w, kc, a, k0 == 0, part, (dst, out.cols))
+                            };
+                        }
+                    }};
+                }
+                match self.data.slice(span) {
+                    PanelSlice::F32(w) => tiles!(w),
+                    PanelSlice::F16(w) if few_tiles => tiles!(w),
+                    PanelSlice::Bf16(w) if few_tiles => tiles!(w),
+                    // SAFETY: as above, the CPU has F16C.
+                    PanelSlice::F16(w) => tiles!(unsafe { widen_avx2(w, wide) }),
+                    // SAFETY: as above.
+                    PanelSlice::Bf16(w) => tiles!(unsafe { widen_avx2(w, wide) }),
                 }
             }
         }
@@ -1092,12 +1115,12 @@ fn widen_avx2<'a, E: Elem>(src: &[E], dst: &'a mut Vec<f32>) -> &'a [f32] {
 /// # Safety
 /// As [`block_avx2`]'s.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn block_tile_avx2(
+unsafe fn block_tile_avx2<E: Elem>(
     mr: usize,
     xt: &[f32],
-    w: &[f32],
+    w: &[E],
     kc: usize,
     acc: &mut [[f32; LANES]],
     first: bool,
@@ -1107,12 +1130,12 @@ unsafe fn block_tile_avx2(
     // SAFETY: the caller's.
     unsafe {
         match mr {
-            1 => block_avx2::<1>(xt, w, kc, acc, first, pf, dst),
-            2 => block_avx2::<2>(xt, w, kc, acc, first, pf, dst),
-            3 => block_avx2::<3>(xt, w, kc, acc, first, pf, dst),
-            4 => block_avx2::<4>(xt, w, kc, acc, first, pf, dst),
-            5 => block_avx2::<5>(xt, w, kc, acc, first, pf, dst),
-            6 => block_avx2::<6>(xt, w, kc, acc, first, pf, dst),
+            1 => block_avx2::<1, E>(xt, w, kc, acc, first, pf, dst),
+            2 => block_avx2::<2, E>(xt, w, kc, acc, first, pf, dst),
+            3 => block_avx2::<3, E>(xt, w, kc, acc, first, pf, dst),
+            4 => block_avx2::<4, E>(xt, w, kc, acc, first, pf, dst),
+            5 => block_avx2::<5, E>(xt, w, kc, acc, first, pf, dst),
+            6 => block_avx2::<6, E>(xt, w, kc, acc, first, pf, dst),
             _ => unreachable!("no {mr}-row block kernel"),
         }
     }
@@ -1121,7 +1144,8 @@ unsafe fn block_tile_avx2(
 /// One `kc`-long block of an `MR`-row tile against one panel: `acc` (the
 /// tile's rows × LANES columns) starts from zero when `first`, else from
 /// what the blocks before left, and receives the sums. `xt` is the tile's
-/// packed `x` for the block, `[kc][MR]`; `w` the panel's, `[kc][LANES]`.
+/// packed `x` for the block, `[kc][MR]`; `w` the panel's, `[kc][LANES]`
+/// (f32, or 16-bit widened as loaded).
 /// The sums go to `dst` (pointer, row stride in floats) when it is not
 /// null, else to `acc`. Every 4 steps it prefetches one line of `pf`
 /// (address, bytes) into L2. The loop is unrolled by 4: the 2·MR
@@ -1132,10 +1156,10 @@ unsafe fn block_tile_avx2(
 /// LANES floats at each of `dst + r·stride`, r < MR, that nothing else
 /// accesses meanwhile.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn block_avx2<const MR: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_avx2<const MR: usize, E: Elem>(
     xt: &[f32],
-    w: &[f32],
+    w: &[E],
     kc: usize,
     acc: &mut [[f32; LANES]],
     first: bool,
@@ -1160,8 +1184,8 @@ unsafe fn block_avx2<const MR: usize>(
     // One step k: the panel's 16 weights times each row's x[k].
     macro_rules! step {
         ($s:literal) => {{
-            let w0 = _mm256_loadu_ps(w.add($s * LANES));
-            let w1 = _mm256_loadu_ps(w.add($s * LANES + 8));
+            let w0 = load8(w.add($s * LANES));
+            let w1 = load8(w.add($s * LANES + 8));
             for (r, v) in a.iter_mut().enumerate() {
                 let xv = _mm256_broadcast_ss(&*x.add($s * MR + r));
                 v[0] = _mm256_fmadd_ps(w0, xv, v[0]);
@@ -1371,7 +1395,9 @@ mod tests {
     fn blocked_path_gives_the_plain_tiles_sums() {
         // The AVX2 prefill path against the plain tiles, bit for bit (the
         // same f32 sums in the same order), and against the naive product:
-        // rows from the threshold up, in one row block and in several
+        // rows from the threshold up (16-bit weights widened in registers up
+        // to 12 rows, two row tiles, and through the scratch from 13), in
+        // one row block and in several
         // (280 rows are two blocks of 140, tiled unlike one of 280), inp
         // shorter than a KC block and not a multiple of it, out not a
         // multiple of a panel nor of a task's panels (200 columns: 13
@@ -1382,6 +1408,8 @@ mod tests {
         };
         for (rows, inp, out) in [
             (BLOCKED_MIN_ROWS, 37, 61),
+            (12, 530, 45),
+            (13, 530, 45),
             (17, 300, 33),
             (23, 513, 100),
             (128, 768, 200),
