@@ -182,7 +182,7 @@ impl Projection {
     /// `parts` as one layer, when their weights fuse.
     fn fused(parts: &[Linear]) -> Option<Linear> {
         let total: usize = parts.iter().map(|l| l.out_dim).sum();
-        let w = Self::fuse(parts)?;
+        let w = Self::fuse(parts, total)?;
         let b = parts.iter().any(|l| l.b.is_some()).then(|| {
             parts
                 .iter()
@@ -202,8 +202,7 @@ impl Projection {
     /// The parts' weights stacked into one `[total][in]` weight, when they
     /// are all dense, all Q8_0 or all the same K-quant, with one input
     /// dimension.
-    fn fuse(parts: &[Linear]) -> Option<Weight> {
-        let total: usize = parts.iter().map(|l| l.out_dim).sum();
+    fn fuse(parts: &[Linear], total: usize) -> Option<Weight> {
         if parts.len() < 2 {
             return None;
         }

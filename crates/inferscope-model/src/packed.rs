@@ -996,7 +996,7 @@ impl PackedWeight {
             acc.resize(n * panels.len(), [0.0; LANES]);
         }
         wide.resize(KC * LANES, 0.0);
-        let few_tiles = row_tiles(rows.clone()).count() <= DIRECT_16BIT_MAX_TILES;
+        let few_tiles = rows.len().div_ceil(MAX_MR) <= DIRECT_16BIT_MAX_TILES;
         for k0 in (0..inp).step_by(KC) {
             let kc = KC.min(inp - k0);
             for (i, p) in panels.clone().enumerate() {
