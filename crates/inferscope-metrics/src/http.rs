@@ -41,6 +41,12 @@ pub const UNMATCHED_HANDLER: &str = "none";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteTemplate(pub &'static str);
 
+/// When a request's head was read (a request extension, set by a server
+/// that reads requests itself and does work before the layer sees them):
+/// the layer times the request from there instead of from its own call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestStart(pub Instant);
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     handler: String,
@@ -123,6 +129,7 @@ impl HttpMetrics {
         handler: String,
         method: &'static str,
         size: RequestSize,
+        start: Instant,
     ) -> InFlight {
         let inprogress = self.inprogress.get_or_create_owned(&MethodHandlerLabels {
             method,
@@ -133,7 +140,7 @@ impl HttpMetrics {
             metrics: Arc::clone(self),
             handler,
             method,
-            start: Instant::now(),
+            start,
             inprogress,
             request_size: size,
         }
@@ -328,7 +335,11 @@ where
                 (RequestSize::Counted(Arc::clone(&c)), Some(c))
             }
         };
-        let in_flight = self.metrics.start(handler, method, size);
+        let start = req
+            .extensions()
+            .get::<RequestStart>()
+            .map_or_else(Instant::now, |s| s.0);
+        let in_flight = self.metrics.start(handler, method, size, start);
         let req = req.map(|body| CountingBody {
             inner: body,
             counter,

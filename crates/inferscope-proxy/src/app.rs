@@ -13,13 +13,13 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
-use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate};
+use inferscope_metrics::http::{CountingBody, HttpMetricsService, RequestStart, RouteTemplate};
 use inferscope_metrics::{EngineMetrics, Format, MetricsConfig, StatLoggerManager, negotiate};
 use inferscope_schema::schema::{self, MetricDef};
 use tokio::net::{TcpListener, TcpSocket};
@@ -29,9 +29,9 @@ use tower::Layer;
 use crate::observe::{
     BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
 };
-use crate::relay::RelayPool;
+use crate::relay::{RelayPool, Sent};
 use crate::upstream::{
-    self, BaseUrl, UpstreamClient, UpstreamFailure, copy_end_to_end, error_response,
+    self, BaseUrl, UpstreamClient, UpstreamFailure, copy_end_to_end, error_response, is_hop_by_hop,
 };
 use crate::{ProxyArgs, ProxyError};
 
@@ -66,7 +66,7 @@ const UPSTREAM_METRICS_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_UPSTREAM_METRICS: usize = 64 * 1024 * 1024;
 
 /// Everything the handlers share.
-struct AppState {
+pub(crate) struct AppState {
     base: BaseUrl,
     upstream_metrics: Option<Uri>,
     client: UpstreamClient,
@@ -406,11 +406,13 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
 async fn serve_http1(
     listener: TcpListener,
     service: ProxyService,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Each connection holds a sender: when all are dropped, all have ended.
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+    let mut stopped = stop.clone();
     let stopping = async move {
-        let _ = stop.wait_for(|s| *s).await;
+        let _ = stopped.wait_for(|s| *s).await;
     };
     tokio::pin!(stopping);
     loop {
@@ -429,17 +431,16 @@ async fn serve_http1(
         };
         // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
         let _ = stream.set_nodelay(true);
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), service.clone());
-        let conn = graceful.watch(conn);
+        let conn = crate::inbound::serve_connection(stream, service.clone(), stop.clone());
+        let open = open.clone();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended with an error");
-            }
+            conn.await;
+            drop(open);
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    drop(open);
+    let _ = all_closed.recv().await;
     Ok(())
 }
 
@@ -585,7 +586,7 @@ async fn shutdown_signal() {
 /// router (boxed route services, `MatchedPath`, extractors) was a measurable
 /// part of the proxy's added TTFT. Anything else (another method, a
 /// trailing slash) goes through the router as before.
-fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
+pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
     if *method != http::Method::POST {
         return None;
     }
@@ -595,17 +596,21 @@ fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
 }
 
 /// A boxed, sendable future (the connection task is spawned).
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
-/// A request as the HTTP metrics layer hands it on.
-type MeteredRequest = http::Request<CountingBody<hyper::body::Incoming>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One thread's service: the generation routes straight to their handler,
 /// inside the same HTTP metrics layer; everything else through the router.
 #[derive(Clone)]
-struct ProxyService {
-    router: Router,
-    generation: HttpMetricsService<GenerationService>,
+pub(crate) struct ProxyService {
+    /// Every other request's router (inside the same layer).
+    pub(crate) router: Router,
+    /// The generation routes' handler inside the HTTP metrics layer (hyper's
+    /// requests and the fast path's, [`crate::inbound`], alike).
+    pub(crate) generation: HttpMetricsService<GenerationService>,
+    /// `--max-request-body`: larger generation posts are hyper's to refuse.
+    pub(crate) max_body: usize,
+    /// The handlers' state (the fast path sends generation posts early).
+    pub(crate) app: Arc<AppState>,
 }
 
 impl ProxyService {
@@ -614,6 +619,8 @@ impl ProxyService {
             app: Arc::clone(&state),
         });
         Self {
+            max_body: state.max_body,
+            app: Arc::clone(&state),
             router: router(state),
             generation,
         }
@@ -637,11 +644,15 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyServ
 
 /// [`generation`] (after the API key check) as a tower service.
 #[derive(Clone)]
-struct GenerationService {
+pub(crate) struct GenerationService {
     app: Arc<AppState>,
 }
 
-impl tower::Service<MeteredRequest> for GenerationService {
+impl<B> tower::Service<http::Request<CountingBody<B>>> for GenerationService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = BoxFuture<Result<Response, Infallible>>;
@@ -650,7 +661,7 @@ impl tower::Service<MeteredRequest> for GenerationService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: MeteredRequest) -> Self::Future {
+    fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
         let app = Arc::clone(&self.app);
         Box::pin(async move {
             if let Some(refused) = refuse_without_key(&app, req.headers()) {
@@ -741,34 +752,54 @@ fn upstream_request(
 
 /// The headers a relayed request carries upstream: the client's end-to-end
 /// ones, less `expect` (the proxy has read the body already) and, on the
-/// measured routes, `accept-encoding` (the response must be readable).
-fn relay_headers(app: &AppState, from: &HeaderMap, measured: bool) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(from.len());
-    copy_end_to_end(from, &mut headers);
-    headers.remove(header::EXPECT);
-    if measured {
-        headers.remove(header::ACCEPT_ENCODING);
-    }
-    if let Some(auth) = &app.upstream_auth {
-        headers.insert(header::AUTHORIZATION, auth.clone());
-    }
-    headers
+/// measured routes, `accept-encoding` (the response must be readable); the
+/// client's `authorization` replaced by `--upstream-api-key`'s. Read from
+/// the client's headers as they are written (no copy into another map).
+fn relay_headers<'a>(
+    app: &'a AppState,
+    from: &'a HeaderMap,
+    measured: bool,
+) -> impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)> {
+    let auth = app.upstream_auth.as_ref();
+    from.iter()
+        .filter(move |(name, _)| {
+            !(is_hop_by_hop(name)
+                || *name == header::EXPECT
+                || (measured && *name == header::ACCEPT_ENCODING)
+                || (auth.is_some() && *name == header::AUTHORIZATION))
+        })
+        .chain(auth.map(|v| (&header::AUTHORIZATION, v)))
 }
 
-/// Sends a request over the relay, waiting at most `--upstream-timeout` for
-/// the response head.
+/// A request for the relay: already sent (by the fast inbound path), or
+/// its body, and whether the route is measured (see [`relay_headers`]).
+enum Outbound {
+    Sent(Sent),
+    ToSend { body: Bytes, measured: bool },
+}
+
+/// Sends a request over the relay (unless it left already), waiting at most
+/// `--upstream-timeout` for the response head.
 async fn relay(
     app: &AppState,
     parts: &http::request::Parts,
-    headers: &HeaderMap,
-    body: Bytes,
+    outbound: Outbound,
 ) -> Result<http::Response<crate::relay::RelayBody>, UpstreamFailure> {
-    let pq = app
-        .base
-        .path(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
-    let sent = app
-        .relay
-        .send(&parts.method, app.base.authority(), &pq, headers, body);
+    let sent = async {
+        match outbound {
+            Outbound::Sent(sent) => sent.response().await,
+            Outbound::ToSend { body, measured } => {
+                let pq = app
+                    .base
+                    .path(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+                let headers = relay_headers(app, &parts.headers, measured);
+                let authority = app.base.authority();
+                app.relay
+                    .send(&parts.method, authority, &pq, headers, body)
+                    .await
+            }
+        }
+    };
     match tokio::time::timeout(app.upstream_timeout, sent).await {
         Err(_) => Err(UpstreamFailure::no_response(
             &app.base,
@@ -801,8 +832,11 @@ async fn pass_through(State(app): State<Arc<AppState>>, req: Request) -> Respons
             .get(header::CONTENT_LENGTH)
             .is_none_or(|v| v.as_bytes() == b"0");
     if no_body {
-        let headers = relay_headers(&app, &parts.headers, false);
-        return match relay(&app, &parts, &headers, Bytes::new()).await {
+        let outbound = Outbound::ToSend {
+            body: Bytes::new(),
+            measured: false,
+        };
+        return match relay(&app, &parts, outbound).await {
             Ok(resp) => {
                 let (parts, body) = resp.into_parts();
                 client_response(&parts, Body::new(body), false)
@@ -825,52 +859,93 @@ async fn pass_through(State(app): State<Arc<AppState>>, req: Request) -> Respons
     }
 }
 
+/// A generation request's body as it goes upstream: the client's, with the
+/// usage chunk asked for when the client streams without it (to count
+/// tokens); whether that chunk is to be taken out again; what the metrics
+/// read from it.
+fn outgoing(app: &AppState, bytes: Bytes) -> (Bytes, bool, RequestView) {
+    let view = RequestView::parse(&bytes).unwrap_or_default();
+    if app.inject_usage
+        && view.stream
+        && !view.include_usage
+        && let Some(b) = with_usage_requested(&bytes, &view)
+    {
+        return (Bytes::from(b), true, view);
+    }
+    (bytes, false, view)
+}
+
+/// A generation request the fast inbound path sent upstream before its
+/// bookkeeping (a request extension, taken once by [`generation`]; the lock
+/// is only there because extensions must be `Clone` and `Sync`).
+#[derive(Clone)]
+pub(crate) struct SentEarly(Arc<std::sync::Mutex<Option<(Sent, bool, RequestView)>>>);
+
+/// Sends a generation post upstream now, on an idle pooled connection,
+/// before the HTTP metrics layer and the handler run (they then take it
+/// from [`SentEarly`]); `None` when the handler must do it all (no idle
+/// connection, a request the API key check refuses).
+///
+/// Why: the proxy's added time to first token is mostly the work between
+/// reading a request and writing it upstream; done after the write, that
+/// work overlaps the upstream's.
+pub(crate) fn send_early(
+    app: &AppState,
+    method: &http::Method,
+    path: &str,
+    headers: &HeaderMap,
+    bytes: Bytes,
+) -> Option<SentEarly> {
+    if app.api_key.is_some() && refuse_without_key(app, headers).is_some() {
+        return None;
+    }
+    let (body, strip_usage, view) = outgoing(app, bytes);
+    let authority = app.base.authority();
+    let head = crate::relay::request_head(
+        method,
+        authority,
+        &app.base.path(path),
+        relay_headers(app, headers, true),
+        body.len(),
+    );
+    let sent = app.relay.send_on_idle(method, authority, head, body).ok()?;
+    Some(SentEarly(Arc::new(std::sync::Mutex::new(Some((
+        sent,
+        strip_usage,
+        view,
+    ))))))
+}
+
 /// `/v1/completions` and `/v1/chat/completions`: forwarded and measured.
 async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response {
-    let start = Instant::now();
-    let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, app.max_body).await {
-        Ok(b) => b,
-        Err(e) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_large {
-                error_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "invalid_request_error",
-                    format!(
-                        "request body over {} bytes (--max-request-body)",
-                        app.max_body
-                    ),
-                )
-            } else {
-                error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    format!("could not read the request body: {e}"),
-                )
+    let start = req
+        .extensions()
+        .get::<RequestStart>()
+        .map_or_else(Instant::now, |s| s.0);
+    let (mut parts, body) = req.into_parts();
+    let early = parts
+        .extensions
+        .remove::<SentEarly>()
+        .and_then(|e| e.0.lock().ok()?.take());
+    let (outbound, strip_usage, view) = match early {
+        Some((sent, strip_usage, view)) => (Outbound::Sent(sent), strip_usage, view),
+        None => {
+            let bytes = match axum::body::to_bytes(body, app.max_body).await {
+                Ok(b) => b,
+                Err(e) => return unreadable_body(&app, &e),
             };
+            let (body, strip_usage, view) = outgoing(&app, bytes);
+            let outbound = Outbound::ToSend {
+                body,
+                measured: true,
+            };
+            (outbound, strip_usage, view)
         }
     };
-    let view = RequestView::parse(&bytes).unwrap_or_default();
-    // Ask for the usage chunk on the client's behalf, to count tokens.
-    let mut strip_usage = false;
-    let body = if app.inject_usage && view.stream && !view.include_usage {
-        match with_usage_requested(&bytes, &view) {
-            Some(b) => {
-                strip_usage = true;
-                Bytes::from(b)
-            }
-            None => bytes,
-        }
-    } else {
-        bytes
-    };
-    let headers = relay_headers(&app, &parts.headers, true);
     // From here a drop (the client went away) counts as an abort.
     let engine = app.models.for_request(view.model.as_deref()).clone();
     let mut observer = Observer::new(engine, start, view);
-    let resp = match relay(&app, &parts, &headers, body).await {
+    let resp = match relay(&app, &parts, outbound).await {
         Ok(resp) => resp,
         Err(failure) => {
             tracing::warn!(error = ?failure, "upstream failed");
@@ -900,6 +975,28 @@ async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response 
     let strips = matches!(kind, BodyKind::Sse { strip_usage: true });
     let body = ObservedBody::new(incoming, kind, observer, on_complete);
     client_response(&parts, Body::new(body), strips)
+}
+
+/// The 413 or 400 for a generation request body that could not be read.
+fn unreadable_body(app: &AppState, e: &axum::Error) -> Response {
+    let too_large =
+        std::error::Error::source(e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+    if too_large {
+        error_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!(
+                "request body over {} bytes (--max-request-body)",
+                app.max_body
+            ),
+        )
+    } else {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("could not read the request body: {e}"),
+        )
+    }
 }
 
 /// `GET /metrics`: the proxy's registry, then (with `--upstream-metrics`) the

@@ -14,11 +14,15 @@
 //! thread, each with its own `SO_REUSEPORT` listener and upstream pool, so a
 //! chunk crosses no thread on its way from the upstream to the client.
 //!
-//! Layers: [`cli`] (flags) → [`app`] (router, handlers, `/metrics`, start) →
-//! [`observe`] (the measured body) and [`upstream`] (client, URL, failures).
+//! Layers: [`cli`] (flags) → `inbound` (client connections: plain HTTP/1.1
+//! read on the socket, the rest by hyper) → [`app`] (router, handlers,
+//! `/metrics`, start) → [`observe`] (the measured body), [`relay`] (the
+//! measured routes' upstream client) and [`upstream`] (hyper's client, URL,
+//! failures).
 
 pub mod app;
 pub mod cli;
+mod inbound;
 pub mod observe;
 pub mod relay;
 pub mod upstream;

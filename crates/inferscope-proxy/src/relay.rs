@@ -7,8 +7,9 @@
 //! task wake-up and a second poll between the upstream socket and the client
 //! socket, on the path of the first token. Here a chunk is read, decoded and
 //! passed on in one poll of the client's connection. The request (head and
-//! body) leaves in one write. hyper still serves the client side and the
-//! other upstream requests that carry a body.
+//! body) leaves in one write, which the fast inbound path makes before the
+//! handler runs ([`RelayPool::send_on_idle`], then [`Sent::response`]).
+//! hyper's client still carries the upstream requests that stream a body.
 //!
 //! What it speaks: requests with a known body; responses framed by
 //! `Transfer-Encoding: chunked`, `Content-Length`, or the connection's end;
@@ -22,7 +23,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, StatusCode};
 use http_body::Frame;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
@@ -123,26 +124,103 @@ impl RelayPool {
     /// hop-by-hop headers and `content-length`). A pooled connection that
     /// the upstream had closed (nothing at all came back) is replaced by a
     /// new one, once.
-    pub async fn send(
+    pub async fn send<'h>(
         &self,
         method: &Method,
         authority: &str,
         path_and_query: &str,
-        headers: &HeaderMap,
+        headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
         body: Bytes,
     ) -> Result<http::Response<RelayBody>, RelayError> {
         let head = request_head(method, authority, path_and_query, headers, body.len());
-        let mut pooled = self.take_idle(authority);
+        let sent = match self.send_on_idle(method, authority, head, body) {
+            Ok(sent) => sent,
+            Err((head, body)) => Sent {
+                stream: self.connect(authority).await?,
+                reused: false,
+                head,
+                body,
+                written: 0,
+                head_request: method == Method::HEAD,
+                authority: authority.to_owned(),
+                pool: self.clone(),
+            },
+        };
+        sent.response().await
+    }
+
+    /// Starts a request without waiting: on an idle pooled connection, as
+    /// much of it as the socket takes now (all of it, for a request of a
+    /// few kilobytes). Gives the request back when no connection is idle.
+    ///
+    /// Why: the fast inbound path sends a generation request upstream the
+    /// moment it has read it, and does its bookkeeping (the HTTP metrics,
+    /// the observer) while the upstream works, not before.
+    pub fn send_on_idle(
+        &self,
+        method: &Method,
+        authority: &str,
+        head: Vec<u8>,
+        body: Bytes,
+    ) -> Result<Sent, (Vec<u8>, Bytes)> {
+        let Some(stream) = self.take_idle(authority) else {
+            return Err((head, body));
+        };
+        let written = stream
+            .try_write_vectored(&[IoSlice::new(&head), IoSlice::new(&body)])
+            .unwrap_or(0);
+        Ok(Sent {
+            stream,
+            reused: true,
+            head,
+            body,
+            written,
+            head_request: method == Method::HEAD,
+            authority: authority.to_owned(),
+            pool: self.clone(),
+        })
+    }
+}
+
+/// A request on its way upstream: its connection, and the bytes (kept to be
+/// sent again on a new connection if the pooled one turns out closed).
+pub struct Sent {
+    stream: TcpStream,
+    /// The connection came from the pool (may have been closed meanwhile).
+    reused: bool,
+    head: Vec<u8>,
+    body: Bytes,
+    /// How much of head and body has left.
+    written: usize,
+    head_request: bool,
+    authority: String,
+    pool: RelayPool,
+}
+
+impl Sent {
+    /// Sends the rest of the request and reads the response head; the body
+    /// reads the rest. A pooled connection that the upstream had closed
+    /// (nothing at all came back) is replaced by a new one, once.
+    pub async fn response(self) -> Result<http::Response<RelayBody>, RelayError> {
+        let Sent {
+            mut stream,
+            mut reused,
+            head,
+            body,
+            mut written,
+            head_request,
+            authority,
+            pool,
+        } = self;
         loop {
-            let reused = pooled.is_some();
-            let mut stream = match pooled.take() {
-                Some(s) => s,
-                None => self.connect(authority).await?,
+            let sent = if written < head.len() {
+                write_all2(&mut stream, &head[written..], &body).await
+            } else {
+                stream.write_all(&body[written - head.len()..]).await
             };
-            let sent = write_all2(&mut stream, &head, &body).await;
             let mut buf = BytesMut::with_capacity(READ_CHUNK);
             let got = match sent {
-                Ok(()) => read_head(&mut stream, &mut buf, method == Method::HEAD).await,
+                Ok(()) => read_head(&mut stream, &mut buf, head_request).await,
                 Err(e) => Err(RelayError::Io(e)),
             };
             match got {
@@ -152,15 +230,19 @@ impl RelayPool {
                         buf,
                         framing,
                         keep_alive,
-                        pool: self.clone(),
-                        authority: authority.to_owned(),
+                        pool,
+                        authority,
                     };
                     body.settle();
                     return Ok(http::Response::from_parts(parts, body));
                 }
                 // A kept-alive connection the upstream closed as we sent:
                 // nothing came back, so nothing ran; once more on a new one.
-                Err(e) if reused && buf.is_empty() && closed_early(&e) => continue,
+                Err(e) if reused && buf.is_empty() && closed_early(&e) => {
+                    stream = pool.connect(&authority).await?;
+                    reused = false;
+                    written = 0;
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -192,14 +274,14 @@ fn closed_early(e: &RelayError) -> bool {
 }
 
 /// The request line and headers, with `host` and `content-length`.
-fn request_head(
+pub fn request_head<'h>(
     method: &Method,
     authority: &str,
     path_and_query: &str,
-    headers: &HeaderMap,
+    headers: impl IntoIterator<Item = (&'h HeaderName, &'h HeaderValue)>,
     body_len: usize,
 ) -> Vec<u8> {
-    let mut head = Vec::with_capacity(256 + headers.len() * 48);
+    let mut head = Vec::with_capacity(512);
     head.extend_from_slice(method.as_str().as_bytes());
     head.push(b' ');
     head.extend_from_slice(path_and_query.as_bytes());
@@ -207,7 +289,7 @@ fn request_head(
     head.extend_from_slice(authority.as_bytes());
     head.extend_from_slice(b"\r\n");
     for (name, value) in headers {
-        if name == header::HOST || name == header::CONTENT_LENGTH {
+        if *name == header::HOST || *name == header::CONTENT_LENGTH {
             continue;
         }
         head.extend_from_slice(name.as_str().as_bytes());
@@ -636,6 +718,7 @@ impl http_body::Body for RelayBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderMap;
     use http_body_util::BodyExt;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -915,6 +998,56 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_pooled_connection_closed_as_a_request_leaves_is_replaced_and_the_request_resent_whole()
+     {
+        // The first connection answers one request, then reads the next and
+        // closes without a word (a keep-alive timeout racing the request);
+        // later connections answer every request and keep what they read.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+        tokio::spawn(async move {
+            let mut first = true;
+            while let Ok((mut s, _)) = listener.accept().await {
+                let closes = std::mem::take(&mut first);
+                let got_tx = got_tx.clone();
+                tokio::spawn(async move {
+                    let mut answered = 0;
+                    let mut req = vec![0u8; 4096];
+                    loop {
+                        let n = s.read(&mut req).await.unwrap_or(0);
+                        if n == 0 || (closes && answered == 1) {
+                            return;
+                        }
+                        let _ = got_tx.send(req[..n].to_vec());
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                        answered += 1;
+                    }
+                });
+            }
+        });
+        let pool = RelayPool::new(Duration::from_secs(1));
+        for _ in 0..2 {
+            let resp = tokio::time::timeout(Duration::from_secs(5), post(&pool, &addr))
+                .await
+                .expect("an answer, not a wait")
+                .unwrap();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], b"ok");
+        }
+        let first = got.recv().await.unwrap();
+        let resent = got.recv().await.unwrap();
+        assert!(first.ends_with(b"\r\n\r\n{}"), "{first:?}");
+        assert_eq!(
+            resent, first,
+            "the request went whole over the new connection"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{StatusCode, Uri};
 use http_body::Frame;
 use hyper::body::Incoming;
@@ -311,10 +311,15 @@ enum ConnectError {
     Http(hyper::Error),
 }
 
+/// A header that concerns one connection only (and `host`): not forwarded.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
 /// Copies `from` into `to` without the hop-by-hop headers.
 pub fn copy_end_to_end(from: &HeaderMap, to: &mut HeaderMap) {
     for (name, value) in from {
-        if !HOP_BY_HOP.contains(&name.as_str()) {
+        if !is_hop_by_hop(name) {
             to.append(name.clone(), value.clone());
         }
     }

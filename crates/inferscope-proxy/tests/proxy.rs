@@ -875,3 +875,71 @@ async fn an_upstream_that_sends_no_valid_head_is_502() {
     assert_eq!(finished(&px, "error"), 1.0);
     p.shutdown(Duration::from_secs(1)).await;
 }
+
+/// A keep-alive upstream that answers every read with `{}` and keeps what
+/// it was sent.
+async fn recording_upstream() -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    record.lock().unwrap().extend_from_slice(&buf[..n]);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_post_refused_for_its_api_key_never_reaches_the_upstream() {
+    // The fast path sends a generation post upstream before its handler
+    // runs when a pooled connection is idle (here after `/v1/models`): the
+    // key is checked before that, so a refused post is never sent.
+    let (up, seen) = recording_upstream().await;
+    let p = proxy(
+        &format!("http://{up}"),
+        &["--served-model-name", "m", "--api-key", "k"],
+    )
+    .await;
+    let key = [("authorization", "Bearer k")];
+    let post = r#"{"model":"m","prompt":"hi","max_tokens":2}"#;
+    for _ in 0..2 {
+        let resp = send(p.addr, "GET", "/v1/models", "", &key).await;
+        assert_eq!(resp.status(), 200);
+        let (status, body) = call(p.addr, "POST", "/v1/completions", post).await;
+        assert_eq!(status, 401, "{body}");
+        let resp = send(p.addr, "POST", "/v1/completions", post, &key).await;
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{}");
+    }
+    // Long enough for a refused post's bytes to have arrived.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let seen = String::from_utf8(seen.lock().unwrap().clone()).unwrap();
+    assert_eq!(seen.matches("GET /v1/models ").count(), 2, "{seen}");
+    assert_eq!(
+        seen.matches("POST /v1/completions ").count(),
+        2,
+        "only the two posts with the key go upstream: {seen}"
+    );
+    assert_eq!(seen.matches(post).count(), 2, "{seen}");
+    p.shutdown(Duration::from_secs(1)).await;
+}

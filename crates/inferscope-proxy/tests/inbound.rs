@@ -1,0 +1,428 @@
+//! The proxy's own HTTP/1.1 inbound path, spoken to over raw sockets: heads
+//! and bodies split across reads, keep-alive, a request the fast path does
+//! not take after one it does (hyper's turn, with the bytes already read),
+//! malformed heads, and a `Content-Length` that does not match the body.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use inferscope_proxy::{ProxyArgs, RunningProxy};
+use inferscope_schema::promtext::{self, Exposition};
+use inferscope_schema::schema;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const NS: &str = "inferscope";
+
+async fn proxy(upstream: SocketAddr) -> RunningProxy {
+    let upstream = format!("http://{upstream}");
+    let args = ProxyArgs::try_parse_flags([
+        "--upstream",
+        &upstream,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--served-model-name",
+        "m",
+    ])
+    .expect("flags");
+    inferscope_proxy::start(&args).await.expect("proxy starts")
+}
+
+async fn serve() -> inferscope_server::RunningServer {
+    let args = inferscope_server::ServeArgs::try_parse_flags([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+        "--served-model-name",
+        "m",
+        "--disable-log-stats",
+    ])
+    .expect("flags");
+    inferscope_server::start(&args)
+        .await
+        .expect("server starts")
+}
+
+/// A response read off a raw connection.
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// A raw client connection that keeps what it read past one response.
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Self {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Reads more; false at the connection's end.
+    async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        let n = tokio::time::timeout(Duration::from_secs(10), self.stream.read(&mut chunk))
+            .await
+            .expect("no read timeout")
+            .unwrap_or(0);
+        self.buf.extend_from_slice(&chunk[..n]);
+        n > 0
+    }
+
+    /// The next response, or None when the connection ends first.
+    async fn reply(&mut self) -> Option<Reply> {
+        let (status, headers, head_len) = loop {
+            let mut slots = [httparse::EMPTY_HEADER; 64];
+            let mut resp = httparse::Response::new(&mut slots);
+            if let httparse::Status::Complete(n) = resp.parse(&self.buf).expect("a valid head") {
+                let headers = resp
+                    .headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.name.to_ascii_lowercase(),
+                            String::from_utf8_lossy(h.value).into_owned(),
+                        )
+                    })
+                    .collect::<Vec<_>>();
+                break (resp.code.expect("status"), headers, n);
+            }
+            if !self.fill().await {
+                return None;
+            }
+        };
+        self.buf.drain(..head_len);
+        let mut reply = Reply {
+            status,
+            headers,
+            body: String::new(),
+        };
+        let mut body = Vec::new();
+        if let Some(n) = reply.header("content-length") {
+            let n: usize = n.parse().expect("a length");
+            while self.buf.len() < n {
+                assert!(self.fill().await, "the body ended early");
+            }
+            body.extend(self.buf.drain(..n));
+        } else {
+            assert_eq!(reply.header("transfer-encoding"), Some("chunked"));
+            loop {
+                let line_end = loop {
+                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    assert!(self.fill().await, "the stream ended without its terminator");
+                };
+                let size = usize::from_str_radix(
+                    std::str::from_utf8(&self.buf[..line_end]).expect("size line"),
+                    16,
+                )
+                .expect("hex size");
+                while self.buf.len() < line_end + 2 + size + 2 {
+                    assert!(self.fill().await, "a chunk ended early");
+                }
+                self.buf.drain(..line_end + 2);
+                body.extend(self.buf.drain(..size));
+                assert_eq!(self.buf.drain(..2).collect::<Vec<_>>(), b"\r\n");
+                if size == 0 {
+                    break;
+                }
+            }
+        }
+        reply.body = String::from_utf8(body).expect("utf-8");
+        Some(reply)
+    }
+
+    /// True when the peer closes with nothing more to read.
+    async fn closed(&mut self) -> bool {
+        self.buf.is_empty() && !self.fill().await
+    }
+}
+
+fn post(path: &str, body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+const STREAM: &str =
+    r#"{"model":"m","prompt":"a b","max_tokens":4,"ignore_eos":true,"stream":true}"#;
+const CHAT: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"ignore_eos":true}"#;
+
+async fn scrape(addr: SocketAddr) -> Exposition {
+    let mut c = Conn::open(addr).await;
+    c.send(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    let r = c.reply().await.expect("a reply");
+    assert_eq!(r.status, 200, "{}", r.body);
+    promtext::parse(&r.body).unwrap_or_else(|e| panic!("{e}\n{}", r.body))
+}
+
+fn http_requests(e: &Exposition, handler: &str, status: &str) -> f64 {
+    promtext::sum(
+        e.samples(),
+        &schema::HTTP_REQUESTS.exposed_name(""),
+        &[("handler", handler), ("method", "POST"), ("status", status)],
+    )
+}
+
+fn finished(e: &Exposition) -> f64 {
+    promtext::sum(e.samples(), &schema::REQUEST_SUCCESS.exposed_name(NS), &[])
+}
+
+/// SSE payloads, `[DONE]` last.
+fn data_lines(body: &str) -> Vec<&str> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_posts_and_then_a_get_share_one_connection() {
+    let server = serve().await;
+    let p = proxy(server.addr).await;
+    let mut c = Conn::open(p.addr).await;
+
+    c.send(&post("/v1/completions", STREAM, "")).await;
+    let streamed = c.reply().await.expect("the stream");
+    assert_eq!(streamed.status, 200);
+    assert!(
+        streamed
+            .header("content-type")
+            .is_some_and(|v| v.starts_with("text/event-stream"))
+    );
+    assert!(streamed.header("date").is_some(), "hyper's date header");
+    let events = data_lines(&streamed.body);
+    assert_eq!(events.last(), Some(&"[DONE]"), "{}", streamed.body);
+    assert_eq!(events.len(), 5, "four tokens and [DONE]: {}", streamed.body);
+    assert!(
+        !streamed.body.contains("\"usage\""),
+        "the injected usage is taken out"
+    );
+
+    // The second request goes out on the same connection, non-streamed.
+    c.send(&post("/v1/chat/completions", CHAT, "")).await;
+    let json = c.reply().await.expect("the second response");
+    assert_eq!(json.status, 200, "{}", json.body);
+    assert_eq!(
+        json.header("content-length").map(str::to_owned),
+        Some(json.body.len().to_string())
+    );
+    let v: serde_json::Value = serde_json::from_str(&json.body).expect("json");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+
+    // A GET is hyper's: the rest of the connection is served by it.
+    c.send(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").await;
+    let models = c.reply().await.expect("the models");
+    assert_eq!(models.status, 200, "{}", models.body);
+    assert!(models.body.contains("\"m\""), "{}", models.body);
+    // And a generation post after it still works (through hyper now).
+    c.send(&post("/v1/completions", STREAM, "")).await;
+    let again = c.reply().await.expect("a post after the GET");
+    assert_eq!(data_lines(&again.body).len(), 5, "{}", again.body);
+
+    let px = scrape(p.addr).await;
+    assert_eq!(http_requests(&px, "/v1/completions", "2xx"), 2.0);
+    assert_eq!(http_requests(&px, "/v1/chat/completions", "2xx"), 1.0);
+    assert_eq!(finished(&px), 3.0);
+    let gen_tokens = promtext::sum(
+        px.samples(),
+        &schema::GENERATION_TOKENS.exposed_name(NS),
+        &[],
+    );
+    assert_eq!(gen_tokens, 11.0);
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_and_a_body_split_across_reads() {
+    let server = serve().await;
+    let p = proxy(server.addr).await;
+    let mut c = Conn::open(p.addr).await;
+    let whole = post("/v1/completions", STREAM, "");
+    // Cuts inside the request line, inside the head, at the head's end and
+    // inside the body.
+    let head_end = whole.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let cuts = [7, 30, head_end, head_end + 10, whole.len()];
+    let mut from = 0;
+    for to in cuts {
+        c.send(&whole[from..to]).await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        from = to;
+    }
+    let r = c.reply().await.expect("a reply");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(data_lines(&r.body).len(), 5, "{}", r.body);
+    let px = scrape(p.addr).await;
+    assert_eq!(http_requests(&px, "/v1/completions", "2xx"), 1.0);
+    let size_sum = promtext::sum(
+        px.samples(),
+        &format!("{}_sum", schema::HTTP_REQUEST_SIZE.exposed_name("")),
+        &[("handler", "/v1/completions")],
+    );
+    assert_eq!(
+        size_sum,
+        STREAM.len() as f64,
+        "request size from Content-Length"
+    );
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_or_unusual_heads_get_hypers_answers() {
+    let server = serve().await;
+    let p = proxy(server.addr).await;
+    for bad in [
+        &b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n"[..],
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
+        b"\x01\x02 nonsense\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+    ] {
+        let mut c = Conn::open(p.addr).await;
+        c.send(bad).await;
+        let r = c.reply().await.expect("an answer");
+        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(bad));
+        assert!(c.closed().await, "closed after a malformed head");
+    }
+    // A chunked request body is not the fast path's: hyper reads it.
+    let mut c = Conn::open(p.addr).await;
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{STREAM}\r\n0\r\n\r\n",
+        STREAM.len()
+    );
+    c.send(chunked.as_bytes()).await;
+    let r = c.reply().await.expect("the stream");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(data_lines(&r.body).len(), 5, "{}", r.body);
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_content_length_that_does_not_match_the_body() {
+    let server = serve().await;
+    let p = proxy(server.addr).await;
+
+    // More bytes than declared: the rest is read as the next request, which
+    // is not one (hyper answers 400 and closes).
+    let mut c = Conn::open(p.addr).await;
+    let mut longer = post("/v1/completions", STREAM, "");
+    longer.extend_from_slice(b"trailing junk\r\n\r\n");
+    c.send(&longer).await;
+    let first = c.reply().await.expect("the declared request's answer");
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(data_lines(&first.body).len(), 5);
+    let junk = c.reply().await.expect("an answer to the junk");
+    assert_eq!(junk.status, 400);
+    assert!(c.closed().await);
+
+    // Fewer bytes, then the client closes its side: the handler sees a
+    // truncated body and refuses it; nothing goes upstream.
+    let mut c = Conn::open(p.addr).await;
+    let whole = post("/v1/completions", STREAM, "");
+    c.send(&whole[..whole.len() - 5]).await;
+    c.stream.shutdown().await.expect("half-close");
+    let short = c.reply().await.expect("an answer to a body cut short");
+    assert_eq!(short.status, 400, "{}", short.body);
+    assert!(
+        short.body.contains("invalid_request_error"),
+        "{}",
+        short.body
+    );
+    assert!(c.closed().await);
+    let px = scrape(p.addr).await;
+    assert_eq!(http_requests(&px, "/v1/completions", "4xx"), 1.0);
+    assert_eq!(http_requests(&px, "/v1/completions", "2xx"), 1.0);
+    assert_eq!(finished(&px), 1.0, "only the whole request ran");
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_stream_ends_the_upstream_request_as_an_abort() {
+    // 200 tokens at 20 ms a step: 4 s unless the upstream request is ended.
+    let args = inferscope_server::ServeArgs::try_parse_flags([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny,t_fixed_ms=20",
+        "--served-model-name",
+        "m",
+        "--disable-log-stats",
+    ])
+    .expect("flags");
+    let server = inferscope_server::start(&args).await.expect("server");
+    let p = proxy(server.addr).await;
+    let mut c = Conn::open(p.addr).await;
+    c.send(&post(
+        "/v1/completions",
+        r#"{"model":"m","prompt":"go","max_tokens":200,"ignore_eos":true,"stream":true}"#,
+        "",
+    ))
+    .await;
+    while !String::from_utf8_lossy(&c.buf).contains("data: {") {
+        assert!(c.fill().await, "the stream started");
+    }
+    let gone = std::time::Instant::now();
+    drop(c);
+    let abort = |e: &Exposition| {
+        promtext::sum(
+            e.samples(),
+            &schema::REQUEST_SUCCESS.exposed_name(NS),
+            &[("finished_reason", "abort")],
+        )
+    };
+    loop {
+        let s = scrape(server.addr).await;
+        if abort(&s) == 1.0 {
+            break;
+        }
+        assert!(
+            gone.elapsed() < Duration::from_secs(2),
+            "the upstream request went on after the client left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let px = scrape(p.addr).await;
+    assert_eq!(abort(&px), 1.0);
+    assert_eq!(finished(&px), 1.0);
+    p.shutdown(Duration::from_secs(1)).await;
+    server.shutdown(Duration::from_secs(1)).await;
+}
