@@ -9,6 +9,7 @@
 #   OLD=/path/to/other/inferscope scripts/proxy-ttft.sh   # adds that binary's proxy
 #   PROXY_BIN=target/release/inferscope-proxy scripts/proxy-ttft.sh
 #     # the proxy from that binary (takes `proxy`'s flags, no subcommand)
+#   OLD_PROXY_BIN=/path/to/other/inferscope-proxy ...   # the other side, standalone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/inferscope}
@@ -19,8 +20,8 @@ trap 'kill $S ${P:-} ${X:-} ${O:-} 2>/dev/null; rm -rf "$T"' EXIT
 for _ in $(seq 300); do curl -sf 127.0.0.1:18301/health >/dev/null && break; sleep 0.1; done
 ${PROXY_BIN:-$BIN proxy} --upstream http://127.0.0.1:18301 --port 18302 --host 127.0.0.1 >"$T/p.log" 2>&1 & P=$!
 targets="direct:18301 socat:18305 proxy:18302"
-if [ -n "${OLD:-}" ]; then
-  "$OLD" proxy --upstream http://127.0.0.1:18301 --port 18306 --host 127.0.0.1 >"$T/o.log" 2>&1 & O=$!
+if [ -n "${OLD_PROXY_BIN:-}${OLD:-}" ]; then
+  ${OLD_PROXY_BIN:-$OLD proxy} --upstream http://127.0.0.1:18301 --port 18306 --host 127.0.0.1 >"$T/o.log" 2>&1 & O=$!
   targets+=" old:18306"
 fi
 socat TCP-LISTEN:18305,fork,reuseaddr,bind=127.0.0.1,nodelay TCP:127.0.0.1:18301,nodelay & X=$!
