@@ -3,10 +3,12 @@
 //! not take after one it does (hyper's turn, with the bytes already read),
 //! malformed heads, and a `Content-Length` that does not match the body.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use inferscope_proxy::{ProxyArgs, RunningProxy};
+use inferscope_proxy::RunningProxy;
 use inferscope_schema::promtext::{self, Exposition};
 use inferscope_schema::schema;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -15,39 +17,11 @@ use tokio::net::TcpStream;
 const NS: &str = "inferscope";
 
 async fn proxy(upstream: SocketAddr) -> RunningProxy {
-    let upstream = format!("http://{upstream}");
-    let args = ProxyArgs::try_parse_flags([
-        "--upstream",
-        &upstream,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--served-model-name",
-        "m",
-    ])
-    .expect("flags");
-    inferscope_proxy::start(&args).await.expect("proxy starts")
+    common::proxy(&format!("http://{upstream}"), &["--served-model-name", "m"]).await
 }
 
 async fn serve() -> inferscope_server::RunningServer {
-    let args = inferscope_server::ServeArgs::try_parse_flags([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--sim-profile",
-        "tiny",
-        "--served-model-name",
-        "m",
-        "--disable-log-stats",
-    ])
-    .expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
+    common::serve(&["--sim-profile", "tiny", "--served-model-name", "m"]).await
 }
 
 /// A response read off a raw connection.

@@ -3,45 +3,24 @@
 //! the bench's mock server (byte-exact pass-through, usage stripping), and
 //! nothing at all (502, 504).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::{proxy, serve};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use inferscope_bench::mock::{MockConfig, MockServer};
-use inferscope_proxy::{ProxyArgs, RunningProxy};
+use inferscope_proxy::ProxyArgs;
 use inferscope_schema::promtext::{self, Exposition};
 use inferscope_schema::schema::{self, MetricDef};
 
 const NS: &str = "inferscope";
-
-async fn proxy(upstream: &str, flags: &[&str]) -> RunningProxy {
-    let mut all = vec!["--upstream", upstream, "--host", "127.0.0.1", "--port", "0"];
-    all.extend_from_slice(flags);
-    let args = ProxyArgs::try_parse_flags(all).expect("flags");
-    inferscope_proxy::start(&args).await.expect("proxy starts")
-}
-
-async fn serve(flags: &[&str]) -> inferscope_server::RunningServer {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--disable-log-stats",
-    ];
-    all.extend_from_slice(flags);
-    let args = inferscope_server::ServeArgs::try_parse_flags(all).expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
-}
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
