@@ -348,21 +348,13 @@ async fn a_content_length_that_does_not_match_the_body() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_mid_stream_ends_the_upstream_request_as_an_abort() {
     // 200 tokens at 20 ms a step: 4 s unless the upstream request is ended.
-    let args = inferscope_server::ServeArgs::try_parse_flags([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
+    let server = common::serve(&[
         "--sim-profile",
         "tiny,t_fixed_ms=20",
         "--served-model-name",
         "m",
-        "--disable-log-stats",
     ])
-    .expect("flags");
-    let server = inferscope_server::start(&args).await.expect("server");
+    .await;
     let p = proxy(server.addr).await;
     let mut c = Conn::open(p.addr).await;
     c.send(&post(
