@@ -12,6 +12,7 @@
 //! bookkeeping while the upstream works, and record the same things as for
 //! a request hyper read (docs/proxy.md, Cost: `tcpdump` per hop).
 
+use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -367,7 +368,8 @@ fn put_data(out: &mut Vec<u8>, data: &[u8], chunked: bool) {
         return;
     }
     if chunked {
-        out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        // Into the reused buffer: no allocation per chunk.
+        let _ = write!(out, "{:x}\r\n", data.len());
         out.extend_from_slice(data);
         out.extend_from_slice(b"\r\n");
     } else {
@@ -402,7 +404,9 @@ fn write_head(
     }
     if !bodiless && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         match add_length {
-            Some(n) => out.extend_from_slice(format!("content-length: {n}\r\n").as_bytes()),
+            Some(n) => {
+                let _ = write!(out, "content-length: {n}\r\n");
+            }
             None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
         }
     }
