@@ -135,16 +135,10 @@ impl RelayPool {
         let head = request_head(method, authority, path_and_query, headers, body.len());
         let sent = match self.send_on_idle(method, authority, head, body) {
             Ok(sent) => sent,
-            Err((head, body)) => Sent {
-                stream: self.connect(authority).await?,
-                reused: false,
-                head,
-                body,
-                written: 0,
-                head_request: method == Method::HEAD,
-                authority: authority.to_owned(),
-                pool: self.clone(),
-            },
+            Err((head, body)) => {
+                let stream = self.connect(authority).await?;
+                self.sent(stream, false, method, authority, head, body)
+            }
         };
         sent.response().await
     }
@@ -166,19 +160,34 @@ impl RelayPool {
         let Some(stream) = self.take_idle(authority) else {
             return Err((head, body));
         };
-        let written = stream
-            .try_write_vectored(&[IoSlice::new(&head), IoSlice::new(&body)])
+        let mut sent = self.sent(stream, true, method, authority, head, body);
+        sent.written = sent
+            .stream
+            .try_write_vectored(&[IoSlice::new(&sent.head), IoSlice::new(&sent.body)])
             .unwrap_or(0);
-        Ok(Sent {
+        Ok(sent)
+    }
+
+    /// A request about to leave on `stream` (`reused`: from the pool).
+    fn sent(
+        &self,
+        stream: TcpStream,
+        reused: bool,
+        method: &Method,
+        authority: &str,
+        head: Vec<u8>,
+        body: Bytes,
+    ) -> Sent {
+        Sent {
             stream,
-            reused: true,
+            reused,
             head,
             body,
-            written,
+            written: 0,
             head_request: method == Method::HEAD,
             authority: authority.to_owned(),
             pool: self.clone(),
-        })
+        }
     }
 }
 
