@@ -82,6 +82,11 @@ impl RelayPool {
         }
     }
 
+    /// How long a new connection may take (`--connect-timeout`).
+    pub fn connect_timeout(&self) -> Duration {
+        self.inner.connect_timeout
+    }
+
     fn idle(&self) -> std::sync::MutexGuard<'_, Vec<(String, TcpStream)>> {
         // A panic while holding it leaves only a list of sockets behind.
         self.inner.idle.lock().unwrap_or_else(|p| p.into_inner())
