@@ -4,10 +4,13 @@
 # generation request, one at a time: the client's request → the request
 # upstream (inbound hop), the upstream's response head → the client's, the
 # upstream's first chunk → the client's (the first token's hop), and the
-# client's request → first chunk back. For this build's proxy, another build's
-# (OLD or OLD_PROXY_BIN, optional) and socat (a hop with no HTTP: the floor),
-# alternating, ROUNDS times; medians per round. Resolves changes of ~5 µs per
-# hop that proxy-ttft.sh cannot (its per-round noise is ~80 µs).
+# client's request → first chunk back; and the upstream's own time from the
+# request it got to its head and to its first chunk (the same behind any
+# relay unless the relay competes with it for the cores). For this build's
+# proxy, another build's (OLD or OLD_PROXY_BIN, optional) and socat (a hop
+# with no HTTP: the floor), alternating, ROUNDS times; medians per round. Resolves changes of ~5 µs per
+# hop that proxy-ttft.sh cannot (its per-round noise is 10-80 µs, with the
+# machine's load).
 #
 #   cargo build --release -p inferscope
 #   scripts/proxy-hop.sh                 # ROUNDS=2 N=300; needs tcpdump (root) and socat
@@ -53,7 +56,7 @@ for line in open(path, errors="replace"):
     elif cur is not None:
         cur[4] += line
 pk = [p for p in pk if p[3] > 0]
-hops = {k: [] for k in ("in", "head", "chunk", "total")}
+hops = {k: [] for k in ("in", "head", "chunk", "total", "up_head", "up_chunk")}
 for k, p in enumerate(pk):
     if p[2] != port or "POST /v1/completions" not in p[4]:
         continue
@@ -75,13 +78,15 @@ for k, p in enumerate(pk):
             if "data:" in q[4]:
                 t["F"] = q[0]
                 break
-    for hop, (a, b) in {"in": "AB", "head": "CD", "chunk": "EF", "total": "AF"}.items():
+    spans = {"in": "AB", "head": "CD", "chunk": "EF", "total": "AF", "up_head": "BC", "up_chunk": "BE"}
+    for hop, (a, b) in spans.items():
         if a in t and b in t:
             hops[hop].append((t[b] - t[a]) * 1e6)
 med = {h: statistics.median(v) if v else float("nan") for h, v in hops.items()}
 print(f"round {r} {name}: request in -> upstream {med['in']:.1f} us, head {med['head']:.1f}, "
       f"first chunk {med['chunk']:.1f}; request -> first chunk {med['total']:.1f} "
-      f"({len(hops['total'])} requests)")
+      f"(upstream: request -> head {med['up_head']:.1f}, -> first chunk {med['up_chunk']:.1f}; "
+      f"{len(hops['total'])} requests)")
 PY
   done
 done
