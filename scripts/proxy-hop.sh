@@ -8,9 +8,9 @@
 # request it got to its head and to its first chunk (the same behind any
 # relay unless the relay competes with it for the cores). For this build's
 # proxy, another build's (OLD or OLD_PROXY_BIN, optional) and socat (a hop
-# with no HTTP: the floor), alternating, ROUNDS times; medians per round. Resolves changes of ~5 µs per
-# hop that proxy-ttft.sh cannot (its per-round noise is 10-80 µs, with the
-# machine's load).
+# with no HTTP: the floor), alternating, ROUNDS times; medians per round.
+# Resolves changes of ~5 µs per hop that proxy-ttft.sh cannot (its
+# per-round noise is 10-80 µs, with the machine's load).
 #
 #   cargo build --release -p inferscope
 #   scripts/proxy-hop.sh                 # ROUNDS=2 N=300; needs tcpdump (root) and socat

@@ -416,10 +416,9 @@ async fn serve_http1(
     };
     tokio::pin!(stopping);
     let app = &service.app;
-    let floor = tokio::spawn(timer_floor(timer_floor_period(
-        app.upstream_timeout,
-        app.relay.connect_timeout(),
-    )));
+    let period = timer_floor_period(app.upstream_timeout, app.relay.connect_timeout());
+    let floor = tokio::time::sleep(period);
+    tokio::pin!(floor);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -433,6 +432,10 @@ async fn serve_http1(
                 }
             },
             () = &mut stopping => break,
+            () = &mut floor => {
+                floor.as_mut().reset(tokio::time::Instant::now() + period);
+                continue;
+            }
         };
         // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
         let _ = stream.set_nodelay(true);
@@ -446,27 +449,20 @@ async fn serve_http1(
     drop(listener);
     drop(open);
     let _ = all_closed.recv().await;
-    floor.abort();
     Ok(())
 }
 
-/// Keeps a timer pending on the runtime, due sooner than any request's.
+/// The period of the accept loop's timer (the floor), which keeps a timer
+/// pending on the runtime that is due sooner than any request's: half the
+/// shorter of `--upstream-timeout` and `--connect-timeout`, within
+/// 10 ms..5 s (timeouts under 20 ms aside), waking an idle proxy rarely.
 ///
 /// Why: tokio wakes its driver (an `eventfd` write, then an `epoll_wait`
 /// that returns at once) whenever a new timer is due before every pending
-/// one, and with none pending that is every request's `--upstream-timeout`,
+/// one, and with none pending that was every request's `--upstream-timeout`,
 /// registered just after the request leaves: two syscalls a request, while
 /// the upstream works for the first token on the same cores. Behind a
 /// sooner timer a request's registers without a wake-up.
-async fn timer_floor(period: Duration) {
-    loop {
-        tokio::time::sleep(period).await;
-    }
-}
-
-/// Half the shorter of the request timers' durations (`--upstream-timeout`,
-/// `--connect-timeout`), within 10 ms..5 s: always due before a new
-/// request's timer (timeouts under 20 ms aside), waking an idle proxy rarely.
 fn timer_floor_period(upstream: Duration, connect: Duration) -> Duration {
     (upstream.min(connect) / 2).clamp(Duration::from_millis(10), Duration::from_secs(5))
 }
@@ -1137,6 +1133,8 @@ pub fn append_upstream(own: &mut String, upstream: &str) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_timer_floor_is_due_before_any_request_timer() {
         let s = Duration::from_secs_f64;
@@ -1152,8 +1150,6 @@ mod tests {
         // Never a busy loop, whatever the flags.
         assert_eq!(timer_floor_period(s(0.001), s(10.0)), s(0.01));
     }
-
-    use super::*;
 
     #[test]
     fn upstream_exposition_appended_without_collisions() {
