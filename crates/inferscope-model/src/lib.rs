@@ -9,6 +9,8 @@ pub mod error;
 pub mod executor;
 pub mod gguf;
 mod isa;
+#[cfg(test)]
+mod kernel_reference;
 pub mod kv_storage;
 pub mod llama;
 pub mod loader;

@@ -1341,6 +1341,7 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernel_reference::{isas_checked, product_f64, rel_diff_f64};
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
@@ -1404,7 +1405,7 @@ mod tests {
         // products. The integer products: activations rounded to 8 bits
         // (see `INT_TOL_DEQ`).
         let tol = if p.int.is_some() { INT_TOL_DEQ } else { 1e-5 };
-        for isa in Isa::available() {
+        for isa in crate::kernel_reference::isas_checked(module_path!()) {
             let mut y = vec![f32::NAN; 3];
             p.product(isa, &x, rows, &mut y);
             assert_eq!(y.len(), e.len());
@@ -1494,7 +1495,7 @@ mod tests {
             let clean = PackedKQuant::from_blocks(kind, &clean, out, inp).unwrap();
             assert_ne!(p.dequantize(), deq, "{kind:?}: the corruption shows");
             let x = input(rows, inp);
-            for isa in Isa::available() {
+            for isa in crate::kernel_reference::isas_checked(module_path!()) {
                 let (mut y, mut e) = (Vec::new(), Vec::new());
                 p.product(isa, &x, rows, &mut y);
                 // The same kernel on the clean weight: other columns equal
@@ -1512,13 +1513,13 @@ mod tests {
         }
     }
 
-    /// The integer products against candle's `QMatMul` forward (which also
-    /// quantizes the activations to Q8_K, with the same quantizer): max |Δ|
-    /// over max |y|. The integer sums are the same; candle multiplies f32
-    /// `d·sc` (and `dmin·m`) per sub-block where the kernel scales by `sc`
-    /// in integers and by `d` per super-block, so only f32 rounding of a
-    /// few terms per super-block differs (measured ≤ 2.1e-7 here).
-    const INT_TOL_CANDLE: f32 = 2e-6;
+    /// The integer products against the exact product of their operands
+    /// (see `kernel_reference`): the dequantized weights (exactly candle's)
+    /// times the activations as the portable Q8_K quantizer rounds them. The
+    /// kernels scale by `sc` in integers and by `d` per super-block in f32,
+    /// so they differ from it by the f32 rounding of a few terms per
+    /// super-block.
+    const INT_TOL_EXACT: f64 = 2e-6;
 
     /// The integer products against the dequantized f32 product: each
     /// activation is rounded to 8 bits (an error of up to half a step,
@@ -1537,41 +1538,34 @@ mod tests {
             .collect()
     }
 
-    /// `dtype` blocks of an `[out][inp]` weight as candle's tensor.
-    fn qtensor_from_blocks(dtype: GgmlDType, blocks: &[u8], out: usize, inp: usize) -> QTensor {
-        candle_core::quantized::ggml_file::qtensor_from_ggml(
-            dtype,
-            blocks,
-            vec![out, inp],
-            &Device::Cpu,
-        )
-        .unwrap()
+    /// `x` as the portable Q8_K quantizer rounds it, dequantized in f64.
+    fn q8k_operand(x: &[f32], rows: usize, inp: usize) -> Vec<f64> {
+        let mut q = crate::q8k::Q8K::default();
+        q.quantize(Isa::get(IsaKind::Portable).unwrap(), x, rows, inp);
+        q.qs.iter()
+            .enumerate()
+            .map(|(k, &v)| f64::from(q.d[k / QK_K]) * f64::from(v))
+            .collect()
     }
 
-    /// The integer product of Q4_K and Q6_K weights against candle's
-    /// `QMatMul` and against the dequantized product, every ISA.
+    /// The integer product of Q4_K and Q6_K weights against the exact
+    /// product of its operands and against the dequantized product, every ISA.
     fn check_int(rows: usize, inp: usize, out: usize) {
         for (kind, dtype) in [(KQuant::Q4K, GgmlDType::Q4K), (KQuant::Q6K, GgmlDType::Q6K)] {
             let (blocks, deq) = quantized(dtype, out, inp, rows + out);
             let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
             assert!(p.int.is_some(), "{kind:?} runs integer products");
             let x = varied_input(rows, inp, out);
-            let qmm = candle_core::quantized::QMatMul::from_qtensor(qtensor_from_blocks(
-                dtype, &blocks, out, inp,
-            ))
-            .unwrap();
-            let xt = Tensor::from_slice(&x, (rows, inp), &Device::Cpu).unwrap();
-            let c = candle_core::Module::forward(&qmm, &xt).unwrap();
-            let c = c.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let c = product_f64(&q8k_operand(&x, rows, inp), &deq, rows, inp, out);
             let e = naive(&x, &deq, rows, inp, out);
-            for isa in Isa::available() {
+            for isa in isas_checked(&format!("{kind:?} integer [{rows}x{inp}x{out}]")) {
                 let mut y = vec![f32::NAN; 5];
                 p.product(isa, &x, rows, &mut y);
                 let at = format!("{isa:?} {kind:?} [{rows}x{inp}x{out}]");
-                let (d, i) = rel_diff(&y, &c);
+                let (d, i) = rel_diff_f64(&y, &c);
                 assert!(
-                    d < INT_TOL_CANDLE,
-                    "{at} vs candle, cell {i}: {} vs {} (rel {d})",
+                    d < INT_TOL_EXACT,
+                    "{at} vs exact, cell {i}: {} vs {} (rel {d})",
                     y[i],
                     c[i]
                 );
@@ -1587,9 +1581,8 @@ mod tests {
     }
 
     #[test]
-    fn integer_products_match_candle_qmatmul() {
-        // out not a multiple of a panel (candle's vec_dot path) and a
-        // multiple (its repacked path).
+    fn integer_products_match_the_exact_product() {
+        // out not a multiple of a panel and a multiple.
         for rows in [1, 3, 8, 33, 128] {
             check_int(rows, 512, 61);
             check_int(rows, 256, 48);
@@ -1597,7 +1590,7 @@ mod tests {
     }
 
     #[test]
-    fn integer_products_match_candle_qmatmul_in_parallel() {
+    fn integer_products_match_the_exact_product_in_parallel() {
         check_int(1, 1024, 1100);
         check_int(8, 512, 300);
         check_int(128, 256, 80);

@@ -454,8 +454,9 @@ fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::quantized::{GgmlDType, QMatMul, QTensor, ggml_file::qtensor_from_ggml};
-    use candle_core::{Device, Module, Tensor};
+    use crate::kernel_reference::{isas_checked, product_f64, rel_diff_f64};
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
 
     /// A Q8_0 weight quantized by candle, and candle's dequantization of it.
     fn quantized(out: usize, inp: usize, seed: usize) -> (Vec<u8>, Vec<f32>) {
@@ -473,14 +474,20 @@ mod tests {
         (q.data().unwrap().into_owned(), deq)
     }
 
-    /// candle's `QMatMul` forward on the same blocks: it quantizes `x` to
-    /// Q8_0 and takes its integer dot products.
-    fn candle_product(blocks: &[u8], out: usize, inp: usize, x: &[f32], rows: usize) -> Vec<f32> {
-        let q = qtensor_from_ggml(GgmlDType::Q8_0, blocks, vec![out, inp], &Device::Cpu).unwrap();
-        let mm = QMatMul::from_qtensor(q).unwrap();
-        let xt = Tensor::from_slice(x, (rows, inp), &Device::Cpu).unwrap();
-        let y = mm.forward(&xt).unwrap();
-        y.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    /// The product of the operands the kernels multiply, in f64 (see
+    /// `kernel_reference`): the dequantized weights times `x` as the
+    /// portable quantizer rounds it (bit for bit candle's quantizer, checked
+    /// in `q8_activations`).
+    fn exact_product(p: &PackedQ8, x: &[f32], rows: usize) -> Vec<f64> {
+        let mut xq = Q8Rows::default();
+        xq.quantize(Isa::get(IsaKind::Portable).unwrap(), x, p.inp);
+        let xd: Vec<f64> = xq
+            .qs
+            .iter()
+            .enumerate()
+            .map(|(k, &q)| f64::from(xq.d[k / QK8_0]) * f64::from(q))
+            .collect();
+        product_f64(&xd, &p.dequantize(), rows, p.inp, p.out)
     }
 
     /// The f32 product with the dequantized weights, and for each cell a
@@ -525,20 +532,10 @@ mod tests {
             .collect()
     }
 
-    /// Max |a - b| relative to max |b|, and the index of the worst cell.
-    fn rel_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
-        let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-6);
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs() / scale)
-            .enumerate()
-            .fold((0.0, 0), |m, (i, d)| if d > m.0 { (d, i) } else { m })
-    }
-
-    /// Same operands as candle's: only the f32 summation of the per-block
-    /// terms differs (candle keeps 8 partial sums per block), a few ulps
-    /// of the largest output.
-    const CANDLE_TOL: f32 = 2e-6;
+    /// Against the exact product of the same operands: only the f32
+    /// rounding of the per-block terms and their sum, a few ulps of the
+    /// largest output.
+    const EXACT_TOL: f64 = 2e-6;
 
     fn check(rows: usize, inp: usize, out: usize) {
         let (blocks, deq) = quantized(out, inp, rows);
@@ -546,17 +543,17 @@ mod tests {
         assert_eq!(p.dequantize(), deq, "candle's dequantization");
         assert_eq!(p.to_blocks(), blocks, "repack round trip");
         let x = input(rows, inp);
-        let c = candle_product(&blocks, out, inp, &x, rows);
+        let c = exact_product(&p, &x, rows);
         let (e, bound) = dequantized_product(&x, &deq, rows, inp, out);
         let scale = e.iter().fold(0f32, |m, v| m.max(v.abs()));
-        for isa in Isa::available() {
+        for isa in isas_checked(&format!("Q8_0 [{rows}x{inp}x{out}]")) {
             let mut y = vec![f32::NAN; 3];
             p.product(isa, &x, rows, &mut y);
             assert_eq!(y.len(), e.len());
-            let (d, i) = rel_diff(&y, &c);
+            let (d, i) = rel_diff_f64(&y, &c);
             assert!(
-                d < CANDLE_TOL,
-                "{isa:?} [{rows}x{inp}x{out}] cell {i}: {} vs candle {} (rel {d})",
+                d < EXACT_TOL,
+                "{isa:?} [{rows}x{inp}x{out}] cell {i}: {} vs exact {} (rel {d})",
                 y[i],
                 c[i]
             );
@@ -571,7 +568,7 @@ mod tests {
     }
 
     #[test]
-    fn matches_candle_and_the_dequantized_product() {
+    fn matches_the_exact_and_the_dequantized_product() {
         // The row counts, out not a multiple of a panel (or group).
         for rows in [1, 3, 8, 33, 128] {
             check(rows, 96, 61);
@@ -582,7 +579,7 @@ mod tests {
     }
 
     #[test]
-    fn matches_candle_and_the_dequantized_product_in_parallel() {
+    fn matches_the_exact_and_the_dequantized_product_in_parallel() {
         // Above the threshold: split across tasks and row blocks.
         check(1, 1024, 1100);
         check(3, 1024, 400);
@@ -616,16 +613,17 @@ mod tests {
         let (rows, inp, out) = (3, 128, 40);
         let (mut blocks, _) = quantized(out, inp, 0);
         let x = input(rows, inp);
-        let e = candle_product(&blocks, out, inp, &x, rows);
+        let clean = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
+        let e = exact_product(&clean, &x, rows);
         let at = (19 * inp / QK8_0 + 2) * Q8_0_BLOCK_BYTES;
         let d = f16::from_le_bytes([blocks[at], blocks[at + 1]]).to_f32();
         blocks[at..at + 2].copy_from_slice(&f16::from_f32(2.0 * d).to_le_bytes());
         let p = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
-        for isa in Isa::available() {
+        for isa in isas_checked("Q8_0 one corrupt block") {
             let mut y = Vec::new();
             p.product(isa, &x, rows, &mut y);
             for (i, (a, b)) in y.iter().zip(&e).enumerate() {
-                let moved = (a - b).abs() > 1e-3 * b.abs().max(1.0);
+                let moved = (f64::from(*a) - b).abs() > 1e-3 * b.abs().max(1.0);
                 assert_eq!(moved, i % out == 19, "{isa:?} cell {i}: {a} vs {b}");
             }
         }
@@ -655,7 +653,7 @@ mod tests {
         let p = PackedQ8::from_blocks(&blocks, out, inp).unwrap();
         // Ones in block 0 (scale 1/127) and minus ones in block 1.
         let x: Vec<f32> = (0..inp).map(|k| if k < 32 { 1.0 } else { -1.0 }).collect();
-        for isa in Isa::available() {
+        for isa in crate::kernel_reference::isas_checked(module_path!()) {
             let y = {
                 let mut y = Vec::new();
                 p.product(isa, &x, 1, &mut y);

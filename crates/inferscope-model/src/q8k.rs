@@ -245,7 +245,7 @@ mod tests {
 
     fn check(x: &[f32], rows: usize, inp: usize) {
         let (qs, d, bs) = reference(x);
-        for isa in Isa::available() {
+        for isa in crate::kernel_reference::isas_checked(module_path!()) {
             let mut q = Q8K::default();
             q.quantize(isa, x, rows, inp);
             assert_eq!(q.qs, qs, "{isa:?} quants");
