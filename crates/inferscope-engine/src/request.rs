@@ -48,12 +48,18 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
-    /// The seed the sampler uses: the given one plus `offset` (the choice's
-    /// index), else a hash of the request id.
-    pub fn effective_seed(&self, request_id: &str, offset: u64) -> u64 {
+    /// The seed the sampler uses. Greedy (`temperature` 0): a hash of the
+    /// prompt, so a sampler that draws from its seed (the sim) gives the same
+    /// tokens for the same prompt, as a model's argmax does, whatever the seed
+    /// or choice. Otherwise the given seed plus `offset` (the choice's index),
+    /// else a hash of the request id.
+    pub fn effective_seed(&self, request_id: &str, prompt: &[u32], offset: u64) -> u64 {
+        if self.temperature == 0.0 {
+            return fnv1a(prompt.iter().flat_map(|t| t.to_le_bytes()));
+        }
         self.seed
             .map(|seed| seed.wrapping_add(offset))
-            .unwrap_or_else(|| fnv1a(request_id.as_bytes()))
+            .unwrap_or_else(|| fnv1a(request_id.bytes()))
     }
 
     /// The stop token ids as a deduplicated set with O(1) lookup.
@@ -105,9 +111,9 @@ impl FromIterator<u32> for StopTokenIds {
 }
 
 /// FNV-1a, a stable hash for deriving seeds from ids.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
+    for b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }

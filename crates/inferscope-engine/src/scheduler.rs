@@ -250,7 +250,9 @@ impl Scheduler {
     ) {
         let seq_id = self.next_seq_id;
         self.next_seq_id += 1;
-        let seed = req.params.effective_seed(&req.request_id, req.seed_offset);
+        let seed =
+            req.params
+                .effective_seed(&req.request_id, &req.prompt_token_ids, req.seed_offset);
         let num_prompt_tokens = req.prompt_token_ids.len();
         // One allocation per request; every finished-stats clone shares it.
         let request = RequestRef::new(&req.request_id, req.trace_id);

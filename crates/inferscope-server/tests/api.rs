@@ -192,6 +192,68 @@ async fn n_choices_seeds_and_batched_prompts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_requests_repeat_on_the_sim() {
+    // Clients check stop strings and caching by sending one greedy request
+    // twice: as with a model's argmax, the same prompt gives the same tokens
+    // (whatever the seed or choice), and another prompt gives others.
+    let server = start(&[]).await;
+    let addr = server.addr;
+    let texts = |v: &Value| -> Vec<String> {
+        v["choices"]
+            .as_array()
+            .expect("choices")
+            .iter()
+            .map(|c| c["text"].as_str().expect("text").to_owned())
+            .collect()
+    };
+    let greedy = |prompt: &str, extra: Value| {
+        let mut body =
+            json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+        body.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        body
+    };
+    let a = texts(
+        &post(addr, "/v1/completions", &greedy("hi", json!({})))
+            .await
+            .json(),
+    );
+    let b = texts(
+        &post(addr, "/v1/completions", &greedy("hi", json!({})))
+            .await
+            .json(),
+    );
+    assert_eq!(a, b, "the same greedy request twice");
+    let c = texts(
+        &post(
+            addr,
+            "/v1/completions",
+            &greedy("hi", json!({"n": 2, "seed": 5})),
+        )
+        .await
+        .json(),
+    );
+    assert_eq!(
+        c,
+        [a[0].clone(), a[0].clone()],
+        "seed and choice change nothing"
+    );
+    let d = texts(
+        &post(addr, "/v1/completions", &greedy("bye", json!({})))
+            .await
+            .json(),
+    );
+    assert_ne!(a, d, "another prompt, other tokens");
+    // Sampling without a seed still differs between requests.
+    let sampled = json!({"prompt": "hi", "max_tokens": 8, "ignore_eos": true});
+    let s1 = texts(&post(addr, "/v1/completions", &sampled).await.json());
+    let s2 = texts(&post(addr, "/v1/completions", &sampled).await.json());
+    assert_ne!(s1, s2, "unseeded sampling");
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_strings_and_min_tokens() {
     let server = start(&[]).await;
     let addr = server.addr;
