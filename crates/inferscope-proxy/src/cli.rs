@@ -1,6 +1,7 @@
 //! `inferscope proxy`'s flags.
 
 use clap::{Args, Parser};
+use inferscope_schema::units::parse_bytes_usize;
 
 /// Flags of `inferscope proxy`.
 #[derive(Debug, Clone, Args)]
@@ -65,8 +66,9 @@ pub struct ProxyArgs {
     #[arg(long, default_value_t = 600.0, value_name = "SECS")]
     pub upstream_timeout: f64,
 
-    /// Largest request body accepted on the generation routes, in bytes (then 413).
-    #[arg(long, default_value_t = 32 * 1024 * 1024, value_name = "BYTES")]
+    /// Largest request body accepted on the generation routes (then 413): bytes
+    /// or a size such as 32MiB.
+    #[arg(long, default_value = "32MiB", value_name = "SIZE", value_parser = parse_bytes_usize)]
     pub max_request_body: usize,
 
     /// Do not add `stream_options.include_usage` to streamed requests (for an

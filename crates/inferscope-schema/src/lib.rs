@@ -9,6 +9,7 @@
 //! - [`scrape`]: the one view of a server from its scrapes: counter deltas
 //!   across resets, histogram deltas and quantiles, namespace detection and
 //!   the vLLM name fallbacks.
+//! - [`units`]: byte sizes as command lines write them (`512MiB`, `2G`).
 //!
 //! Std-level dependencies only: the engine links this crate and must never
 //! pull HTTP or Prometheus client code.
@@ -17,6 +18,7 @@ pub mod promtext;
 pub mod schema;
 pub mod scrape;
 pub mod stats;
+pub mod units;
 
 pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_buckets};
 pub use stats::{

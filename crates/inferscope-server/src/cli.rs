@@ -1,6 +1,7 @@
 //! `inferscope serve` flags, named as vLLM users know them.
 
 use clap::{Args, Parser, ValueEnum};
+use inferscope_schema::units::{parse_bytes, parse_bytes_usize};
 
 /// Which device runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -82,8 +83,9 @@ pub struct ServeArgs {
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
 
-    /// KV-cache memory per engine core in bytes (cpu executor; default: a fraction of free memory).
-    #[arg(long)]
+    /// KV-cache memory per engine core (cpu executor; default: a fraction of free memory):
+    /// bytes or a size such as 512MiB, 1GiB, 2G.
+    #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
     pub kv_cache_memory: Option<u64>,
 
     /// Weight storage of the cpu executor: auto (= float32) or bfloat16
@@ -167,7 +169,8 @@ pub struct ServeArgs {
 
     /// Bytes of request bodies that may be held by requests being validated or waiting for a
     /// validation worker (at most 4 GiB); more get 429 rather than piling up in memory.
-    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    /// Bytes or a size such as 256MiB.
+    #[arg(long, default_value = "256MiB", value_name = "SIZE", value_parser = parse_bytes_usize)]
     pub max_validation_queue_bytes: usize,
 
     /// Most stop strings (`stop`) in one request; more get 400. Each output
@@ -183,8 +186,8 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_stop_token_ids: usize,
 
-    /// Largest request body in bytes (larger ones get 413).
-    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    /// Largest request body (larger ones get 413): bytes or a size such as 16MiB.
+    #[arg(long, default_value = "16MiB", value_name = "SIZE", value_parser = parse_bytes_usize)]
     pub max_request_body_bytes: usize,
 
     /// Seconds in-flight requests may take to finish on shutdown before they are aborted.
@@ -281,6 +284,31 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_flags_take_sizes() {
+        let a = ServeArgs::try_parse_flags([
+            "--kv-cache-memory",
+            "1GiB",
+            "--max-request-body-bytes",
+            "512KiB",
+            "--max-validation-queue-bytes",
+            "2G",
+        ])
+        .expect("sizes");
+        assert_eq!(a.kv_cache_memory, Some(1 << 30));
+        assert_eq!(a.max_request_body_bytes, 512 << 10);
+        assert_eq!(a.max_validation_queue_bytes, 2_000_000_000);
+        let a = ServeArgs::try_parse_flags(["--kv-cache-memory", "1048576"]).expect("bytes");
+        assert_eq!(a.kv_cache_memory, Some(1 << 20));
+        let e = ServeArgs::try_parse_flags(["--kv-cache-memory", "1 lightyear"])
+            .expect_err("not a size")
+            .to_string();
+        assert!(
+            e.contains("--kv-cache-memory") && e.contains("512MiB"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn defaults_match_the_ecosystem() {
