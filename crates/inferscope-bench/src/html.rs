@@ -271,7 +271,7 @@ pub fn serve_report(r: &ServeReport<'_>) -> String {
     s.push_str("</div>\n");
 
     if let Some((ss, agreement)) = r.server {
-        s.push_str("<h2>Server side (<code>/metrics</code>)</h2>\n<p class=\"note\">Gauges sampled during the run, on the same time axis; device utilisation from the busy-time counter between samples (the counter moves when a step ends, so one interval can read above 100 % by up to one step's time over the interval).</p>\n<div class=\"charts\">\n");
+        s.push_str("<h2>Server side (<code>/metrics</code>)</h2>\n<p class=\"note\">Gauges sampled during the run, on the same time axis; device utilisation from the busy-time counter between samples (the counter moves when a step ends, so a step's time past the end of the interval it ended in is moved back to the intervals where it ran: no interval reads above 100 %).</p>\n<div class=\"charts\">\n");
         chart(
             &mut s,
             "server-queue",

@@ -8,7 +8,7 @@
 use crate::client::get_text;
 use crate::report::{header, line};
 use inferscope_schema::names;
-use inferscope_schema::scrape::{BucketBound, Delta, Scrape};
+use inferscope_schema::scrape::{BucketBound, Delta, Scrape, busy_aligned, utilisation};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -112,14 +112,6 @@ pub fn server_series(samples: &[ServerSample], run_start: Instant) -> ServerSeri
         push(&mut out.kv_usage_pct, s.kv_cache_usage.map(|u| u * 100.0));
         let prev = i.checked_sub(1).and_then(|j| samples.get(j));
         if let Some(p) = prev {
-            let dt = s.at.saturating_duration_since(p.at).as_secs_f64();
-            if let (Some(a), Some(b)) = (p.device_busy_s, s.device_busy_s)
-                && b >= a
-                && dt > 0.0
-            {
-                let util = (b - a) / (dt * s.engines.max(1) as f64) * 100.0;
-                push(&mut out.device_util_pct, Some(util));
-            }
             if let (Some(a), Some(b)) = (p.preemptions, s.preemptions) {
                 // A counter that went down restarted: count from zero.
                 preempted += if b >= a { b - a } else { b };
@@ -127,6 +119,38 @@ pub fn server_series(samples: &[ServerSample], run_start: Instant) -> ServerSeri
         }
         push(&mut out.preemptions, s.preemptions.map(|_| preempted));
     }
+    out.device_util_pct = device_utilisation_pct(samples, run_start);
+    out
+}
+
+/// Device utilisation between consecutive samples, percent of the engines'
+/// time, at each interval's end. The busy counter moves when a step ends, so
+/// a step's time past its interval is moved back to the intervals where it
+/// ran ([`busy_aligned`]): no interval reads above 100 %. An interval over
+/// which the counter went down (a restart) is left out and ends the run of
+/// intervals aligned together.
+fn device_utilisation_pct(samples: &[ServerSample], run_start: Instant) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    // Runs of intervals with a counter that only grew: (x, busy, capacity).
+    let mut run: Vec<(f64, f64, f64)> = Vec::new();
+    let flush = |run: &mut Vec<(f64, f64, f64)>, out: &mut Vec<(f64, f64)>| {
+        let (busy, cap): (Vec<f64>, Vec<f64>) = run.iter().map(|r| (r.1, r.2)).unzip();
+        for ((x, _, c), b) in run.drain(..).zip(busy_aligned(&busy, &cap)) {
+            out.push((x, b / c * 100.0));
+        }
+    };
+    for w in samples.windows(2) {
+        let (p, s) = (&w[0], &w[1]);
+        let dt = s.at.saturating_duration_since(p.at).as_secs_f64();
+        match (p.device_busy_s, s.device_busy_s) {
+            (Some(a), Some(b)) if b >= a && dt > 0.0 && (b - a).is_finite() => {
+                let x = s.at.saturating_duration_since(run_start).as_secs_f64();
+                run.push((x, b - a, dt * s.engines.max(1) as f64));
+            }
+            _ => flush(&mut run, &mut out),
+        }
+    }
+    flush(&mut run, &mut out);
     out
 }
 
@@ -279,8 +303,7 @@ pub fn server_view(before: &Snapshot, after: &Snapshot, ns: &str, peaks: GaugePe
     let engines = after.scrape.label_values(&busy_name, "engine").len().max(1);
     let device_utilisation = d
         .counter(names::DEVICE_BUSY_SECONDS, &[])
-        .filter(|_| wall > 0.0)
-        .map(|busy| busy / (wall * engines as f64));
+        .and_then(|busy| utilisation(busy, wall, engines));
     ServerView {
         namespace: ns.to_string(),
         finished: d.counter_by(names::REQUEST_SUCCESS, "finished_reason"),
@@ -593,5 +616,39 @@ mod tests {
         assert_eq!(s.preemptions, vec![(0.5, 0.0), (1.0, 2.0), (1.5, 3.0)]);
         // A sample taken before the run starts sits at 0 s.
         assert_eq!(server_series(&samples, at(1200)).running[0].0, 0.0);
+    }
+
+    #[test]
+    fn device_utilisation_never_reads_above_100_percent() {
+        // One engine sampled every 100 ms, always busy, with 150 ms steps:
+        // the counter moves by 0.15 s at each step's end, so raw intervals
+        // read 0 %, 150 %, 150 %, 0 % ... The aligned series keeps every
+        // interval within 100 % and the busy time whole.
+        let t0 = Instant::now();
+        let mut samples = Vec::new();
+        for i in 0..=12u64 {
+            let steps_done = (i * 100 / 150) as f64;
+            samples.push(ServerSample {
+                at: t0 + Duration::from_millis(100 * i),
+                running: None,
+                waiting: None,
+                kv_cache_usage: None,
+                device_busy_s: Some(0.15 * steps_done),
+                engines: 1,
+                preemptions: None,
+            });
+        }
+        let u = server_series(&samples, t0).device_util_pct;
+        assert_eq!(u.len(), 12);
+        assert!(
+            u.iter().all(|&(_, v)| (0.0..=100.0 + 1e-9).contains(&v)),
+            "{u:?}"
+        );
+        let total: f64 = u.iter().map(|&(_, v)| v / 100.0 * 0.1).sum();
+        assert!((total - 1.2).abs() < 1e-9, "busy {total} of 1.2 s counted");
+        // A restart (the counter goes down) ends an aligned run.
+        samples[6].device_busy_s = Some(0.0);
+        let u = server_series(&samples, t0).device_util_pct;
+        assert!(u.iter().all(|&(_, v)| v <= 100.0 + 1e-9), "{u:?}");
     }
 }

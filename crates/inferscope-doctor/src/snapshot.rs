@@ -4,7 +4,7 @@
 //! in total. Everything the rules and the live view read is in [`Summary`].
 
 use inferscope_schema::scrape::{
-    BucketBound, Delta, LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, counter_delta, full_name,
+    BucketBound, Delta, LEGACY_TIME_PER_OUTPUT_TOKEN_SECONDS, counter_delta, full_name, utilisation,
 };
 use inferscope_schema::{names, schema};
 use serde::Serialize;
@@ -409,7 +409,9 @@ impl Window {
             generation_tokens_per_s: rate(self.ns_delta(names::GENERATION_TOKENS, &f)),
             finished,
             preemptions: self.ns_delta(names::NUM_PREEMPTIONS, &f),
-            device_utilisation: rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &f)),
+            device_utilisation: self
+                .ns_delta(names::DEVICE_BUSY_SECONDS, &f)
+                .and_then(|busy| utilisation(busy, secs, 1)),
             idle_fraction: rate(self.ns_delta(names::ENGINE_IDLE_SECONDS, &f)),
             num_gpu_blocks,
         }
@@ -479,8 +481,9 @@ impl Window {
         });
         let (prefix_cache_queries, prefix_cache_hits) = self.prefix_cache(&[]);
         let engines_n = engines.len().max(1) as f64;
-        let device_utilisation =
-            rate(self.ns_delta(names::DEVICE_BUSY_SECONDS, &[])).map(|u| u / engines_n);
+        let device_utilisation = self
+            .ns_delta(names::DEVICE_BUSY_SECONDS, &[])
+            .and_then(|busy| utilisation(busy, secs, engines.len()));
         let idle_fraction =
             rate(self.ns_delta(names::ENGINE_IDLE_SECONDS, &[])).map(|u| u / engines_n);
         let phase = |p: &str| {
@@ -690,6 +693,23 @@ mod tests {
         .summary();
         assert_eq!(r.generation_tokens_per_s, Some(110.0));
         assert_eq!(r.e2e.map(|d| d.count), Some(5.0));
+    }
+
+    #[test]
+    fn device_utilisation_is_at_most_one() {
+        // A 0.1 s window in which a step of 0.16 s ended (`top` refreshing
+        // fast on a busy device): the busy counter moved more than the wall.
+        let s = Window::new(
+            vec![
+                (0.0, Scrape::parse(&text(1.0, 0.0))),
+                (0.1, Scrape::parse(&text(1.2, 0.0))),
+            ],
+            None,
+        )
+        .summary();
+        assert_eq!(s.engines[0].device_utilisation, Some(1.0));
+        let whole = s.device_utilisation.expect("utilisation");
+        assert!((whole - 0.8).abs() < 1e-9, "{whole}");
     }
 
     #[test]

@@ -38,6 +38,40 @@ pub fn counter_delta(after: f64, before: Option<f64>) -> f64 {
     }
 }
 
+/// Device utilisation from a delta of the busy-seconds counter over `wall`
+/// seconds and `engines` engines, as a fraction in `0..=1`.
+///
+/// The counter moves by a whole step's device time when the step ends, so
+/// a window counts in full the step that straddles its start (and none of
+/// the one straddling its end): the raw ratio is off by up to one step over
+/// the window and can read above 1 on a short window of a busy device. The
+/// true value cannot, so it is clamped; `None` for an empty window.
+pub fn utilisation(busy_delta_s: f64, wall_s: f64, engines: usize) -> Option<f64> {
+    (wall_s > 0.0 && busy_delta_s.is_finite())
+        .then(|| (busy_delta_s / (wall_s * engines.max(1) as f64)).clamp(0.0, 1.0))
+}
+
+/// Per-interval busy seconds with what a step counted past its interval's
+/// capacity moved back to the intervals before it, where the step ran.
+///
+/// `busy[i]` is the counter's delta over interval `i`, `capacity[i]` its
+/// wall seconds times the engines. An interval over its capacity holds time
+/// of a step that ended in it but began earlier; moving the excess back
+/// aligns the series with when the device was busy and keeps every interval
+/// within its capacity (an excess reaching back past the first interval
+/// belongs before the series and is dropped). Totals are kept otherwise.
+pub fn busy_aligned(busy: &[f64], capacity: &[f64]) -> Vec<f64> {
+    let mut out: Vec<f64> = busy.iter().map(|b| b.max(0.0)).collect();
+    let mut carry = 0.0;
+    for i in (0..out.len()).rev() {
+        let cap = capacity.get(i).copied().unwrap_or(0.0).max(0.0);
+        let v = out[i] + carry;
+        out[i] = v.min(cap);
+        carry = v - out[i];
+    }
+    out
+}
+
 /// A cumulative histogram summed over label sets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Histogram {
@@ -432,6 +466,29 @@ impl<'a> Delta<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn utilisation_is_a_fraction_of_the_window() {
+        assert_eq!(utilisation(0.5, 1.0, 2), Some(0.25));
+        // A step counted in full at a short window's end: never above 1.
+        assert_eq!(utilisation(0.12, 0.1, 1), Some(1.0));
+        assert_eq!(utilisation(1.0, 0.0, 1), None);
+        assert_eq!(utilisation(-1.0, 1.0, 0), Some(0.0));
+    }
+
+    #[test]
+    fn busy_time_past_an_interval_moves_back_to_where_the_step_ran() {
+        // One engine, 0.25 s intervals; a 0.375 s step ends in the third.
+        let cap = [0.25; 4];
+        let busy = [0.25, 0.0, 0.375, 0.125];
+        let a = busy_aligned(&busy, &cap);
+        assert_eq!(a, vec![0.25, 0.125, 0.25, 0.125]);
+        assert!(a.iter().zip(&cap).all(|(b, c)| b <= c));
+        assert!((a.iter().sum::<f64>() - busy.iter().sum::<f64>()).abs() < 1e-12);
+        // An excess reaching back past the first interval is dropped.
+        assert_eq!(busy_aligned(&[0.75, 0.25], &[0.25, 0.25]), vec![0.25, 0.25]);
+        assert!(busy_aligned(&[], &[]).is_empty());
+    }
 
     /// Two engines; cumulative buckets 0.1 → 1·scale, 0.2 → 2·scale, +Inf → 2.5·scale.
     fn hist(ns: &str, scale: f64) -> String {
