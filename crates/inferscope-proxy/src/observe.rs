@@ -284,6 +284,8 @@ pub struct Observer {
     request: RequestView,
     choices: Vec<ChoiceSeen>,
     usage: Option<(Option<u64>, Option<u64>)>,
+    /// The body was an event stream (a chunk was read from it).
+    streamed: bool,
     recorded: bool,
 }
 
@@ -301,6 +303,7 @@ impl Observer {
             request,
             choices: Vec::new(),
             usage: None,
+            streamed: false,
             recorded: false,
         }
     }
@@ -318,6 +321,7 @@ impl Observer {
     }
 
     fn read_chunk(&mut self, chunk: &Chunk<'_>, now: Instant) {
+        self.streamed = true;
         // Usage on a chunk with choices: the running total (one choice).
         let running_total = match (&chunk.usage, chunk.choices.len()) {
             (Some(u), 1) => u.completion_tokens,
@@ -421,10 +425,16 @@ impl Observer {
         // Each choice's own token count: the total with one choice; with
         // several, their content chunks when those add up to the total (one
         // token per chunk), else unknown (the counter still gets the total).
+        // A stream that ended without its usage chunk (the client went away,
+        // or the upstream cut it short): the content chunks relayed, one token
+        // each as llama.cpp, vLLM and inferscope send them, so a count as
+        // relayed (the upstream may have generated more).
         let chunks: u64 = self.choices.iter().map(|c| c.content_chunks).sum();
+        let streamed = self.streamed;
         let per_choice = |c: &ChoiceSeen| match generation_tokens {
             Some(g) if n == 1 => Some(g),
             Some(g) if chunks == g => Some(c.content_chunks),
+            None if streamed => Some(c.content_chunks),
             _ => None,
         };
         let split = n > 1 && generation_tokens.is_some_and(|g| chunks != g);

@@ -320,6 +320,17 @@ async fn client_disconnect_ends_the_upstream_request_and_counts_abort() {
         finished(&px, "length") + finished(&px, "stop") + finished(&px, "error"),
         0.0
     );
+    // No usage chunk came: the tokens counted are the content chunks the
+    // proxy relayed, at least the three the client read and at most what
+    // the server generated.
+    let (relayed, generated) = (
+        value(&px, &schema::GENERATION_TOKENS, &[]),
+        value(&s, &schema::GENERATION_TOKENS, &[]),
+    );
+    assert!(
+        (3.0..=generated).contains(&relayed),
+        "proxy counted {relayed} tokens, the server {generated}"
+    );
     p.shutdown(Duration::from_secs(1)).await;
     server.shutdown(Duration::from_secs(1)).await;
 }
