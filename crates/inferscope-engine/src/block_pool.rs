@@ -10,14 +10,12 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
+pub use crate::kv_events::BlockHash;
 use crate::kv_events::{EventLog, KvEvent};
 use crate::kv_residency::ResidencyTracker;
 
 /// Marks "no block" in the intrusive free list.
 const NIL: u32 = u32::MAX;
-
-/// Identity of a full block's content: chained over every earlier block.
-pub type BlockHash = u64;
 
 /// Hash of a full block, chained over the parent block's hash.
 pub fn hash_block(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {

@@ -5,18 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::executor::ScheduledBatch;
-
-/// Estimated work of one step.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct StepCost {
-    /// Model FLOPs.
-    pub flops: f64,
-    /// Bytes read from device memory.
-    pub read_bytes: f64,
-    /// Bytes written to device memory.
-    pub write_bytes: f64,
-}
+use crate::executor::{ScheduledBatch, StepCost};
 
 /// Shapes of a Llama-family decoder, the inputs of [`ModelCost::llama`].
 #[derive(Debug, Clone, Copy, PartialEq)]

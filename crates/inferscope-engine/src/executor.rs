@@ -10,6 +10,18 @@ use std::time::Duration;
 
 use crate::request::SamplingParams;
 
+/// Estimated work of one step (`--enable-mfu-metrics`), from an executor's
+/// cost model ([`crate::cost::ModelCost`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepCost {
+    /// Model FLOPs.
+    pub flops: f64,
+    /// Bytes read from device memory.
+    pub read_bytes: f64,
+    /// Bytes written to device memory.
+    pub write_bytes: f64,
+}
+
 /// One sequence's part of a step.
 #[derive(Debug, Clone)]
 pub struct ScheduledSeq {
@@ -137,7 +149,7 @@ pub trait Executor: Send + 'static {
 
     /// The estimated FLOPs and bytes of `batch` from the executor's own cost
     /// model (`--enable-mfu-metrics`); `None` when it has none.
-    fn step_cost(&self, _batch: &ScheduledBatch) -> Option<crate::cost::StepCost> {
+    fn step_cost(&self, _batch: &ScheduledBatch) -> Option<StepCost> {
         None
     }
 }

@@ -5,7 +5,9 @@
 //! not block (the publisher behind it lives outside this crate and runs on
 //! its own thread), so it answers at once whether it took the batch.
 
-use crate::block_pool::BlockHash;
+/// Identity of a full block's content: chained over every earlier block
+/// ([`crate::block_pool::hash_block`]), as the events name blocks.
+pub type BlockHash = u64;
 
 /// One change of the prefix cache, as vLLM's `KVCacheEvent`s describe it.
 #[derive(Debug, Clone, PartialEq, Eq)]

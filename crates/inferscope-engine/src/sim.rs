@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cost::{ModelCost, StepCost};
-use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepOutput};
+use crate::cost::ModelCost;
+use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
 use crate::request::StopTokenIds;
 
 /// Cost-model parameters of a simulated device and model.
