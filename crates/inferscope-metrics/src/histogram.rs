@@ -12,7 +12,7 @@ use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::exemplar::ExemplarSlot;
+use crate::exemplar_slot::ExemplarSlot;
 use inferscope_schema::stats::RequestRef;
 
 /// A histogram whose `observe` is a binary search and two atomic updates.

@@ -65,6 +65,7 @@
 //! ```
 
 pub mod exemplar;
+pub mod exemplar_slot;
 pub mod exposition;
 pub mod histogram;
 pub mod http;

@@ -1,0 +1,88 @@
+//! One exemplar's storage: the latest request behind a histogram bucket or
+//! a finished-request counter, and its OpenMetrics suffix
+//! ([`crate::exemplar`] attaches the suffixes to the rendered text).
+
+use std::fmt::Write as _;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use inferscope_schema::stats::RequestRef;
+use parking_lot::Mutex;
+
+/// Longest exemplar label set, label names plus values, in characters (OpenMetrics 1.0).
+pub const MAX_LABEL_SET_CHARS: usize = 128;
+/// The exemplar label of a traced request.
+pub const TRACE_ID_LABEL: &str = "trace_id";
+/// The exemplar label of an untraced request.
+pub const REQUEST_ID_LABEL: &str = "request_id";
+
+/// One stored exemplar.
+#[derive(Debug, Clone)]
+struct Stored {
+    request: RequestRef,
+    value: f64,
+    at: SystemTime,
+}
+
+/// The latest exemplar of one bucket or counter.
+#[derive(Debug, Default)]
+pub struct ExemplarSlot(Mutex<Option<Stored>>);
+
+impl ExemplarSlot {
+    /// Keeps `request` as this slot's exemplar with `value`, observed now.
+    /// Never waits: if another thread is writing or a scrape is reading the
+    /// slot, this observation is not kept (the slot's exemplar is as recent
+    /// as the other one).
+    #[inline]
+    pub fn set(&self, request: &RequestRef, value: f64) {
+        if let Some(mut slot) = self.0.try_lock() {
+            *slot = Some(Stored {
+                request: request.clone(),
+                value,
+                at: SystemTime::now(),
+            });
+        }
+    }
+
+    /// ` # {label="…"} value timestamp`, or nothing when the slot is empty.
+    pub(crate) fn write_suffix(&self, out: &mut String) {
+        let Some(s) = self.0.lock().clone() else {
+            return;
+        };
+        out.push_str(" # {");
+        write_label(out, &s.request);
+        out.push_str("} ");
+        push_f64(out, s.value);
+        let ts = s.at.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let _ = write!(out, " {}.{:03}", ts.as_secs(), ts.subsec_millis());
+    }
+}
+
+/// `trace_id="<32 hex>"` or `request_id="<id>"`, the id cut so that the
+/// label set stays within [`MAX_LABEL_SET_CHARS`].
+pub(crate) fn write_label(out: &mut String, r: &RequestRef) {
+    if let Some(hex) = r.trace_id_hex() {
+        let _ = write!(out, "{TRACE_ID_LABEL}=\"{hex}\"");
+        return;
+    }
+    out.push_str(REQUEST_ID_LABEL);
+    out.push_str("=\"");
+    let room = MAX_LABEL_SET_CHARS - REQUEST_ID_LABEL.len();
+    for c in r.request_id.chars().take(room) {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// An OpenMetrics number: integers keep a `.0`, so the value reads as a float.
+fn push_f64(out: &mut String, v: f64) {
+    if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e15 {
+        let _ = write!(out, "{v:.1}");
+    } else {
+        let _ = write!(out, "{v}");
+    }
+}
