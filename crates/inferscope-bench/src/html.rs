@@ -8,7 +8,6 @@ use crate::client::RequestOutput;
 use crate::plot::{self, Chart, Series};
 use crate::scrape::ServerSeries;
 use crate::statistics::{BenchmarkMetrics, Distribution, Metric, percentile_word};
-use crate::sweep::Point;
 use crate::timeline::{ClientSeries, Slice};
 use std::fmt::Write;
 
@@ -28,7 +27,7 @@ pub fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn open(s: &mut String, title: &str) {
+pub(crate) fn open(s: &mut String, title: &str) {
     let _ = write!(
         s,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title><style>{STYLE}</style></head><body>\n<h1>{0}</h1>\n",
@@ -38,7 +37,7 @@ fn open(s: &mut String, title: &str) {
 
 /// A chart when it has data to draw, else a note saying there is none (so
 /// every chart element in the page drew something).
-fn chart(s: &mut String, id: &str, c: &Chart) {
+pub(crate) fn chart(s: &mut String, id: &str, c: &Chart) {
     let has_data = c
         .series
         .iter()
@@ -122,7 +121,7 @@ fn time_chart(title: &str, y_label: &str, x_max: f64, s: Vec<Series>) -> Chart {
     }
 }
 
-fn f2(x: f64) -> String {
+pub(crate) fn f2(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.2}")
     } else {
@@ -363,66 +362,6 @@ pub fn serve_report(r: &ServeReport<'_>) -> String {
     s
 }
 
-/// The saturation point of a sweep (an estimate): the first point after which
-/// output throughput grew by less than 5 %; `None` while it keeps growing.
-pub fn saturation(rows: &[(Point, BenchmarkMetrics)]) -> Option<usize> {
-    rows.windows(2)
-        .position(|w| w[1].1.output_throughput < 1.05 * w[0].1.output_throughput)
-}
-
-/// Renders the report of a sweep.
-pub fn sweep_report(rows: &[(Point, BenchmarkMetrics)], table_md: &str) -> String {
-    let mut s = String::new();
-    open(&mut s, "inferscope bench sweep");
-    s.push_str("<h2>Points</h2>\n<table>");
-    for (i, line) in table_md
-        .lines()
-        .filter(|l| l.starts_with('|') && !l.starts_with("|---"))
-        .enumerate()
-    {
-        let tag = if i == 0 { "th" } else { "td" };
-        s.push_str("<tr>");
-        for cell in line.trim().trim_matches('|').split('|') {
-            let _ = write!(s, "<{tag}>{}</{tag}>", esc(cell.trim()));
-        }
-        s.push_str("</tr>\n");
-    }
-    s.push_str("</table>\n");
-    let sat = saturation(rows);
-    let marker = sat.and_then(|i| rows.get(i)).map(|(p, m)| {
-        (
-            m.output_throughput,
-            format!("saturation ≈ {} (estimate)", p.label()),
-        )
-    });
-    match sat.and_then(|i| rows.get(i)) {
-        Some((p, m)) => {
-            let _ = writeln!(
-                s,
-                "<p><b>Saturation point (estimate): {}</b>, {} output tok/s — the first point after which output throughput grew by less than 5 %.</p>",
-                esc(&p.label()),
-                f2(m.output_throughput)
-            );
-        }
-        None => s.push_str("<p><b>No saturation point</b>: output throughput grew by at least 5 % at every step.</p>\n"),
-    }
-    s.push_str("<h2>Latency against throughput</h2>\n<div class=\"charts\">\n");
-    for (key, name, pick) in [
-        (
-            "ttft",
-            "TTFT",
-            (|m: &BenchmarkMetrics| &m.ttft) as crate::sweep::Pick,
-        ),
-        ("tpot", "TPOT", |m: &BenchmarkMetrics| &m.tpot),
-    ] {
-        let mut c = crate::sweep::chart(rows, name, pick);
-        c.marker = marker.clone();
-        chart(&mut s, &format!("sweep-{key}"), &c);
-    }
-    s.push_str("</div>\n</body></html>\n");
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,29 +375,6 @@ mod tests {
         assert_eq!(c.last(), Some(&(999.0, 1.0)));
         assert!(c.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 < w[1].1));
         assert!(cdf_ms(&[]).is_empty());
-    }
-
-    fn at(tput: f64) -> BenchmarkMetrics {
-        BenchmarkMetrics {
-            output_throughput: tput,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn saturation_is_where_throughput_stops_growing() {
-        let rows = |t: &[f64]| {
-            t.iter()
-                .enumerate()
-                .map(|(i, &x)| (Point::Concurrency(1 << i), at(x)))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            saturation(&rows(&[100.0, 190.0, 370.0, 380.0, 385.0])),
-            Some(2)
-        );
-        assert_eq!(saturation(&rows(&[100.0, 200.0, 400.0])), None);
-        assert_eq!(saturation(&rows(&[100.0])), None);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::cli::SweepArgs;
 use crate::error::BenchError;
+use crate::html;
 use crate::plot::{self, Chart, Series};
 use crate::result_json::rate_str;
 use crate::serve::run_serve;
@@ -58,29 +59,100 @@ fn pcts(d: &Distribution) -> String {
 
 /// The summary table.
 pub fn table(rows: &[(Point, BenchmarkMetrics)]) -> String {
+    let (head, body) = table_cells(rows);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "| point | ok | failed | req/s | out tok/s | TTFT mean / median (ms) | TTFT pct (ms) | TPOT mean / median (ms) | TPOT pct (ms) |"
-    );
+    let _ = writeln!(s, "| {} |", head.join(" | "));
     let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---|---:|---|");
-    for (p, m) in rows {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {:.2} | {:.2} | {:.2} / {:.2} | {} | {:.2} / {:.2} | {} |",
-            p.label(),
-            m.completed,
-            m.failed,
-            m.request_throughput,
-            m.output_throughput,
-            m.ttft.mean_ms,
-            m.ttft.median_ms,
-            pcts(&m.ttft),
-            m.tpot.mean_ms,
-            m.tpot.median_ms,
-            pcts(&m.tpot),
-        );
+    for row in body {
+        let _ = writeln!(s, "| {} |", row.join(" | "));
     }
+    s
+}
+
+/// The sweep table's header and rows, cell by cell (the Markdown table and
+/// the HTML report show the same cells).
+fn table_cells(rows: &[(Point, BenchmarkMetrics)]) -> (Vec<String>, Vec<Vec<String>>) {
+    let head = [
+        "point",
+        "ok",
+        "failed",
+        "req/s",
+        "out tok/s",
+        "TTFT mean / median (ms)",
+        "TTFT pct (ms)",
+        "TPOT mean / median (ms)",
+        "TPOT pct (ms)",
+    ]
+    .map(String::from)
+    .to_vec();
+    let body = rows
+        .iter()
+        .map(|(p, m)| {
+            vec![
+                p.label(),
+                m.completed.to_string(),
+                m.failed.to_string(),
+                format!("{:.2}", m.request_throughput),
+                format!("{:.2}", m.output_throughput),
+                format!("{:.2} / {:.2}", m.ttft.mean_ms, m.ttft.median_ms),
+                pcts(&m.ttft),
+                format!("{:.2} / {:.2}", m.tpot.mean_ms, m.tpot.median_ms),
+                pcts(&m.tpot),
+            ]
+        })
+        .collect();
+    (head, body)
+}
+
+/// The saturation point of a sweep (an estimate): the first point after which
+/// output throughput grew by less than 5 %; `None` while it keeps growing.
+pub fn saturation(rows: &[(Point, BenchmarkMetrics)]) -> Option<usize> {
+    rows.windows(2)
+        .position(|w| w[1].1.output_throughput < 1.05 * w[0].1.output_throughput)
+}
+
+/// Renders the HTML report of a sweep.
+pub fn sweep_report(rows: &[(Point, BenchmarkMetrics)]) -> String {
+    let mut s = String::new();
+    html::open(&mut s, "inferscope bench sweep");
+    s.push_str("<h2>Points</h2>\n<table>");
+    let (head, body) = table_cells(rows);
+    for (tag, row) in std::iter::once(("th", &head)).chain(body.iter().map(|r| ("td", r))) {
+        s.push_str("<tr>");
+        for cell in row {
+            let _ = write!(s, "<{tag}>{}</{tag}>", html::esc(cell));
+        }
+        s.push_str("</tr>\n");
+    }
+    s.push_str("</table>\n");
+    let sat = saturation(rows).and_then(|i| rows.get(i));
+    let marker = sat.map(|(p, m)| {
+        (
+            m.output_throughput,
+            format!("saturation ≈ {} (estimate)", p.label()),
+        )
+    });
+    match sat {
+        Some((p, m)) => {
+            let _ = writeln!(
+                s,
+                "<p><b>Saturation point (estimate): {}</b>, {} output tok/s — the first point after which output throughput grew by less than 5 %.</p>",
+                html::esc(&p.label()),
+                html::f2(m.output_throughput)
+            );
+        }
+        None => s.push_str("<p><b>No saturation point</b>: output throughput grew by at least 5 % at every step.</p>\n"),
+    }
+    s.push_str("<h2>Latency against throughput</h2>\n<div class=\"charts\">\n");
+    for (key, name, pick) in [
+        ("ttft", "TTFT", (|m: &BenchmarkMetrics| &m.ttft) as Pick),
+        ("tpot", "TPOT", |m: &BenchmarkMetrics| &m.tpot),
+    ] {
+        let mut c = chart(rows, name, pick);
+        c.marker = marker.clone();
+        html::chart(&mut s, &format!("sweep-{key}"), &c);
+    }
+    s.push_str("</div>\n</body></html>\n");
     s
 }
 
@@ -215,15 +287,55 @@ pub async fn run(args: &SweepArgs) -> Result<Vec<(Point, BenchmarkMetrics)>, Ben
     for path in write_outputs(&dir, &rows)? {
         println!("Wrote {}", path.display());
     }
-    if let Some(i) = crate::html::saturation(&rows).and_then(|i| rows.get(i)) {
+    if let Some(i) = saturation(&rows).and_then(|i| rows.get(i)) {
         println!(
             "Saturation point (estimate): {} — output throughput grew by less than 5 % after it",
             i.0.label()
         );
     }
     if let Some(path) = &args.serve.report_html {
-        crate::serve::write_file(path, crate::html::sweep_report(&rows, &table_md).as_bytes())?;
+        crate::serve::write_file(path, sweep_report(&rows).as_bytes())?;
         println!("HTML report written to {}", path.display());
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(tput: f64) -> BenchmarkMetrics {
+        BenchmarkMetrics {
+            output_throughput: tput,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn saturation_is_where_throughput_stops_growing() {
+        let rows = |t: &[f64]| {
+            t.iter()
+                .enumerate()
+                .map(|(i, &x)| (Point::Concurrency(1 << i), at(x)))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            saturation(&rows(&[100.0, 190.0, 370.0, 380.0, 385.0])),
+            Some(2)
+        );
+        assert_eq!(saturation(&rows(&[100.0, 200.0, 400.0])), None);
+        assert_eq!(saturation(&rows(&[100.0])), None);
+    }
+
+    #[test]
+    fn the_report_shows_the_tables_cells() {
+        let rows = vec![(Point::Concurrency(4), at(123.456))];
+        let r = sweep_report(&rows);
+        assert!(r.contains("<th>point</th><th>ok</th>"), "{r}");
+        assert!(r.contains("<td>123.46</td>"), "{r}");
+        assert!(r.contains("No saturation point"), "{r}");
+        let md = table(&rows);
+        assert!(md.starts_with("| point | ok | failed |"), "{md}");
+        assert!(md.contains("| 123.46 |"), "{md}");
+    }
 }
