@@ -111,11 +111,11 @@ pub fn server_series(samples: &[ServerSample], run_start: Instant) -> ServerSeri
         push(&mut out.waiting, s.waiting);
         push(&mut out.kv_usage_pct, s.kv_cache_usage.map(|u| u * 100.0));
         let prev = i.checked_sub(1).and_then(|j| samples.get(j));
-        if let Some(p) = prev {
-            if let (Some(a), Some(b)) = (p.preemptions, s.preemptions) {
-                // A counter that went down restarted: count from zero.
-                preempted += if b >= a { b - a } else { b };
-            }
+        if let Some(p) = prev
+            && let (Some(a), Some(b)) = (p.preemptions, s.preemptions)
+        {
+            // A counter that went down restarted: count from zero.
+            preempted += if b >= a { b - a } else { b };
         }
         push(&mut out.preemptions, s.preemptions.map(|_| preempted));
     }

@@ -476,6 +476,27 @@ impl<B: Body> Body for MeteredBody<B> {
     }
 }
 
+/// Whether `headers` carry `Authorization: Bearer KEY` with `key`: the
+/// `--api-key` check of `serve` and `proxy` alike.
+pub fn bearer_key_matches(headers: &http::HeaderMap, key: &str) -> bool {
+    let given = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    constant_time_eq(given.as_bytes(), key.as_bytes())
+}
+
+/// Compares without an early exit, so the time taken does not reveal how
+/// much of a key matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for (i, &x) in b.iter().enumerate() {
+        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(!x));
+    }
+    diff == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -490,5 +511,24 @@ mod tests {
         assert_eq!(method_label(&Method::POST), "POST");
         let odd = Method::from_bytes(b"BREW").unwrap();
         assert_eq!(method_label(&odd), "other");
+    }
+
+    #[test]
+    fn key_comparison() {
+        let mut h = http::HeaderMap::new();
+        assert!(!bearer_key_matches(&h, "secret"));
+        h.insert(
+            http::header::AUTHORIZATION,
+            "Bearer secret".parse().unwrap(),
+        );
+        assert!(bearer_key_matches(&h, "secret"));
+        assert!(!bearer_key_matches(&h, "secre"));
+        h.insert(http::header::AUTHORIZATION, "secret".parse().unwrap());
+        assert!(!bearer_key_matches(&h, "secret"));
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret-longer", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(constant_time_eq(b"", b""));
     }
 }

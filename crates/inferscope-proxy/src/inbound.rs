@@ -28,7 +28,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::app::{ProxyService, generation_route, send_early};
+use crate::handlers::send_early;
+use crate::services::{ProxyService, generation_route};
 
 /// The most header lines a fast-path head may have (more: hyper's turn).
 const MAX_HEADERS: usize = 64;
@@ -242,7 +243,7 @@ pub(crate) async fn serve_connection(
         let served = if request.extensions().get::<RouteTemplate>().is_some() {
             let served = tower::Service::call(&mut service.generation.clone(), request);
             Box::pin(async move { served.await.map(|r| r.map(Body::new)) })
-                as crate::app::BoxFuture<Result<http::Response<Body>, Infallible>>
+                as crate::services::BoxFuture<Result<http::Response<Body>, Infallible>>
         } else {
             Box::pin(tower::Service::call(&mut service.router.clone(), request))
         };

@@ -14,21 +14,31 @@
 //! thread, each with its own `SO_REUSEPORT` listener and upstream pool, so a
 //! chunk crosses no thread on its way from the upstream to the client.
 //!
-//! Layers: [`cli`] (flags) → `inbound` (client connections: plain HTTP/1.1
-//! read on the socket, the rest by hyper) → [`app`] (router, handlers,
-//! `/metrics`, start) → [`observe`] (the measured body), [`relay`] (the
-//! measured routes' upstream client) and [`upstream`] (hyper's client, URL,
-//! failures).
+//! Layers, each importing only those after it: [`cli`] (flags) →
+//! [`lifecycle`] (start, run, runtimes, accept loop, drain; `models`: the
+//! `model_name` labels) → `inbound` (client connections: plain HTTP/1.1 read
+//! on the socket, the rest by hyper) → `services` (generation posts straight
+//! to their handler, the rest through `router`) → `handlers` (generation,
+//! pass-through, `/metrics` with `upstream_metrics` appended) → `state` (what
+//! the handlers share) → [`observe`] (the measured body and the series a
+//! proxy can measure), [`relay`] (the measured routes' upstream client) and
+//! [`upstream`] (hyper's client, URL, failures).
 
-pub mod app;
 pub mod cli;
+mod handlers;
 mod inbound;
+pub mod lifecycle;
+mod models;
 pub mod observe;
 pub mod relay;
+mod router;
+mod services;
+mod state;
 pub mod upstream;
+mod upstream_metrics;
 
-pub use app::{RunningProxy, run, start};
 pub use cli::ProxyArgs;
+pub use lifecycle::{RunningProxy, run, start};
 
 use thiserror::Error;
 

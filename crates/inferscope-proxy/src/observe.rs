@@ -20,6 +20,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use inferscope_metrics::{EngineMetrics, ObservedRequest};
+use inferscope_schema::schema::{self, MetricDef};
 use inferscope_schema::stats::FinishReason;
 use serde::Deserialize;
 
@@ -839,6 +840,31 @@ where
     }
 }
 
+/// The metrics the proxy can measure from outside an engine; the rest of the
+/// schema (queue, prefill and decode time, KV cache, steps, device time,
+/// preemptions, waiting requests, admission) is left unregistered, so absent.
+/// `num_requests_running` is the number of requests in flight through the proxy.
+pub const PROXY_METRICS: &[MetricDef] = &[
+    schema::NUM_REQUESTS_RUNNING,
+    schema::PROMPT_TOKENS,
+    schema::GENERATION_TOKENS,
+    schema::REQUEST_SUCCESS,
+    schema::TIME_TO_FIRST_TOKEN,
+    schema::INTER_TOKEN_LATENCY,
+    schema::TIME_PER_OUTPUT_TOKEN,
+    schema::E2E_REQUEST_LATENCY,
+    schema::REQUEST_PROMPT_TOKENS,
+    schema::REQUEST_GENERATION_TOKENS,
+    schema::REQUEST_PARAMS_MAX_TOKENS,
+    schema::REQUEST_MAX_NUM_GENERATION_TOKENS,
+    schema::REQUEST_PARAMS_N,
+];
+
+/// The proxy's [`inferscope_metrics::MetricFilter`]: [`PROXY_METRICS`] only.
+pub fn measurable_by_proxy(def: &MetricDef) -> bool {
+    PROXY_METRICS.iter().any(|d| d.name == def.name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1074,5 +1100,13 @@ mod tests {
         assert_eq!(finish_reason("length"), FinishReason::Length);
         assert_eq!(finish_reason("tool_calls"), FinishReason::Stop);
         assert_eq!(finish_reason("stop"), FinishReason::Stop);
+    }
+
+    #[test]
+    fn only_measurable_metrics() {
+        assert!(measurable_by_proxy(&schema::TIME_TO_FIRST_TOKEN));
+        assert!(!measurable_by_proxy(&schema::KV_CACHE_USAGE_PERC));
+        assert!(!measurable_by_proxy(&schema::REQUEST_QUEUE_TIME));
+        assert!(!measurable_by_proxy(&schema::DEVICE_BUSY_SECONDS));
     }
 }

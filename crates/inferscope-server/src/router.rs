@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use inferscope_metrics::http::bearer_key_matches;
 
 use crate::error::ApiError;
 use crate::handlers;
@@ -69,40 +69,10 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
 
 /// Rejects /v1/*, /tokenize and /detokenize requests without the right bearer token.
 pub async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), key.as_bytes()) {
-            return ApiError::unauthorized().into_response();
-        }
+    if let Some(key) = &s.api_key
+        && !bearer_key_matches(req.headers(), key)
+    {
+        return ApiError::unauthorized().into_response();
     }
     next.run(req).await
-}
-
-/// Compares without an early exit, so the time taken does not reveal how
-/// much of the key matched.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = a.len() ^ b.len();
-    for (i, &x) in b.iter().enumerate() {
-        diff |= usize::from(x ^ a.get(i).copied().unwrap_or(!x));
-    }
-    diff == 0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn key_comparison() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secreT", b"secret"));
-        assert!(!constant_time_eq(b"secret-longer", b"secret"));
-        assert!(!constant_time_eq(b"", b"secret"));
-        assert!(constant_time_eq(b"", b""));
-    }
 }

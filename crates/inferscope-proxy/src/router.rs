@@ -1,0 +1,47 @@
+//! The router: the generation routes, `/metrics`, every other path passed
+//! through, the API-key check in front of `/v1/*`, the HTTP metrics layer
+//! around everything.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{any, get, post};
+
+use crate::handlers::{generation, metrics, pass_through};
+use crate::state::AppState;
+
+pub(crate) fn router(state: Arc<AppState>) -> Router {
+    let mut v1 = Router::new()
+        .route("/v1/completions", post(generation))
+        .route("/v1/chat/completions", post(generation))
+        .route("/v1/models", get(pass_through))
+        .route("/v1/{*rest}", any(pass_through));
+    // Only when there is a key to check: a middleware is a boxed future and
+    // a clone of the request's state more on every request's path.
+    if state.api_key.is_some() {
+        v1 = v1.route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ));
+    }
+    Router::new()
+        .merge(v1)
+        .route("/metrics", get(metrics))
+        .fallback(pass_through)
+        .layer(state.manager.http_layer())
+        .with_state(state)
+}
+
+pub(crate) async fn require_api_key(
+    State(s): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match s.refuse_without_key(req.headers()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
+    }
+}

@@ -1,0 +1,137 @@
+//! The services a connection is served by: the generation posts straight
+//! to their handler inside the HTTP metrics layer, everything else through
+//! the router.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::Response;
+use bytes::Bytes;
+use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate};
+use tower::Layer;
+
+use crate::handlers::generation;
+use crate::router::router;
+use crate::state::AppState;
+
+/// The routes served without axum's router: the generation routes, matched
+/// by method and exact path; the `handler` label the router would give.
+///
+/// Why: they are the requests whose first token the proxy delays, and the
+/// router (boxed route services, `MatchedPath`, extractors) was a measurable
+/// part of the proxy's added TTFT. Anything else (another method, a
+/// trailing slash) goes through the router as before.
+pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
+    if *method != http::Method::POST {
+        return None;
+    }
+    ["/v1/completions", "/v1/chat/completions"]
+        .into_iter()
+        .find(|r| *r == path)
+}
+
+/// A boxed, sendable future (the connection task is spawned).
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One thread's service: the generation routes straight to their handler,
+/// inside the same HTTP metrics layer; everything else through the router.
+#[derive(Clone)]
+pub(crate) struct ProxyService {
+    /// Every other request's router (inside the same layer).
+    pub(crate) router: Router,
+    /// The generation routes' handler inside the HTTP metrics layer (hyper's
+    /// requests and the fast path's, [`crate::inbound`], alike).
+    pub(crate) generation: HttpMetricsService<GenerationService>,
+    /// `--max-request-body`: larger generation posts are hyper's to refuse.
+    pub(crate) max_body: usize,
+    /// The handlers' state (the fast path sends generation posts early).
+    pub(crate) app: Arc<AppState>,
+}
+
+impl ProxyService {
+    pub(crate) fn new(state: Arc<AppState>) -> Self {
+        let generation = state.manager.http_layer().layer(GenerationService {
+            app: Arc::clone(&state),
+        });
+        Self {
+            max_body: state.max_body,
+            app: Arc::clone(&state),
+            router: router(state),
+            generation,
+        }
+    }
+}
+
+impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some(route) = generation_route(req.method(), req.uri().path()) {
+            req.extensions_mut().insert(RouteTemplate(route));
+            let served = tower::Service::call(&mut self.generation.clone(), req);
+            return Box::pin(async move { served.await.map(|r| r.map(Body::new)) });
+        }
+        Box::pin(tower::Service::call(&mut self.router.clone(), req))
+    }
+}
+
+/// [`generation`] (after the API key check) as a tower service.
+#[derive(Clone)]
+pub(crate) struct GenerationService {
+    app: Arc<AppState>,
+}
+
+impl<B> tower::Service<http::Request<CountingBody<B>>> for GenerationService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
+        let app = Arc::clone(&self.app);
+        Box::pin(async move {
+            if let Some(refused) = app.refuse_without_key(req.headers()) {
+                return Ok(refused);
+            }
+            Ok(generation(State(app), req.map(Body::new)).await)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_generation_posts_skip_the_router() {
+        let post = http::Method::POST;
+        assert_eq!(
+            generation_route(&post, "/v1/completions"),
+            Some("/v1/completions")
+        );
+        assert_eq!(
+            generation_route(&post, "/v1/chat/completions"),
+            Some("/v1/chat/completions")
+        );
+        assert_eq!(
+            generation_route(&http::Method::GET, "/v1/completions"),
+            None
+        );
+        assert_eq!(generation_route(&post, "/v1/completions/"), None);
+        assert_eq!(generation_route(&post, "/v1/models"), None);
+    }
+}
