@@ -862,7 +862,7 @@ fn tile_avx512<const MR: usize, const NV: usize, E: Elem>(t: &Tile<'_>, w: &[E])
 /// decode step at concurrency 8) the plain tiles' two row tiles read each
 /// panel twice, the second time from L2, while the blocked path keeps a
 /// KC slice in L1 for both; a whole 8-row step of the side-by-side model
-/// took about 0.7× the time (docs/cpu-executor.md, "Decode at 8 rows").
+/// took about 0.7× the time (docs/results/cpu-executor.md, "decode at 8 rows").
 pub(crate) const BLOCKED_MIN_ROWS: usize = 8;
 
 /// Most row tiles of a row block whose 16-bit weights the blocked path
@@ -871,7 +871,7 @@ pub(crate) const BLOCKED_MIN_ROWS: usize = 8;
 /// tiles (a decode step at concurrency 8 has 2) the separate widening pass
 /// costs more than the conversions it saves: a whole 8-row step of the
 /// side-by-side model's F16 and BF16 files took 0.75–0.80× the time, 16
-/// rows (3 tiles) the same, 24 rows 1.15× (docs/cpu-executor.md).
+/// rows (3 tiles) the same, 24 rows 1.15× (docs/results/cpu-executor.md).
 const DIRECT_16BIT_MAX_TILES: usize = 2;
 
 /// Inner-dimension block of the blocked path: a panel's `KC × LANES` f32

@@ -864,7 +864,7 @@ impl KQuant {
 ///   load is 8 rows × 4 consecutive elements, the operand of `maddubs`
 ///   against the 4 activations broadcast. (Q6_K kept in 6 bits, 0.75 byte,
 ///   unpacked in registers, made decode steps 4–7 % slower here: the
-///   unpacking costs more than the bytes it saves; docs/cpu-executor.md.)
+///   unpacking costs more than the bytes it saves; docs/results/cpu-executor.md.)
 /// - sub-block scales (and Q4_K's mins) `[pb][pair][LANES][2]` int8: two
 ///   consecutive sub-blocks' values per row side by side, so one widening
 ///   load is the operand of `madd` against two `bsums` (and a byte shuffle

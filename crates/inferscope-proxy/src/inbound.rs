@@ -10,7 +10,8 @@
 //! soon as its body is in ([`send_early`], on an idle pooled connection),
 //! before the HTTP metrics layer and the handler run; they then do their
 //! bookkeeping while the upstream works, and record the same things as for
-//! a request hyper read (docs/proxy.md, Cost: `tcpdump` per hop).
+//! a request hyper read (docs/proxy.md, "How the proxy keeps out of the first
+//! token's way"; per-hop figures in docs/results/proxy.md).
 
 use std::io::Write as _;
 use std::pin::Pin;

@@ -242,7 +242,7 @@ pub struct ServeArgs {
 /// tokens a second, so a burst of prompts in one 8192-token step would hold
 /// every first token (and every running stream) for seconds; 256-token
 /// chunks let the burst's first tokens out in turn. Measured against 512,
-/// 128 and 8192 in docs/cpu-executor.md ("Step budget").
+/// 128 and 8192 in docs/results/cpu-executor.md ("the cpu step budget", 2 Dec 2026).
 pub const CPU_MAX_NUM_BATCHED_TOKENS: usize = 256;
 
 /// The sim executor's default step budget (vLLM's on large GPUs).
