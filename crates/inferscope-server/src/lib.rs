@@ -19,6 +19,7 @@ pub mod request_ids;
 pub mod request_log;
 pub mod router;
 pub mod state;
+pub mod timings;
 pub mod workers;
 
 pub use cli::{ExecutorKind, ServeArgs};

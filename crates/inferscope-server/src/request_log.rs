@@ -18,7 +18,7 @@ use inferscope_metrics::StatLoggerManager;
 use inferscope_schema::RequestRef;
 use serde::Serialize;
 
-use crate::openai::timings::{ChoiceTimings, ResponseMetrics};
+use crate::timings::{ChoiceTimings, ResponseMetrics};
 
 /// Entries the queue holds before new ones are dropped.
 pub const QUEUE_CAPACITY: usize = 4096;

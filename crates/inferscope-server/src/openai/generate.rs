@@ -17,10 +17,10 @@ use inferscope_schema::{FrontendRequestStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
-use crate::openai::timings::ChoiceTimings;
 use crate::openai::validation::Plan;
 use crate::request_ids::RequestIds;
 use crate::request_log::{RequestLog, RequestLogEntry};
+use crate::timings::ChoiceTimings;
 
 /// What generation needs of the server: borrowed from its state per request.
 pub struct Infer<'a> {

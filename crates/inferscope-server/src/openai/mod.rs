@@ -7,5 +7,4 @@
 pub mod generate;
 pub mod protocol;
 pub mod response;
-pub mod timings;
 pub mod validation;

@@ -185,7 +185,7 @@ pub struct ResponseBody<'a, C> {
     pub usage: Option<Usage>,
     /// The request's timings, when it asked (full response, final chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub metrics: Option<crate::openai::timings::ResponseMetrics>,
+    pub metrics: Option<crate::timings::ResponseMetrics>,
 }
 
 /// An assistant message or a stream delta.

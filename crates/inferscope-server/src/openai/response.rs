@@ -15,8 +15,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::error::ApiError;
 use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
-use crate::openai::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 use crate::otel::RequestSpan;
+use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 
 /// Which API a request came in on: decides the response shapes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
