@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The full request path against the HTTP ceiling, on one pinned core.
+#
+# The server (sim executor, a zero-time device) runs pinned to one core, wrk
+# to another; wrk POSTs non-streamed 16-token completions
+# ({"model":"m","prompt":"hello world","max_tokens":16}) over 16 connections.
+# The same load goes to a bare axum handler that answers a canned completion
+# (crates/inferscope-server/examples/bare_axum.rs) on the same core, in the
+# same run, so the figure that matters is the ratio: requests/s of the server
+# over requests/s of the bare handler. With OLD_BIN set, a second server binary
+# is measured beside the first (before/after a change). Every target is
+# measured once per round, the order rotating each round, so drift on a noisy
+# machine hits them alike; the medians over the rounds are printed last.
+#
+#   cargo build --release -p inferscope -p inferscope-server --example bare_axum
+#   scripts/request-path.sh                      # ROUNDS=5 DURATION=6 by default
+#   OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
+#
+# Needs wrk and taskset. SERVER_CPU and CLIENT_CPU pick the cores (1 and 0).
+# Extra server flags: SERVER_ARGS (e.g. "--validation-workers 1").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGET=${CARGO_TARGET_DIR:-target}
+BIN=${BIN:-$TARGET/release/inferscope}
+OLD_BIN=${OLD_BIN:-}
+BARE=${BARE:-$TARGET/release/examples/bare_axum}
+ROUNDS=${ROUNDS:-5}
+DURATION=${DURATION:-6}
+CONNS=${CONNS:-16}
+SERVER_CPU=${SERVER_CPU:-1}
+CLIENT_CPU=${CLIENT_CPU:-0}
+PORT=${PORT:-18300}
+SERVER_ARGS=${SERVER_ARGS:-}
+PROFILE=tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0
+
+for b in "$BIN" "$BARE" ${OLD_BIN:+"$OLD_BIN"}; do
+  [ -x "$b" ] || { echo "no executable $b (build it first, see the header)" >&2; exit 1; }
+done
+command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cat >"$tmp/post.lua" <<'EOF'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"m","prompt":"hello world","max_tokens":16}'
+EOF
+
+# name:port pairs, in the order first measured.
+targets=()
+start() { # name port command...
+  local name=$1 port=$2
+  shift 2
+  taskset -c "$SERVER_CPU" "$@" >"$tmp/$name.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 200); do
+    if curl -sf -o /dev/null -X POST -H 'content-type: application/json' \
+      -d '{"model":"m","prompt":"hello world","max_tokens":16}' "127.0.0.1:$port/v1/completions"; then
+      targets+=("$name:$port")
+      return
+    fi
+    sleep 0.1
+  done
+  echo "$name did not answer on port $port; its log:" >&2
+  cat "$tmp/$name.log" >&2
+  exit 1
+}
+serve() { # name port binary
+  # shellcheck disable=SC2086 # SERVER_ARGS is a list of flags
+  start "$1" "$2" "$3" serve --executor sim --sim-profile "$PROFILE" --served-model-name m \
+    --host 127.0.0.1 --port "$2" --disable-log-stats $SERVER_ARGS
+}
+start bare "$PORT" "$BARE" "$PORT"
+serve new $((PORT + 1)) "$BIN"
+[ -n "$OLD_BIN" ] && serve old $((PORT + 2)) "$OLD_BIN"
+
+# Requests/s of one wrk run; a run with errors or non-2xx answers fails.
+measure() { # port seconds
+  local out
+  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$2"s -s "$tmp/post.lua" \
+    "http://127.0.0.1:$1/v1/completions")
+  if grep -qE 'Non-2xx|Socket errors' <<<"$out"; then
+    echo "errors in the run on port $1:" >&2
+    echo "$out" >&2
+    exit 1
+  fi
+  awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$out"
+}
+for t in "${targets[@]}"; do measure "${t##*:}" 1 >/dev/null; done # warm-up
+
+names=()
+for t in "${targets[@]}"; do names+=("${t%%:*}"); done
+declare -A all
+printf 'round'
+for n in "${names[@]}"; do printf '  %9s' "$n req/s"; done
+for n in "${names[@]}"; do [ "$n" = bare ] || printf '  %9s' "$n/bare"; done
+echo
+for r in $(seq "$ROUNDS"); do
+  k=${#targets[@]}
+  declare -A got=()
+  for i in $(seq 0 $((k - 1))); do
+    t=${targets[$(((i + r) % k))]}
+    got[${t%%:*}]=$(measure "${t##*:}" "$DURATION")
+  done
+  printf '%5d' "$r"
+  for n in "${names[@]}"; do
+    printf '  %9s' "${got[$n]}"
+    all[$n]="${all[$n]:-} ${got[$n]}"
+  done
+  for n in "${names[@]}"; do
+    [ "$n" = bare ] || awk -v a="${got[$n]}" -v b="${got[bare]}" 'BEGIN {printf "  %9.3f", a / b}'
+  done
+  echo
+  unset got
+done
+
+median() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+printf 'median'
+for n in "${names[@]}"; do printf ' %9s ' "$(median "${all[$n]}")"; done
+for n in "${names[@]}"; do
+  [ "$n" = bare ] || awk -v a="$(median "${all[$n]}")" -v b="$(median "${all[bare]}")" 'BEGIN {printf "  %9.3f", a / b}'
+done
+echo
+echo "($CONNS connections, ${DURATION}s runs, server on cpu $SERVER_CPU, wrk on cpu $CLIENT_CPU;" \
+  "new: $BIN${OLD_BIN:+, old: $OLD_BIN}; ratios are req/s over the bare handler's)"
