@@ -9,7 +9,8 @@ use crate::config::ModelConfig;
 use crate::elementwise::{rms_norm, swiglu_rows};
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
-use crate::packed::{PARALLEL_MIN_MACS, PackedWeight, WeightDtype};
+use crate::packed::tiling::PARALLEL_MIN_MACS;
+use crate::packed::{PackedWeight, WeightDtype};
 use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 

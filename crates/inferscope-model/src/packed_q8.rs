@@ -32,7 +32,9 @@ use rayon::prelude::*;
 
 use crate::error::ModelError;
 use crate::isa::{Isa, IsaKind};
-use crate::packed::{Acc, LANES, Out, PARALLEL_MIN_MACS, schedule, shape_output};
+use crate::packed::tiling::{
+    LANES, PARALLEL_MIN_MACS, TileSums, TiledOutput, row_tiles, schedule, shape_output,
+};
 use activations::Q8Rows;
 
 #[path = "q8_activations.rs"]
@@ -218,11 +220,7 @@ impl PackedQ8 {
     /// The product, quantizing `x` into `xq`.
     fn product_with(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32], xq: &mut Q8Rows) {
         xq.quantize(isa, x, self.inp);
-        let out = Out {
-            ptr: y.as_mut_ptr(),
-            rows,
-            cols: self.out,
-        };
+        let out = TiledOutput::new(y, rows, self.out);
         let nv = panels_per_tile(rows);
         let xq = &*xq;
         let job = |r: Range<usize>, g: Range<usize>| self.compute(isa, nv, xq, r, g, &out);
@@ -254,23 +252,18 @@ impl PackedQ8 {
         xq: &Q8Rows,
         rows: Range<usize>,
         groups: Range<usize>,
-        out: &Out,
+        out: &TiledOutput,
     ) {
         let nb = self.inp / QK8_0;
         let panel = nb * PANEL_BLOCK;
         let panels = self.out.div_ceil(LANES);
-        let n = rows.len();
-        let count = n.div_ceil(MAX_MR);
-        let (base, extra) = (n / count, n % count);
         for g in groups {
             let p0 = g * nv;
             let np = nv.min(panels - p0);
             let (tile_nv, tiles) = if np == nv { (nv, 1) } else { (1, np) };
             for j in 0..tiles {
                 let p = p0 + j * tile_nv;
-                let mut r0 = rows.start;
-                for i in 0..count {
-                    let mr = base + usize::from(i < extra);
+                for (r0, mr) in row_tiles::<MAX_MR>(rows.clone()) {
                     let t = QTile {
                         w: &self.data[p * panel..(p + tile_nv) * panel],
                         xq: &xq.qs[r0 * self.inp..(r0 + mr) * self.inp],
@@ -278,7 +271,6 @@ impl PackedQ8 {
                         inp: self.inp,
                     };
                     kernel(isa, mr, tile_nv, &t, r0, p * LANES, out);
-                    r0 += mr;
                 }
             }
         }
@@ -321,7 +313,15 @@ impl QTile<'_> {
 /// (`row0`, `col0`).
 // Every call is wrapped in `unsafe`, which the portable kernel does not need.
 #[allow(unused_unsafe)]
-fn kernel(isa: Isa, mr: usize, nv: usize, t: &QTile<'_>, row0: usize, col0: usize, out: &Out) {
+fn kernel(
+    isa: Isa,
+    mr: usize,
+    nv: usize,
+    t: &QTile<'_>,
+    row0: usize,
+    col0: usize,
+    out: &TiledOutput,
+) {
     macro_rules! go {
         ($f:ident; $($m:literal x $n:literal),*) => {
             match (mr, nv) {
@@ -347,7 +347,7 @@ fn kernel(isa: Isa, mr: usize, nv: usize, t: &QTile<'_>, row0: usize, col0: usiz
 
 /// The tile's product, portable: exact i32 sums per block, then one f32
 /// multiply-add per block with the product of the two scales.
-fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
+fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
     let mut acc = [[[0f32; LANES]; NV]; MR];
     let nb = t.inp / QK8_0;
     for b in 0..nb {
@@ -386,7 +386,7 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV>
 /// the activations, clamped to ±127, never hit `vpsignb`'s overflow.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> Acc<MR, NV> {
+fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
     use std::arch::x86_64::*;
     t.check(MR, NV);
     let nb = t.inp / QK8_0;

@@ -1,0 +1,310 @@
+//! The two panel layouts of a K-quant weight, and where each value lies in
+//! them. Both keep the dense kernels' panels of [`LANES`] output rows
+//! interleaved along `in`, with the same arrays of the same sizes
+//! ([`KPanels`]); they differ in how the quants and the sub-block scales are
+//! ordered inside a panel.
+//!
+//! [`Layout::Dequantized`] (Q5_K; any kind on request), per panel:
+//!
+//! - quants `[in][bpk]` bytes: Q4_K two 4-bit values per byte (row `l` in
+//!   the low nibble of byte `l`, row `l + 8` in the high one: 8 bytes per
+//!   `in` element, 0.5 byte per weight, as in the file); Q5_K the same
+//!   nibbles plus the 16 rows' fifth bits in 2 bytes; Q6_K `q − 32` as int8
+//!   (1 byte per weight: unpacking 6 bits costs more instructions than the
+//!   0.18 byte per weight it would save);
+//! - sub-block scales (and mins) `[in / sub][LANES]` int8.
+//!
+//! [`Layout::Integer`] (Q4_K, Q6_K), per panel and super-block (`pb =
+//! panel · nsb + super-block`):
+//!
+//! - quants `[pb][group of 4 in][32 bytes]` (Q4_K) — byte `4r + j` holds
+//!   row `r`'s quant of element `j` of the group in its low nibble and row
+//!   `r + 8`'s in its high one (2048 bytes, 0.5 byte per weight) — or
+//!   `[pb][group][half][32 bytes]` (Q6_K, `q` as 0..64 in a byte, byte
+//!   `4r + j` of half `h` is row `8h + r`; 1 byte per weight): one 32-byte
+//!   load is 8 rows × 4 consecutive elements, the operand of `maddubs`
+//!   against the 4 activations broadcast. (Q6_K kept in 6 bits, 0.75 byte,
+//!   unpacked in registers, made decode steps 4–7 % slower here: the
+//!   unpacking costs more than the bytes it saves; docs/results/cpu-executor.md.)
+//! - sub-block scales (and Q4_K's mins) `[pb][pair][LANES][2]` int8: two
+//!   consecutive sub-blocks' values per row side by side, so one widening
+//!   load is the operand of `madd` against two `bsums` (and a byte shuffle
+//!   gives one sub-block's per row, each twice, for the int16 sums).
+//!
+//! In both, super-block `d` (and `dmin`) are `[in / 256][LANES]` f32 per
+//! panel (the f16 widened), and rows past `out` in the last panel are 0.
+
+use std::ops::Range;
+
+use super::format::{KQuant, Q4, Q5, Q6, QK_K, Rows};
+use crate::packed::tiling::LANES;
+
+/// How a K-quant weight's panels are laid out, and so which product runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// For products that rebuild the dequantized weights in f32.
+    Dequantized,
+    /// For integer products with Q8_K activations (Q4_K and Q6_K).
+    Integer,
+}
+
+impl KQuant {
+    /// The layout its products use: integer dot products with Q8_K
+    /// activations for Q4_K and Q6_K, f32 weights rebuilt for Q5_K.
+    pub(super) const fn layout(self) -> Layout {
+        match self {
+            Self::Q4K | Self::Q6K => Layout::Integer,
+            Self::Q5K => Layout::Dequantized,
+        }
+    }
+
+    /// Bytes of quants per element of `in` in a panel (either layout).
+    pub(super) const fn bpk(self) -> usize {
+        match self {
+            Self::Q4K => 8,
+            Self::Q5K => 10,
+            Self::Q6K => 16,
+        }
+    }
+
+    /// Bytes per weight the panels store (quants, scales, mins, `d`s), in
+    /// either layout.
+    pub fn packed_bytes_per_weight(self) -> f64 {
+        let mins = if self.has_min() { 2.0 } else { 1.0 };
+        self.bpk() as f64 / LANES as f64 + mins / self.sub() as f64 + 4.0 * mins / QK_K as f64
+    }
+
+    /// Bytes of quants per super-block of a panel in the integer layout.
+    pub(super) const fn int_sb_bytes(self) -> usize {
+        QK_K * self.bpk()
+    }
+
+    /// Sub-block scales per super-block, as pairs.
+    pub(super) const fn pairs(self) -> usize {
+        QK_K / self.sub() / 2
+    }
+}
+
+/// A K-quant weight's panels, in either [`Layout`]: per panel `inp · bpk`
+/// bytes of quants, `inp / sub · LANES` scales (and mins), `inp / 256 ·
+/// LANES` super-block scales (and min scales).
+#[derive(Clone)]
+pub(super) struct KPanels {
+    /// `[panels][inp · bpk]` quants.
+    qs: Vec<u8>,
+    /// `[panels][inp / sub · LANES]` sub-block scales.
+    sc: Vec<i8>,
+    /// Sub-block mins, as `sc` (empty for Q6_K).
+    mn: Vec<i8>,
+    /// `[panels][inp / 256][LANES]` super-block scales (0 past `out`).
+    d: Vec<f32>,
+    /// Super-block min scales, as `d` (empty for Q6_K).
+    dmin: Vec<f32>,
+}
+
+/// A run of panels of a [`KPanels`], borrowed for a register tile.
+#[derive(Clone, Copy)]
+pub(super) struct PanelRun<'a> {
+    /// The panels' quants, `[np][inp · bpk]`.
+    pub(super) qs: &'a [u8],
+    /// Their sub-block scales, `[np][inp / sub · LANES]`.
+    pub(super) sc: &'a [i8],
+    /// Their sub-block mins, as `sc` (empty for Q6_K).
+    pub(super) mn: &'a [i8],
+    /// Their super-block scales, `[np][inp / 256][LANES]`.
+    pub(super) d: &'a [f32],
+    /// Their super-block min scales, as `d` (empty for Q6_K).
+    pub(super) dmin: &'a [f32],
+}
+
+/// Each panel's lengths of the quants, the scales and the `d`s.
+fn panel_lens(kind: KQuant, inp: usize) -> (usize, usize, usize) {
+    (
+        inp * kind.bpk(),
+        inp / kind.sub() * LANES,
+        inp / QK_K * LANES,
+    )
+}
+
+impl KPanels {
+    /// Panels for `[out][inp]` of zeros.
+    fn zeroed(kind: KQuant, out: usize, inp: usize) -> Self {
+        let panels = out.div_ceil(LANES);
+        let (q, s, d) = panel_lens(kind, inp);
+        let mins = usize::from(kind.has_min());
+        Self {
+            qs: vec![0; panels * q],
+            sc: vec![0; panels * s],
+            mn: vec![0; mins * panels * s],
+            d: vec![0.0; panels * d],
+            dmin: vec![0.0; mins * panels * d],
+        }
+    }
+
+    /// Packs unpacked rows into panels laid out as `layout`.
+    pub(super) fn pack(layout: Layout, kind: KQuant, r: &Rows, out: usize, inp: usize) -> Self {
+        let mut k = Self::zeroed(kind, out, inp);
+        let ((lq, ls, ld), nsub, nsb) = (panel_lens(kind, inp), inp / kind.sub(), inp / QK_K);
+        for o in 0..out {
+            let (p, l) = (o / LANES, o % LANES);
+            let qs = &mut k.qs[p * lq..][..lq];
+            for (kk, &q) in r.q[o * inp..][..inp].iter().enumerate() {
+                layout.put_quant(kind, qs, l, kk, q);
+            }
+            for j in 0..nsub {
+                let at = p * ls + layout.scale_at(l, j);
+                k.sc[at] = r.sc[o * nsub + j];
+                if kind.has_min() {
+                    k.mn[at] = r.mn[o * nsub + j];
+                }
+            }
+            for b in 0..nsb {
+                let at = p * ld + b * LANES + l;
+                k.d[at] = r.d[o * nsb + b];
+                if kind.has_min() {
+                    k.dmin[at] = r.dmin[o * nsb + b];
+                }
+            }
+        }
+        k
+    }
+
+    /// The rows back from panels laid out as `layout`.
+    pub(super) fn rows(&self, layout: Layout, kind: KQuant, out: usize, inp: usize) -> Rows {
+        let mut r = Rows::zeroed(kind, out, inp);
+        let ((lq, ls, ld), nsub, nsb) = (panel_lens(kind, inp), inp / kind.sub(), inp / QK_K);
+        for o in 0..out {
+            let (p, l) = (o / LANES, o % LANES);
+            let qs = &self.qs[p * lq..][..lq];
+            for (kk, q) in r.q[o * inp..][..inp].iter_mut().enumerate() {
+                *q = layout.quant(kind, qs, l, kk);
+            }
+            for j in 0..nsub {
+                let at = p * ls + layout.scale_at(l, j);
+                r.sc[o * nsub + j] = self.sc[at];
+                if kind.has_min() {
+                    r.mn[o * nsub + j] = self.mn[at];
+                }
+            }
+            for b in 0..nsb {
+                let at = p * ld + b * LANES + l;
+                r.d[o * nsb + b] = self.d[at];
+                if kind.has_min() {
+                    r.dmin[o * nsb + b] = self.dmin[at];
+                }
+            }
+        }
+        r
+    }
+
+    /// Bytes held.
+    pub(super) fn size_bytes(&self) -> usize {
+        self.qs.len() + self.sc.len() + self.mn.len() + 4 * (self.d.len() + self.dmin.len())
+    }
+
+    /// Panels `panels` of a weight of `kind` with input dimension `inp`.
+    pub(super) fn run(&self, kind: KQuant, inp: usize, panels: Range<usize>) -> PanelRun<'_> {
+        let (q, s, d) = panel_lens(kind, inp);
+        let at = |len: usize| panels.start * len..panels.end * len;
+        // Q6_K has no mins: its `mn` and `dmin` stay empty.
+        fn part<T>(v: &[T], r: Range<usize>) -> &[T] {
+            if v.is_empty() { v } else { &v[r] }
+        }
+        PanelRun {
+            qs: &self.qs[at(q)],
+            sc: &self.sc[at(s)],
+            mn: part(&self.mn, at(s)),
+            d: &self.d[at(d)],
+            dmin: part(&self.dmin, at(d)),
+        }
+    }
+}
+
+impl Layout {
+    /// Sets row `l`'s quant `q` of element `kk` in a panel's quants `qs`
+    /// (zero before).
+    fn put_quant(self, kind: KQuant, qs: &mut [u8], l: usize, kk: usize, q: i8) {
+        match self {
+            Layout::Dequantized => {
+                let bpk = kind.bpk();
+                let dst = &mut qs[kk * bpk..][..bpk];
+                match kind {
+                    KQuant::Q4K | KQuant::Q5K => {
+                        dst[l % 8] |= (q as u8 & 0xF) << (4 * (l / 8));
+                        if kind == KQuant::Q5K {
+                            // Bit l of the u16 after the nibbles.
+                            dst[8 + l / 8] |= (q as u8 >> 4) << (l % 8);
+                        }
+                    }
+                    KQuant::Q6K => dst[l] = q as u8,
+                }
+            }
+            Layout::Integer => {
+                let (at, shift) = int_at(kind, l, kk % QK_K);
+                // Q6_K's `q − 32` back to 0..64: unsigned for `maddubs`.
+                let v = if kind.has_min() { q } else { q + 32 } as u8;
+                qs[kk / QK_K * kind.int_sb_bytes() + at] |= v << shift;
+            }
+        }
+    }
+
+    /// Row `l`'s quant of element `kk` from a panel's quants `qs`.
+    fn quant(self, kind: KQuant, qs: &[u8], l: usize, kk: usize) -> i8 {
+        match self {
+            Layout::Dequantized => {
+                let src = &qs[kk * kind.bpk()..][..kind.bpk()];
+                (match kind {
+                    KQuant::Q4K => decode::<Q4>(src, l),
+                    KQuant::Q5K => decode::<Q5>(src, l),
+                    KQuant::Q6K => decode::<Q6>(src, l),
+                }) as i8
+            }
+            Layout::Integer => {
+                let (at, shift) = int_at(kind, l, kk % QK_K);
+                let v = qs[kk / QK_K * kind.int_sb_bytes() + at] >> shift;
+                if kind.has_min() {
+                    (v & 0xF) as i8
+                } else {
+                    v as i8 - 32
+                }
+            }
+        }
+    }
+
+    /// Where row `l`'s scale (and min) of sub-block `j` lies in a panel's.
+    fn scale_at(self, l: usize, j: usize) -> usize {
+        match self {
+            Layout::Dequantized => j * LANES + l,
+            Layout::Integer => ((j / 2) * LANES + l) * 2 + j % 2,
+        }
+    }
+}
+
+/// Row `l`'s quant from the `kind.bpk()` bytes of one element of a panel in
+/// the dequantized layout.
+#[inline(always)]
+pub(super) fn decode<const K: u8>(src: &[u8], l: usize) -> i32 {
+    match K {
+        Q6 => i32::from(src[l] as i8),
+        _ => {
+            let nib = i32::from(if l < 8 { src[l] & 0xF } else { src[l - 8] >> 4 });
+            if K == Q5 {
+                let h = u16::from_le_bytes([src[8], src[9]]);
+                nib | (i32::from((h >> l) & 1) << 4)
+            } else {
+                nib
+            }
+        }
+    }
+}
+
+/// Where row `l` (of a panel), element `kk` (of a super-block) of a quant
+/// lies in the integer layout's super-block bytes, and its shift.
+#[inline(always)]
+pub(super) fn int_at(kind: KQuant, l: usize, kk: usize) -> (usize, u32) {
+    let (g, j, h, r) = (kk / 4, kk % 4, l / 8, l % 8);
+    match kind {
+        KQuant::Q4K => (g * 32 + 4 * r + j, 4 * h as u32),
+        _ => ((g * 2 + h) * 32 + 4 * r + j, 0),
+    }
+}
