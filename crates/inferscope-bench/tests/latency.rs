@@ -1,11 +1,13 @@
 //! Latency accuracy against the mock server (TTFT 50 ms, 10 ms between
-//! tokens). Its own test binary, so no other test competes for the CPU; two
+//! tokens). Its own test binary (not in `it`), so no other test competes
+//! for the CPU; two
 //! requests in flight at a time; medians with tolerances of a few ms.
 
 use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::serve::run_serve;
 use std::time::Duration;
 
+#[path = "it/common/mod.rs"]
 mod common;
 
 use common::args;

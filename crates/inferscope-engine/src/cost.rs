@@ -108,23 +108,9 @@ impl ModelCost {
 mod tests {
     use super::*;
     use crate::executor::ScheduledSeq;
-    use crate::request::SamplingParams;
-    use std::sync::Arc;
 
     fn seq(start_pos: usize, num_tokens: usize, offset: usize) -> ScheduledSeq {
-        ScheduledSeq {
-            seq_id: 0,
-            token_offset: offset,
-            num_tokens,
-            start_pos,
-            block_table_offset: 0,
-            block_table_len: 0,
-            is_prefill: num_tokens > 1,
-            sample: true,
-            num_generated: 0,
-            seed: 0,
-            params: Arc::new(SamplingParams::default()),
-        }
+        ScheduledSeq::for_test(0, start_pos, num_tokens, offset)
     }
 
     #[test]

@@ -52,6 +52,26 @@ pub struct ScheduledSeq {
 }
 
 impl ScheduledSeq {
+    /// `num_tokens` new tokens at `start_pos`, at `token_offset` in their
+    /// batch, with no block table, sampled with default parameters: the
+    /// sequence the cost model's and executors' tests build steps from.
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn for_test(seq_id: u64, start_pos: usize, num_tokens: usize, token_offset: usize) -> Self {
+        Self {
+            seq_id,
+            token_offset,
+            num_tokens,
+            start_pos,
+            block_table_offset: 0,
+            block_table_len: 0,
+            is_prefill: num_tokens > 1,
+            sample: true,
+            num_generated: 0,
+            seed: 0,
+            params: Arc::new(SamplingParams::default()),
+        }
+    }
+
     /// EOS and stop token ids must not be sampled yet (`min_tokens`).
     pub fn mask_stop_tokens(&self) -> bool {
         self.num_generated < self.params.min_tokens

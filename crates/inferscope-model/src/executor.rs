@@ -475,19 +475,7 @@ mod tests {
     }
 
     fn seq(seq_id: u64, start_pos: usize, num_tokens: usize, token_offset: usize) -> ScheduledSeq {
-        ScheduledSeq {
-            seq_id,
-            token_offset,
-            num_tokens,
-            start_pos,
-            block_table_offset: 0,
-            block_table_len: 0,
-            is_prefill: num_tokens > 1,
-            sample: true,
-            num_generated: 0,
-            seed: 0,
-            params: Arc::new(SamplingParams::default()),
-        }
+        ScheduledSeq::for_test(seq_id, start_pos, num_tokens, token_offset)
     }
 
     /// A model whose output dims are all multiples of the 16-row panels, so

@@ -7,7 +7,7 @@ use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::serve::run_serve;
 use std::time::{Duration, Instant};
 
-mod common;
+use crate::common;
 
 use common::args;
 

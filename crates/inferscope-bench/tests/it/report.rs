@@ -6,7 +6,7 @@ use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_bench::serve::run_serve;
 use std::time::Duration;
 
-mod common;
+use crate::common;
 
 use common::args;
 

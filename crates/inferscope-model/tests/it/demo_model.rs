@@ -2,7 +2,7 @@
 //! it loads through the normal loader, continues a line of the book in
 //! English, and its tokenizer round-trips the book exactly.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::Read;

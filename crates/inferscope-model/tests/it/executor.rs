@@ -1,6 +1,6 @@
 //! The cpu executor on the demo model: batching, preemption, sampling, errors.
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope_engine::{Executor, SamplingParams, StepOutput};

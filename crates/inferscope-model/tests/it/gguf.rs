@@ -1,7 +1,7 @@
 //! GGUF: a small file written here (unquantized and quantized tensors, a
 //! SentencePiece vocabulary in the metadata) is loaded and run.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

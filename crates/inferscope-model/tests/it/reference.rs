@@ -2,7 +2,7 @@
 //! Llama and Qwen2, on small random checkpoints written as safetensors and
 //! loaded through our Hugging Face directory loader.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! not take after one it does (hyper's turn, with the bytes already read),
 //! malformed heads, and a `Content-Length` that does not match the body.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

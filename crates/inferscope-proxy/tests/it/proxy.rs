@@ -3,57 +3,24 @@
 //! the bench's mock server (byte-exact pass-through, usage stripping), and
 //! nothing at all (502, 504).
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::{proxy, serve};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use inferscope_bench::mock::{MockConfig, MockServer};
 use inferscope_proxy::ProxyArgs;
 use inferscope_schema::promtext::{self, Exposition};
 use inferscope_schema::schema::{self, MetricDef};
+use inferscope_test_support::send;
 
 const NS: &str = "inferscope";
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-    headers: &[(&str, &str)],
-) -> hyper::Response<Incoming> {
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .expect("request");
-    tokio::time::timeout(Duration::from_secs(30), client().request(req))
-        .await
-        .expect("no timeout")
-        .expect("response")
-}
-
 async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
-    let resp = send(addr, method, path, body, &[]).await;
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    (status, String::from_utf8(bytes.to_vec()).expect("utf-8"))
+    let r = inferscope_test_support::call(addr, method, path, body, &[]).await;
+    (r.status, r.body)
 }
 
 async fn scrape(addr: SocketAddr) -> Exposition {

@@ -1,7 +1,7 @@
 //! The OpenAI contract: shapes of responses and stream chunks, parameters,
 //! and bad input answered with 4xx and an OpenAI error body.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

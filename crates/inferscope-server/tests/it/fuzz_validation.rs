@@ -3,9 +3,9 @@
 //! and validation (the same functions the `fuzz/` target drives) must never
 //! panic and never answer 5xx; neither may the live endpoints.
 //!
-//! More cases: `PROPTEST_CASES=20000 cargo test --release -p inferscope-server --test fuzz_validation`.
+//! More cases: `PROPTEST_CASES=20000 cargo test --release -p inferscope-server --test it fuzz_validation::`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

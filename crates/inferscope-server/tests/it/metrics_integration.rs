@@ -1,7 +1,7 @@
 //! The metrics a known workload must produce, read back from `/metrics` and
 //! parsed (not grepped).
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

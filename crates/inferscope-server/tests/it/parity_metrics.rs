@@ -2,7 +2,7 @@
 //! exact values for a scripted workload of three requests on a KV cache of
 //! eight blocks (a prefix hit, then an eviction of everything cached).
 
-mod common;
+use crate::common;
 
 use common::*;
 use inferscope_engine::ScheduledBatch;
@@ -122,19 +122,9 @@ async fn new_vllm_metrics_have_exact_values() {
 
 fn one_seq_batch(start_pos: usize, num_tokens: usize) -> ScheduledBatch {
     ScheduledBatch {
-        seqs: vec![inferscope_engine::ScheduledSeq {
-            seq_id: 0,
-            token_offset: 0,
-            num_tokens,
-            start_pos,
-            block_table_offset: 0,
-            block_table_len: 0,
-            is_prefill: num_tokens > 1,
-            sample: true,
-            num_generated: 0,
-            seed: 0,
-            params: Default::default(),
-        }],
+        seqs: vec![inferscope_engine::ScheduledSeq::for_test(
+            0, start_pos, num_tokens, 0,
+        )],
         token_ids: vec![0; num_tokens],
         ..Default::default()
     }

@@ -2,7 +2,7 @@
 //! request log (`--enable-request-log`), checked against the server's own
 //! histograms read back from `/metrics`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

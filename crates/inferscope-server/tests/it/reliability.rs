@@ -2,7 +2,7 @@
 //! faults injected into the sim executor, admission control, a disconnect
 //! storm, an overload burst, the separate metrics listener and label safety.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! parameters are refused by name, error types are snake_case, and
 //! `cache_config_info` names the KV cache's real element type.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! the template, `count` equal to the `usage.prompt_tokens` of a completion
 //! of the same prompt, the errors, the API key and the HTTP metrics.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::time::Duration;

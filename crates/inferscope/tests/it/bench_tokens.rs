@@ -12,7 +12,7 @@
 
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use common::Server;
 use inferscope_bench::mock::byte_level_bpe_json;

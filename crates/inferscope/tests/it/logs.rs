@@ -5,7 +5,7 @@
 
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use common::Server;
 use std::io::{BufRead, BufReader, Read, Write};

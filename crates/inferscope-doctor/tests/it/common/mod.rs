@@ -7,10 +7,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use inferscope_doctor::findings::Finding;
 use inferscope_doctor::report::Report;
-use inferscope_server::{RunningServer, ServeArgs};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,28 +17,7 @@ use std::time::Duration;
 /// Scenario tests share two cores: one at a time, so timings stay meaningful.
 pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Starts a sim server on an ephemeral port with `flags`.
-pub async fn start(flags: &[&str]) -> RunningServer {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--disable-log-stats",
-    ];
-    all.extend_from_slice(flags);
-    let args = ServeArgs::try_parse_flags(all).expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
-}
-
-/// A keep-alive HTTP/1 client.
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
+pub use inferscope_test_support::{client, start_sim as start};
 
 /// POSTs a completion and reads the whole response; returns the status.
 pub async fn complete(

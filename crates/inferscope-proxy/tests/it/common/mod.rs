@@ -11,20 +11,4 @@ pub async fn proxy(upstream: &str, flags: &[&str]) -> RunningProxy {
     inferscope_proxy::start(&args).await.expect("proxy starts")
 }
 
-/// An `inferscope serve --executor sim` with `flags` added.
-pub async fn serve(flags: &[&str]) -> inferscope_server::RunningServer {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--disable-log-stats",
-    ];
-    all.extend_from_slice(flags);
-    let args = inferscope_server::ServeArgs::try_parse_flags(all).expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
-}
+pub use inferscope_test_support::start_sim as serve;

@@ -6,116 +6,20 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use inferscope_server::{RunningServer, ServeArgs};
+use inferscope_server::RunningServer;
 
 /// Starts a server with the sim executor's `tiny` profile plus `flags`.
 pub async fn start(flags: &[&str]) -> RunningServer {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--disable-log-stats",
-    ];
+    let mut all = Vec::new();
     if !flags.contains(&"--sim-profile") {
         all.extend(["--sim-profile", "tiny"]);
     }
     all.extend_from_slice(flags);
-    let args = ServeArgs::try_parse_flags(all).expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
+    inferscope_test_support::start_sim(&all).await
 }
 
-/// A keep-alive HTTP/1 client.
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// A response read in full.
-pub struct Reply {
-    pub status: u16,
-    pub headers: hyper::HeaderMap,
-    pub body: String,
-}
-
-impl Reply {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-}
-
-/// Sends a request and returns the raw response (body not read).
-pub async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-    headers: &[(&str, &str)],
-) -> hyper::Response<Incoming> {
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("http://{addr}{path}"))
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_owned())))
-        .expect("request");
-    tokio::time::timeout(Duration::from_secs(30), client().request(req))
-        .await
-        .expect("no timeout")
-        .expect("response")
-}
-
-/// Sends a request and reads the whole body.
-pub async fn call(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-    headers: &[(&str, &str)],
-) -> Reply {
-    let resp = send(addr, method, path, body, headers).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let bytes = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
-        .await
-        .expect("body in time")
-        .expect("body")
-        .to_bytes();
-    Reply {
-        status,
-        headers,
-        body: String::from_utf8_lossy(&bytes).into_owned(),
-    }
-}
-
-/// POSTs JSON.
-pub async fn post(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Reply {
-    call(addr, "POST", path, &body.to_string(), &[]).await
-}
-
-/// The `data:` payloads of an SSE body, in order.
-pub fn sse_events(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|e| {
-            e.strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("event without `data: `: {e:?}"))
-                .to_owned()
-        })
-        .collect()
-}
+#[allow(unused_imports)] // each test file uses its own part
+pub use inferscope_test_support::{Reply, call, client, post, send, sse_events};
 
 pub use inferscope_schema::promtext::Sample;
 

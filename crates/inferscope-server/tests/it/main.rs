@@ -1,0 +1,13 @@
+//! The integration tests, linked into one binary (one per test file made
+//! linking most of `cargo test`'s time). Run one file's tests with a filter:
+//! `cargo test -p inferscope-server --test it api::`.
+
+mod api;
+mod common;
+mod fuzz_validation;
+mod metrics_integration;
+mod parity_metrics;
+mod per_request;
+mod reliability;
+mod server_contract;
+mod tokenize;

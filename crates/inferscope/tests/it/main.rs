@@ -1,0 +1,10 @@
+//! The integration tests, linked into one binary (one per test file made
+//! linking most of `cargo test`'s time). Run one file's tests with a filter:
+//! `cargo test -p inferscope --test it architecture_doc::`.
+
+mod architecture_doc;
+mod bench_tokens;
+mod common;
+mod deploy;
+mod logs;
+mod shutdown;
