@@ -6,7 +6,7 @@
 
 use crate::client::RequestOutput;
 use crate::plot::{self, Chart, Series};
-use crate::scrape::ServerSeries;
+use crate::server_view::ServerSeries;
 use crate::statistics::{BenchmarkMetrics, Distribution, Metric, percentile_word};
 use crate::timeline::{ClientSeries, Slice};
 use std::fmt::Write;

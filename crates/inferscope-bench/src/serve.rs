@@ -13,8 +13,8 @@ use crate::report::{self, ReportContext};
 use crate::result_json::{self, RunMeta};
 use crate::rng::Rng;
 use crate::runner::{self, Plan};
-use crate::scrape::{self, ClientCounts, GaugeSampler, ServerView};
 use crate::server_tokenizer::{Probe, ServerTokenizer};
+use crate::server_view::{self, ClientCounts, GaugeSampler, ServerView};
 use crate::statistics::{self, BenchmarkMetrics, Counting, Slo};
 use crate::timeline::{self, Slice};
 use crate::tokenizer::{ExactSource, TextTokenizer};
@@ -372,7 +372,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         .unwrap_or_else(|| format!("{base}/metrics"));
     let mut scrape_state = None;
     if args.scrape_metrics {
-        match scrape::scrape(&metrics_url).await {
+        match server_view::scrape(&metrics_url).await {
             Ok(before) => match before.namespace() {
                 Some(ns) => {
                     let sampler = GaugeSampler::start(metrics_url.clone(), ns, scrape_interval);
@@ -477,11 +477,11 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
     let mut server_view = None;
     let mut agreement = String::new();
     if let Some((before, ns, sampler)) = scrape_state {
-        let after = scrape::scrape(&metrics_url).await;
+        let after = server_view::scrape(&metrics_url).await;
         let peaks = sampler.stop(after.as_ref().ok(), ns).await;
         match after {
             Ok(after) => {
-                let view = scrape::server_view(&before, &after, ns, peaks);
+                let view = server_view::server_view(&before, &after, ns, peaks);
                 let counts = ClientCounts {
                     completed: m.completed,
                     failed: m.failed,
@@ -492,7 +492,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
                     itl_ms: (m.completed > 0).then(|| client_quantiles(&m.itl)),
                     e2e_ms: (m.completed > 0).then(|| client_quantiles(&m.e2el)),
                 };
-                agreement = scrape::render(&view, &counts);
+                agreement = server_view::render(&view, &counts);
                 print!("{agreement}");
                 server_view = Some(view);
             }
@@ -529,7 +529,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         let client_series = timeline::client_series(&run.outputs, run.duration_s);
         let server_series = server_view
             .as_ref()
-            .map(|v| scrape::server_series(&v.peaks.series, run_start));
+            .map(|v| server_view::server_series(&v.peaks.series, run_start));
         let settings = vec![
             ("model".to_string(), meta.model_id.clone()),
             ("date".to_string(), meta.date.clone()),

@@ -2,7 +2,7 @@
 //! [`Outcome`], with its thresholds as named constants. A finding says what
 //! is wrong, the figures it used, and one concrete action.
 
-use crate::snapshot::{Bucket, Summary};
+use crate::window::{Bucket, Summary};
 use inferscope_schema::schema::DEFAULT_NAMESPACE;
 use serde::Serialize;
 
@@ -777,7 +777,7 @@ fn client_side_note() -> Finding {
 /// the request counter but still show tokens and histograms).
 fn traffic(s: &Summary) -> bool {
     let positive = |v: Option<f64>| v.is_some_and(|v| v > 0.0);
-    let observed = |d: Option<crate::snapshot::Dist>| d.is_some_and(|d| d.count > 0.0);
+    let observed = |d: Option<crate::window::Dist>| d.is_some_and(|d| d.count > 0.0);
     attempts(s) > 0.0
         || positive(s.running_peak)
         || positive(s.prompt_tokens_per_s)
@@ -866,7 +866,7 @@ fn verdict(s: &Summary, skipped: &[Skipped]) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::snapshot::Dist;
+    use crate::window::Dist;
 
     fn bucket(lower: f64, upper: f64, index: usize) -> Bucket {
         Bucket::new(inferscope_schema::scrape::BucketBound {
@@ -929,7 +929,7 @@ mod tests {
         let mut s = busy();
         s.device_utilisation = Some(0.9);
         s.idle_fraction = Some(0.05);
-        s.phases = Some(crate::snapshot::Phases {
+        s.phases = Some(crate::window::Phases {
             schedule: 0.01,
             execute: 0.9,
             postprocess: 0.01,

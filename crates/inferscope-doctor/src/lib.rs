@@ -8,14 +8,14 @@ pub mod client;
 pub mod findings;
 pub mod prometheus_api;
 pub mod report;
-pub mod snapshot;
 pub mod top;
+pub mod window;
 
 use anyhow::Context as _;
 use clap::Args;
-use snapshot::{Scrape, Window};
 use std::io::Write as _;
 use std::time::{Duration, Instant};
+use window::{Scrape, Window};
 
 pub use top::{TopArgs, run_top};
 

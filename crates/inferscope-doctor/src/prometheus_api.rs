@@ -2,7 +2,7 @@
 //! one range query instead of scraping the server, then analyse it exactly
 //! like live scrapes (each evaluation step of the range becomes a scrape).
 
-use crate::snapshot::{Scrape, Window};
+use crate::window::{Scrape, Window};
 use inferscope_schema::promtext::{self, Sample};
 use serde_json::Value;
 use std::collections::BTreeMap;

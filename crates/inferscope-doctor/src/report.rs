@@ -2,7 +2,7 @@
 //! for people and as JSON for tests and CI gates.
 
 use crate::findings::{Diagnosis, Evidence, Severity};
-use crate::snapshot::Summary;
+use crate::window::Summary;
 use serde::Serialize;
 use std::fmt::Write as _;
 

@@ -12,7 +12,7 @@
 
 pub mod history;
 
-use crate::snapshot::{Dist, Scrape, Window};
+use crate::window::{Dist, Scrape, Window};
 use clap::Args;
 use history::{Quantiles, Tick, quantiles_text};
 use inferscope_schema::names;

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
-use crate::core::{CoreHandle, CoreMessage, CoreState, spawn_core};
+use crate::engine_core::{CoreHandle, CoreMessage, CoreState, spawn_core};
 use crate::executor::{Executor, ExecutorError};
 use crate::kv_events::KvEventSink;
 use crate::request::{EngineRequest, RequestOutput, SamplingParams, StopTokenIds};

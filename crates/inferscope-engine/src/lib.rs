@@ -5,8 +5,8 @@
 pub mod block_pool;
 pub mod config;
 pub mod coordinator;
-pub mod core;
 pub mod cost;
+pub mod engine_core;
 pub mod executor;
 pub mod kv_events;
 pub mod kv_residency;

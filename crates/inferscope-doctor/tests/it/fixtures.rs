@@ -5,8 +5,8 @@
 //! published output is tested in `vllm_published.rs`.
 
 use inferscope_doctor::findings::Severity;
-use inferscope_doctor::snapshot::{Scrape, Window};
 use inferscope_doctor::top::{TopModel, render};
+use inferscope_doctor::window::{Scrape, Window};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 

@@ -2,8 +2,8 @@
 //! 160×45 and 80×24, the history panels are there with their labels, and an
 //! outage shows and is survived (history kept, counters reset by the restart).
 
-use inferscope_doctor::snapshot::Scrape;
 use inferscope_doctor::top::{TopModel, render};
+use inferscope_doctor::window::Scrape;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 

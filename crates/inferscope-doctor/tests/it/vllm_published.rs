@@ -3,8 +3,8 @@
 //! and which snapshot is derived). Nothing here was recorded from inferscope.
 
 use inferscope_doctor::report::Report;
-use inferscope_doctor::snapshot::{Scrape, Window};
 use inferscope_doctor::top::{TopModel, render};
+use inferscope_doctor::window::{Scrape, Window};
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
@@ -49,7 +49,7 @@ fn skipped(r: &Report) -> Vec<&str> {
     r.diagnosis.skipped.iter().map(|k| k.rule).collect()
 }
 
-fn bounds(b: Option<inferscope_doctor::snapshot::Bucket>) -> (f64, Option<f64>) {
+fn bounds(b: Option<inferscope_doctor::window::Bucket>) -> (f64, Option<f64>) {
     let b = b.expect("a bucket");
     (b.lo, b.hi)
 }
@@ -315,7 +315,7 @@ fn data_parallel_sample_per_engine_histograms() {
 /// except the inferscope-only families the doctor reports as missing.
 #[test]
 fn every_name_read_under_vllm_is_one_vllm_exposes() {
-    use inferscope_doctor::snapshot::{
+    use inferscope_doctor::window::{
         HOST_FAMILIES, LEGACY_GPU_PREFIX_CACHE_HITS, LEGACY_GPU_PREFIX_CACHE_QUERIES,
     };
     use inferscope_schema::names;

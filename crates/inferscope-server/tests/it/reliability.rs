@@ -41,7 +41,7 @@ fn assert_openai_error(r: &Reply, status: u16) -> Value {
 
 /// Polls `/metrics` until no request is running or waiting and `finished`
 /// requests have been counted. The engine counts a finish before it sends
-/// the last output (`engine/src/core.rs`), but a finish the server causes
+/// the last output (`engine/src/engine_core.rs`), but a finish the server causes
 /// (a stop string, a client that left) reaches the engine as an abort after
 /// the client has its response, so that count can move a moment later.
 async fn wait_finished(addr: SocketAddr, finished: usize) -> Vec<Sample> {

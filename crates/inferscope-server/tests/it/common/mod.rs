@@ -50,7 +50,7 @@ pub async fn scrape(addr: SocketAddr) -> Vec<Sample> {
 }
 
 /// Scrapes until the samples named `name` sum to at least `at_least`. The
-/// engine counts a finish before it delivers it (`engine/src/core.rs`), but
+/// engine counts a finish before it delivers it (`engine/src/engine_core.rs`), but
 /// a finish the server causes (a stop string, a client that left) reaches
 /// the engine as an abort after the client has its response, and the HTTP
 /// layer counts a response once its last byte is written, so a client can
