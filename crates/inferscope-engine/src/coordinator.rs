@@ -2,8 +2,8 @@
 //! routed to the least-loaded core, aborts by request id, graceful shutdown.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use inferscope_schema::{FinishReason, StatsRecorder};
@@ -15,7 +15,7 @@ use crate::config::EngineConfig;
 use crate::engine_core::{CoreHandle, CoreMessage, CoreState, spawn_core};
 use crate::executor::{Executor, ExecutorError};
 use crate::kv_events::KvEventSink;
-use crate::request::{EngineRequest, RequestOutput, SamplingParams, StopTokenIds};
+use crate::request::{EngineRequest, RequestOutput};
 
 /// Why the coordinator refused a request or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,32 +48,9 @@ struct Shared {
     /// Request id → index of the core serving it.
     routes: Mutex<HashMap<String, usize>>,
     shutting_down: AtomicBool,
-    /// The stop-id set of the last request that had stop ids, by its
-    /// parameters: the choices of one request share one `Arc` of parameters,
-    /// so the set is built once per request, not once per choice.
-    last_stops: Mutex<Option<(Weak<SamplingParams>, Arc<StopTokenIds>)>>,
-    /// The set of every request without stop ids.
-    no_stops: Arc<StopTokenIds>,
 }
 
 impl Shared {
-    /// The deduplicated stop ids of `params`, built on the caller's thread
-    /// so that a long list costs the engine thread nothing.
-    fn stop_set(&self, params: &Arc<SamplingParams>) -> Arc<StopTokenIds> {
-        if params.stop_token_ids.is_empty() {
-            return Arc::clone(&self.no_stops);
-        }
-        if let Some((weak, set)) = &*self.last_stops.lock()
-            && weak.upgrade().is_some_and(|p| Arc::ptr_eq(&p, params))
-        {
-            return Arc::clone(set);
-        }
-        // Built outside the lock: other submissions need not wait for it.
-        let set = Arc::new(params.stop_token_set());
-        *self.last_stops.lock() = Some((Arc::downgrade(params), Arc::clone(&set)));
-        set
-    }
-
     fn send(&self, core: usize, msg: CoreMessage) {
         // A core that has exited drops messages; its requests are already ended.
         let _ = self.cores[core].tx.send(msg);
@@ -204,8 +181,6 @@ impl Coordinator {
                 cores,
                 routes: Mutex::new(HashMap::new()),
                 shutting_down: AtomicBool::new(false),
-                last_stops: Mutex::new(None),
-                no_stops: Arc::new(StopTokenIds::default()),
             }),
             threads: Mutex::new(threads),
             config,
@@ -274,11 +249,10 @@ impl Coordinator {
             routes.insert(req.request_id.clone(), core);
         }
         let (tx, rx) = unbounded_channel();
-        let stops = self.shared.stop_set(&req.params);
         let state = &self.shared.cores[core].state;
         state.note_sent();
         let request_id = req.request_id.clone();
-        self.shared.send(core, CoreMessage::Add(req, stops, tx));
+        self.shared.send(core, CoreMessage::Add(req, tx));
         Ok(RequestHandle {
             engine: state.engine_index,
             request_id,
@@ -392,42 +366,4 @@ fn validate(config: &EngineConfig, data_parallel_size: usize) -> Result<(), Engi
         return bad("max_model_len must be at least 1");
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn shared() -> Shared {
-        Shared {
-            cores: Vec::new(),
-            routes: Mutex::new(HashMap::new()),
-            shutting_down: AtomicBool::new(false),
-            last_stops: Mutex::new(None),
-            no_stops: Arc::new(StopTokenIds::default()),
-        }
-    }
-
-    #[test]
-    fn choices_sharing_params_share_one_stop_set() {
-        let s = shared();
-        let p = Arc::new(SamplingParams {
-            stop_token_ids: vec![3; 1000],
-            ..Default::default()
-        });
-        let a = s.stop_set(&p);
-        let b = s.stop_set(&p);
-        assert!(Arc::ptr_eq(&a, &b), "built once for both choices");
-        assert_eq!(a.len(), 1);
-        // Equal content in other parameters: built for them, and right.
-        let q = Arc::new(SamplingParams {
-            stop_token_ids: vec![4, 4, 5],
-            ..Default::default()
-        });
-        let c = s.stop_set(&q);
-        assert!(c.contains(4) && c.contains(5) && !c.contains(3));
-        assert_eq!(s.stop_set(&p).len(), 1);
-        let none = Arc::new(SamplingParams::default());
-        assert!(s.stop_set(&none).is_empty());
-    }
 }

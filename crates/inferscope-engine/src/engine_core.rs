@@ -14,14 +14,14 @@ use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::kv_events::{KvEventBatch, KvEventSink};
-use crate::request::{EngineRequest, RequestOutput, StopTokenIds};
+use crate::request::{EngineRequest, RequestOutput};
 use crate::scheduler::{OutputSink, Scheduler};
 
 /// A message to an engine core.
 #[derive(Debug)]
 pub(crate) enum CoreMessage {
     /// Queue a request with its stop-id set; its outputs go to the sink.
-    Add(EngineRequest, Arc<StopTokenIds>, OutputSink),
+    Add(EngineRequest, OutputSink),
     /// End a request (abort, or stop for a stop string).
     Finish(String, FinishReason),
     /// Stop taking requests; finish the running ones until the deadline,
@@ -403,15 +403,15 @@ impl EngineCore {
 
     fn handle(&mut self, msg: CoreMessage) {
         match msg {
-            CoreMessage::Add(req, stops, sink) => {
+            CoreMessage::Add(req, sink) => {
                 self.state.pending.fetch_sub(1, Ordering::Relaxed);
                 // A dead core's loop fails new arrivals with its reason.
                 if self.shutdown_deadline.is_some() {
                     let id = req.request_id.clone();
-                    self.scheduler.add_request_with_stops(req, stops, sink);
+                    self.scheduler.add_request(req, sink);
                     self.scheduler.finish_request(&id, FinishReason::Abort);
                 } else {
-                    self.scheduler.add_request_with_stops(req, stops, sink);
+                    self.scheduler.add_request(req, sink);
                 }
             }
             CoreMessage::Finish(id, reason) => {

@@ -23,10 +23,11 @@ pub struct SamplingParams {
     pub top_k: usize,
     /// Seed of the request's sampler; `None` draws one from the request id.
     pub seed: Option<u64>,
-    /// Extra token ids that stop generation like EOS does. Duplicates are
-    /// allowed here; the engine looks them up through a deduplicated
-    /// [`StopTokenIds`] built once per request.
-    pub stop_token_ids: Vec<u32>,
+    /// Extra token ids that stop generation like EOS does, deduplicated:
+    /// built once per API request (the server builds it in validation, off
+    /// the engine thread), shared by its choices through the `Arc` of these
+    /// parameters.
+    pub stop_token_ids: StopTokenIds,
     /// The request's `n` (the server fans out; recorded for metrics only).
     pub n: usize,
 }
@@ -41,7 +42,7 @@ impl Default for SamplingParams {
             top_p: 1.0,
             top_k: 0,
             seed: None,
-            stop_token_ids: Vec::new(),
+            stop_token_ids: StopTokenIds::default(),
             n: 1,
         }
     }
@@ -60,11 +61,6 @@ impl SamplingParams {
         self.seed
             .map(|seed| seed.wrapping_add(offset))
             .unwrap_or_else(|| fnv1a(request_id.bytes()))
-    }
-
-    /// The stop token ids as a deduplicated set with O(1) lookup.
-    pub fn stop_token_set(&self) -> StopTokenIds {
-        StopTokenIds::from(self.stop_token_ids.as_slice())
     }
 }
 
@@ -94,11 +90,22 @@ impl StopTokenIds {
     pub fn is_empty(&self) -> bool {
         self.ids.is_empty()
     }
+
+    /// The ids, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.ids.iter().copied()
+    }
 }
 
 impl From<&[u32]> for StopTokenIds {
     fn from(ids: &[u32]) -> Self {
         ids.iter().copied().collect()
+    }
+}
+
+impl From<Vec<u32>> for StopTokenIds {
+    fn from(ids: Vec<u32>) -> Self {
+        ids.into_iter().collect()
     }
 }
 
@@ -256,14 +263,14 @@ mod tests {
     #[test]
     fn stop_token_ids_are_deduplicated() {
         let p = SamplingParams {
-            stop_token_ids: vec![7, 3, 7, 7, 3, 9],
+            stop_token_ids: vec![7, 3, 7, 7, 3, 9].into(),
             ..Default::default()
         };
-        let set = p.stop_token_set();
+        let set = &p.stop_token_ids;
         assert_eq!(set.len(), 3);
         assert!(set.contains(7) && set.contains(3) && set.contains(9));
         assert!(!set.contains(8));
-        assert!(SamplingParams::default().stop_token_set().is_empty());
+        assert!(SamplingParams::default().stop_token_ids.is_empty());
         assert!(!StopTokenIds::default().contains(0));
     }
 }

@@ -23,7 +23,6 @@ use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
 use crate::request::{
     EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
-    StopTokenIds,
 };
 
 /// Where a request's outputs go.
@@ -38,9 +37,6 @@ struct Sequence {
     /// (exemplars) without a copy.
     request: RequestRef,
     params: Arc<SamplingParams>,
-    /// `params.stop_token_ids`, deduplicated, for the per-token stop check
-    /// (shared by the choices of one request).
-    stop_token_ids: Arc<StopTokenIds>,
     seed: u64,
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
@@ -236,18 +232,6 @@ impl Scheduler {
 
     /// Queues a request. Its outputs go to `sink`.
     pub fn add_request(&mut self, req: EngineRequest, sink: OutputSink) {
-        let stop_token_ids = Arc::new(req.params.stop_token_set());
-        self.add_request_with_stops(req, stop_token_ids, sink);
-    }
-
-    /// Queues a request whose stop-id set the caller built (the coordinator
-    /// builds it on the submitting thread, not on the engine thread).
-    pub(crate) fn add_request_with_stops(
-        &mut self,
-        req: EngineRequest,
-        stop_token_ids: Arc<StopTokenIds>,
-        sink: OutputSink,
-    ) {
         let seq_id = self.next_seq_id;
         self.next_seq_id += 1;
         let seed =
@@ -261,7 +245,6 @@ impl Scheduler {
             request_id: req.request_id,
             request,
             params: req.params,
-            stop_token_ids,
             seed,
             tokens: req.prompt_token_ids,
             num_prompt_tokens,
@@ -681,7 +664,7 @@ fn check_stop(
         if !p.ignore_eos && eos_token_ids.contains(&token) {
             return Some((FinishReason::Stop, Some(token)));
         }
-        if seq.stop_token_ids.contains(token) {
+        if seq.params.stop_token_ids.contains(token) {
             return Some((FinishReason::Stop, Some(token)));
         }
     }

@@ -7,7 +7,6 @@
 //! prefill is compute-bound (FLOPs per token), a decode step streams the
 //! weights once for the whole batch, and attention streams each sequence's KV.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -16,7 +15,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::ModelCost;
 use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
-use crate::request::StopTokenIds;
 
 /// Cost-model parameters of a simulated device and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -336,9 +334,6 @@ pub struct SimExecutor {
     tokens: SimTokens,
     faults: SimFaults,
     steps: u64,
-    /// Deduplicated stop ids of sequences still under `min_tokens` (where
-    /// they are masked), built once per sequence rather than scanned per token.
-    masked_stops: HashMap<u64, StopTokenIds>,
 }
 
 impl SimExecutor {
@@ -349,7 +344,6 @@ impl SimExecutor {
             tokens,
             faults: SimFaults::default(),
             steps: 0,
-            masked_stops: HashMap::new(),
         }
     }
 
@@ -449,9 +443,6 @@ impl Executor for SimExecutor {
             )));
         }
         let t = self.profile.step_time(batch);
-        for id in &batch.finished_seq_ids {
-            self.masked_stops.remove(id);
-        }
         out.sampled.clear();
         for s in &batch.seqs {
             if !s.sample {
@@ -460,11 +451,8 @@ impl Executor for SimExecutor {
             }
             let mask = s.mask_stop_tokens();
             let mut t = self.sample(s.seed, s.num_generated, mask);
-            if mask && !s.params.stop_token_ids.is_empty() {
-                let stops = self
-                    .masked_stops
-                    .entry(s.seq_id)
-                    .or_insert_with(|| s.params.stop_token_set());
+            let stops = &s.params.stop_token_ids;
+            if mask && !stops.is_empty() {
                 // Under min_tokens, stop token ids are masked too: redraw.
                 let mut salt = 0u64;
                 while stops.contains(t) && salt < 64 {
@@ -476,8 +464,6 @@ impl Executor for SimExecutor {
                         mask,
                     );
                 }
-            } else {
-                self.masked_stops.remove(&s.seq_id);
             }
             out.sampled.push(Some(t));
         }

@@ -409,7 +409,7 @@ impl Executor for CpuExecutor {
             masked.clear();
             if s.mask_stop_tokens() {
                 masked.extend_from_slice(&self.eos);
-                masked.extend_from_slice(&s.params.stop_token_ids);
+                masked.extend(s.params.stop_token_ids.iter());
             }
             let mut rng = token_rng(s.seed, s.num_generated);
             out.sampled

@@ -517,7 +517,7 @@ fn duplicate_stop_token_ids_change_nothing() {
                 max_tokens: 64,
                 min_tokens: 3,
                 seed: Some(seed),
-                stop_token_ids: ids.clone(),
+                stop_token_ids: ids.clone().into(),
                 ..Default::default()
             });
             let h = c.add_request(req).expect("add");

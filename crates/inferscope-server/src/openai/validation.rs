@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::SamplingParams;
+use inferscope_engine::{SamplingParams, StopTokenIds};
 use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
@@ -482,7 +482,7 @@ pub fn plan(
     let stop_token_ids = stop_token_ids
         .into_iter()
         .map(|t| token_id(t, limits, "stop token id", "stop_token_ids"))
-        .collect::<Result<Vec<u32>, _>>()?;
+        .collect::<Result<StopTokenIds, _>>()?;
     let stream = f.stream.unwrap_or(false);
     let include_usage = f
         .stream_options
@@ -657,7 +657,7 @@ mod tests {
         let ok = check(r#"{"stop": ["a", "b", "12345678"], "stop_token_ids": [5, 5, 5, 6]}"#)
             .expect("at the limits");
         assert_eq!(ok.stop.len(), 3);
-        assert_eq!(ok.params.stop_token_ids, [5, 5, 5, 6]);
+        assert_eq!(ok.params.stop_token_ids, vec![5, 6].into(), "deduplicated once, here");
         for (json, param, says) in [
             (
                 r#"{"stop_token_ids": [1, 1, 1, 1, 1]}"#,
