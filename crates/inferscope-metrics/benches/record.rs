@@ -1,5 +1,5 @@
 //! Cost of the recording hot paths: the per-token path (one ITL sample
-//! through a resolved engine handle), one `record_step`, and a scrape; and
+//! through a resolved front-end recorder), one `record_step`, and a scrape; and
 //! what the native namespace's finer request latency buckets cost a scrape
 //! against vLLM's (body size printed, render time measured), 1 and 64 engines.
 
@@ -10,8 +10,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
 use inferscope_schema::schema::{BucketGroup, REQUEST_LATENCY_BUCKETS};
 use inferscope_schema::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
-    StatsRecorder,
+    FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats, IterationStats,
+    SchedulerStats, StatsRecorder,
 };
 
 fn manager() -> StatLoggerManager {
@@ -43,47 +43,60 @@ fn finished() -> FinishedRequestStats {
 
 fn bench(c: &mut Criterion) {
     let m = manager();
-    let engine = m.engine(1).expect("engine 1");
+    let engine = m.frontend(1).expect("engine 1");
+    let itl = |nanos: u64| FrontendStats::NextToken {
+        itl: Duration::from_nanos(nanos),
+    };
 
     let mut g = c.benchmark_group("per_token");
     g.throughput(Throughput::Elements(1));
-    let mut x = 0.0_f64;
+    // Nanoseconds, as a front end measures a gap.
+    let mut x = 0_u64;
+    let next = |x: u64| {
+        if x > 2_000_000_000 {
+            1_000_000
+        } else {
+            x * 17 / 10 + 3_000_000
+        }
+    };
     g.bench_function("observe_itl", |b| {
         b.iter(|| {
             // Vary the value so the bucket search isn't a constant.
-            x = if x > 2.0 { 0.001 } else { x * 1.7 + 0.003 };
-            engine.observe_itl(black_box(x));
+            x = next(x);
+            engine.record(&itl(black_box(x)));
         })
     });
     // The same observation keeping the request as its bucket's exemplar:
-    // A/B against `observe_itl` in one run.
+    // A/B against `observe_itl` in one run (names kept from before the
+    // recorder, for comparison with earlier runs).
     let request = inferscope_schema::RequestRef::new("bench-req-0-1f", None);
     g.bench_function("observe_itl_with_exemplar", |b| {
         b.iter(|| {
-            x = if x > 2.0 { 0.001 } else { x * 1.7 + 0.003 };
-            engine.observe_itl_for(black_box(x), black_box(&request));
+            x = next(x);
+            engine.record_for(&itl(black_box(x)), black_box(&request));
         })
     });
+    // Resolving the recorder (once per request) and one sample.
     g.bench_function("engine_lookup_and_observe_itl", |b| {
         b.iter(|| {
-            if let Some(e) = m.engine(black_box(1)) {
-                e.observe_itl(black_box(0.021));
+            if let Some(e) = m.frontend(black_box(1)) {
+                e.record(&itl(black_box(21_000_000)));
             }
         })
     });
     g.finish();
 
     let mut g = c.benchmark_group("per_request");
-    let fe = FrontendRequestStats {
+    let fe = FrontendStats::Finished(FrontendRequestStats {
         ttft: Some(Duration::from_millis(80)),
         e2e: Duration::from_millis(1600),
         num_generation_tokens: 128,
-    };
+    });
     g.bench_function("record_frontend", |b| {
-        b.iter(|| engine.record_frontend(black_box(&fe)))
+        b.iter(|| engine.record(black_box(&fe)))
     });
     g.bench_function("record_frontend_with_exemplars", |b| {
-        b.iter(|| engine.record_frontend_for(black_box(&fe), black_box(&request)))
+        b.iter(|| engine.record_for(black_box(&fe), black_box(&request)))
     });
     g.finish();
 

@@ -3,9 +3,12 @@
 //! The schema and stats types are in `inferscope-schema` (re-exported here).
 //!
 //! The server builds one [`StatLoggerManager`] from a [`MetricsConfig`],
-//! hands it to the engine as its [`StatsRecorder`], records TTFT / ITL / e2e
-//! through [`StatLoggerManager::engine`], wraps its router in
-//! [`StatLoggerManager::http_layer`], serves `/metrics` with
+//! hands it to the engine as its
+//! [`StatsRecorder`](inferscope_schema::StatsRecorder), records TTFT / ITL /
+//! e2e as [`FrontendStats`](inferscope_schema::FrontendStats) through a
+//! [`FrontendRecorder`] (one per engine, from [`StatLoggerManager::frontend`];
+//! the proxy's one per model, from [`StatLoggerManager::model_frontend`]),
+//! wraps its router in [`StatLoggerManager::http_layer`], serves `/metrics` with
 //! [`exposition::negotiate`] + [`StatLoggerManager::render`], and calls
 //! [`StatLoggerManager::log`] every interval.
 //!
@@ -15,7 +18,7 @@
 //!
 //! use axum::{Router, extract::State, http::HeaderMap, response::IntoResponse, routing::get};
 //! use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager, negotiate};
-//! use inferscope_schema::{FrontendRequestStats, StatsRecorder};
+//! use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef, StatsRecorder};
 //!
 //! let manager = Arc::new(StatLoggerManager::new(MetricsConfig {
 //!     namespace: "vllm".into(),
@@ -34,15 +37,21 @@
 //! // The engine's recorder.
 //! let _recorder: Arc<dyn StatsRecorder> = manager.clone();
 //!
-//! // Where tokens are handed to the response (no lock, no allocation).
-//! if let Some(engine) = manager.engine(1) {
-//!     engine.observe_ttft(0.080);
-//!     engine.observe_itl(0.012);
-//!     engine.record_frontend(&FrontendRequestStats {
-//!         ttft: Some(Duration::from_millis(80)),
+//! // Once per request: the recorder of the engine serving it.
+//! if let Some(recorder) = manager.frontend(1) {
+//!     // Where tokens are handed to the response (no lock, no allocation),
+//!     // the request as the exemplar (or `record`, without one).
+//!     let request = RequestRef::new("cmpl-1-0", None);
+//!     let ttft = Duration::from_millis(80);
+//!     recorder.record_for(&FrontendStats::FirstToken { ttft }, &request);
+//!     let itl = Duration::from_millis(12);
+//!     recorder.record_for(&FrontendStats::NextToken { itl }, &request);
+//!     let finished = FrontendRequestStats {
+//!         ttft: Some(ttft),
 //!         e2e: Duration::from_millis(500),
 //!         num_generation_tokens: 36,
-//!     });
+//!     };
+//!     recorder.record_for(&FrontendStats::Finished(finished), &request);
 //! }
 //!
 //! // `/metrics` with content negotiation.
@@ -67,6 +76,7 @@
 pub mod exemplar;
 pub mod exemplar_slot;
 pub mod exposition;
+pub mod frontend;
 pub mod histogram;
 pub mod http;
 pub mod log_line;
@@ -74,8 +84,7 @@ pub mod manager;
 pub mod prometheus;
 
 pub use exposition::{Format, negotiate};
+pub use frontend::FrontendRecorder;
 pub use http::{HttpMetrics, HttpMetricsLayer};
 pub use manager::{ConfigError, MetricsConfig, StatLoggerManager, TraceSpanDrops};
-pub use prometheus::{
-    CacheConfig, EngineMetrics, MetricFilter, ObservedRequest, OptionalMetrics, every_metric,
-};
+pub use prometheus::{CacheConfig, MetricFilter, OptionalMetrics, every_metric};

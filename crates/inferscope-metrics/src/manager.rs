@@ -11,10 +11,11 @@ use prometheus_client::registry::Registry;
 use thiserror::Error;
 
 use crate::exposition::{self, Format};
+use crate::frontend::FrontendRecorder;
 use crate::http::{HttpMetrics, HttpMetricsLayer};
 use crate::log_line::{self, LogLineLogger};
 use crate::prometheus::{
-    CacheConfig, EngineMetrics, MetricFilter, OptionalMetrics, PrometheusLogger, every_metric,
+    CacheConfig, MetricFilter, OptionalMetrics, PrometheusLogger, every_metric,
 };
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
@@ -245,21 +246,22 @@ impl StatLoggerManager {
         })
     }
 
-    /// Per-engine handles for the server's TTFT / ITL / e2e recording.
-    /// Always available (they count even with Prometheus disabled).
-    #[inline]
-    pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
-        self.prometheus.engine(index)
+    /// The front end's recorder for engine `index` (of `model_name`):
+    /// TTFT, ITL, e2e and the rest of [`inferscope_schema::FrontendStats`].
+    /// Take it once per request, not per token; `None` for an engine the
+    /// metrics do not know. It records even with Prometheus disabled.
+    pub fn frontend(&self, index: usize) -> Option<FrontendRecorder> {
+        self.prometheus
+            .engine(index)
+            .map(|e| FrontendRecorder::new(Arc::clone(e)))
     }
 
-    /// Handles of `model`'s engine `index` (`model_name` or one of `more_model_names`).
-    pub fn model_engine(&self, model: &str, index: usize) -> Option<&EngineMetrics> {
-        self.prometheus.model_engine(model, index)
-    }
-
-    /// Every engine's handles, in configuration order.
-    pub fn engines(&self) -> &[EngineMetrics] {
-        self.prometheus.engines()
+    /// The front end's recorder for `model`'s engine `index` (`model_name`
+    /// or one of `more_model_names`): the proxy's, one per model.
+    pub fn model_frontend(&self, model: &str, index: usize) -> Option<FrontendRecorder> {
+        self.prometheus
+            .model_engine(model, index)
+            .map(|e| FrontendRecorder::new(Arc::clone(e)))
     }
 
     /// The counters of trace spans the server could not deliver (cheap to clone).

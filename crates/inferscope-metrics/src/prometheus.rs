@@ -16,8 +16,8 @@ use crate::exemplar::{ExemplarIndex, ExemplarSlot};
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
 use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
 use inferscope_schema::stats::{
-    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
-    RequestRef, SchedulerStats,
+    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats,
+    IterationStats, ObservedRequest, RequestRef, SchedulerStats,
 };
 
 /// `model_name`, `engine`.
@@ -103,32 +103,14 @@ pub struct CacheConfig {
     pub cache_dtype: String,
 }
 
-/// A finished request as a front end without an engine sees it (the proxy
-/// reads the figures from the response's `usage` and the request body).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservedRequest {
-    /// Why it finished.
-    pub finish_reason: FinishReason,
-    /// `usage.prompt_tokens`, if the response had it.
-    pub prompt_tokens: Option<u64>,
-    /// `usage.completion_tokens`, if the response had it.
-    pub generation_tokens: Option<u64>,
-    /// The request's `max_tokens` (or `max_completion_tokens`), if it set one.
-    pub max_tokens: Option<u64>,
-    /// The request's `n` (1 when not set).
-    pub n: u64,
-    /// Arrival to the first chunk with content (streams only).
-    pub ttft: Option<Duration>,
-    /// Arrival to the end of the response (or to the abort).
-    pub e2e: Duration,
-}
-
 type F64Counter = Counter<f64, AtomicU64>;
 type F64Gauge = Gauge<f64, AtomicU64>;
 type HistFamily<L> = Family<L, AtomicHistogram, HistogramBuilder>;
 
 /// Resolved metric handles of one engine core. Cheap to use from any thread:
 /// every method touches only atomics (no lock, no allocation, no lookup).
+/// The engine's stats reach them through the manager's `StatsRecorder`, the
+/// front end's through a [`crate::FrontendRecorder`].
 #[derive(Debug, Clone)]
 pub struct EngineMetrics {
     index: usize,
@@ -192,64 +174,49 @@ impl EngineMetrics {
         &self.model
     }
 
-    /// Adds to the generation-token counter alone: a front end that knows a
-    /// request's total but not each choice's (the proxy with `n > 1`).
-    pub fn add_generation_tokens(&self, tokens: u64) {
-        self.generation_tokens.inc_by(tokens);
-    }
-
-    /// Time to first token, measured where the token is handed to the response.
+    /// One front-end observation ([`FrontendStats`]); `request`, when
+    /// given, is the exemplar of the latency series (and the success
+    /// counter) it lands in.
     #[inline]
-    pub fn observe_ttft(&self, secs: f64) {
-        self.ttft.observe(secs);
-    }
-
-    /// One inter-token latency sample (one per output delta after the first).
-    #[inline]
-    pub fn observe_itl(&self, secs: f64) {
-        self.itl.observe(secs);
-    }
-
-    /// Time to first token of `request` (its bucket's exemplar).
-    #[inline]
-    pub fn observe_ttft_for(&self, secs: f64, request: &RequestRef) {
-        self.ttft.observe_for(secs, request);
-    }
-
-    /// One inter-token latency sample of `request` (its bucket's exemplar).
-    #[inline]
-    pub fn observe_itl_for(&self, secs: f64, request: &RequestRef) {
-        self.itl.observe_for(secs, request);
+    pub(crate) fn record_frontend(&self, stats: &FrontendStats, request: Option<&RequestRef>) {
+        match stats {
+            FrontendStats::FirstToken { ttft } => {
+                observe(&self.ttft, ttft.as_secs_f64(), request);
+            }
+            FrontendStats::NextToken { itl } => observe(&self.itl, itl.as_secs_f64(), request),
+            FrontendStats::Finished(finished) => self.record_frontend_finished(finished, request),
+            FrontendStats::Observed(observed) => self.record_observed(observed, request),
+            FrontendStats::Started => {
+                self.num_running.inc();
+            }
+            FrontendStats::Ended => {
+                self.num_running.dec();
+            }
+            FrontendStats::GenerationTokens(tokens) => {
+                self.generation_tokens.inc_by(*tokens);
+            }
+        }
     }
 
     /// A finished request as the front end saw it: e2e latency and TPOT.
-    /// TTFT is not observed here (call [`Self::observe_ttft`] when it happens).
-    pub fn record_frontend(&self, stats: &FrontendRequestStats) {
-        let e2e = stats.e2e.as_secs_f64();
-        self.e2e.observe(e2e);
-        self.tpot.observe(time_per_output_token(stats));
-    }
-
-    /// [`Self::record_frontend`] with `request` as the exemplar.
-    pub fn record_frontend_for(&self, stats: &FrontendRequestStats, request: &RequestRef) {
-        self.e2e.observe_for(stats.e2e.as_secs_f64(), request);
-        self.tpot.observe_for(time_per_output_token(stats), request);
-    }
-
-    /// Moves the running-requests gauge by `delta`: a front end without an
-    /// engine (the proxy) counts its requests in flight here.
-    pub fn add_running(&self, delta: i64) {
-        self.num_running.inc_by(delta);
+    /// TTFT is not observed here (it is recorded when it happens).
+    fn record_frontend_finished(&self, stats: &FrontendRequestStats, request: Option<&RequestRef>) {
+        observe(&self.e2e, stats.e2e.as_secs_f64(), request);
+        observe(&self.tpot, time_per_output_token(stats), request);
     }
 
     /// A request finished as seen from outside an engine (the proxy): the
     /// success counter, e2e, and the token counters, TPOT and request
     /// histograms for the figures that are known; an unknown figure is not
     /// observed, so it never shows up as a zero. TTFT and ITL are observed
-    /// as they happen ([`Self::observe_ttft`], [`Self::observe_itl`]).
-    pub fn record_observed(&self, req: &ObservedRequest) {
-        if let Some(c) = self.request_success.get(req.finish_reason.index()) {
+    /// as they happen.
+    fn record_observed(&self, req: &ObservedRequest, request: Option<&RequestRef>) {
+        let reason = req.finish_reason.index();
+        if let Some(c) = self.request_success.get(reason) {
             c.inc();
+        }
+        if let (Some(slot), Some(r)) = (self.request_success_exemplars.get(reason), request) {
+            slot.set(r, 1.0);
         }
         if let Some(p) = req.prompt_tokens {
             self.prompt_tokens.inc_by(p);
@@ -267,12 +234,15 @@ impl EngineMetrics {
         // TPOT needs both the first token's time and the token count; with
         // them the request is recorded as the server's front end records it.
         match (req.ttft, req.generation_tokens) {
-            (Some(ttft), Some(g)) => self.record_frontend(&FrontendRequestStats {
-                ttft: Some(ttft),
-                e2e: req.e2e,
-                num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
-            }),
-            _ => self.e2e.observe(req.e2e.as_secs_f64()),
+            (Some(ttft), Some(g)) => self.record_frontend_finished(
+                &FrontendRequestStats {
+                    ttft: Some(ttft),
+                    e2e: req.e2e,
+                    num_generation_tokens: usize::try_from(g).unwrap_or(usize::MAX),
+                },
+                request,
+            ),
+            _ => observe(&self.e2e, req.e2e.as_secs_f64(), request),
         }
     }
 
@@ -388,6 +358,15 @@ impl EngineMetrics {
     }
 }
 
+/// One histogram sample, with `request` as its bucket's exemplar when given.
+#[inline]
+fn observe(histogram: &AtomicHistogram, value: f64, request: Option<&RequestRef>) {
+    match request {
+        Some(r) => histogram.observe_for(value, r),
+        None => histogram.observe(value),
+    }
+}
+
 /// TPOT of a finished request: (e2e − TTFT) / (tokens − 1), 0 for ≤ 1 token.
 pub fn time_per_output_token(stats: &FrontendRequestStats) -> f64 {
     match (stats.ttft, stats.num_generation_tokens) {
@@ -400,7 +379,8 @@ pub fn time_per_output_token(stats: &FrontendRequestStats) -> f64 {
 #[derive(Debug)]
 pub struct PrometheusLogger {
     model_name: String,
-    engines: Vec<EngineMetrics>,
+    // Shared with the front end's recorders: a handle set is dozens of `Arc`s.
+    engines: Vec<Arc<EngineMetrics>>,
     rejections: Family<RejectionLabels, Counter>,
     request_log_dropped: Counter,
     exemplars: ExemplarIndex,
@@ -643,7 +623,7 @@ impl PrometheusLogger {
                         })
                         .set(1);
                 }
-                EngineMetrics {
+                Arc::new(EngineMetrics {
                     index,
                     model: Arc::from(model_name),
                     num_running: running.get_or_create_owned(&l),
@@ -689,9 +669,9 @@ impl PrometheusLogger {
                     estimated_read_bytes: read_bytes.get_or_create_owned(&l),
                     estimated_write_bytes: write_bytes.get_or_create_owned(&l),
                     kv_events_dropped: kv_dropped.get_or_create_owned(&l),
-                }
+                })
             })
-            .collect::<Vec<EngineMetrics>>();
+            .collect::<Vec<Arc<EngineMetrics>>>();
 
         // The latency histograms and the finished-request counter carry
         // exemplars (OpenMetrics only); the token-count ones do not: a request
@@ -740,7 +720,7 @@ impl PrometheusLogger {
 
     /// Handles of `model`'s engine `index` (the model name or one of the
     /// further names the logger was built with).
-    pub fn model_engine(&self, model: &str, index: usize) -> Option<&EngineMetrics> {
+    pub(crate) fn model_engine(&self, model: &str, index: usize) -> Option<&Arc<EngineMetrics>> {
         self.engines
             .iter()
             .find(|e| e.index == index && &*e.model == model)
@@ -748,14 +728,9 @@ impl PrometheusLogger {
 
     /// Handles of the engine with global index `index` (of the first model).
     #[inline]
-    pub fn engine(&self, index: usize) -> Option<&EngineMetrics> {
+    pub(crate) fn engine(&self, index: usize) -> Option<&Arc<EngineMetrics>> {
         // A handful of engines: a scan beats hashing.
         self.engines.iter().find(|e| e.index == index)
-    }
-
-    /// Every engine's handles, in configuration order.
-    pub fn engines(&self) -> &[EngineMetrics] {
-        &self.engines
     }
 
     /// Counts one finished request the request log had no room for.
@@ -811,7 +786,12 @@ mod tests {
             &[],
             OptionalMetrics::default(),
         );
-        p.engine(0).unwrap().observe_ttft(0.5);
+        p.engine(0).unwrap().record_frontend(
+            &FrontendStats::FirstToken {
+                ttft: Duration::from_millis(500),
+            },
+            None,
+        );
         let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
         assert!(
             text.contains("x_time_to_first_token_seconds_count{"),
@@ -835,6 +815,8 @@ mod tests {
             OptionalMetrics::default(),
         );
         let e = p.engine(0).unwrap();
+        let observed =
+            |req: &ObservedRequest| e.record_frontend(&FrontendStats::Observed(*req), None);
         let mut req = ObservedRequest {
             finish_reason: FinishReason::Length,
             prompt_tokens: Some(7),
@@ -844,7 +826,7 @@ mod tests {
             ttft: Some(Duration::from_secs(1)),
             e2e: Duration::from_secs(3),
         };
-        e.record_observed(&req);
+        observed(&req);
         assert_eq!(e.request_success[FinishReason::Length.index()].get(), 1);
         assert_eq!((e.prompt_tokens.get(), e.generation_tokens.get()), (7, 5));
         assert_eq!(
@@ -855,12 +837,15 @@ mod tests {
         assert_eq!((e.e2e.count(), e.tpot.count()), (1, 1));
         req.generation_tokens = None;
         req.ttft = None;
-        e.record_observed(&req);
+        observed(&req);
         assert_eq!(e.request_generation_tokens.count(), 1);
         assert_eq!(e.tpot.count(), 1, "no TPOT without tokens and TTFT");
-        e.add_running(2);
-        e.add_running(-1);
+        e.record_frontend(&FrontendStats::Started, None);
+        e.record_frontend(&FrontendStats::Started, None);
+        e.record_frontend(&FrontendStats::Ended, None);
         assert_eq!(e.num_running.get(), 1);
+        e.record_frontend(&FrontendStats::GenerationTokens(4), None);
+        assert_eq!(e.generation_tokens.get(), 5 + 4);
     }
 
     #[test]
@@ -877,7 +862,12 @@ mod tests {
             OptionalMetrics::default(),
         );
         let e = p.engine(3).unwrap();
-        e.observe_itl(0.1);
+        e.record_frontend(
+            &FrontendStats::NextToken {
+                itl: Duration::from_millis(100),
+            },
+            None,
+        );
         assert_eq!(e.itl.count(), 1);
         assert!(p.engine(0).is_none());
     }

@@ -116,9 +116,7 @@ async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
     })?);
     let series = |name: &str| {
         manager
-            .model_engine(name, 0)
-            .cloned()
-            .map(Arc::new)
+            .model_frontend(name, 0)
             .ok_or_else(|| ProxyError::Flag(format!("no series for model {name:?}")))
     };
     let known = names

@@ -1,12 +1,11 @@
 //! The `model_name` labels: the names given with `--served-model-name`, or
 //! those the upstream lists at `/v1/models`, bounded (the rest are `other`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use http_body_util::{BodyExt, Limited};
-use inferscope_metrics::EngineMetrics;
+use inferscope_metrics::FrontendRecorder;
 
 use crate::upstream::{self, BaseUrl, UpstreamClient};
 
@@ -47,16 +46,16 @@ pub(crate) async fn discover_models(client: &UpstreamClient, base: &BaseUrl) -> 
 /// chosen at start-up (`--served-model-name`, else the upstream's
 /// `/v1/models`), so a client cannot create series by inventing names.
 pub struct ModelSeries {
-    // Shared, not cloned per request: a handle set is dozens of `Arc`s.
-    pub(crate) known: Vec<Arc<EngineMetrics>>,
+    /// Each model's recorder (a clone per request is one `Arc` increment).
+    pub(crate) known: Vec<FrontendRecorder>,
     /// The only model (every request is labelled with it, whatever its
     /// `model` says: single-model servers ignore the field), or `other`.
-    pub(crate) fallback: Arc<EngineMetrics>,
+    pub(crate) fallback: FrontendRecorder,
 }
 
 impl ModelSeries {
-    /// The series of a request for `model`.
-    pub fn for_request(&self, model: Option<&str>) -> &Arc<EngineMetrics> {
+    /// The recorder of a request for `model`.
+    pub fn for_request(&self, model: Option<&str>) -> &FrontendRecorder {
         model
             .and_then(|m| self.known.iter().find(|e| e.model_name() == m))
             .unwrap_or(&self.fallback)

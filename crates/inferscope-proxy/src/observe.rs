@@ -19,9 +19,9 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
-use inferscope_metrics::{EngineMetrics, ObservedRequest};
+use inferscope_metrics::FrontendRecorder;
 use inferscope_schema::schema::{self, MetricDef};
-use inferscope_schema::stats::FinishReason;
+use inferscope_schema::stats::{FinishReason, FrontendStats, ObservedRequest};
 use serde::Deserialize;
 
 /// JSON bodies larger than this are passed on but not read for usage.
@@ -280,7 +280,8 @@ struct ChoiceSeen {
 /// and the prompt counted once per choice.
 #[derive(Debug)]
 pub struct Observer {
-    engine: std::sync::Arc<EngineMetrics>,
+    /// The request's model's recorder.
+    recorder: FrontendRecorder,
     start: Instant,
     request: RequestView,
     choices: Vec<ChoiceSeen>,
@@ -292,14 +293,10 @@ pub struct Observer {
 
 impl Observer {
     /// Starts observing a request that arrived at `start`; counts it in flight.
-    pub fn new(
-        engine: std::sync::Arc<EngineMetrics>,
-        start: Instant,
-        request: RequestView,
-    ) -> Self {
-        engine.add_running(1);
+    pub fn new(recorder: FrontendRecorder, start: Instant, request: RequestView) -> Self {
+        recorder.record(&FrontendStats::Started);
         Self {
-            engine,
+            recorder,
             start,
             request,
             choices: Vec::new(),
@@ -310,7 +307,7 @@ impl Observer {
     }
 
     /// The state of choice `index` (none past [`MAX_CHOICES`]). A function
-    /// of the list alone, so a chunk's reader can hold it beside `engine`.
+    /// of the list alone, so a chunk's reader can hold it beside `recorder`.
     fn choice(choices: &mut Vec<ChoiceSeen>, index: usize) -> Option<&mut ChoiceSeen> {
         if index >= MAX_CHOICES {
             return None;
@@ -328,9 +325,8 @@ impl Observer {
             (Some(u), 1) => u.completion_tokens,
             _ => None,
         };
-        // Borrowed, not cloned: the handles are dozens of `Arc`s, and this
-        // runs once per chunk.
-        let engine = &self.engine;
+        // Borrowed, not cloned: this runs once per chunk.
+        let recorder = &self.recorder;
         let start = self.start;
         for c in &chunk.choices {
             let content = c.has_content();
@@ -342,10 +338,12 @@ impl Observer {
                 match seen.last_content {
                     None => {
                         seen.first_content = Some(now);
-                        engine.observe_ttft(now.duration_since(start).as_secs_f64());
+                        recorder.record(&FrontendStats::FirstToken {
+                            ttft: now.duration_since(start),
+                        });
                     }
                     Some(prev) => {
-                        let gap = now.duration_since(prev).as_secs_f64();
+                        let gap = now.duration_since(prev);
                         // A chunk of k tokens (known from the running usage
                         // total) is k inter-token gaps of gap / k; unknown,
                         // it is one sample (one token per chunk upstream).
@@ -355,8 +353,11 @@ impl Observer {
                             }
                             _ => 1,
                         };
+                        let itl = FrontendStats::NextToken {
+                            itl: gap.div_f64(tokens as f64),
+                        };
                         for _ in 0..tokens.min(MAX_TOKENS_PER_CHUNK) {
-                            engine.observe_itl(gap / tokens as f64);
+                            recorder.record(&itl);
                         }
                     }
                 }
@@ -369,13 +370,18 @@ impl Observer {
                 // The final chunk is a token's delta even without text (an
                 // end-of-sequence token has none): `serve` samples it, as
                 // the first token when nothing came before it.
-                match seen.last_content {
+                let stats = match seen.last_content {
                     None => {
                         seen.first_content = Some(now);
-                        engine.observe_ttft(now.duration_since(start).as_secs_f64());
+                        FrontendStats::FirstToken {
+                            ttft: now.duration_since(start),
+                        }
                     }
-                    Some(prev) => engine.observe_itl(now.duration_since(prev).as_secs_f64()),
-                }
+                    Some(prev) => FrontendStats::NextToken {
+                        itl: now.duration_since(prev),
+                    },
+                };
+                recorder.record(&stats);
             }
             if let Some(r) = finish {
                 seen.finish = Some(r);
@@ -405,7 +411,7 @@ impl Observer {
     pub fn discard(&mut self) {
         if !self.recorded {
             self.recorded = true;
-            self.engine.add_running(-1);
+            self.recorder.record(&FrontendStats::Ended);
         }
     }
 
@@ -415,7 +421,7 @@ impl Observer {
             return;
         }
         self.recorded = true;
-        self.engine.add_running(-1);
+        self.recorder.record(&FrontendStats::Ended);
         let e2e = self.start.elapsed();
         let (prompt_tokens, generation_tokens) = self.usage.unwrap_or((None, None));
         let n = usize::try_from(self.request.n)
@@ -440,7 +446,7 @@ impl Observer {
         };
         let split = n > 1 && generation_tokens.is_some_and(|g| chunks != g);
         if split && let Some(g) = generation_tokens {
-            self.engine.add_generation_tokens(g);
+            self.recorder.record(&FrontendStats::GenerationTokens(g));
         }
         for c in &self.choices {
             let reason = match outcome {
@@ -449,15 +455,16 @@ impl Observer {
                 // A choice that ended without a finish_reason was cut short upstream.
                 Outcome::Complete => c.finish.unwrap_or(FinishReason::Error),
             };
-            self.engine.record_observed(&ObservedRequest {
-                finish_reason: reason,
-                prompt_tokens,
-                generation_tokens: if split { None } else { per_choice(c) },
-                max_tokens: self.request.max_tokens,
-                n: self.request.n,
-                ttft: c.first_content.map(|t| t.duration_since(self.start)),
-                e2e,
-            });
+            self.recorder
+                .record(&FrontendStats::Observed(ObservedRequest {
+                    finish_reason: reason,
+                    prompt_tokens,
+                    generation_tokens: if split { None } else { per_choice(c) },
+                    max_tokens: self.request.max_tokens,
+                    n: self.request.n,
+                    ttft: c.first_content.map(|t| t.duration_since(self.start)),
+                    e2e,
+                }));
         }
     }
 }
@@ -934,14 +941,14 @@ mod tests {
 
     use inferscope_schema::schema as s;
 
-    fn metrics() -> (inferscope_metrics::StatLoggerManager, EngineMetrics) {
+    fn metrics() -> (inferscope_metrics::StatLoggerManager, FrontendRecorder) {
         let m = inferscope_metrics::StatLoggerManager::new(inferscope_metrics::MetricsConfig {
             model_name: "m".into(),
             enable_log_stats: false,
             ..Default::default()
         })
         .unwrap();
-        let e = m.engine(0).unwrap().clone();
+        let e = m.frontend(0).unwrap();
         (m, e)
     }
 
@@ -952,14 +959,14 @@ mod tests {
     }
 
     /// Feeds `events` (SSE payloads) through an observed body as one frame.
-    fn observe_stream(engine: &EngineMetrics, n: u64, events: &[&str]) {
+    fn observe_stream(recorder: &FrontendRecorder, n: u64, events: &[&str]) {
         let body: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
         let view = RequestView {
             stream: true,
             n,
             ..RequestView::default()
         };
-        let observer = Observer::new(std::sync::Arc::new(engine.clone()), Instant::now(), view);
+        let observer = Observer::new(recorder.clone(), Instant::now(), view);
         let mut b = ObservedBody::new(
             http_body_util::Full::new(Bytes::from(body)),
             BodyKind::Sse { strip_usage: false },

@@ -3,7 +3,8 @@
 //! - [`schema`]: every metric's name ([`schema::names`]), help, type, unit,
 //!   labels and buckets; `docs/metrics.md` is generated from it.
 //! - [`stats`]: the plain stats structs the engine emits and the
-//!   [`StatsRecorder`] it hands them to.
+//!   [`StatsRecorder`] it hands them to, and the front end's
+//!   ([`FrontendStats`]).
 //! - [`promtext`]: the one parser of the Prometheus text exposition (0.0.4)
 //!   and OpenMetrics, used by bench, doctor, top and the tests.
 //! - [`scrape`]: the one view of a server from its scrapes: counter deltas
@@ -22,6 +23,7 @@ pub mod units;
 
 pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_buckets};
 pub use stats::{
-    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats,
-    KvBlockResidency, NoopRecorder, RequestRef, SchedulerStats, StatsRecorder,
+    EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats,
+    IterationStats, KvBlockResidency, NoopRecorder, ObservedRequest, RequestRef, SchedulerStats,
+    StatsRecorder,
 };

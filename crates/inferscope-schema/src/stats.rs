@@ -192,7 +192,7 @@ impl IterationStats {
 
 /// Latencies the serving front end measures where tokens are handed to the
 /// client (TTFT, ITL, e2e). Recorded once per finished request.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FrontendRequestStats {
     /// Arrival to first token handed to the response.
     pub ttft: Option<Duration>,
@@ -200,6 +200,65 @@ pub struct FrontendRequestStats {
     pub e2e: Duration,
     /// Output tokens the client received.
     pub num_generation_tokens: usize,
+}
+
+/// A finished request as a front end without an engine sees it (the proxy
+/// reads the figures from the response's `usage` and the request body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObservedRequest {
+    /// Why it finished.
+    pub finish_reason: FinishReason,
+    /// `usage.prompt_tokens`, if the response had it.
+    pub prompt_tokens: Option<u64>,
+    /// `usage.completion_tokens`, if the response had it.
+    pub generation_tokens: Option<u64>,
+    /// The request's `max_tokens` (or `max_completion_tokens`), if it set one.
+    pub max_tokens: Option<u64>,
+    /// The request's `n` (1 when not set).
+    pub n: u64,
+    /// Arrival to the first chunk with content (streams only).
+    pub ttft: Option<Duration>,
+    /// Arrival to the end of the response (or to the abort).
+    pub e2e: Duration,
+}
+
+/// What a serving front end measures, as plain stats: per token where it is
+/// handed to the client, and per finished request. `serve` and `proxy` hand
+/// these to the metrics manager's front-end recorder, as the engine hands
+/// its stats to a [`StatsRecorder`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FrontendStats {
+    /// A request's first token was handed to the client `ttft` after its
+    /// arrival (the TTFT sample).
+    FirstToken {
+        /// Arrival to the first token.
+        ttft: Duration,
+    },
+    /// A later token was handed to the client `itl` after the previous one
+    /// (one inter-token latency sample).
+    NextToken {
+        /// The previous token to this one.
+        itl: Duration,
+    },
+    /// A request finished as the server's front end saw it: e2e and TPOT
+    /// (its TTFT was recorded as [`FrontendStats::FirstToken`]).
+    Finished(FrontendRequestStats),
+    /// A request finished as seen from outside an engine (the proxy): the
+    /// success counter, e2e, and the token counters, TPOT and request
+    /// histograms for the figures that are known; an unknown figure is not
+    /// recorded, so it never shows up as a zero. TTFT and ITL are recorded
+    /// as they happen.
+    Observed(ObservedRequest),
+    /// A request went in flight at a front end without an engine (the
+    /// proxy): the running-requests gauge goes up by one.
+    Started,
+    /// A request counted by [`FrontendStats::Started`] left (finished,
+    /// aborted or refused): the running-requests gauge goes down by one.
+    Ended,
+    /// Generation tokens of a response whose choices' own counts are
+    /// unknown (the proxy with `n > 1`): the generation-token counter alone
+    /// (its [`FrontendStats::Observed`] choices then carry no token count).
+    GenerationTokens(u64),
 }
 
 /// Why an engine core stopped serving for good; the `cause` label value.

@@ -7,7 +7,7 @@ use std::time::Duration;
 use inferscope_metrics::{Format, StatLoggerManager};
 use inferscope_schema::promtext::{check_histograms, parse};
 use inferscope_schema::schema::{self, MetricType};
-use inferscope_schema::{FinishReason, FrontendRequestStats, StatsRecorder};
+use inferscope_schema::{FinishReason, FrontendRequestStats, FrontendStats, StatsRecorder};
 
 use crate::traffic::{busy_manager, config, finished, sched, step};
 
@@ -207,7 +207,7 @@ fn engines_do_not_overwrite_each_other() {
 fn unknown_engine_is_ignored() {
     let m = busy_manager("inferscope", &[4, 5]);
     m.record_step(0, &sched(1), &step(1, 1));
-    assert!(m.engine(0).is_none());
+    assert!(m.frontend(0).is_none());
     let (_, body) = m.render(Format::Prometheus);
     assert!(!body.contains("engine=\"0\""), "{body}");
 }
@@ -255,7 +255,9 @@ fn bucket_overrides_apply() {
     let mut c = config("inferscope", &[0]);
     c.buckets.set_from_str("time_to_first_token=0.5,1").unwrap();
     let m = StatLoggerManager::new(c).unwrap();
-    m.engine(0).unwrap().observe_ttft(0.7);
+    m.frontend(0).unwrap().record(&FrontendStats::FirstToken {
+        ttft: Duration::from_millis(700),
+    });
     let (_, body) = m.render(Format::Prometheus);
     let e = parse(&body).unwrap();
     let les: Vec<&str> = e
@@ -346,7 +348,9 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
     c.enable_prometheus = false;
     let m = StatLoggerManager::new(c).unwrap();
     m.record_step(0, &sched(1), &step(1, 1));
-    m.engine(0).unwrap().observe_itl(0.1);
+    m.frontend(0).unwrap().record(&FrontendStats::NextToken {
+        itl: Duration::from_millis(100),
+    });
     let (_, body) = m.render(Format::Prometheus);
     assert!(!body.contains("inferscope_"), "{body}");
     assert!(body.contains("http_request_duration_highr_seconds"));
@@ -356,22 +360,30 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
 fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
     use inferscope_schema::RequestRef;
     let m = StatLoggerManager::new(config("vllm", &[0, 1])).unwrap();
-    let e0 = m.engine(0).unwrap();
+    let e0 = m.frontend(0).unwrap();
     let traced = RequestRef::new("traced-1", Some([0x4b; 16]));
     let plain = RequestRef::new("plain-2", None);
     // Same TTFT bucket twice: the later request is the exemplar.
-    e0.observe_ttft_for(0.03, &plain);
-    e0.observe_ttft_for(0.035, &traced);
-    e0.observe_itl_for(0.012, &plain);
+    let ttft = |ms| FrontendStats::FirstToken {
+        ttft: Duration::from_millis(ms),
+    };
+    e0.record_for(&ttft(30), &plain);
+    e0.record_for(&ttft(35), &traced);
+    e0.record_for(
+        &FrontendStats::NextToken {
+            itl: Duration::from_millis(12),
+        },
+        &plain,
+    );
     let mut req = finished(FinishReason::Stop);
     req.request = plain.clone();
     m.record_finished(0, &[req]);
-    e0.record_frontend_for(
-        &FrontendRequestStats {
+    e0.record_for(
+        &FrontendStats::Finished(FrontendRequestStats {
             ttft: Some(Duration::from_millis(35)),
             e2e: Duration::from_millis(900),
             num_generation_tokens: 7,
-        },
+        }),
         &traced,
     );
 

@@ -11,8 +11,8 @@ use http_body_util::BodyExt;
 use inferscope_metrics::{Format, MetricsConfig, StatLoggerManager};
 use inferscope_schema::promtext;
 use inferscope_schema::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
-    StatsRecorder,
+    FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats, IterationStats,
+    SchedulerStats, StatsRecorder,
 };
 use tower::ServiceExt;
 
@@ -100,11 +100,13 @@ async fn vllm_namespace_names_are_exact() {
         inference_time: Duration::ZERO,
     });
     m.record_step(0, &SchedulerStats::default(), &iter);
-    m.engine(0).unwrap().record_frontend(&FrontendRequestStats {
-        ttft: None,
-        e2e: Duration::from_millis(5),
-        num_generation_tokens: 1,
-    });
+    m.frontend(0)
+        .unwrap()
+        .record(&FrontendStats::Finished(FrontendRequestStats {
+            ttft: None,
+            e2e: Duration::from_millis(5),
+            num_generation_tokens: 1,
+        }));
     m.record_admission_rejection("queue_full");
     let router = Router::new()
         .route("/v1/models", get(|| async { "[]" }))

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use inferscope_metrics::{CacheConfig, MetricsConfig, OptionalMetrics, StatLoggerManager};
 use inferscope_schema::{
-    FinishReason, FinishedRequestStats, FrontendRequestStats, IterationStats, SchedulerStats,
-    StatsRecorder,
+    FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats, IterationStats,
+    SchedulerStats, StatsRecorder,
 };
 
 /// A configuration of `engines` with every metric of the schema on.
@@ -86,16 +86,20 @@ pub fn busy_manager(namespace: &str, engines: &[usize]) -> StatLoggerManager {
         }
         m.record_idle(e, &sched(0), Duration::from_millis(250));
         m.record_finished(e, &[finished(FinishReason::Abort)]);
-        let h = m.engine(e).unwrap();
-        h.observe_ttft(0.12);
+        let h = m.frontend(e).unwrap();
+        h.record(&FrontendStats::FirstToken {
+            ttft: Duration::from_millis(120),
+        });
         for _ in 0..6 {
-            h.observe_itl(0.03);
+            h.record(&FrontendStats::NextToken {
+                itl: Duration::from_millis(30),
+            });
         }
-        h.record_frontend(&FrontendRequestStats {
+        h.record(&FrontendStats::Finished(FrontendRequestStats {
             ttft: Some(Duration::from_millis(120)),
             e2e: Duration::from_millis(300),
             num_generation_tokens: 7,
-        });
+        }));
     }
     m.record_admission_rejection("queue_full");
     m

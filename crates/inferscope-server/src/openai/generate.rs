@@ -11,9 +11,9 @@ use futures::Stream;
 use inferscope_engine::{
     Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
 };
-use inferscope_metrics::{EngineMetrics, StatLoggerManager};
+use inferscope_metrics::{FrontendRecorder, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
-use inferscope_schema::{FrontendRequestStats, RequestRef};
+use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
@@ -107,9 +107,10 @@ impl Infer<'_> {
                         }
                         other => ApiError::unavailable(other.to_string()),
                     })?;
+                // Resolved once per choice, not per token.
                 let latency = self
                     .record_latency
-                    .then(|| LatencySink::new(self.metrics.clone(), handle.engine))
+                    .then(|| self.metrics.frontend(handle.engine))
                     .flatten();
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
                 let mut choice = ChoiceStream::new(
@@ -193,28 +194,6 @@ pub struct ChoiceFinish {
     pub timings: ChoiceTimings,
 }
 
-/// Where latencies are recorded: the handles of the engine serving the
-/// choice, found once per request, not per token.
-#[derive(Clone)]
-pub struct LatencySink {
-    metrics: Arc<StatLoggerManager>,
-    /// Position of the engine's handles in `metrics.engines()`.
-    position: usize,
-}
-
-impl LatencySink {
-    /// Records into `engine`'s series of `metrics`; `None` for an engine the
-    /// metrics do not know.
-    pub fn new(metrics: Arc<StatLoggerManager>, engine: usize) -> Option<Self> {
-        let position = metrics.engines().iter().position(|e| e.index() == engine)?;
-        Some(Self { metrics, position })
-    }
-
-    fn handles(&self) -> &EngineMetrics {
-        &self.metrics.engines()[self.position]
-    }
-}
-
 /// Turns one engine request's outputs into text deltas.
 pub struct ChoiceStream {
     index: usize,
@@ -227,7 +206,9 @@ pub struct ChoiceStream {
     arrival: Instant,
     first_delta: Option<Instant>,
     last_delta: Option<Instant>,
-    latency: Option<LatencySink>,
+    /// Where the choice's latencies are recorded: the serving engine's
+    /// recorder, found once per choice.
+    latency: Option<FrontendRecorder>,
     /// The choice's engine request (exemplars, the request log).
     /// Names the choice in exemplars and in the request log.
     request: RequestRef,
@@ -245,7 +226,7 @@ impl ChoiceStream {
         decoder: IncrementalDecoder,
         stop: Arc<[String]>,
         arrival: Instant,
-        latency: Option<LatencySink>,
+        latency: Option<FrontendRecorder>,
         request: RequestRef,
     ) -> Self {
         let max_stop_len = stop.iter().map(String::len).max().unwrap_or(0);
@@ -417,13 +398,16 @@ impl ChoiceStream {
 
     fn observe_delta(&mut self) {
         let now = Instant::now();
-        if let Some(sink) = &self.latency {
-            let m = sink.handles();
-            let r = &self.request;
-            match self.last_delta {
-                None => m.observe_ttft_for(now.duration_since(self.arrival).as_secs_f64(), r),
-                Some(prev) => m.observe_itl_for(now.duration_since(prev).as_secs_f64(), r),
-            }
+        if let Some(recorder) = &self.latency {
+            let stats = match self.last_delta {
+                None => FrontendStats::FirstToken {
+                    ttft: now.duration_since(self.arrival),
+                },
+                Some(prev) => FrontendStats::NextToken {
+                    itl: now.duration_since(prev),
+                },
+            };
+            recorder.record_for(&stats, &self.request);
         }
         self.first_delta.get_or_insert(now);
         self.last_delta = Some(now);
@@ -452,8 +436,8 @@ impl ChoiceStream {
             e2e: self.arrival.elapsed(),
             num_generation_tokens: completion_tokens,
         };
-        if let Some(sink) = &self.latency {
-            sink.handles().record_frontend_for(&frontend, &self.request);
+        if let Some(recorder) = &self.latency {
+            recorder.record_for(&FrontendStats::Finished(frontend), &self.request);
         }
         let timings = ChoiceTimings::new(
             frontend.ttft,

@@ -657,7 +657,11 @@ mod tests {
         let ok = check(r#"{"stop": ["a", "b", "12345678"], "stop_token_ids": [5, 5, 5, 6]}"#)
             .expect("at the limits");
         assert_eq!(ok.stop.len(), 3);
-        assert_eq!(ok.params.stop_token_ids, vec![5, 6].into(), "deduplicated once, here");
+        assert_eq!(
+            ok.params.stop_token_ids,
+            vec![5, 6].into(),
+            "deduplicated once, here"
+        );
         for (json, param, says) in [
             (
                 r#"{"stop_token_ids": [1, 1, 1, 1, 1]}"#,
