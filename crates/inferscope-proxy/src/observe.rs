@@ -547,7 +547,7 @@ fn without_null_usage(event: &[u8]) -> Option<Vec<u8>> {
 /// What to do with an event when the proxy injected the usage request.
 enum Keep {
     /// Pass it on unchanged.
-    As,
+    Unchanged,
     /// Leave it out (the usage chunk the client did not ask for).
     Drop,
     /// Pass on this rewritten event instead.
@@ -651,7 +651,7 @@ fn scan(
         let event = &buf[at..at + len];
         let keep = read_event(event, strip, observer, now);
         match keep {
-            Keep::As => {
+            Keep::Unchanged => {
                 if let Some(o) = out.as_mut() {
                     o.extend_from_slice(event);
                 }
@@ -671,21 +671,21 @@ fn scan(
 fn read_event(event: &[u8], strip: bool, observer: &mut Observer, now: Instant) -> Keep {
     let data = event_data(event);
     if data.is_empty() || &*data == b"[DONE]" {
-        return Keep::As;
+        return Keep::Unchanged;
     }
     let Ok(chunk) = serde_json::from_slice::<Chunk<'_>>(&data) else {
-        return Keep::As;
+        return Keep::Unchanged;
     };
     observer.read_chunk(&chunk, now);
     if !strip {
-        return Keep::As;
+        return Keep::Unchanged;
     }
     if chunk.choices.is_empty() && chunk.usage.is_some() {
         return Keep::Drop;
     }
     match without_null_usage(event) {
         Some(e) => Keep::Rewritten(e),
-        None => Keep::As,
+        None => Keep::Unchanged,
     }
 }
 
