@@ -16,6 +16,13 @@
 #   scripts/request-path.sh                      # ROUNDS=5 DURATION=6 by default
 #   OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
 #
+# STREAM=1 measures the streamed path instead: the same request with
+# "stream": true, answered as SSE (16 chunks and [DONE], chunked encoding);
+# wrk counts completed responses. The bare handler still answers its canned
+# JSON, so the ratio is to the same ceiling.
+#
+#   STREAM=1 OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
+#
 # Needs wrk and taskset. SERVER_CPU and CLIENT_CPU pick the cores (1 and 0).
 # Extra server flags: SERVER_ARGS (e.g. "--validation-workers 1").
 set -euo pipefail
@@ -31,6 +38,9 @@ SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 PORT=${PORT:-18300}
 SERVER_ARGS=${SERVER_ARGS:-}
+STREAM=${STREAM:-0}
+BODY='{"model":"m","prompt":"hello world","max_tokens":16}'
+[ "$STREAM" = 1 ] && BODY='{"model":"m","prompt":"hello world","max_tokens":16,"stream":true}'
 PROFILE=tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0
 
 for b in "$BIN" "$BARE" ${OLD_BIN:+"$OLD_BIN"}; do
@@ -46,10 +56,10 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-cat >"$tmp/post.lua" <<'EOF'
+cat >"$tmp/post.lua" <<EOF
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = '{"model":"m","prompt":"hello world","max_tokens":16}'
+wrk.body = '$BODY'
 EOF
 
 # name:port pairs, in the order first measured.
@@ -127,5 +137,6 @@ for n in "${names[@]}"; do
   [ "$n" = bare ] || awk -v a="$(median "${all[$n]}")" -v b="$(median "${all[bare]}")" 'BEGIN {printf "  %9.3f", a / b}'
 done
 echo
-echo "($CONNS connections, ${DURATION}s runs, server on cpu $SERVER_CPU, wrk on cpu $CLIENT_CPU;" \
+[ "$STREAM" = 1 ] && mode="streamed" || mode="non-streamed"
+echo "($mode, $CONNS connections, ${DURATION}s runs, server on cpu $SERVER_CPU, wrk on cpu $CLIENT_CPU;" \
   "new: $BIN${OLD_BIN:+, old: $OLD_BIN}; ratios are req/s over the bare handler's)"

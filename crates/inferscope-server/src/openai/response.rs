@@ -2,15 +2,14 @@
 //! SSE stream, in the shapes of the API the request came in on.
 
 use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
 
-use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::http::header;
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use inferscope_engine::FinishReason;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 use crate::error::ApiError;
 use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
@@ -129,10 +128,11 @@ fn sse_event(body: &impl serde::Serialize) -> Bytes {
     Bytes::from(out)
 }
 
-/// Streams the choices as SSE. A task drives the engine requests and feeds
-/// the body; when the client goes away the body is dropped, the task sees
-/// the channel close and drops the requests, which aborts them. `span`, when
-/// the request is traced, ends with the stream (or as aborted, when dropped).
+/// Streams the choices as SSE. The body is a stream over the choices'
+/// events, polled by the connection as it writes: no task, no channel. When
+/// the client goes away the body is dropped with the choices, which aborts
+/// their engine requests. `span`, when the request is traced, ends with the
+/// stream (or as aborted, when dropped).
 ///
 /// With `include_metrics`, the last chunk before `[DONE]` (the usage chunk,
 /// or a chunk of its own) carries the request's `metrics`, over all its
@@ -144,100 +144,150 @@ pub fn stream(
     include_metrics: bool,
     mut span: Option<RequestSpan>,
 ) -> Response {
-    let (tx, rx) = mpsc::channel::<Bytes>(64);
     if let Some(span) = &mut span {
         span.set_status_code(200);
     }
-    tokio::spawn(async move {
-        let num_choices = generation.choices.len();
-        let prompt_tokens = generation.prompt_tokens;
-        let mut started = vec![false; num_choices];
-        let mut events = generation.events();
-        let mut completion_tokens = 0;
-        let mut timings: Vec<ChoiceTimings> = Vec::new();
-        loop {
-            let delta = tokio::select! {
-                _ = tx.closed() => return,
-                d = events.next() => d,
-            };
-            let Some(mut d) = delta else { break };
-            if let (Some(span), Some(f)) = (&mut span, &mut d.finish) {
-                span.choice_finished(d.index, f.reason, f.completion_tokens, f.timeline.take());
-            }
-            if let Some(f) = &d.finish
-                && f.reason == FinishReason::Error
-            {
-                let message = f
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "generation failed".into());
-                if let Some(span) = &mut span {
-                    span.set_error("engine_error", message.clone());
-                }
-                let err = ApiError::internal(message);
-                let event = sse_event(&err.body());
-                if tx.send(event).await.is_err() {
-                    return;
-                }
-                completion_tokens += f.completion_tokens;
-                continue;
-            }
-            let first = !std::mem::replace(&mut started[d.index % num_choices.max(1)], true);
-            if let Some(f) = &d.finish {
-                completion_tokens += f.completion_tokens;
-                if include_metrics {
-                    timings.push(f.timings.clone());
-                }
-            }
-            if tx.send(shape.chunk(&d, first)).await.is_err() {
-                return;
-            }
-            // A client still reading did not abort this choice: the server
-            // did (shutdown). Say why, so the stream does not just stop.
-            if let Some(f) = &d.finish
-                && f.reason == FinishReason::Abort
-            {
-                let message = server_abort_message(f);
-                if let Some(span) = &mut span {
-                    span.set_error("abort", message.clone());
-                }
-                let err = ApiError::unavailable(message);
-                let event = sse_event(&err.body());
-                if tx.send(event).await.is_err() {
-                    return;
-                }
-            }
-        }
-        if let Some(span) = &mut span {
-            span.set_usage(prompt_tokens, completion_tokens);
-        }
-        let metrics =
-            (!timings.is_empty()).then(|| RequestTimings::of(&timings).response_metrics());
-        if include_usage || metrics.is_some() {
-            let usage = include_usage.then_some(Usage {
-                prompt_tokens,
-                completion_tokens,
-                total_tokens: prompt_tokens + completion_tokens,
-            });
-            if tx.send(shape.final_chunk(usage, metrics)).await.is_err() {
-                return;
-            }
-        }
-        if tx
-            .send(Bytes::from_static(b"data: [DONE]\n\n"))
-            .await
-            .is_ok()
-            && let Some(span) = span
-        {
-            span.end();
-        }
-    });
-    let body = Body::from_stream(ReceiverStream::new(rx).map(Ok::<Bytes, Infallible>));
+    let num_choices = generation.choices.len();
+    let prompt_tokens = generation.prompt_tokens;
+    let events = SseEvents {
+        shape,
+        events: generation.events(),
+        include_usage,
+        include_metrics,
+        span,
+        prompt_tokens,
+        started: vec![false; num_choices],
+        completion_tokens: 0,
+        timings: Vec::new(),
+        queued: None,
+        ended: false,
+    };
     Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
-        .body(body)
+        .body(Body::from_stream(events))
         .unwrap_or_else(|_| ApiError::internal("cannot build the stream").into_response())
+}
+
+/// An event due after the one just yielded.
+enum Queued {
+    Event(Bytes),
+    Done,
+}
+
+/// The SSE events of a streamed response, made as the choices' deltas come.
+struct SseEvents<S> {
+    shape: Shape,
+    /// The choices' deltas; dropping them aborts the engine requests.
+    events: S,
+    include_usage: bool,
+    include_metrics: bool,
+    span: Option<RequestSpan>,
+    prompt_tokens: usize,
+    /// Per choice: whether its first chunk went out.
+    started: Vec<bool>,
+    completion_tokens: usize,
+    timings: Vec<ChoiceTimings>,
+    queued: Option<Queued>,
+    /// `[DONE]` went out.
+    ended: bool,
+}
+
+impl<S> SseEvents<S> {
+    /// The event for delta `d`; queues the error event that follows a server
+    /// abort.
+    fn on_delta(&mut self, mut d: ChoiceDelta) -> Bytes {
+        if let (Some(span), Some(f)) = (&mut self.span, &mut d.finish) {
+            span.choice_finished(d.index, f.reason, f.completion_tokens, f.timeline.take());
+        }
+        if let Some(f) = &d.finish
+            && f.reason == FinishReason::Error
+        {
+            let message = f
+                .error
+                .clone()
+                .unwrap_or_else(|| "generation failed".into());
+            if let Some(span) = &mut self.span {
+                span.set_error("engine_error", message.clone());
+            }
+            self.completion_tokens += f.completion_tokens;
+            return sse_event(&ApiError::internal(message).body());
+        }
+        let slot = d.index % self.started.len().max(1);
+        let first = match self.started.get_mut(slot) {
+            Some(s) => !std::mem::replace(s, true),
+            None => true,
+        };
+        if let Some(f) = &d.finish {
+            self.completion_tokens += f.completion_tokens;
+            if self.include_metrics {
+                self.timings.push(f.timings.clone());
+            }
+        }
+        let chunk = self.shape.chunk(&d, first);
+        // A client still reading did not abort this choice: the server did
+        // (shutdown). Say why, so the stream does not just stop.
+        if let Some(f) = &d.finish
+            && f.reason == FinishReason::Abort
+        {
+            let message = server_abort_message(f);
+            if let Some(span) = &mut self.span {
+                span.set_error("abort", message.clone());
+            }
+            let err = ApiError::unavailable(message);
+            self.queued = Some(Queued::Event(sse_event(&err.body())));
+        }
+        chunk
+    }
+
+    /// The final chunk (usage and/or metrics) when asked for, then `[DONE]`.
+    fn on_end(&mut self) -> Bytes {
+        if let Some(span) = &mut self.span {
+            span.set_usage(self.prompt_tokens, self.completion_tokens);
+        }
+        let metrics = (!self.timings.is_empty())
+            .then(|| RequestTimings::of(&self.timings).response_metrics());
+        if self.include_usage || metrics.is_some() {
+            let usage = self.include_usage.then_some(Usage {
+                prompt_tokens: self.prompt_tokens,
+                completion_tokens: self.completion_tokens,
+                total_tokens: self.prompt_tokens + self.completion_tokens,
+            });
+            self.queued = Some(Queued::Done);
+            return self.shape.final_chunk(usage, metrics);
+        }
+        self.done()
+    }
+
+    /// `[DONE]`, ending the span: the stream is complete.
+    fn done(&mut self) -> Bytes {
+        self.ended = true;
+        if let Some(span) = self.span.take() {
+            span.end();
+        }
+        Bytes::from_static(b"data: [DONE]\n\n")
+    }
+}
+
+impl<S: Stream<Item = ChoiceDelta> + Unpin> Stream for SseEvents<S> {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.queued.take() {
+            Some(Queued::Event(b)) => return Poll::Ready(Some(Ok(b))),
+            Some(Queued::Done) => return Poll::Ready(Some(Ok(this.done()))),
+            None => {}
+        }
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let event = match ready!(this.events.poll_next_unpin(cx)) {
+            Some(d) => this.on_delta(d),
+            None => this.on_end(),
+        };
+        Poll::Ready(Some(Ok(event)))
+    }
 }
 
 /// Why the server aborted a choice, with how far it got.
@@ -339,7 +389,7 @@ fn full_body(
                 .collect();
             let mut body = shape.body("text_completion", &choices, Some(usage));
             body.metrics = metrics;
-            serde_json::to_value(body)
+            json_bytes(&body)
         }
         Api::Chat => {
             let choices: Vec<_> = results
@@ -357,12 +407,16 @@ fn full_body(
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
             body.metrics = metrics;
-            serde_json::to_value(body)
+            json_bytes(&body)
         }
     };
     match body {
         Ok(v) => {
-            let mut r = Json(v).into_response();
+            let mut r = Response::new(Body::from(v));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             if let Some(t) = &timings {
                 t.insert_headers(r.headers_mut());
             }
@@ -370,4 +424,11 @@ fn full_body(
         }
         Err(e) => ApiError::internal(format!("cannot encode the response: {e}")).into_response(),
     }
+}
+
+/// `body` as JSON, serialised once, straight into the response's buffer.
+fn json_bytes(body: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(512);
+    serde_json::to_writer(&mut out, body)?;
+    Ok(out)
 }
