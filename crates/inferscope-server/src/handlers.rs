@@ -18,7 +18,7 @@ use crate::openai::response::{self, Api, Shape};
 use crate::openai::validation::{self, Validated};
 use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
-use crate::workers::REASON_VALIDATION_QUEUE;
+use crate::validation_workers::REASON_VALIDATION_QUEUE;
 
 type AppStateRef = State<Arc<AppState>>;
 

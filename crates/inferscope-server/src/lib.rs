@@ -1,11 +1,12 @@
 //! inferscope-server: the OpenAI-compatible HTTP server.
 //!
-//! Layers, each importing only those below it: [`lifecycle`] (bind, serve,
-//! shut down) → [`router`] (routes, API key, HTTP metrics layer) →
-//! [`handlers`] (thin) → [`state`] (what handlers share, built at start-up)
-//! → [`openai`] (protocol, validation, generate, response) and the leaves
-//! [`workers`], [`request_ids`], [`admission`], [`error`], [`cli`]; [`otel`]
-//! exports request traces.
+//! Layers, each importing only those below it (docs/architecture.md has the
+//! table, checked against the `use` lines): [`lifecycle`] (bind, serve, shut
+//! down) → [`router`] (routes, API key, HTTP metrics layer) → [`handlers`]
+//! (thin) → [`state`] (what handlers share, built at start-up) → [`openai`]
+//! (response, infer, validation, protocol) → [`request_log`], [`timings`],
+//! [`validation_workers`], [`request_ids`], [`otel`] (request traces),
+//! [`admission`], [`error`], [`cli`].
 
 pub mod admission;
 pub mod cli;
@@ -20,7 +21,7 @@ pub mod request_log;
 pub mod router;
 pub mod state;
 pub mod timings;
-pub mod workers;
+pub mod validation_workers;
 
 pub use cli::{ExecutorKind, ServeArgs};
 pub use error::{ApiError, ServerError};

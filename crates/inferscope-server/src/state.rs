@@ -21,12 +21,12 @@ use inferscope_schema::{
 use crate::admission::Admission;
 use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
-use crate::openai::generate::Infer;
+use crate::openai::infer::Infer;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RequestLog};
-use crate::workers::ValidationWorkers;
+use crate::validation_workers::ValidationWorkers;
 
 /// Everything a handler needs.
 pub struct AppState {

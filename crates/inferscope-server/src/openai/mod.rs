@@ -1,10 +1,10 @@
 //! The OpenAI API: request and response shapes ([`protocol`]), the checks
 //! that turn bad input into 4xx ([`validation`]), admission and the engine
-//! requests of each choice ([`generate`]), and the JSON and SSE answers
+//! requests of each choice ([`infer`]), and the JSON and SSE answers
 //! ([`response`]). Nothing here knows the server's state or router: the
 //! handlers wire these together.
 
-pub mod generate;
+pub mod infer;
 pub mod protocol;
 pub mod response;
 pub mod validation;

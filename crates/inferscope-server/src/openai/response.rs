@@ -12,7 +12,7 @@ use futures::{Stream, StreamExt};
 use inferscope_engine::FinishReason;
 
 use crate::error::ApiError;
-use crate::openai::generate::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
+use crate::openai::infer::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
 use crate::otel::RequestSpan;
 use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};

@@ -59,7 +59,7 @@ fn every_file_the_architecture_doc_names_exists() {
 }
 
 /// A module of one crate: its path from the crate root (`["openai",
-/// "generate"]`), and its file.
+/// "infer"]`), and its file.
 struct Module {
     path: Vec<String>,
     file: PathBuf,
@@ -290,7 +290,7 @@ fn the_import_reader_sees_use_trees_and_super() {
 }
 
 /// The server layer table's rows: the modules of each row's first cell
-/// (`openai/generate.rs` → `openai::generate`, `otel/` → `otel`) and the
+/// (`openai/infer.rs` → `openai::infer`, `otel/` → `otel`) and the
 /// names of its imports cell.
 fn layer_table(doc: &str) -> Vec<(Vec<Vec<String>>, BTreeSet<String>)> {
     let start = doc
