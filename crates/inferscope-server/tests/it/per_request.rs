@@ -154,18 +154,9 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
         before = after;
     }
 
-    // Without `include_metrics`: no metrics, no headers.
-    let r = post(
-        addr,
-        "/v1/completions",
-        &json!({"prompt": "plain", "max_tokens": 3}),
-    )
-    .await;
-    assert!(r.json().get("metrics").is_none(), "{}", r.body);
-    assert!(r.headers.get("x-total-time").is_none());
-    sent.push((String::new(), 0));
-
-    // OpenMetrics: the exemplars name the requests sent, on latency buckets.
+    // OpenMetrics: the exemplars name the requests sent, on latency buckets;
+    // read before another request can take timed-2's bucket (under load a
+    // 3-token and a 12-token request can share one).
     let om = call(
         addr,
         "GET",
@@ -192,6 +183,17 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
         e2e_ids.iter().any(|id| id.starts_with("timed-2-")),
         "the last timed request is an exemplar: {e2e_ids:?}"
     );
+
+    // Without `include_metrics`: no metrics, no headers.
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "plain", "max_tokens": 3}),
+    )
+    .await;
+    assert!(r.json().get("metrics").is_none(), "{}", r.body);
+    assert!(r.headers.get("x-total-time").is_none());
+    sent.push((String::new(), 0));
 
     // The request log: one line per request, fields as in the responses.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
