@@ -20,7 +20,7 @@ use crate::scheduler::{OutputSink, Scheduler};
 /// A message to an engine core.
 #[derive(Debug)]
 pub(crate) enum CoreMessage {
-    /// Queue a request with its stop-id set; its outputs go to the sink.
+    /// Queue a request; its outputs go to the sink.
     Add(EngineRequest, OutputSink),
     /// End a request (abort, or stop for a stop string).
     Finish(String, FinishReason),

@@ -310,7 +310,7 @@ fn data_parallel_sample_per_engine_histograms() {
 }
 
 /// Every vLLM name the doctor and `top` read (the families of
-/// `snapshot.rs` and `top.rs`, current and older names) is one vLLM's own
+/// `window.rs` and `top.rs`, current and older names) is one vLLM's own
 /// test requires of a V1 server: nothing is read under a name vLLM lacks
 /// except the inferscope-only families the doctor reports as missing.
 #[test]
