@@ -2,12 +2,14 @@
 //! pass over a paged KV cache, safetensors/GGUF loading and the demo model.
 
 mod attention;
+pub mod chat_template;
 pub mod config;
 pub mod demo;
 mod elementwise;
 pub mod error;
 pub mod executor;
 pub mod gguf;
+mod gguf_tokenizer;
 mod isa;
 #[cfg(test)]
 mod kernel_reference;
@@ -22,10 +24,9 @@ mod q8k;
 pub mod sampler;
 pub mod tokenizer;
 
+pub use chat_template::ChatTemplate;
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuCost, CpuExecutor, KvBudget};
 pub use model::{LoadedModel, ModelOptions};
-pub use tokenizer::{
-    ByteTokenizer, ChatMessage, ChatTemplate, HfTokenizer, IncrementalDecoder, Tokenizer,
-};
+pub use tokenizer::{ByteTokenizer, ChatMessage, HfTokenizer, IncrementalDecoder, Tokenizer};

@@ -7,10 +7,11 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::QMatMul;
 use candle_core::{DType, Device, Tensor};
 
+use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
-use crate::tokenizer::{ChatTemplate, HfTokenizer};
+use crate::tokenizer::HfTokenizer;
 
 fn read_to_string(path: &Path) -> Result<String, ModelError> {
     if !path.is_file() {
