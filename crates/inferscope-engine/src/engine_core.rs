@@ -96,6 +96,12 @@ pub(crate) struct CoreHandle {
     pub(crate) state: Arc<CoreState>,
 }
 
+/// A step's outputs up to this many are delivered on the engine thread;
+/// more (a large batch of streamed requests, each wake-up a few µs) go to
+/// the output thread, so that they overlap the next step instead of delaying
+/// it.
+const INLINE_OUTPUTS: usize = 8;
+
 /// Starts a core on its own thread. The KV cache is allocated here, so a
 /// failure is reported before any request is accepted.
 pub(crate) fn spawn_core(
@@ -129,9 +135,12 @@ pub(crate) fn spawn_core(
     if kv_events.is_some() {
         scheduler.enable_kv_events();
     }
-    // Delivering outputs wakes one task per request: done on its own thread,
-    // it overlaps the next device step instead of delaying it.
+    // Delivering a large batch of outputs wakes one task per request: done
+    // on its own thread, it overlaps the next device step instead of
+    // delaying it (see `ship_outputs`).
     let (out_tx, out_rx) = channel::<Vec<(OutputSink, RequestOutput)>>();
+    let outputs_in_flight = Arc::new(AtomicUsize::new(0));
+    let in_flight = Arc::clone(&outputs_in_flight);
     std::thread::Builder::new()
         .name(format!("engine-output-{engine_index}"))
         .spawn(move || {
@@ -140,6 +149,8 @@ pub(crate) fn spawn_core(
                     // A closed sink means the client left; the abort follows.
                     let _ = sink.send(out);
                 }
+                // After the sends: the engine thread may deliver inline again.
+                in_flight.fetch_sub(1, Ordering::Release);
             }
         })
         .map_err(|e| ExecutorError::Init(format!("cannot start the output thread: {e}")))?;
@@ -150,6 +161,7 @@ pub(crate) fn spawn_core(
         recorder,
         rx,
         outputs: out_tx,
+        outputs_in_flight,
         kv_events,
         shutdown_deadline: None,
         accounted_until: Instant::now(),
@@ -168,6 +180,8 @@ struct EngineCore {
     recorder: Arc<dyn StatsRecorder>,
     rx: Receiver<CoreMessage>,
     outputs: Sender<Vec<(OutputSink, RequestOutput)>>,
+    /// Batches handed to the output thread and not yet delivered.
+    outputs_in_flight: Arc<AtomicUsize>,
     /// Where each step's KV-cache events go (none: events are off).
     kv_events: Option<Arc<dyn KvEventSink>>,
     shutdown_deadline: Option<Instant>,
@@ -359,10 +373,25 @@ impl EngineCore {
         }
     }
 
-    /// Hands the outputs collected so far to the output thread.
+    /// Delivers the outputs collected so far: a few here, more through the
+    /// output thread.
     fn ship_outputs(&mut self) {
         let batch = self.scheduler.take_outputs();
-        if !batch.is_empty() {
+        if batch.is_empty() {
+            return;
+        }
+        // Inline only when the output thread has delivered everything handed
+        // to it: a request's outputs must arrive in order.
+        if batch.len() <= INLINE_OUTPUTS && self.outputs_in_flight.load(Ordering::Acquire) == 0 {
+            // Waking this many tasks costs less than waking the output
+            // thread and switching to it (on a busy core, that switch was the
+            // larger part of a small request's engine-side cost).
+            for (sink, out) in batch {
+                // A closed sink means the client left; the abort follows.
+                let _ = sink.send(out);
+            }
+        } else {
+            self.outputs_in_flight.fetch_add(1, Ordering::AcqRel);
             // The output thread lives as long as this sender.
             let _ = self.outputs.send(batch);
         }

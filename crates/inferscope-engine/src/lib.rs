@@ -21,7 +21,7 @@ pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepCo
 pub use inferscope_schema::FinishReason;
 pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{
-    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
-    StopTokenIds,
+    EngineRequest, FinishedOutput, OutputKind, PrefillChunk, RequestOutput, RequestTimeline,
+    SamplingParams, StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};

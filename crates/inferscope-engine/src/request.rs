@@ -30,6 +30,23 @@ pub struct SamplingParams {
     pub stop_token_ids: StopTokenIds,
     /// The request's `n` (the server fans out; recorded for metrics only).
     pub n: usize,
+    /// Whether outputs go out per token or once at the end.
+    pub output_kind: OutputKind,
+}
+
+/// How a request's outputs reach its sink (vLLM's `RequestOutputKind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputKind {
+    /// One output per generated token, as it is generated: streamed
+    /// responses, and requests whose stop strings are checked as text grows.
+    #[default]
+    Delta,
+    /// The first token as it is generated (it ends the request's wait: the
+    /// server's TTFT and queued-token count see it), then one output at the
+    /// end carrying the tokens between, each with the time the engine
+    /// produced it ([`FinishedOutput::earlier_tokens`]): two hand-offs and
+    /// wake-ups of the waiting task per request instead of one per token.
+    FirstAndFinal,
 }
 
 impl Default for SamplingParams {
@@ -44,6 +61,7 @@ impl Default for SamplingParams {
             seed: None,
             stop_token_ids: StopTokenIds::default(),
             n: 1,
+            output_kind: OutputKind::Delta,
         }
     }
 }
@@ -254,6 +272,11 @@ pub struct FinishedOutput {
     pub timeline: RequestTimeline,
     /// An error message when `reason` is `Error`.
     pub error: Option<String>,
+    /// [`OutputKind::FirstAndFinal`]: the tokens generated after the first
+    /// and before the one this output carries, each with the time the engine
+    /// produced it (empty for [`OutputKind::Delta`], whose tokens went out
+    /// one by one).
+    pub earlier_tokens: Vec<(u32, Instant)>,
 }
 
 #[cfg(test)]

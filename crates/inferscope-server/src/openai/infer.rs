@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use futures::Stream;
 use inferscope_engine::{
-    Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
+    Coordinator, EngineError, EngineRequest, FinishReason, OutputKind, RequestHandle,
+    RequestTimeline,
 };
 use inferscope_metrics::{FrontendRecorder, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
@@ -122,7 +123,8 @@ impl Infer<'_> {
                     latency,
                     request,
                 )
-                .with_request_log(self.request_log.cloned());
+                .with_request_log(self.request_log.cloned())
+                .with_engine_times(plan.params.output_kind == OutputKind::FirstAndFinal);
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -215,6 +217,11 @@ pub struct ChoiceStream {
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
+    /// Deltas are observed at the engine's output times, not on arrival
+    /// here ([`OutputKind::FirstAndFinal`]).
+    engine_times: bool,
+    /// When the final output's delta counts as handed on.
+    final_at: Option<Instant>,
     done: bool,
 }
 
@@ -244,6 +251,8 @@ impl ChoiceStream {
             request,
             request_log: None,
             reservation: None,
+            engine_times: false,
+            final_at: None,
             done: false,
         }
     }
@@ -251,6 +260,13 @@ impl ChoiceStream {
     /// Logs the choice to `log` when it ends.
     pub fn with_request_log(mut self, log: Option<RequestLog>) -> Self {
         self.request_log = log;
+        self
+    }
+
+    /// Observes deltas at the engine's output times: for a request whose
+    /// tokens the engine holds back to the end ([`OutputKind::FirstAndFinal`]).
+    pub fn with_engine_times(mut self, on: bool) -> Self {
+        self.engine_times = on;
         self
     }
 
@@ -303,13 +319,32 @@ impl ChoiceStream {
                     None,
                 );
             };
+            // A first-and-final request's deltas are observed when the
+            // engine produced their tokens (the client sees none of them
+            // before the end); a streamed one's when they are handed on.
+            let at = if self.engine_times {
+                out.at
+            } else {
+                Instant::now()
+            };
             let mut text = String::new();
+            if let Some(f) = &out.finished {
+                // The tokens the engine held back, each at its own time.
+                for &(t, at) in &f.earlier_tokens {
+                    let piece = self.decoder.push(t).unwrap_or_default();
+                    if !piece.is_empty() {
+                        self.observe_delta(at);
+                        text.push_str(&piece);
+                    }
+                }
+            }
             if let Some(t) = out.token_id {
                 // A token the tokenizer cannot decode is skipped, not fatal.
-                text = self.decoder.push(t).unwrap_or_default();
+                text.push_str(&self.decoder.push(t).unwrap_or_default());
             }
             if let Some(f) = out.finished {
                 let f = *f;
+                self.final_at = Some(at);
                 text.push_str(&self.decoder.finish());
                 let mut pending = std::mem::take(&mut self.held);
                 pending.push_str(&text);
@@ -331,7 +366,7 @@ impl ChoiceStream {
             }
             if self.stop.is_empty() {
                 // No stop strings: nothing to hold back or search for.
-                self.observe_delta();
+                self.observe_delta(at);
                 return ChoiceDelta {
                     index: self.index,
                     text,
@@ -351,7 +386,7 @@ impl ChoiceStream {
             if emit.is_empty() {
                 continue;
             }
-            self.observe_delta();
+            self.observe_delta(at);
             return ChoiceDelta {
                 index: self.index,
                 text: emit,
@@ -396,8 +431,8 @@ impl ChoiceStream {
         self.stop.iter().filter_map(|s| text.find(s.as_str())).min()
     }
 
-    fn observe_delta(&mut self) {
-        let now = Instant::now();
+    /// Records a delta handed on at `now` (TTFT for the first, else ITL).
+    fn observe_delta(&mut self, now: Instant) {
         if let Some(recorder) = &self.latency {
             let stats = match self.last_delta {
                 None => FrontendStats::FirstToken {
@@ -427,7 +462,8 @@ impl ChoiceStream {
     ) -> ChoiceDelta {
         self.done = true;
         if reason != FinishReason::Abort && reason != FinishReason::Error {
-            self.observe_delta();
+            let at = self.final_at.take().unwrap_or_else(Instant::now);
+            self.observe_delta(at);
         }
         // Measured once: the histograms, the response's `metrics` and the
         // request log all get this same value.

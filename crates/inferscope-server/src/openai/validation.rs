@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::{SamplingParams, StopTokenIds};
+use inferscope_engine::{OutputKind, SamplingParams, StopTokenIds};
 use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
@@ -501,6 +501,13 @@ pub fn plan(
             seed: f.seed.map(|s| s as u64),
             stop_token_ids,
             n: n as usize,
+            // A full response with no stop strings to watch for needs no
+            // token before the last: the engine hands them over at the end.
+            output_kind: if stream || !stop.is_empty() {
+                OutputKind::Delta
+            } else {
+                OutputKind::FirstAndFinal
+            },
         }),
         stop,
         stream,
