@@ -21,6 +21,13 @@
 # wrk counts completed responses. The bare handler still answers its canned
 # JSON, so the ratio is to the same ceiling.
 #
+# Besides requests/s, each run reports the server's CPU time per request
+# (user + system time of the whole process, all threads, from /proc, over the
+# requests wrk completed) and its ratio to the bare handler's. On a machine
+# where other work competes for the server's core, requests/s falls with the
+# share of the core the server gets, while CPU time per request barely moves:
+# that ratio is the one to quote there.
+#
 #   STREAM=1 OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
 #
 # Needs wrk and taskset. SERVER_CPU and CLIENT_CPU pick the cores (1 and 0).
@@ -62,13 +69,15 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = '$BODY'
 EOF
 
-# name:port pairs, in the order first measured.
+# name:port pairs, in the order first measured; each one's process id.
 targets=()
+declare -A pid_of
 start() { # name port command...
   local name=$1 port=$2
   shift 2
   taskset -c "$SERVER_CPU" "$@" >"$tmp/$name.log" 2>&1 &
   pids+=($!)
+  pid_of[$name]=$!
   for _ in $(seq 200); do
     if curl -sf -o /dev/null -X POST -H 'content-type: application/json' \
       -d '{"model":"m","prompt":"hello world","max_tokens":16}' "127.0.0.1:$port/v1/completions"; then
@@ -90,44 +99,63 @@ start bare "$PORT" "$BARE" "$PORT"
 serve new $((PORT + 1)) "$BIN"
 [ -n "$OLD_BIN" ] && serve old $((PORT + 2)) "$OLD_BIN"
 
-# Requests/s of one wrk run; a run with errors or non-2xx answers fails.
-measure() { # port seconds
-  local out
-  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$2"s -s "$tmp/post.lua" \
-    "http://127.0.0.1:$1/v1/completions")
+# CPU time (user + system, all threads) a process has used, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+TICK=$(getconf CLK_TCK)
+
+# "requests/s µs-of-CPU-per-request" of one wrk run; a run with errors or
+# non-2xx answers fails.
+measure() { # name port seconds
+  local out before after
+  before=$(cpu_ticks "${pid_of[$1]}")
+  out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$3"s -s "$tmp/post.lua" \
+    "http://127.0.0.1:$2/v1/completions")
+  after=$(cpu_ticks "${pid_of[$1]}")
   if grep -qE 'Non-2xx|Socket errors' <<<"$out"; then
-    echo "errors in the run on port $1:" >&2
+    echo "errors in the run on port $2:" >&2
     echo "$out" >&2
     exit 1
   fi
-  awk '/^Requests\/sec:/ {printf "%.0f", $2}' <<<"$out"
+  awk -v ticks=$((after - before)) -v tick="$TICK" '
+    /requests in/ {n = $1}
+    /^Requests\/sec:/ {rps = $2}
+    END {printf "%.0f %.2f\n", rps, ticks / tick * 1e6 / n}' <<<"$out"
 }
-for t in "${targets[@]}"; do measure "${t##*:}" 1 >/dev/null; done # warm-up
+for t in "${targets[@]}"; do measure "${t%%:*}" "${t##*:}" 1 >/dev/null; done # warm-up
 
 names=()
 for t in "${targets[@]}"; do names+=("${t%%:*}"); done
-declare -A all
+declare -A all cpu
 printf 'round'
 for n in "${names[@]}"; do printf '  %9s' "$n req/s"; done
 for n in "${names[@]}"; do [ "$n" = bare ] || printf '  %9s' "$n/bare"; done
+for n in "${names[@]}"; do printf '  %10s' "$n µs/req"; done
+for n in "${names[@]}"; do [ "$n" = bare ] || printf '  %12s' "bare/$n cpu"; done
 echo
 for r in $(seq "$ROUNDS"); do
   k=${#targets[@]}
-  declare -A got=()
+  declare -A got=() gotcpu=()
   for i in $(seq 0 $((k - 1))); do
     t=${targets[$(((i + r) % k))]}
-    got[${t%%:*}]=$(measure "${t##*:}" "$DURATION")
+    read -r rps us < <(measure "${t%%:*}" "${t##*:}" "$DURATION")
+    got[${t%%:*}]=$rps
+    gotcpu[${t%%:*}]=$us
   done
   printf '%5d' "$r"
   for n in "${names[@]}"; do
     printf '  %9s' "${got[$n]}"
     all[$n]="${all[$n]:-} ${got[$n]}"
+    cpu[$n]="${cpu[$n]:-} ${gotcpu[$n]}"
   done
   for n in "${names[@]}"; do
     [ "$n" = bare ] || awk -v a="${got[$n]}" -v b="${got[bare]}" 'BEGIN {printf "  %9.3f", a / b}'
   done
+  for n in "${names[@]}"; do printf '  %10s' "${gotcpu[$n]}"; done
+  for n in "${names[@]}"; do
+    [ "$n" = bare ] || awk -v a="${gotcpu[$n]}" -v b="${gotcpu[bare]}" 'BEGIN {printf "  %12.3f", b / a}'
+  done
   echo
-  unset got
+  unset got gotcpu
 done
 
 median() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
@@ -136,7 +164,12 @@ for n in "${names[@]}"; do printf ' %9s ' "$(median "${all[$n]}")"; done
 for n in "${names[@]}"; do
   [ "$n" = bare ] || awk -v a="$(median "${all[$n]}")" -v b="$(median "${all[bare]}")" 'BEGIN {printf "  %9.3f", a / b}'
 done
+for n in "${names[@]}"; do printf '  %10s' "$(median "${cpu[$n]}")"; done
+for n in "${names[@]}"; do
+  [ "$n" = bare ] || awk -v a="$(median "${cpu[$n]}")" -v b="$(median "${cpu[bare]}")" 'BEGIN {printf "  %12.3f", b / a}'
+done
 echo
 [ "$STREAM" = 1 ] && mode="streamed" || mode="non-streamed"
 echo "($mode, $CONNS connections, ${DURATION}s runs, server on cpu $SERVER_CPU, wrk on cpu $CLIENT_CPU;" \
-  "new: $BIN${OLD_BIN:+, old: $OLD_BIN}; ratios are req/s over the bare handler's)"
+  "new: $BIN${OLD_BIN:+, old: $OLD_BIN}; ratios are req/s over the bare handler's," \
+  "and the bare handler's CPU time per request over the server's)"
