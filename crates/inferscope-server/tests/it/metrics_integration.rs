@@ -99,6 +99,62 @@ async fn known_workload_counts_exactly_per_engine() {
     server.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A full response without stop strings gets its tokens from the engine in
+/// two outputs (the first, then the rest with the finish), a streamed one
+/// token by token: the same request both ways adds the same number of TTFT
+/// and inter-token samples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_and_streamed_responses_sample_latency_alike() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    let body = |stream: bool| {
+        json!({"prompt": "Mr. Darcy", "max_tokens": 24, "ignore_eos": true,
+               "temperature": 0.9, "seed": 11, "stream": stream})
+    };
+    let counts = |samples: &[Sample]| {
+        (
+            sum(samples, &m("time_to_first_token_seconds_count"), &[]),
+            sum(samples, &m("inter_token_latency_seconds_count"), &[]),
+        )
+    };
+    let full = post(addr, "/v1/completions", &body(false)).await;
+    assert_eq!(full.status, 200, "{}", full.body);
+    let after_full = counts(&scrape_when(addr, &m("request_success_total"), 1.0).await);
+    let streamed = post(addr, "/v1/completions", &body(true)).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.body);
+    let samples = scrape_when(addr, &m("request_success_total"), 2.0).await;
+    let after_both = counts(&samples);
+
+    // The same text both ways (same seed), and one delta per chunk with text.
+    let text: String = sse_events(&streamed.body)
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| {
+            let v: serde_json::Value = serde_json::from_str(e).expect("chunk JSON");
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(full.json()["choices"][0]["text"], text);
+    let deltas = sse_events(&streamed.body)
+        .iter()
+        .filter(|e| e.contains("\"text\":\"") && !e.contains("\"text\":\"\""))
+        .count() as f64;
+    assert!(deltas > 10.0, "{deltas} deltas");
+    assert_eq!(after_full.0, 1.0);
+    assert_eq!(after_both.0, 2.0);
+    let streamed_itl = after_both.1 - after_full.1;
+    assert_eq!(after_full.1, streamed_itl, "ITL samples: full vs streamed");
+    assert!(
+        (streamed_itl - (deltas - 1.0)).abs() <= 1.0,
+        "{streamed_itl} ITL samples for {deltas} text deltas"
+    );
+    assert!(sum(&samples, &m("inter_token_latency_seconds_sum"), &[]) > 0.0);
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_paths_add_no_series() {
     let server = start(&[]).await;
