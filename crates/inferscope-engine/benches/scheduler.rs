@@ -129,6 +129,7 @@ impl Fixture {
                     seed_offset: 0,
                     arrival: now,
                     trace_id: None,
+                    tenant: None,
                 },
                 tx,
             );

@@ -190,6 +190,7 @@ async fn slot(
             seed_offset: 0,
             arrival: Instant::now(),
             trace_id: None,
+            tenant: None,
         };
         k += 1;
         let Ok(mut handle) = coordinator.add_request(req) else {

@@ -1,6 +1,10 @@
 //! Engine configuration shared by every engine core.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use crate::waiting_queue::SchedulingPolicy;
 
 /// Scheduler and cache limits of one engine core.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -23,6 +27,12 @@ pub struct EngineConfig {
     /// (`--enable-mfu-metrics`).
     #[serde(default)]
     pub enable_mfu_metrics: bool,
+    /// How waiting requests are admitted (`--scheduling-policy`).
+    #[serde(default)]
+    pub scheduling_policy: SchedulingPolicy,
+    /// Each tenant's share under fair admission (absent: 1).
+    #[serde(default)]
+    pub tenant_weights: BTreeMap<String, f64>,
 }
 
 impl Default for EngineConfig {
@@ -35,6 +45,8 @@ impl Default for EngineConfig {
             max_model_len: 8192,
             kv_cache_metrics_sample: None,
             enable_mfu_metrics: false,
+            scheduling_policy: SchedulingPolicy::Fair,
+            tenant_weights: BTreeMap::new(),
         }
     }
 }

@@ -13,6 +13,7 @@ pub mod kv_residency;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+mod waiting_queue;
 
 pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
@@ -25,3 +26,4 @@ pub use request::{
     SamplingParams, StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};
+pub use waiting_queue::SchedulingPolicy;

@@ -161,6 +161,9 @@ pub struct EngineRequest {
     pub arrival: Instant,
     /// W3C trace id when the request is traced.
     pub trace_id: Option<[u8; 16]>,
+    /// Who sent it (an authenticated tenant); `None`: anonymous. Fair
+    /// admission shares the engine across tenants.
+    pub tenant: Option<Arc<str>>,
 }
 
 /// Monotonic timestamps of one request's life, from which latencies derive.

@@ -2,14 +2,14 @@
 //!
 //! Each step it builds a batch under a token budget: running requests first
 //! (decodes, and the next chunk of a prompt being prefilled), then waiting
-//! requests in FCFS order, their prompts split into chunks when the budget
-//! runs short. When KV blocks run out it preempts by recompute: the most
+//! requests in the order of the admission policy (fair across tenants, FCFS
+//! within one; see `waiting_queue`), their prompts split into chunks when
+//! the budget runs short. When KV blocks run out it preempts by recompute: the most
 //! recently admitted running request gives its blocks up and goes back to
 //! the front of the queue. After the executor ran, [`Scheduler::update`]
 //! appends the sampled tokens, applies the stop conditions, frees the blocks
 //! of finished requests and emits their outputs.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +25,7 @@ use crate::request::{
     EngineRequest, FinishedOutput, OutputKind, PrefillChunk, RequestOutput, RequestTimeline,
     SamplingParams,
 };
+use crate::waiting_queue::WaitingQueue;
 
 /// Where a request's outputs go.
 pub type OutputSink = UnboundedSender<RequestOutput>;
@@ -54,6 +55,8 @@ struct Sequence {
     num_preemptions: u64,
     timeline: RequestTimeline,
     sink: OutputSink,
+    /// Its tenant's slot in the waiting queue.
+    tenant_slot: usize,
     /// [`OutputKind::FirstAndFinal`]: when each held-back token was
     /// produced, until the final output carries them.
     token_times: Vec<Instant>,
@@ -98,7 +101,7 @@ pub struct Scheduler {
     config: EngineConfig,
     pool: BlockPool,
     eos_token_ids: Vec<u32>,
-    waiting: VecDeque<Sequence>,
+    waiting: WaitingQueue<Sequence>,
     /// In admission order: the last one is the first to be preempted.
     running: Vec<Sequence>,
     next_seq_id: u64,
@@ -130,6 +133,7 @@ impl Scheduler {
             // runs stay reproducible.
             pool = pool.with_residency_sampling(fraction, 0x5eed_b10c);
         }
+        let waiting = WaitingQueue::new(config.scheduling_policy, config.tenant_weights.clone());
         let batch = ScheduledBatch {
             block_size: config.block_size,
             ..Default::default()
@@ -138,7 +142,7 @@ impl Scheduler {
             config,
             pool,
             eos_token_ids,
-            waiting: VecDeque::new(),
+            waiting,
             running: Vec::new(),
             next_seq_id: 0,
             batch,
@@ -244,6 +248,7 @@ impl Scheduler {
         let num_prompt_tokens = req.prompt_token_ids.len();
         // One allocation per request; every finished-stats clone shares it.
         let request = RequestRef::new(&req.request_id, req.trace_id);
+        let tenant_slot = self.waiting.slot(req.tenant.as_ref());
         let mut seq = Sequence {
             seq_id,
             request_id: req.request_id,
@@ -261,6 +266,7 @@ impl Scheduler {
             timeline: RequestTimeline::new(req.arrival),
             sink,
             token_times: Vec::new(),
+            tenant_slot,
         };
         // A request that could never fit, even alone, would be preempted
         // forever: refuse it now.
@@ -282,7 +288,7 @@ impl Scheduler {
         if self.pool.prefix_caching() {
             seq.hash_full_blocks(bs);
         }
-        self.waiting.push_back(seq);
+        self.waiting.push_back(seq.tenant_slot, seq);
     }
 
     /// Ends a request wherever it is, with `reason` (abort, or stop for a
@@ -293,10 +299,8 @@ impl Scheduler {
             let seq = self.running.remove(i);
             self.finish(seq, reason, None, None, now);
             true
-        } else if let Some(i) = self.waiting.iter().position(|s| s.request_id == request_id) {
-            if let Some(seq) = self.waiting.remove(i) {
-                self.finish(seq, reason, None, None, now);
-            }
+        } else if let Some(seq) = self.waiting.remove_where(|s| s.request_id == request_id) {
+            self.finish(seq, reason, None, None, now);
             true
         } else {
             false
@@ -309,7 +313,7 @@ impl Scheduler {
         let seqs: Vec<Sequence> = self
             .running
             .drain(..)
-            .chain(self.waiting.drain(..))
+            .chain(self.waiting.drain_all())
             .collect();
         for seq in seqs {
             self.finish(seq, reason, None, error.map(str::to_owned), now);
@@ -391,7 +395,8 @@ impl Scheduler {
             i += 1;
         }
 
-        // Then waiting requests, FCFS, unless this step had to preempt.
+        // Then waiting requests, in the policy's order, unless this step had
+        // to preempt.
         while !preempted
             && budget > 0
             && self.running.len() < self.config.max_num_seqs
@@ -411,7 +416,9 @@ impl Scheduler {
                 seq.num_computed = hit_tokens;
                 seq.num_cached_blocks = seq.blocks.len();
             }
-            let num_new = (seq.tokens.len() - seq.num_computed).min(budget);
+            // Fair admission charges the tenant the tokens to compute.
+            let cost = seq.tokens.len() - seq.num_computed;
+            let num_new = cost.min(budget);
             let needed = (seq.num_computed + num_new)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
@@ -428,7 +435,7 @@ impl Scheduler {
                 seq.timeline.first_scheduled = Some(now);
                 seq.num_cached_tokens = hit_tokens;
             }
-            if let Some(seq) = self.waiting.pop_front() {
+            if let Some(seq) = self.waiting.pop_front(cost) {
                 self.running.push(seq);
                 self.push_scheduled(self.running.len() - 1, num_new);
                 budget -= num_new;
@@ -505,6 +512,7 @@ impl Scheduler {
                     continue;
                 };
                 seq.tokens.push(token);
+                self.waiting.charge(seq.tenant_slot, 1);
                 if caching {
                     seq.hash_full_blocks(bs);
                 }

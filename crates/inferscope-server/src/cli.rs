@@ -97,6 +97,18 @@ pub struct ServeArgs {
     #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
+    /// Tenants and their API keys, a JSON file: {"tenants": [{"name": "team-a",
+    /// "key": "…" (or "key_sha256": "…"), "weight": 1}, …]}. Each key names its
+    /// tenant; requests without a listed key get 401 (docs/tenants.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    pub api_key_file: Option<std::path::PathBuf>,
+
+    /// How the engines admit waiting requests: fair (across tenants, in
+    /// proportion to their weights; FCFS within a tenant) or fcfs (arrival
+    /// order, whoever sent the request).
+    #[arg(long, alias = "scheduling", default_value = "fair", value_parser = ["fair", "fcfs"])]
+    pub scheduling_policy: String,
+
     /// Seconds between the periodic per-engine stats log lines.
     #[arg(long, default_value_t = 10.0)]
     pub log_stats_interval: f64,

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use inferscope_metrics::negotiate;
@@ -18,6 +18,7 @@ use crate::openai::response::{self, Api, Shape};
 use crate::openai::validation::{self, Validated};
 use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
+use crate::tenants::Tenant;
 use crate::validation_workers::REASON_VALIDATION_QUEUE;
 
 type AppStateRef = State<Arc<AppState>>;
@@ -87,22 +88,29 @@ pub async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
+/// The tenant the API key named (none without keys: anonymous).
+type TenantRef = Option<Extension<Arc<Tenant>>>;
+
 /// `POST /v1/completions`.
 pub async fn completions(
     State(s): AppStateRef,
+    tenant: TenantRef,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generation_route(s, Api::Completions, headers, body).await
+    let tenant = tenant.map(|Extension(t)| t);
+    generation_route(s, Api::Completions, tenant, headers, body).await
 }
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(s): AppStateRef,
+    tenant: TenantRef,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    generation_route(s, Api::Chat, headers, body).await
+    let tenant = tenant.map(|Extension(t)| t);
+    generation_route(s, Api::Chat, tenant, headers, body).await
 }
 
 /// Both generation routes: validate on the workers with `api`'s parser,
@@ -110,6 +118,7 @@ pub async fn chat_completions(
 async fn generation_route(
     s: Arc<AppState>,
     api: Api,
+    tenant: Option<Arc<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -148,7 +157,10 @@ async fn generation_route(
         }
     };
     let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
-    let mut response = respond(&s, api, validated, &headers, arrival, trace_id, span).await;
+    let mut response = respond(
+        &s, api, validated, &headers, arrival, trace_id, tenant, span,
+    )
+    .await;
     if let Some(cx) = &trace {
         response
             .headers_mut()
@@ -208,6 +220,7 @@ async fn validate<T: Send + 'static>(
 /// Generates a validated request and shapes the answer; every answer past
 /// validation carries the request id. `trace_id` is the request's sampled
 /// trace, `span` its span when traced.
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     s: &AppState,
     api: Api,
@@ -215,6 +228,7 @@ async fn respond(
     headers: &HeaderMap,
     arrival: Instant,
     trace_id: Option<[u8; 16]>,
+    tenant: Option<Arc<Tenant>>,
     mut span: Option<RequestSpan>,
 ) -> Response {
     let Validated { model, plan } = match validated {
@@ -233,7 +247,10 @@ async fn respond(
             p.n,
         );
     }
-    let generated = s.infer().generate(&request_id, &plan, arrival, trace_id);
+    let tenant = tenant.map(|t| Arc::clone(&t.name));
+    let generated = s
+        .infer()
+        .generate(&request_id, &plan, arrival, trace_id, tenant);
     let response = match generated {
         Ok(generation) => {
             let shape = Shape::new(api, &request_id, model, unix_now());

@@ -67,12 +67,25 @@ pub fn metrics_router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-/// Rejects /v1/*, /tokenize and /detokenize requests without the right bearer token.
-pub async fn require_api_key(State(s): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.api_key
-        && !bearer_key_matches(req.headers(), key)
-    {
-        return ApiError::unauthorized().into_response();
+/// Rejects /v1/*, /tokenize and /detokenize requests without the right bearer
+/// token, and names the request's tenant (a request extension) from it.
+pub async fn require_api_key(
+    State(s): State<Arc<AppState>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if let Some(keys) = &s.tenant_keys {
+        match keys.authenticate(req.headers()) {
+            Some(tenant) => {
+                req.extensions_mut().insert(tenant);
+            }
+            None => return ApiError::unauthorized().into_response(),
+        }
+    } else if let Some(key) = &s.api_key {
+        if !bearer_key_matches(req.headers(), key) {
+            return ApiError::unauthorized().into_response();
+        }
+        req.extensions_mut().insert(s.default_tenant.clone());
     }
     next.run(req).await
 }

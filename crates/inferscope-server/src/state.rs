@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, KvEventSink, SimExecutor, SimProfile,
+    Coordinator, EngineConfig, Executor, ExecutorError, KvEventSink, SchedulingPolicy, SimExecutor,
+    SimProfile,
     sim::{SimFaults, SimTokens},
 };
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
@@ -26,6 +27,7 @@ use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RequestLog};
+use crate::tenants::{DEFAULT_TENANT, Tenant, TenantKeys};
 use crate::validation_workers::ValidationWorkers;
 
 /// Everything a handler needs.
@@ -46,6 +48,10 @@ pub struct AppState {
     pub limits: Limits,
     /// Bearer token required on /v1/*.
     pub api_key: Option<String>,
+    /// `--api-key-file`: the tenants' keys (every /v1/* request needs one).
+    pub tenant_keys: Option<TenantKeys>,
+    /// The tenant of requests authenticated by `--api-key`.
+    pub default_tenant: Arc<Tenant>,
     /// Start time, unix seconds (`created` of the model card).
     pub created: u64,
     /// Admission control (waiting requests, queued prompt tokens).
@@ -245,6 +251,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         )));
     }
     let mfu_metrics = args.enable_mfu_metrics;
+    let tenant_keys = args
+        .api_key_file
+        .as_deref()
+        .map(TenantKeys::from_file)
+        .transpose()
+        .map_err(config_err)?;
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens(),
         max_num_seqs: args.max_num_seqs,
@@ -253,6 +265,14 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_model_len,
         kv_cache_metrics_sample: args.kv_cache_metrics.then_some(sample),
         enable_mfu_metrics: mfu_metrics,
+        scheduling_policy: match args.scheduling_policy.as_str() {
+            "fcfs" => SchedulingPolicy::Fcfs,
+            _ => SchedulingPolicy::Fair,
+        },
+        tenant_weights: tenant_keys
+            .as_ref()
+            .map(TenantKeys::weights)
+            .unwrap_or_default(),
     };
     let engine_indices: Vec<usize> =
         (args.data_parallel_rank..args.data_parallel_rank + args.data_parallel_size).collect();
@@ -336,6 +356,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         model_root: args.model.clone(),
         limits,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        tenant_keys,
+        default_tenant: Arc::new(Tenant {
+            name: DEFAULT_TENANT.into(),
+            weight: 1.0,
+        }),
         created: unix_now(),
         admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
         request_ids: RequestIds::default(),

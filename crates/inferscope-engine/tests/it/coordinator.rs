@@ -117,6 +117,7 @@ fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
         seed_offset: 0,
         arrival: Instant::now(),
         trace_id: None,
+        tenant: None,
     }
 }
 

@@ -87,6 +87,7 @@ async fn workload(c: &Coordinator, round: u32) {
             seed_offset: 0,
             arrival: Instant::now(),
             trace_id: None,
+            tenant: None,
         };
         handles.push(c.add_request(req).expect("admitted"));
     }

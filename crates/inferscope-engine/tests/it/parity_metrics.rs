@@ -23,6 +23,7 @@ fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
         seed_offset: 0,
         arrival: Instant::now(),
         trace_id: None,
+        tenant: None,
     }
 }
 

@@ -230,6 +230,7 @@ fn run_workload(
                 seed_offset: 0,
                 arrival: Instant::now(),
                 trace_id: None,
+                tenant: None,
             },
             tx,
         );
@@ -414,6 +415,7 @@ fn shared_prefixes_hit_the_cache() {
                 seed_offset: 0,
                 arrival: Instant::now(),
                 trace_id: None,
+                tenant: None,
             },
             tx,
         );

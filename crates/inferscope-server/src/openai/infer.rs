@@ -54,13 +54,15 @@ impl Infer<'_> {
     /// choice, each with its own engine id made from `request_id` (so two
     /// requests with the same client id never collide). A refusal is the
     /// 429 or 4xx/5xx to answer. `trace_id` is the request's trace when it
-    /// is sampled (what exemplars link to).
+    /// is sampled (what exemplars link to); `tenant` who sent it, when an
+    /// API key named them.
     pub fn generate(
         &self,
         request_id: &str,
         plan: &Plan,
         arrival: Instant,
         trace_id: Option<[u8; 16]>,
+        tenant: Option<Arc<str>>,
     ) -> Result<Generation, ApiError> {
         let n = plan.params.n;
         let total = plan.prompts.len() * n;
@@ -100,6 +102,7 @@ impl Infer<'_> {
                         seed_offset: i as u64,
                         arrival,
                         trace_id,
+                        tenant: tenant.clone(),
                     })
                     .map_err(|e| match e {
                         // Engine ids are unique by construction: this is a bug.
@@ -552,6 +555,7 @@ mod tests {
                 seed_offset: 0,
                 arrival: Instant::now(),
                 trace_id: None,
+                tenant: None,
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();

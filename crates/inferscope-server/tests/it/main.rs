@@ -10,4 +10,5 @@ mod parity_metrics;
 mod per_request;
 mod reliability;
 mod server_contract;
+mod tenants;
 mod tokenize;
