@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatInput, ChatTemplate};
 use crate::error::ModelError;
 
 /// One message of a chat conversation.
@@ -28,13 +28,23 @@ pub trait Tokenizer: Send + Sync {
     fn eos_token_ids(&self) -> Vec<u32>;
     /// The beginning-of-sequence token, if the vocabulary has one.
     fn bos_token_id(&self) -> Option<u32>;
-    /// Renders a conversation into a prompt.
+    /// Renders plain `{role, content}` messages into a prompt.
     fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
-        Ok(default_chat_template(messages, add_generation_prompt))
+        self.render_chat(&ChatInput::from_messages(messages, add_generation_prompt))
+    }
+    /// Renders a conversation, with tools and extra template arguments,
+    /// into a prompt (the plain template when there is no chat template).
+    /// The prompt already holds the special tokens the template writes:
+    /// encode it without adding them again.
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
+        Ok(default_chat_template(
+            &input.plain_messages(),
+            input.add_generation_prompt,
+        ))
     }
 }
 
@@ -208,14 +218,13 @@ impl Tokenizer for HfTokenizer {
         self.bos
     }
 
-    fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
         match &self.chat_template {
-            Some(t) => t.render(messages, add_generation_prompt),
-            None => Ok(default_chat_template(messages, add_generation_prompt)),
+            Some(t) => t.render_input(input),
+            None => Ok(default_chat_template(
+                &input.plain_messages(),
+                input.add_generation_prompt,
+            )),
         }
     }
 }
