@@ -22,7 +22,6 @@ pub use minijinja::Value;
 pub use minijinja::value::ValueKind;
 
 use crate::error::ModelError;
-use crate::tokenizer::{ChatMessage, Tokenizer};
 
 /// The name the template is compiled under (no extension: no HTML escaping).
 const TEMPLATE_NAME: &str = "chat_template";
@@ -34,6 +33,15 @@ pub const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// Names the template receives from the renderer itself; extra keyword
 /// arguments may not replace them (Python would raise a `TypeError`).
 const RESERVED_ARGS: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
+/// One message of a chat conversation, as the server has it today.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
 
 /// What a chat template renders: the arguments transformers'
 /// `apply_chat_template` passes (`chat_template_kwargs` of vLLM's API go
@@ -393,48 +401,6 @@ fn decode_escapes(s: &str) -> String {
     out
 }
 
-/// A tokenizer whose chat template is replaced (`--chat-template`).
-pub struct WithChatTemplate {
-    inner: Arc<dyn Tokenizer>,
-    template: ChatTemplate,
-}
-
-impl WithChatTemplate {
-    /// `inner` rendering chats with `source`; the special-token strings are
-    /// those of `inner`'s BOS and first EOS id.
-    pub fn new(inner: Arc<dyn Tokenizer>, source: String) -> Result<Self, ModelError> {
-        let name = |id: Option<u32>| {
-            id.and_then(|id| inner.decode(&[id], false).ok())
-                .unwrap_or_default()
-        };
-        let bos = name(inner.bos_token_id());
-        let eos = name(inner.eos_token_ids().first().copied());
-        let template = ChatTemplate::parse(source, bos, eos)?;
-        Ok(Self { inner, template })
-    }
-}
-
-impl Tokenizer for WithChatTemplate {
-    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
-        self.inner.encode(text, add_special_tokens)
-    }
-    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
-        self.inner.decode(ids, skip_special_tokens)
-    }
-    fn vocab_size(&self) -> usize {
-        self.inner.vocab_size()
-    }
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.inner.eos_token_ids()
-    }
-    fn bos_token_id(&self) -> Option<u32> {
-        self.inner.bos_token_id()
-    }
-    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
-        self.template.render_input(input)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -476,10 +442,12 @@ mod tests {
 
     #[test]
     fn tojson_is_pythons_json_dumps_without_html_escapes() {
-        let mut input = ChatInput::default();
-        input.tools = Some(vec![Value::from_serialize(serde_json::json!(
-            {"name": "f", "d": "<é> & 'q'", "n": [1, 2.0, null, true]}
-        ))]);
+        let input = ChatInput {
+            tools: Some(vec![Value::from_serialize(serde_json::json!(
+                {"name": "f", "d": "<é> & 'q'", "n": [1, 2.0, null, true]}
+            ))]),
+            ..ChatInput::default()
+        };
         let src = "{{ tools[0] | tojson }}|{{ tools[0].n | tojson(indent=2) }}|{{ tools[0] | tojson(separators=(',', ':'), sort_keys=true) }}|{{ tools[0].d | tojson(ensure_ascii=true) }}";
         // serde_json's map is sorted, so the input order is d, n, name.
         assert_eq!(

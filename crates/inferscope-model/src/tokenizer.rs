@@ -4,17 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::chat_template::ChatMessage;
 use crate::chat_template::{ChatInput, ChatTemplate};
 use crate::error::ModelError;
-
-/// One message of a chat conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
-    pub role: String,
-    /// The message text.
-    pub content: String,
-}
 
 /// Text to token ids and back.
 pub trait Tokenizer: Send + Sync {
@@ -226,6 +218,48 @@ impl Tokenizer for HfTokenizer {
                 input.add_generation_prompt,
             )),
         }
+    }
+}
+
+/// A tokenizer whose chat template is replaced (`--chat-template`).
+pub struct WithChatTemplate {
+    inner: Arc<dyn Tokenizer>,
+    template: ChatTemplate,
+}
+
+impl WithChatTemplate {
+    /// `inner` rendering chats with `source`; the special-token strings are
+    /// those of `inner`'s BOS and first EOS id.
+    pub fn new(inner: Arc<dyn Tokenizer>, source: String) -> Result<Self, ModelError> {
+        let name = |id: Option<u32>| {
+            id.and_then(|id| inner.decode(&[id], false).ok())
+                .unwrap_or_default()
+        };
+        let bos = name(inner.bos_token_id());
+        let eos = name(inner.eos_token_ids().first().copied());
+        let template = ChatTemplate::parse(source, bos, eos)?;
+        Ok(Self { inner, template })
+    }
+}
+
+impl Tokenizer for WithChatTemplate {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        self.inner.encode(text, add_special_tokens)
+    }
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
+        self.inner.decode(ids, skip_special_tokens)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.inner.eos_token_ids()
+    }
+    fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos_token_id()
+    }
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
+        self.template.render_input(input)
     }
 }
 

@@ -12,7 +12,7 @@ use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
-    chat_template::{WithChatTemplate, load_template_arg},
+    chat_template::load_template_arg, tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,

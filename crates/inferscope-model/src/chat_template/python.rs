@@ -346,10 +346,10 @@ pub fn unknown_method(
     method: &str,
     args: &[Value],
 ) -> Result<Value, Error> {
-    if let Some(s) = value.as_str() {
-        if let Some(result) = string_method(s, method, args)? {
-            return Ok(result);
-        }
+    if let Some(s) = value.as_str()
+        && let Some(result) = string_method(s, method, args)?
+    {
+        return Ok(result);
     }
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
