@@ -511,6 +511,39 @@ mod tests {
     }
 
     #[test]
+    fn gguf_metadata_gives_the_template_and_its_token_strings() {
+        use candle_core::quantized::gguf_file::{Value as Meta, write};
+        let path = std::env::temp_dir().join(format!("inferscope-ct-{}.gguf", std::process::id()));
+        let tokens = Meta::Array(
+            ["<unk>", "<s>", "</s>"]
+                .map(|t| Meta::String(t.into()))
+                .to_vec(),
+        );
+        let source = Meta::String("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}".into());
+        let (bos, eos) = (Meta::U32(1), Meta::U32(2));
+        let mut meta = vec![
+            ("tokenizer.ggml.tokens", &tokens),
+            ("tokenizer.ggml.bos_token_id", &bos),
+            ("tokenizer.ggml.eos_token_id", &eos),
+        ];
+        let mut file = std::fs::File::create(&path).unwrap();
+        write(&mut file, &meta, &[]).unwrap();
+        assert!(
+            ChatTemplate::from_gguf(&path).unwrap().is_none(),
+            "no template"
+        );
+        meta.push(("tokenizer.chat_template", &source));
+        let mut file = std::fs::File::create(&path).unwrap();
+        write(&mut file, &meta, &[]).unwrap();
+        let t = ChatTemplate::from_gguf(&path).unwrap().unwrap();
+        assert_eq!(t.render(&[msg("user", "hi")], false).unwrap(), "<s>hi</s>");
+        std::fs::write(&path, b"not gguf").unwrap();
+        let err = ChatTemplate::from_gguf(&path).unwrap_err().to_string();
+        assert!(err.contains("not a valid GGUF"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn template_argument_is_a_path_or_the_text() {
         let dir = std::env::temp_dir().join(format!("inferscope-ct-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
