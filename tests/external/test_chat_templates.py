@@ -13,6 +13,7 @@ Skipped when INFERSCOPE_LLAMA_CPP_MODELS is not set (.ci/run sets it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -30,10 +31,22 @@ from conftest import INFERSCOPE_BIN
 
 MODELS = os.environ.get("INFERSCOPE_LLAMA_CPP_MODELS")
 
-# Both renderers read the clock for `strftime_now`: inferscope in UTC, so the reference
-# runs in UTC too.
-os.environ["TZ"] = "UTC"
-time.tzset()
+
+@contextlib.contextmanager
+def utc_clock():
+    """Both renderers read the clock for `strftime_now`: inferscope in UTC, so the
+    reference's `datetime.now()` runs in UTC too, for the test's duration only."""
+    old = os.environ.get("TZ")
+    os.environ["TZ"] = "UTC"
+    time.tzset()
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TZ"]
+        else:
+            os.environ["TZ"] = old
+        time.tzset()
 
 
 def transformers_environment(source: str) -> jinja2.Template:
@@ -152,7 +165,7 @@ def test_real_chat_templates_render_as_transformers_renders_them():
     disagreements: dict[str, list[str]] = {}
     both_raise = 0
     cases = 0
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, utc_clock():
         files = {}
         for name, messages in CONVERSATIONS:
             files[name] = Path(tmp) / f"{name}.json"
