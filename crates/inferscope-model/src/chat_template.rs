@@ -140,10 +140,21 @@ impl ChatTemplate {
     /// an error now (for templates a user gives).
     pub fn parse(source: String, bos_token: String, eos_token: String) -> Result<Self, ModelError> {
         let t = Self::new(source, bos_token, eos_token);
-        match t.compiled.as_ref() {
-            Ok(_) => Ok(t),
-            Err(e) => Err(ModelError::Tokenizer(e.clone())),
-        }
+        t.check()?;
+        Ok(t)
+    }
+
+    /// Why the template does not compile, if it does not.
+    pub fn check(&self) -> Result<(), ModelError> {
+        self.env().map(|_| ())
+    }
+
+    /// The compiled template.
+    fn env(&self) -> Result<&minijinja::Environment<'static>, ModelError> {
+        self.compiled
+            .as_ref()
+            .as_ref()
+            .map_err(|e| ModelError::Tokenizer(e.clone()))
     }
 
     /// A template whose special tokens may be missing: a missing one is
@@ -250,10 +261,8 @@ impl ChatTemplate {
     /// The same special-token strings with another template text.
     pub fn with_source(&self, source: String) -> Result<Self, ModelError> {
         let t = Self::with_tokens(source, self.bos_token.clone(), self.eos_token.clone());
-        match t.compiled.as_ref() {
-            Ok(_) => Ok(t),
-            Err(e) => Err(ModelError::Tokenizer(e.clone())),
-        }
+        t.check()?;
+        Ok(t)
     }
 
     /// The same template with other special-token strings (`None` keeps
@@ -281,11 +290,7 @@ impl ChatTemplate {
 
     /// Renders a conversation with everything transformers passes.
     pub fn render_input(&self, input: &ChatInput) -> Result<String, ModelError> {
-        let env = self
-            .compiled
-            .as_ref()
-            .as_ref()
-            .map_err(|e| ModelError::Tokenizer(e.clone()))?;
+        let env = self.env()?;
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         if let Some(t) = &self.bos_token {
             ctx.insert("bos_token".into(), Value::from(t.as_str()));

@@ -173,6 +173,10 @@ impl HfTokenizer {
 
     /// Uses `template` for [`Tokenizer::apply_chat_template`].
     pub fn with_chat_template(mut self, template: Option<ChatTemplate>) -> Self {
+        // Completions still work: say now why every chat request will fail.
+        if let Some(Err(e)) = template.as_ref().map(ChatTemplate::check) {
+            tracing::warn!("the model's chat template cannot be used: {e}");
+        }
         self.chat_template = template;
         self
     }
