@@ -24,7 +24,7 @@ mod q8k;
 pub mod sampler;
 pub mod tokenizer;
 
-pub use chat_template::ChatTemplate;
+pub use chat_template::{ChatInput, ChatTemplate};
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuCost, CpuExecutor, KvBudget};

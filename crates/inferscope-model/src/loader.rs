@@ -76,13 +76,19 @@ pub fn load_hf_dir(dir: &Path) -> Result<(LlamaModel, HfTokenizer), ModelError> 
     let inner = tokenizers::Tokenizer::from_file(&tokenizer_path)
         .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", tokenizer_path.display())))?;
     let optional = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    assemble(
+    let (model, tokenizer) = assemble(
         cfg,
         tensors,
         inner,
         optional("tokenizer_config.json").as_deref(),
         optional("generation_config.json").as_deref(),
-    )
+    )?;
+    // The directory's template: `chat_template.jinja` (transformers v5)
+    // before the config's.
+    Ok((
+        model,
+        tokenizer.with_chat_template(ChatTemplate::from_hf_dir(dir)),
+    ))
 }
 
 /// Builds model and tokenizer from a checkpoint's parsed `config.json`,

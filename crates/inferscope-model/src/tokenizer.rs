@@ -4,17 +4,9 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::chat_template::ChatTemplate;
+pub use crate::chat_template::ChatMessage;
+use crate::chat_template::{ChatInput, ChatTemplate};
 use crate::error::ModelError;
-
-/// One message of a chat conversation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
-    pub role: String,
-    /// The message text.
-    pub content: String,
-}
 
 /// Text to token ids and back.
 pub trait Tokenizer: Send + Sync {
@@ -28,13 +20,23 @@ pub trait Tokenizer: Send + Sync {
     fn eos_token_ids(&self) -> Vec<u32>;
     /// The beginning-of-sequence token, if the vocabulary has one.
     fn bos_token_id(&self) -> Option<u32>;
-    /// Renders a conversation into a prompt.
+    /// Renders plain `{role, content}` messages into a prompt.
     fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
-        Ok(default_chat_template(messages, add_generation_prompt))
+        self.render_chat(&ChatInput::from_messages(messages, add_generation_prompt))
+    }
+    /// Renders a conversation, with tools and extra template arguments,
+    /// into a prompt (the plain template when there is no chat template).
+    /// The prompt already holds the special tokens the template writes:
+    /// encode it without adding them again.
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
+        Ok(default_chat_template(
+            &input.plain_messages(),
+            input.add_generation_prompt,
+        ))
     }
 }
 
@@ -171,6 +173,10 @@ impl HfTokenizer {
 
     /// Uses `template` for [`Tokenizer::apply_chat_template`].
     pub fn with_chat_template(mut self, template: Option<ChatTemplate>) -> Self {
+        // Completions still work: say now why every chat request will fail.
+        if let Some(Err(e)) = template.as_ref().map(ChatTemplate::check) {
+            tracing::warn!("the model's chat template cannot be used: {e}");
+        }
         self.chat_template = template;
         self
     }
@@ -208,15 +214,56 @@ impl Tokenizer for HfTokenizer {
         self.bos
     }
 
-    fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
         match &self.chat_template {
-            Some(t) => t.render(messages, add_generation_prompt),
-            None => Ok(default_chat_template(messages, add_generation_prompt)),
+            Some(t) => t.render_input(input),
+            None => Ok(default_chat_template(
+                &input.plain_messages(),
+                input.add_generation_prompt,
+            )),
         }
+    }
+}
+
+/// A tokenizer whose chat template is replaced (`--chat-template`).
+pub struct WithChatTemplate {
+    inner: Arc<dyn Tokenizer>,
+    template: ChatTemplate,
+}
+
+impl WithChatTemplate {
+    /// `inner` rendering chats with `source`; the special-token strings are
+    /// those of `inner`'s BOS and first EOS id.
+    pub fn new(inner: Arc<dyn Tokenizer>, source: String) -> Result<Self, ModelError> {
+        let name = |id: Option<u32>| {
+            id.and_then(|id| inner.decode(&[id], false).ok())
+                .unwrap_or_default()
+        };
+        let bos = name(inner.bos_token_id());
+        let eos = name(inner.eos_token_ids().first().copied());
+        let template = ChatTemplate::parse(source, bos, eos)?;
+        Ok(Self { inner, template })
+    }
+}
+
+impl Tokenizer for WithChatTemplate {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        self.inner.encode(text, add_special_tokens)
+    }
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
+        self.inner.decode(ids, skip_special_tokens)
+    }
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.inner.eos_token_ids()
+    }
+    fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos_token_id()
+    }
+    fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
+        self.template.render_input(input)
     }
 }
 

@@ -44,10 +44,15 @@ pub struct ServeArgs {
     pub sim_profile: String,
 
     /// A Hugging Face `tokenizer.json` (or a directory holding one, with an optional
-    /// `tokenizer_config.json` chat template) for the sim executor, so load tests see real
+    /// chat template in `chat_template.jinja` or `tokenizer_config.json`) for the sim executor, so load tests see real
     /// tokenization costs and token counts (default: a byte-level tokenizer).
     #[arg(long)]
     pub tokenizer: Option<String>,
+
+    /// The chat template, replacing the model's: a file, or the Jinja text itself when no
+    /// file by that name exists (then `\n` and the like are decoded), as vLLM's flag.
+    #[arg(long)]
+    pub chat_template: Option<String>,
 
     /// Engine cores in this process (data parallelism).
     #[arg(long, default_value_t = 1)]

@@ -13,6 +13,7 @@ use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
+    chat_template::load_template_arg, tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
@@ -228,6 +229,15 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             (tokenizer, max_len, factory, name, CPU_CACHE_DTYPE)
         }
     };
+    // `--chat-template` replaces the model's template (vLLM's flag).
+    let tokenizer: Arc<dyn Tokenizer> = match &args.chat_template {
+        Some(arg) => Arc::new(
+            load_template_arg(arg)
+                .and_then(|source| WithChatTemplate::new(tokenizer, source))
+                .map_err(|e| config_err(format!("--chat-template: {e}")))?,
+        ),
+        None => tokenizer,
+    };
     let max_model_len = match args.max_model_len {
         Some(0) => return Err(config_err("--max-model-len must be at least 1".into())),
         Some(l) if l > model_max_len => {
@@ -376,15 +386,13 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
 }
 
 /// A `tokenizer.json`, or a directory with one (and maybe a chat template in
-/// its `tokenizer_config.json`).
+/// its `chat_template.jinja` or `tokenizer_config.json`).
 fn load_tokenizer(path: &str) -> Result<HfTokenizer, inferscope_model::ModelError> {
     let path = std::path::Path::new(path);
     if !path.is_dir() {
         return HfTokenizer::from_file(path, Vec::new(), None);
     }
-    let template = std::fs::read_to_string(path.join("tokenizer_config.json"))
-        .ok()
-        .and_then(|text| ChatTemplate::from_tokenizer_config(&text));
+    let template = ChatTemplate::from_hf_dir(path);
     Ok(
         HfTokenizer::from_file(&path.join("tokenizer.json"), Vec::new(), None)?
             .with_chat_template(template),

@@ -1,5 +1,7 @@
 //! The `inferscope` binary: one CLI for the server and its tools.
 
+mod chat_template;
+
 use std::io::IsTerminal;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -87,6 +89,8 @@ enum Command {
     Top(TopArgs),
     /// Reverse proxy that gives any OpenAI-compatible server (llama.cpp, Ollama, vLLM) these metrics.
     Proxy(Box<ProxyArgs>),
+    /// Render a conversation with a model's chat template (or `--chat-template`), as `serve` does.
+    ChatTemplate(chat_template::ChatTemplateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -106,6 +110,7 @@ fn main() -> anyhow::Result<()> {
         Command::Top(args) => {
             on_runtime(async { inferscope_doctor::run_top(args).await.map(|()| 0) })?
         }
+        Command::ChatTemplate(args) => chat_template::run(args).map(|()| 0)?,
     };
     if code != 0 {
         std::process::exit(code);

@@ -387,8 +387,10 @@ fn save(args: &Args, varmap: &VarMap, bos: u32, eos: u32) -> Res<()> {
         serde_json::to_string_pretty(&generation)? + "\n",
     )?;
     // The model only knows the book: a chat turn becomes a paragraph of it,
-    // and the reply is the paragraph that follows.
-    let template = "{% for m in messages %}{{ m['content'] | trim }}\n\n{% endfor %}";
+    // and the reply is the paragraph that follows. BOS first, as in training
+    // (a rendered chat is encoded without special tokens on top).
+    let template =
+        "{{ bos_token }}{% for m in messages %}{{ m['content'] | trim }}\n\n{% endfor %}";
     let tok_config = serde_json::json!({
         "bos_token": "<s>",
         "eos_token": "</s>",

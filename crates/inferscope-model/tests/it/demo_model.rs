@@ -121,7 +121,11 @@ fn chat_template_turns_a_message_into_a_paragraph() {
         content: "  Mr. Darcy was not a man to be trifled with. ".into(),
     }];
     let prompt = m.tokenizer().apply_chat_template(&msg, true).unwrap();
-    assert_eq!(prompt, "Mr. Darcy was not a man to be trifled with.\n\n");
+    assert_eq!(prompt, "<s>Mr. Darcy was not a man to be trifled with.\n\n");
+    // Encoded as the server encodes a chat: the template's BOS, only one.
+    let ids = m.tokenizer().encode(&prompt, false).unwrap();
+    assert_eq!(ids[0], m.tokenizer().bos_token_id().unwrap());
+    assert_ne!(ids[1], ids[0]);
 }
 
 #[test]

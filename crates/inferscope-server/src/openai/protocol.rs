@@ -228,8 +228,9 @@ pub struct TokenizeRequest {
     pub messages: Option<Vec<ChatMessageIn>>,
     /// Chat form: end the rendering with the assistant's turn (default true).
     pub add_generation_prompt: Option<bool>,
-    /// Add the tokenizer's special tokens (default true, as this server's
-    /// completion and chat routes do, so `count` is what they count).
+    /// Add the tokenizer's special tokens on top of the text (default: true
+    /// for `prompt`, false for `messages`, whose template writes its own;
+    /// as the completion and chat routes do, so `count` is what they count).
     pub add_special_tokens: Option<bool>,
 }
 

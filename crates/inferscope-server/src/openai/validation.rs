@@ -81,7 +81,9 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
     let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     let messages = chat_messages(req.messages)?;
-    let prompt = render_chat(v.tokenizer, &messages, true, true)?;
+    // The template writes the special tokens (BOS included) itself: add
+    // none on top, as vLLM encodes a rendered chat.
+    let prompt = render_chat(v.tokenizer, &messages, true, false)?;
     let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(v), _) => (Some(v), "max_completion_tokens"),
         (None, v) => (v, "max_tokens"),
@@ -168,7 +170,9 @@ fn render_chat(
 pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse, ApiError> {
     let req: TokenizeRequest = parse_json(body)?;
     check_model(v.served_model_names, req.model.as_deref())?;
-    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    // vLLM's defaults: a prompt gets the tokenizer's special tokens, a
+    // rendered chat none on top of those its template writes.
+    let add_special_tokens = req.add_special_tokens.unwrap_or(req.messages.is_none());
     let (tokens, param) = match (req.messages, req.prompt) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(

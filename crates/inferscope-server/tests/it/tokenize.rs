@@ -107,7 +107,7 @@ async fn byte_tokenizer_round_trip_counts_and_chat() {
         let text = ByteTokenizer
             .apply_chat_template(&msgs, add_generation_prompt)
             .expect("template");
-        ByteTokenizer.encode(&text, true).expect("encode")
+        ByteTokenizer.encode(&text, false).expect("encode")
     };
     let r = tokenize(addr, json!({"messages": messages})).await;
     assert_eq!(r["tokens"], json!(chat(true)));
@@ -283,4 +283,66 @@ async fn behind_the_api_key_at_the_root_path() {
         assert_eq!(r.status, 404, "/v1{path}: {}", r.body);
     }
     server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A word-level `tokenizer.json` whose post-processor adds BOS `<s>` (id
+/// 300) as Llama's does, and a `tokenizer_config.json` whose template
+/// writes `{{ bos_token }}` itself.
+fn bos_tokenizer_dir(dir: &std::path::Path) -> String {
+    word_tokenizer(dir);
+    let path = dir.join("tokenizer.json");
+    let mut t: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("read"))
+        .expect("tokenizer.json");
+    t["model"]["vocab"]["<s>"] = json!(300);
+    t["added_tokens"] = json!([{"id": 300, "content": "<s>", "single_word": false,
+        "lstrip": false, "rstrip": false, "normalized": false, "special": true}]);
+    t["post_processor"] = json!({"type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<s>": {"id": "<s>", "ids": [300], "tokens": ["<s>"]}}});
+    std::fs::write(&path, t.to_string()).expect("write tokenizer.json");
+    let config = json!({"bos_token": "<s>",
+        "chat_template": "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write config");
+    dir.to_string_lossy().into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_writing_bos_gives_exactly_one_bos() {
+    let dir = std::env::temp_dir().join(format!("inferscope-bos-{}", std::process::id()));
+    let path = bos_tokenizer_dir(&dir);
+    let server = start(&["--tokenizer", &path]).await;
+    let addr = server.addr;
+
+    // A prompt gets the tokenizer's BOS; a rendered chat only its template's.
+    let r = tokenize(addr, json!({"prompt": "hello"})).await;
+    assert_eq!(r["tokens"], json!([300, 1]));
+    let messages = json!([{"role": "user", "content": "hello world"}]);
+    let r = tokenize(addr, json!({"messages": messages})).await;
+    assert_eq!(r["tokens"], json!([300, 1, 2]), "one BOS, the template's");
+    let usage = prompt_tokens(addr, "/v1/chat/completions", json!({"messages": messages})).await;
+    assert_eq!(usage, 3, "the chat route counts the same three tokens");
+    // Asking for the tokenizer's special tokens on top gives the second BOS.
+    let r = tokenize(
+        addr,
+        json!({"messages": messages, "add_special_tokens": true}),
+    )
+    .await;
+    assert_eq!(r["tokens"], json!([300, 300, 1, 2]));
+    server.shutdown(Duration::from_secs(5)).await;
+
+    // `--chat-template` (the text itself) replaces the directory's template,
+    // with the same `bos_token`.
+    let server = start(&[
+        "--tokenizer",
+        &path,
+        "--chat-template",
+        "{{ bos_token }}{{ messages[-1].content }} w7",
+    ])
+    .await;
+    let r = tokenize(server.addr, json!({"messages": messages})).await;
+    assert_eq!(r["tokens"], json!([300, 1, 2, 7]));
+    server.shutdown(Duration::from_secs(5)).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -4,6 +4,7 @@
 
 mod architecture_doc;
 mod bench_tokens;
+mod chat_template;
 mod common;
 mod deploy;
 mod logs;
