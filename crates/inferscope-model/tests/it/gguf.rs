@@ -65,6 +65,7 @@ fn config(vocab_size: usize) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 
@@ -568,9 +569,9 @@ fn gguf_rope_freqs_carry_llama3_scaling() {
     let mut plain = scaled.clone();
     plain.rope_scaling = None;
     let factors: Vec<f32> = plain
-        .rope_inv_freq()
+        .rope_inv_freq(plain.rope_theta)
         .iter()
-        .zip(scaled.rope_inv_freq())
+        .zip(scaled.rope_inv_freq(scaled.rope_theta))
         .map(|(base, s)| base / s)
         .collect();
     assert!(

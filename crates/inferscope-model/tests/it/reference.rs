@@ -1,6 +1,6 @@
 //! Logits against an independent implementation: `candle-transformers`'
-//! Llama and Qwen2, on small random checkpoints written as safetensors and
-//! loaded through our Hugging Face directory loader.
+//! Llama, Qwen2, Qwen3 and Gemma 3, on small random checkpoints written as
+//! safetensors and loaded through our Hugging Face directory loader.
 
 use crate::common;
 
@@ -9,10 +9,10 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{llama, qwen2};
+use candle_transformers::models::{gemma3, llama, qwen2, qwen3};
 use common::*;
 use inferscope_engine::Executor;
-use inferscope_model::config::{Llama3RopeScaling, ModelConfig};
+use inferscope_model::config::{Activation, ArchOptions, Llama3RopeScaling, ModelConfig};
 use inferscope_model::demo::random_weights;
 use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
 
@@ -38,6 +38,7 @@ fn config(arch: &str, tie: bool) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 
@@ -95,16 +96,64 @@ fn write_checkpoint(
     dir
 }
 
+/// Qwen3: Qwen2 without biases, with RMSNorms over each head of q and k.
+fn qwen3_config() -> ModelConfig {
+    let mut c = config("Qwen3ForCausalLM", false);
+    c.rope_theta = 1_000_000.0;
+    c.arch.qk_norm = true;
+    c
+}
+
+/// The sliding window of the Gemma test models: shorter than the prompts.
+const GEMMA_WINDOW: usize = 6;
+
+/// Gemma 3 (text): layers 0, 1 and 3 local (window of [`GEMMA_WINDOW`],
+/// RoPE base 10⁴), layer 2 global (base 10⁶); tied head.
+fn gemma3_config() -> ModelConfig {
+    let mut c = config("Gemma3ForCausalLM", true);
+    c.num_layers = 4;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1_000_000.0;
+    c.sliding_window = Some(GEMMA_WINDOW);
+    c.arch = ArchOptions {
+        qk_norm: true,
+        post_norms: true,
+        norm_offset: true,
+        embed_scale: true,
+        activation: Activation::GeluTanh,
+        // candle-transformers' Gemma 3 scales by 1/√head_dim: the reference
+        // only agrees where query_pre_attn_scalar equals head_dim.
+        query_pre_attn_scalar: Some(8),
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        sliding_window_pattern: Some(3),
+        rope_local_theta: Some(10_000.0),
+    };
+    c
+}
+
 /// The reference: one model instance and KV cache per sequence.
 enum Reference {
     Llama(llama::Llama, llama::Cache),
     Qwen2(qwen2::ModelForCausalLM),
+    Qwen3(qwen3::ModelForCausalLM),
+    Gemma3(gemma3::Model),
 }
 
 impl Reference {
     fn new(cfg: &ModelConfig, w: &HashMap<String, Tensor>) -> Self {
         let vb = VarBuilder::from_tensors(w.clone(), DType::F32, &Device::Cpu);
-        if cfg.architecture == "Qwen2ForCausalLM" {
+        let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+        if cfg.architecture == "Qwen3ForCausalLM" {
+            j["max_window_layers"] = 0.into();
+            j["use_sliding_window"] = false.into();
+            j["hidden_act"] = "silu".into();
+            let c: qwen3::Config = serde_json::from_value(j).unwrap();
+            Reference::Qwen3(qwen3::ModelForCausalLM::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Gemma3ForCausalLM" {
+            let c: gemma3::Config = serde_json::from_value(j).unwrap();
+            Reference::Gemma3(gemma3::Model::new(false, &c, vb).unwrap())
+        } else if cfg.architecture == "Qwen2ForCausalLM" {
             let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
             j["sliding_window"] = 4096.into();
             j["max_window_layers"] = 0.into();
@@ -129,6 +178,22 @@ impl Reference {
         let logits = match self {
             Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
+            Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Gemma3(m) => {
+                // One token at a time: candle's prefill mask lets a local
+                // layer see `sliding_window + 1` positions, its decode
+                // (through the rotating cache) `sliding_window`, as
+                // transformers does.
+                let mut last = None;
+                for (i, &t) in tokens.iter().enumerate() {
+                    let one = Tensor::new(&[t], &Device::Cpu)
+                        .unwrap()
+                        .unsqueeze(0)
+                        .unwrap();
+                    last = Some(m.forward(&one, pos + i).unwrap());
+                }
+                last.unwrap()
+            }
         };
         logits.flatten_all().unwrap().to_vec1().unwrap()
     }
@@ -528,4 +593,90 @@ fn shipped_demo_model_matches_candle_transformers() {
     };
     prefill_decode_and_recompute(&mut s);
     batched_sequences(&mut s);
+}
+
+/// Qwen3's per-head q/k RMSNorms, through prefill, decodes, a preemption
+/// and batching.
+#[test]
+fn qwen3_with_qk_norm_matches() {
+    let mut s = setup("qwen3", qwen3_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Gemma 3: the (1 + w) norms, scaled embeddings, GeGLU, post norms, q/k
+/// norms, and local layers with their own RoPE base beside a global one.
+/// The prompts (11 tokens, then 20 decodes; 13 in the batch) run past the
+/// window of 6, so local and global layers see different contexts.
+#[test]
+fn gemma3_matches_candle_transformers_past_the_window() {
+    let mut s = setup("gemma3", gemma3_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// The window matters in this test (so the test above can fail on it): the
+/// same checkpoint without a window gives other logits past it.
+#[test]
+fn gemma3_window_changes_the_logits() {
+    let cfg = gemma3_config();
+    let w = random_weights(&cfg, 1234).unwrap();
+    let tokens = prompt(13, 1);
+    let windowed = Reference::new(&cfg, &w).feed(&tokens, 0);
+    let mut wide = cfg.clone();
+    wide.sliding_window = Some(64);
+    let full = Reference::new(&wide, &w).feed(&tokens, 0);
+    let diff = windowed
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the window made no difference ({diff})");
+}
+
+/// A multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: the
+/// text model's config under `text_config`, its weights under
+/// `model.language_model.`, plus a vision tower that is not loaded) gives
+/// the logits of the text-only checkpoint.
+#[test]
+fn gemma3_conditional_generation_loads_its_text_model() {
+    let cfg = gemma3_config();
+    let w = random_weights(&cfg, 1234).unwrap();
+    let dir = write_checkpoint("gemma3-mm", &cfg, &w, 1);
+    let mut text: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+    text.as_object_mut().unwrap().remove("architectures");
+    text["model_type"] = "gemma3_text".into();
+    let top = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), top.to_string()).unwrap();
+    let mut mm: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| (n.replacen("model.", "model.language_model.", 1), t.clone()))
+        .collect();
+    mm.insert(
+        "model.vision_tower.vision_model.post_layernorm.weight".into(),
+        Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&mm, dir.join("model.safetensors")).unwrap();
+    let opts = ModelOptions {
+        kv_cache_memory: Some(8 << 20),
+        ..ModelOptions::default()
+    };
+    let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut want = cfg.clone();
+    want.architecture = "Gemma3ForConditionalGeneration".into();
+    assert_eq!(model.model().cfg, want);
+    let mut exec = model.cpu_executor().unwrap();
+    exec.init_kv_cache(16).unwrap();
+    let mut alloc = Alloc::new(0).with_block_size(16);
+    let mut seq = Seq::new(1, &prompt(11, 1), greedy());
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let ours = exec.forward_logits(&batch).unwrap();
+    let expected = Reference::new(&cfg, &w).feed(&seq.tokens, 0);
+    assert_close(&ours[0], &expected, "multimodal checkpoint's text model");
 }
