@@ -680,3 +680,45 @@ fn gemma3_conditional_generation_loads_its_text_model() {
     let expected = Reference::new(&cfg, &w).feed(&seq.tokens, 0);
     assert_close(&ours[0], &expected, "multimodal checkpoint's text model");
 }
+
+/// `query_pre_attn_scalar` (which candle-transformers' Gemma 3 ignores):
+/// scores scaled by `1/√(4·head_dim)` equal scores of queries halved, which
+/// halving the q-norm weights does (Gemma's stored `w` becomes `(1+w)/2 − 1`).
+#[test]
+fn gemma3_query_pre_attn_scalar_scales_the_scores() {
+    let mut cfg = gemma3_config();
+    cfg.arch.query_pre_attn_scalar = Some(4 * cfg.head_dim);
+    let w = random_weights(&cfg, 1234).unwrap();
+    let mut halved_cfg = cfg.clone();
+    halved_cfg.arch.query_pre_attn_scalar = Some(cfg.head_dim);
+    let mut halved = w.clone();
+    for l in 0..cfg.num_layers {
+        let name = format!("model.layers.{l}.self_attn.q_norm.weight");
+        let t = ((&w[&name] + 1.0).unwrap() * 0.5).unwrap();
+        halved.insert(name, (t - 1.0).unwrap());
+    }
+    let run = |cfg: &ModelConfig, w: &HashMap<String, Tensor>| {
+        let m = inferscope_model::loader::model_from_tensors(cfg.clone(), w.clone()).unwrap();
+        let mut exec = CpuExecutor::new(
+            "t".into(),
+            std::sync::Arc::new(m),
+            inferscope_model::KvBudget::Bytes(4 << 20),
+            vec![2],
+            None,
+        )
+        .unwrap();
+        exec.init_kv_cache(16).unwrap();
+        let mut seq = Seq::new(1, &prompt(11, 1), greedy());
+        let batch = build_batch(&mut [&mut seq], &mut Alloc::new(0).with_block_size(16), 512);
+        exec.forward_logits(&batch).unwrap().remove(0)
+    };
+    let (scaled, reference) = (run(&cfg, &w), run(&halved_cfg, &halved));
+    assert_close(&scaled, &reference, "query_pre_attn_scalar = 4·head_dim");
+    let plain = run(&halved_cfg, &w);
+    let diff = plain
+        .iter()
+        .zip(&scaled)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the scalar made no difference ({diff})");
+}
