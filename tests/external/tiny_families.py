@@ -1,5 +1,5 @@
 """Tiny random-weight GGUFs of the model families beyond Llama (Qwen3,
-Gemma 3, Gemma 2), written as llama.cpp's converter writes them, for the
+Gemma 3, Phi-3, Gemma 2), written as llama.cpp's converter writes them, for the
 comparison of greedy tokens between llama.cpp and inferscope
 (test_model_families.py).
 
@@ -35,6 +35,7 @@ class Family:
     tied: bool
     rope_base: float
     sliding_window: int | None = None
+    fused: bool = False
     attn_softcap: float | None = None
     final_softcap: float | None = None
 
@@ -45,8 +46,6 @@ KV_HEADS = 2
 HEAD_DIM = 64
 FFN = 512
 CONTEXT = 2048
-# `<unk>`, `<s>`, `</s>` and the 256 byte tokens lead the vocabulary.
-SPECIAL = 3 + 256
 
 FAMILIES = {
     "qwen3": Family("qwen3", layers=2, qk_norm=True, post_norms=False, tied=False,
@@ -56,6 +55,9 @@ FAMILIES = {
     # in the global layer).
     "gemma3": Family("gemma3", layers=6, qk_norm=True, post_norms=True, tied=True,
                      rope_base=1_000_000.0, sliding_window=8),
+    # Phi-3: q/k/v in one `attn_qkv`, gate and up in one `ffn_up`.
+    "phi3": Family("phi3", layers=2, qk_norm=False, post_norms=False, tied=False,
+                   rope_base=10_000.0, fused=True),
     # Gemma 2: even layers local, odd ones global; both soft-caps.
     "gemma2": Family("gemma2", layers=2, qk_norm=False, post_norms=True, tied=True,
                      rope_base=10_000.0, sliding_window=8, attn_softcap=50.0, final_softcap=30.0),
@@ -66,7 +68,14 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
     """Writes a random-weight `arch` model with F16 layer weights to `path`."""
     fam = FAMILIES[arch]
     tokens, scores, types = vocabulary()
+    if arch == "phi3":
+        # llama.cpp's Phi-3 vocabulary setup looks these up by text.
+        for t in ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"):
+            tokens.append(t)
+            scores.append(0.0)
+            types.append(int(gguf.TokenType.CONTROL))
     vocab = len(tokens)
+    not_pieces = np.array(types) != int(gguf.TokenType.NORMAL)
     rng = np.random.default_rng(seed)
     gemma = arch.startswith("gemma")
 
@@ -117,15 +126,18 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
     # is made of whole pieces: comparing two servers' text then compares
     # their tokens (a lone byte of a UTF-8 sequence prints as U+FFFD, which
     # would hide which byte it was), and no EOS ends it early.
-    embd[:SPECIAL] *= 0.01
+    embd[not_pieces] *= 0.01
     w.add_tensor("token_embd.weight", embd.astype(np.float16))
     q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     for layer in range(fam.layers):
         p = f"blk.{layer}"
         w.add_tensor(f"{p}.attn_norm.weight", norm(HIDDEN))
-        w.add_tensor(f"{p}.attn_q.weight", lin(q_dim, HIDDEN))
-        w.add_tensor(f"{p}.attn_k.weight", lin(kv_dim, HIDDEN))
-        w.add_tensor(f"{p}.attn_v.weight", lin(kv_dim, HIDDEN))
+        if fam.fused:
+            w.add_tensor(f"{p}.attn_qkv.weight", lin(q_dim + 2 * kv_dim, HIDDEN))
+        else:
+            w.add_tensor(f"{p}.attn_q.weight", lin(q_dim, HIDDEN))
+            w.add_tensor(f"{p}.attn_k.weight", lin(kv_dim, HIDDEN))
+            w.add_tensor(f"{p}.attn_v.weight", lin(kv_dim, HIDDEN))
         if fam.qk_norm:
             w.add_tensor(f"{p}.attn_q_norm.weight", norm(HEAD_DIM))
             w.add_tensor(f"{p}.attn_k_norm.weight", norm(HEAD_DIM))
@@ -136,15 +148,18 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
             # its last input token whatever the layers computed).
             w.add_tensor(f"{p}.post_attention_norm.weight", norm(HIDDEN, 4.0))
         w.add_tensor(f"{p}.ffn_norm.weight", norm(HIDDEN))
-        w.add_tensor(f"{p}.ffn_gate.weight", lin(FFN, HIDDEN))
-        w.add_tensor(f"{p}.ffn_up.weight", lin(FFN, HIDDEN))
+        if fam.fused:
+            w.add_tensor(f"{p}.ffn_up.weight", lin(2 * FFN, HIDDEN))
+        else:
+            w.add_tensor(f"{p}.ffn_gate.weight", lin(FFN, HIDDEN))
+            w.add_tensor(f"{p}.ffn_up.weight", lin(FFN, HIDDEN))
         w.add_tensor(f"{p}.ffn_down.weight", lin(HIDDEN, FFN))
         if fam.post_norms:
             w.add_tensor(f"{p}.post_ffw_norm.weight", norm(HIDDEN, 4.0))
     w.add_tensor("output_norm.weight", norm(HIDDEN))
     if not fam.tied:
         out = lin(vocab, HIDDEN)
-        out[:SPECIAL] *= 0.01
+        out[not_pieces] *= 0.01
         w.add_tensor("output.weight", out)
 
     w.write_header_to_file()

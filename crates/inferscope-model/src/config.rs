@@ -103,17 +103,33 @@ pub struct ModelConfig {
     pub arch: ArchOptions,
 }
 
-/// The decoder families this forward pass runs, by `config.json`
-/// architecture and by `model_type`.
-const FAMILIES: &[(&str, &str)] = &[
-    ("LlamaForCausalLM", "llama"),
-    ("MistralForCausalLM", "mistral"),
-    ("Qwen2ForCausalLM", "qwen2"),
-    ("Qwen3ForCausalLM", "qwen3"),
-    ("Gemma2ForCausalLM", "gemma2"),
-    ("Gemma3ForCausalLM", "gemma3_text"),
-    ("Gemma3ForConditionalGeneration", "gemma3"),
+/// The decoder families this forward pass runs: `config.json`'s
+/// architecture, its `model_type`, and GGUF's `general.architecture`.
+const FAMILIES: &[(&str, &str, Option<&str>)] = &[
+    ("LlamaForCausalLM", "llama", Some("llama")),
+    ("MistralForCausalLM", "mistral", Some("mistral")),
+    ("Qwen2ForCausalLM", "qwen2", Some("qwen2")),
+    ("Qwen3ForCausalLM", "qwen3", Some("qwen3")),
+    ("Gemma2ForCausalLM", "gemma2", Some("gemma2")),
+    ("Gemma3ForCausalLM", "gemma3_text", Some("gemma3")),
+    ("Gemma3ForConditionalGeneration", "gemma3", None),
+    ("Phi3ForCausalLM", "phi3", Some("phi3")),
 ];
+
+/// The `config.json` architecture of a GGUF `general.architecture`.
+pub fn architecture_of_gguf(arch: &str) -> Option<&'static str> {
+    FAMILIES
+        .iter()
+        .find(|(_, _, g)| *g == Some(arch))
+        .map(|(a, _, _)| *a)
+}
+
+/// The architectures that load, for error messages.
+pub fn supported_architectures() -> String {
+    let hf: Vec<&str> = FAMILIES.iter().map(|(a, _, _)| *a).collect();
+    let gguf: Vec<&str> = FAMILIES.iter().filter_map(|(_, _, g)| *g).collect();
+    format!("{}; GGUF: {}", hf.join(", "), gguf.join(", "))
+}
 
 /// What transformers' config class of each family assumes for a field the
 /// file leaves out (only the fields whose default is not the generic one
@@ -247,13 +263,13 @@ impl ModelConfig {
             .map(str::to_string)
             .or_else(|| {
                 let t = top.get("model_type").and_then(Value::as_str)?;
-                Some(match FAMILIES.iter().find(|(_, m)| *m == t) {
-                    Some((a, _)) => a.to_string(),
+                Some(match FAMILIES.iter().find(|(_, m, _)| *m == t) {
+                    Some((a, _, _)) => a.to_string(),
                     None => t.to_string(),
                 })
             })
             .ok_or_else(|| ModelError::Config("no \"architectures\" or \"model_type\"".into()))?;
-        if !FAMILIES.iter().any(|(a, _)| *a == architecture) {
+        if !FAMILIES.iter().any(|(a, _, _)| *a == architecture) {
             return Err(ModelError::UnsupportedArchitecture(architecture));
         }
         // The family's defaults under the file's fields (a multimodal

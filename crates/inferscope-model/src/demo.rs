@@ -211,6 +211,28 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
         lin(&mut m, &mut rng, format!("{p}.mlp.up_proj.weight"), i, h)?;
         lin(&mut m, &mut rng, format!("{p}.mlp.down_proj.weight"), h, i)?;
     }
+    if cfg.architecture == "Phi3ForCausalLM" {
+        // Phi-3 checkpoints fuse q/k/v and gate/up along the output rows.
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let mut fuse = |parts: &[&str], name: &str| -> Result<(), ModelError> {
+                let ts = parts
+                    .iter()
+                    .map(|n| {
+                        m.remove(&format!("{p}.{n}.weight"))
+                            .expect("generated above")
+                    })
+                    .collect::<Vec<_>>();
+                m.insert(format!("{p}.{name}.weight"), Tensor::cat(&ts, 0)?);
+                Ok(())
+            };
+            fuse(
+                &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                "self_attn.qkv_proj",
+            )?;
+            fuse(&["mlp.gate_proj", "mlp.up_proj"], "mlp.gate_up_proj")?;
+        }
+    }
     m.insert("model.norm.weight".into(), tensor(norm(&mut rng, h), &[h])?);
     if !cfg.tie_word_embeddings {
         lin(&mut m, &mut rng, "lm_head.weight".into(), v, h)?;

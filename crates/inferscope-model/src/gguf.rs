@@ -10,7 +10,7 @@ use candle_core::Device;
 use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::config::{Activation, ArchOptions, ModelConfig};
+use crate::config::{Activation, ArchOptions, ModelConfig, architecture_of_gguf};
 use crate::error::ModelError;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
@@ -136,15 +136,20 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         .str("general.architecture")
         .ok_or_else(|| ModelError::Config("GGUF metadata lacks general.architecture".into()))?
         .to_string();
-    let architecture = match arch.as_str() {
-        "llama" => "LlamaForCausalLM",
-        "mistral" => "MistralForCausalLM",
-        "qwen2" => "Qwen2ForCausalLM",
-        "qwen3" => "Qwen3ForCausalLM",
-        "gemma2" => "Gemma2ForCausalLM",
-        "gemma3" => "Gemma3ForCausalLM",
-        _ => return Err(ModelError::UnsupportedArchitecture(arch)),
+    let Some(architecture) = architecture_of_gguf(&arch) else {
+        return Err(ModelError::UnsupportedArchitecture(arch));
     };
+    // Phi-3's LongRoPE (the 128k models) comes as per-frequency factors.
+    if ["rope_factors_long.weight", "rope_factors_short.weight"]
+        .iter()
+        .any(|t| content.tensor_infos.contains_key(*t))
+    {
+        return Err(ModelError::Config(
+            "unsupported rope type \"longrope\" (rope_factors_long/short): \
+             only Phi-3 models without rope scaling load"
+                .into(),
+        ));
+    }
     let is_gemma = arch.starts_with("gemma");
     let hidden_size = meta.usize(&format!("{arch}.embedding_length"))?;
     let num_heads = meta.usize(&format!("{arch}.attention.head_count"))?;
@@ -267,15 +272,29 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         );
         layers.push(Layer {
             attn_norm: tensors.vec(&format!("{p}.attn_norm.weight"), h)?,
-            q: tensors.linear(&format!("{p}.attn_q"), q_dim, h, bias)?,
-            k: tensors.linear(&format!("{p}.attn_k"), kv_dim, h, bias)?,
-            v: tensors.linear(&format!("{p}.attn_v"), kv_dim, h, bias)?,
+            // Phi-3's q/k/v are one `attn_qkv` tensor.
+            qkv: if tensors.has(&format!("{p}.attn_qkv.weight")) {
+                vec![tensors.linear(&format!("{p}.attn_qkv"), q_dim + 2 * kv_dim, h, bias)?]
+            } else {
+                vec![
+                    tensors.linear(&format!("{p}.attn_q"), q_dim, h, bias)?,
+                    tensors.linear(&format!("{p}.attn_k"), kv_dim, h, bias)?,
+                    tensors.linear(&format!("{p}.attn_v"), kv_dim, h, bias)?,
+                ]
+            },
             qk_norm,
             o: tensors.linear(&format!("{p}.attn_output"), h, q_dim, false)?,
             post_attn_norm,
             mlp_norm: tensors.vec(&format!("{p}.ffn_norm.weight"), h)?,
-            gate: tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
-            up: tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
+            // Phi-3's gate and up are one `ffn_up` of twice the rows.
+            gate_up: if tensors.has(&format!("{p}.ffn_gate.weight")) {
+                vec![
+                    tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
+                    tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
+                ]
+            } else {
+                vec![tensors.linear(&format!("{p}.ffn_up"), 2 * i, h, false)?]
+            },
             down: tensors.linear(&format!("{p}.ffn_down"), h, i, false)?,
             post_mlp_norm,
         });

@@ -312,12 +312,10 @@ struct Block {
 pub struct Layer {
     /// RMSNorm weight before attention.
     pub attn_norm: Vec<f32>,
-    /// Query projection.
-    pub q: Linear,
-    /// Key projection.
-    pub k: Linear,
-    /// Value projection.
-    pub v: Linear,
+    /// The query, key and value projections in that order, or products
+    /// of several of them fused in the checkpoint (Phi-3's `qkv_proj`):
+    /// their outputs side by side are q, k and v.
+    pub qkv: Vec<Linear>,
     /// Output projection.
     pub o: Linear,
     /// RMSNorm weights over each head of q and of k (Qwen3, Gemma 3).
@@ -328,10 +326,9 @@ pub struct Layer {
     pub post_mlp_norm: Option<Vec<f32>>,
     /// RMSNorm weight before the MLP.
     pub mlp_norm: Vec<f32>,
-    /// SwiGLU gate.
-    pub gate: Linear,
-    /// SwiGLU up projection.
-    pub up: Linear,
+    /// The gate and up projections, or their fused product (Phi-3's
+    /// `gate_up_proj`): gate, then up.
+    pub gate_up: Vec<Linear>,
     /// SwiGLU down projection.
     pub down: Linear,
 }
@@ -541,6 +538,22 @@ impl LlamaModel {
                 cfg.num_layers
             )));
         }
+        let (q_dim, kv_dim) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let rows = |parts: &[Linear]| parts.iter().map(|l| l.out_dim).sum::<usize>();
+        if let Some(l) = layers.iter().find(|l| {
+            rows(&l.qkv) != q_dim + 2 * kv_dim || rows(&l.gate_up) != 2 * cfg.intermediate_size
+        }) {
+            return Err(ModelError::Config(format!(
+                "q/k/v projections have {} rows (want {}), gate/up {} (want {})",
+                rows(&l.qkv),
+                q_dim + 2 * kv_dim,
+                rows(&l.gate_up),
+                2 * cfg.intermediate_size
+            )));
+        }
         if layers
             .iter()
             .any(|l| l.qk_norm.is_some() != cfg.arch.qk_norm)
@@ -570,12 +583,12 @@ impl LlamaModel {
                 };
                 Block {
                     attn_norm: l.attn_norm,
-                    qkv: Projection::new(vec![l.q, l.k, l.v]),
+                    qkv: Projection::new(l.qkv),
                     qk_norm: l.qk_norm,
                     o: l.o,
                     post_attn_norm: l.post_attn_norm,
                     mlp_norm: l.mlp_norm,
-                    gate_up: Projection::new(vec![l.gate, l.up]),
+                    gate_up: Projection::new(l.gate_up),
                     down: l.down,
                     post_mlp_norm: l.post_mlp_norm,
                     window: cfg.layer_window(li),

@@ -208,6 +208,8 @@ pub fn model_from_tensors(
     // Gemma 2 and 3 norm the attention output with what Llama calls the
     // pre-MLP norm, and have a pre- and a post-feedforward norm.
     let post = cfg.arch.post_norms;
+    // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`.
+    let fused = cfg.architecture == "Phi3ForCausalLM";
     let mlp_norm = if post {
         "pre_feedforward_layernorm"
     } else {
@@ -230,15 +232,32 @@ pub fn model_from_tensors(
         };
         layers.push(Layer {
             attn_norm: src.norm(&format!("{p}.input_layernorm.weight"), h)?,
-            q: src.linear(&format!("{p}.self_attn.q_proj"), q_dim, h, bias)?,
-            k: src.linear(&format!("{p}.self_attn.k_proj"), kv_dim, h, bias)?,
-            v: src.linear(&format!("{p}.self_attn.v_proj"), kv_dim, h, bias)?,
+            qkv: if fused {
+                vec![src.linear(
+                    &format!("{p}.self_attn.qkv_proj"),
+                    q_dim + 2 * kv_dim,
+                    h,
+                    bias,
+                )?]
+            } else {
+                vec![
+                    src.linear(&format!("{p}.self_attn.q_proj"), q_dim, h, bias)?,
+                    src.linear(&format!("{p}.self_attn.k_proj"), kv_dim, h, bias)?,
+                    src.linear(&format!("{p}.self_attn.v_proj"), kv_dim, h, bias)?,
+                ]
+            },
             qk_norm,
             o: src.linear(&format!("{p}.self_attn.o_proj"), h, q_dim, false)?,
             post_attn_norm: post_norm(&mut src, "post_attention_layernorm")?,
             mlp_norm: src.norm(&format!("{p}.{mlp_norm}.weight"), h)?,
-            gate: src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
-            up: src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+            gate_up: if fused {
+                vec![src.linear(&format!("{p}.mlp.gate_up_proj"), 2 * i, h, false)?]
+            } else {
+                vec![
+                    src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
+                    src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+                ]
+            },
             down: src.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
             post_mlp_norm: post_norm(&mut src, "post_feedforward_layernorm")?,
         });

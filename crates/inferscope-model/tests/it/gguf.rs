@@ -710,14 +710,24 @@ fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>)
     }
     let mut names = vec![
         ("attn_norm", "input_layernorm"),
-        ("attn_q", "self_attn.q_proj"),
-        ("attn_k", "self_attn.k_proj"),
-        ("attn_v", "self_attn.v_proj"),
         ("attn_output", "self_attn.o_proj"),
-        ("ffn_gate", "mlp.gate_proj"),
-        ("ffn_up", "mlp.up_proj"),
         ("ffn_down", "mlp.down_proj"),
     ];
+    if arch == "phi3" {
+        // Fused as in the checkpoint: `attn_qkv`, and gate/up as `ffn_up`.
+        names.extend([
+            ("attn_qkv", "self_attn.qkv_proj"),
+            ("ffn_up", "mlp.gate_up_proj"),
+        ]);
+    } else {
+        names.extend([
+            ("attn_q", "self_attn.q_proj"),
+            ("attn_k", "self_attn.k_proj"),
+            ("attn_v", "self_attn.v_proj"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+        ]);
+    }
     if cfg.arch.qk_norm {
         names.extend([
             ("attn_q_norm", "self_attn.q_norm"),
@@ -770,12 +780,12 @@ fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>)
     path
 }
 
-/// Qwen3 and Gemma 3 GGUF files (as llama.cpp's converter writes them) give
+/// Qwen3, Gemma 3 and Phi-3 GGUF files (as llama.cpp's converter writes them) give
 /// the logits of the same checkpoint loaded from safetensors, past Gemma 3's
 /// sliding window (its GGUF carries only the window: llama.cpp's fixed
 /// pattern of five local layers and a global one, local RoPE base 10⁴).
 #[test]
-fn gguf_qwen3_and_gemma3_match_the_safetensors_path() {
+fn gguf_families_match_the_safetensors_path() {
     let (tokens, _, _) = vocab();
     let mut qwen3 = config(tokens.len());
     qwen3.architecture = "Qwen3ForCausalLM".into();
@@ -799,8 +809,10 @@ fn gguf_qwen3_and_gemma3_match_the_safetensors_path() {
         sliding_window_pattern: Some(6),
         rope_local_theta: Some(10_000.0),
     };
+    let mut phi3 = config(tokens.len());
+    phi3.architecture = "Phi3ForCausalLM".into();
     let prompt: Vec<u32> = (0..9).map(|i| 3 + i * 29).collect();
-    for (arch, cfg) in [("qwen3", qwen3), ("gemma3", gemma3)] {
+    for (arch, cfg) in [("qwen3", qwen3), ("gemma3", gemma3), ("phi3", phi3)] {
         let w = random_weights(&cfg, 7).unwrap();
         let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), w.clone()).unwrap());
         let mut hf_exec =

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma3, llama, qwen2, qwen3};
+use candle_transformers::models::{gemma3, llama, phi3, qwen2, qwen3};
 use common::*;
 use inferscope_engine::Executor;
 use inferscope_model::config::{Activation, ArchOptions, Llama3RopeScaling, ModelConfig};
@@ -138,6 +138,7 @@ enum Reference {
     Qwen2(qwen2::ModelForCausalLM),
     Qwen3(qwen3::ModelForCausalLM),
     Gemma3(gemma3::Model),
+    Phi3(phi3::Model),
 }
 
 impl Reference {
@@ -150,6 +151,11 @@ impl Reference {
             j["hidden_act"] = "silu".into();
             let c: qwen3::Config = serde_json::from_value(j).unwrap();
             Reference::Qwen3(qwen3::ModelForCausalLM::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Phi3ForCausalLM" {
+            j["hidden_act"] = "silu".into();
+            j["eos_token_id"] = cfg.eos_token_ids[0].into();
+            let c: phi3::Config = serde_json::from_value(j).unwrap();
+            Reference::Phi3(phi3::Model::new(&c, vb).unwrap())
         } else if cfg.architecture == "Gemma3ForCausalLM" {
             let c: gemma3::Config = serde_json::from_value(j).unwrap();
             Reference::Gemma3(gemma3::Model::new(false, &c, vb).unwrap())
@@ -179,6 +185,7 @@ impl Reference {
             Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
             Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Phi3(m) => m.forward(&input, pos).unwrap(),
             Reference::Gemma3(m) => {
                 // One token at a time: candle's prefill mask lets a local
                 // layer see `sliding_window + 1` positions, its decode
@@ -721,4 +728,33 @@ fn gemma3_query_pre_attn_scalar_scales_the_scores() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(diff > 1e-2, "the scalar made no difference ({diff})");
+}
+
+/// Phi-3: q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj` (split by
+/// the product's rows, never copied apart), through prefill, decodes, a
+/// preemption and batching.
+#[test]
+fn phi3_fused_projections_match() {
+    let mut s = setup("phi3", config("Phi3ForCausalLM", false), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Phi-3's 128k models (LongRoPE) are refused by name, not run as 4k ones.
+#[test]
+fn phi3_longrope_is_refused() {
+    let mut j: serde_json::Value =
+        serde_json::from_str(&config("Phi3ForCausalLM", false).to_hf_json()).unwrap();
+    j["rope_scaling"] = serde_json::json!({"type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0],
+        "long_factor": [2.0, 2.0, 2.0, 2.0]});
+    let e = ModelConfig::from_hf_json(&j.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"longrope\""), "{e}");
+    j["rope_scaling"] = serde_json::Value::Null;
+    j["partial_rotary_factor"] = 0.75.into();
+    let e = ModelConfig::from_hf_json(&j.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("partial_rotary_factor"), "{e}");
 }
