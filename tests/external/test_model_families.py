@@ -33,7 +33,7 @@ from tiny_families import quantize_q4_k_m, tensor_types, write_family_gguf
 PROMPT = "the people of the new time which was not"
 TOKENS = 16
 # The weights' seed per family.
-SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0}
+SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0}
 # How far apart llama.cpp's top two logits must be for inferscope to have to
 # pick the same token: ~3x the two implementations' measured differences.
 MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.1}

@@ -771,6 +771,14 @@ fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>)
     if let Some(win) = cfg.sliding_window {
         meta.push((key("attention.sliding_window"), u(win)));
     }
+    for (k, cap) in [
+        ("attn_logit_softcapping", cfg.arch.attn_logit_softcapping),
+        ("final_logit_softcapping", cfg.arch.final_logit_softcapping),
+    ] {
+        if let Some(cap) = cap {
+            meta.push((key(k), Value::F32(cap)));
+        }
+    }
     meta.extend(spm_metadata().into_iter().map(|(k, v)| (k.to_string(), v)));
     let path = std::env::temp_dir().join(format!("inferscope-{arch}-{}.gguf", std::process::id()));
     let mut f = std::fs::File::create(&path).unwrap();
@@ -780,7 +788,7 @@ fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>)
     path
 }
 
-/// Qwen3, Gemma 3 and Phi-3 GGUF files (as llama.cpp's converter writes them) give
+/// Qwen3, Gemma 3, Phi-3 and Gemma 2 GGUF files (as llama.cpp's converter writes them) give
 /// the logits of the same checkpoint loaded from safetensors, past Gemma 3's
 /// sliding window (its GGUF carries only the window: llama.cpp's fixed
 /// pattern of five local layers and a global one, local RoPE base 10⁴).
@@ -809,10 +817,25 @@ fn gguf_families_match_the_safetensors_path() {
         sliding_window_pattern: Some(6),
         rope_local_theta: Some(10_000.0),
     };
+    let mut gemma2 = gemma3.clone();
+    gemma2.architecture = "Gemma2ForCausalLM".into();
+    gemma2.num_layers = 2;
+    gemma2.rope_theta = 10_000.0;
+    gemma2.arch.qk_norm = false;
+    gemma2.arch.sliding_window_pattern = Some(2);
+    gemma2.arch.rope_local_theta = None;
+    gemma2.arch.attn_logit_softcapping = Some(1.5);
+    gemma2.arch.final_logit_softcapping = Some(4.0);
     let mut phi3 = config(tokens.len());
     phi3.architecture = "Phi3ForCausalLM".into();
     let prompt: Vec<u32> = (0..9).map(|i| 3 + i * 29).collect();
-    for (arch, cfg) in [("qwen3", qwen3), ("gemma3", gemma3), ("phi3", phi3)] {
+    let families = [
+        ("qwen3", qwen3),
+        ("gemma3", gemma3),
+        ("phi3", phi3),
+        ("gemma2", gemma2),
+    ];
+    for (arch, cfg) in families {
         let w = random_weights(&cfg, 7).unwrap();
         let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), w.clone()).unwrap());
         let mut hf_exec =
@@ -828,6 +851,17 @@ fn gguf_families_match_the_safetensors_path() {
         let _ = std::fs::remove_file(&path);
         let got_cfg = &m.model().cfg;
         assert_eq!(got_cfg.arch.qk_norm, cfg.arch.qk_norm, "{arch}");
+        assert_eq!(
+            (
+                got_cfg.arch.attn_logit_softcapping,
+                got_cfg.arch.final_logit_softcapping
+            ),
+            (
+                cfg.arch.attn_logit_softcapping,
+                cfg.arch.final_logit_softcapping
+            ),
+            "{arch}: soft-caps"
+        );
         assert_eq!(
             (0..cfg.num_layers)
                 .map(|l| (got_cfg.layer_window(l), got_cfg.layer_rope_theta(l)))

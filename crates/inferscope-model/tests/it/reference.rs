@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma3, llama, phi3, qwen2, qwen3};
+use candle_transformers::models::{gemma2, gemma3, llama, phi3, qwen2, qwen3};
 use common::*;
 use inferscope_engine::Executor;
 use inferscope_model::config::{Activation, ArchOptions, Llama3RopeScaling, ModelConfig};
@@ -132,6 +132,23 @@ fn gemma3_config() -> ModelConfig {
     c
 }
 
+/// Gemma 2: Gemma 3 without q/k norms and with one RoPE base, local and
+/// global layers alternating, attention scores and final logits soft-capped
+/// (caps small enough to change the random model's numbers). The window is
+/// wider than the tests' sequences: candle-transformers' Gemma 2 has none.
+fn gemma2_config() -> ModelConfig {
+    let mut c = gemma3_config();
+    c.architecture = "Gemma2ForCausalLM".into();
+    c.rope_theta = 10_000.0;
+    c.sliding_window = Some(64);
+    c.arch.qk_norm = false;
+    c.arch.sliding_window_pattern = Some(2);
+    c.arch.rope_local_theta = None;
+    c.arch.attn_logit_softcapping = Some(1.5);
+    c.arch.final_logit_softcapping = Some(4.0);
+    c
+}
+
 /// The reference: one model instance and KV cache per sequence.
 enum Reference {
     Llama(llama::Llama, llama::Cache),
@@ -139,6 +156,7 @@ enum Reference {
     Qwen3(qwen3::ModelForCausalLM),
     Gemma3(gemma3::Model),
     Phi3(phi3::Model),
+    Gemma2(gemma2::Model),
 }
 
 impl Reference {
@@ -151,6 +169,9 @@ impl Reference {
             j["hidden_act"] = "silu".into();
             let c: qwen3::Config = serde_json::from_value(j).unwrap();
             Reference::Qwen3(qwen3::ModelForCausalLM::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Gemma2ForCausalLM" {
+            let c: gemma2::Config = serde_json::from_value(j).unwrap();
+            Reference::Gemma2(gemma2::Model::new(false, &c, vb).unwrap())
         } else if cfg.architecture == "Phi3ForCausalLM" {
             j["hidden_act"] = "silu".into();
             j["eos_token_id"] = cfg.eos_token_ids[0].into();
@@ -186,6 +207,7 @@ impl Reference {
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
             Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
             Reference::Phi3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Gemma2(m) => m.forward(&input, pos).unwrap(),
             Reference::Gemma3(m) => {
                 // One token at a time: candle's prefill mask lets a local
                 // layer see `sliding_window + 1` positions, its decode
@@ -757,4 +779,53 @@ fn phi3_longrope_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("partial_rotary_factor"), "{e}");
+}
+
+/// Gemma 2: the soft-caps and (1 + w) pre/post norms, through prefill,
+/// decodes, a preemption and batching.
+#[test]
+fn gemma2_softcapping_matches() {
+    let mut s = setup("gemma2", gemma2_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Gemma 2's local layers: a one-layer model (layer 0 is local) sees only
+/// the last `WINDOW` tokens, so each step's logits equal the reference fed
+/// just those from position 0 (RoPE depends on relative positions only).
+#[test]
+fn gemma2_local_layer_sees_only_its_window() {
+    const WINDOW: usize = 5;
+    let mut cfg = gemma2_config();
+    cfg.num_layers = 1;
+    cfg.sliding_window = Some(WINDOW);
+    let mut s = setup("gemma2-window", cfg, 1, BLOCK_SIZE);
+    let mut wide = s.cfg.clone();
+    wide.sliding_window = Some(64);
+    let windowed = |tokens: &[u32]| {
+        Reference::new(&wide, &s.weights).feed(&tokens[tokens.len() - WINDOW..], 0)
+    };
+    let mut alloc = Alloc::new(0).with_block_size(s.block_size);
+    let mut seq = Seq::new(1, &prompt(13, 2), greedy());
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let mut last = s.exec.forward_logits(&batch).unwrap().remove(0);
+    assert_close(&last, &windowed(&seq.tokens), "prefill");
+    let full = Reference::new(&wide, &s.weights).feed(&seq.tokens, 0);
+    let diff = last
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the window made no difference ({diff})");
+    for step in 0..6 {
+        seq.tokens.push(argmax(&last));
+        seq.num_generated += 1;
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+        last = s.exec.forward_logits(&batch).unwrap().remove(0);
+        assert_close(
+            &last,
+            &windowed(&seq.tokens),
+            &format!("decode step {step}"),
+        );
+    }
 }
