@@ -17,6 +17,19 @@ pub struct Llama3RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
+/// RoPE frequency scaling (of the global layers, where a family has local
+/// ones with their own base).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Llama-3's frequency-dependent scaling.
+    Llama3(Llama3RopeScaling),
+    /// Every frequency divided by `factor` (`linear`: Gemma 3 4B–27B).
+    Linear {
+        /// The divisor.
+        factor: f32,
+    },
+}
+
 /// The gated MLP's activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Activation {
@@ -82,8 +95,8 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     /// RoPE base.
     pub rope_theta: f32,
-    /// Llama-3 RoPE scaling, if any.
-    pub rope_scaling: Option<Llama3RopeScaling>,
+    /// RoPE scaling, if any.
+    pub rope_scaling: Option<RopeScaling>,
     /// RoPE rotates adjacent pairs (GGUF layout) instead of halves (HF layout).
     pub rope_interleaved: bool,
     /// Longest supported sequence.
@@ -180,10 +193,7 @@ fn ids(v: Option<&Value>) -> Vec<u32> {
 /// entry of v5's `rope_parameters` (which also holds `rope_theta`). Returns
 /// the base if given, and the Llama-3 scaling if any; a type this forward
 /// pass does not implement is an error, never ignored.
-fn parse_rope(
-    rs: &Value,
-    field: &str,
-) -> Result<(Option<f32>, Option<Llama3RopeScaling>), ModelError> {
+fn parse_rope(rs: &Value, field: &str) -> Result<(Option<f32>, Option<RopeScaling>), ModelError> {
     if rs.is_null() {
         return Ok((None, None));
     }
@@ -200,7 +210,7 @@ fn parse_rope(
                 get_f32(rs, k)
                     .ok_or_else(|| ModelError::Config(format!("{field} (llama3) lacks {k:?}")))
             };
-            Some(Llama3RopeScaling {
+            Some(RopeScaling::Llama3(Llama3RopeScaling {
                 factor: f("factor")?,
                 low_freq_factor: f("low_freq_factor")?,
                 high_freq_factor: f("high_freq_factor")?,
@@ -208,11 +218,19 @@ fn parse_rope(
                     rs,
                     "original_max_position_embeddings",
                 )?,
-            })
+            }))
         }
+        "linear" => match get_f32(rs, "factor") {
+            Some(factor) if factor > 0.0 => Some(RopeScaling::Linear { factor }),
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "{field} (linear) needs a positive \"factor\""
+                )));
+            }
+        },
         other => {
             return Err(ModelError::Config(format!(
-                "unsupported rope type {other:?} in {field} (supported: default, llama3)"
+                "unsupported rope type {other:?} in {field} (supported: default, llama3, linear)"
             )));
         }
     };
@@ -343,11 +361,6 @@ impl ModelConfig {
                 rope_scaling = s;
             }
             None => {}
-        }
-        if is_gemma && rope_scaling.is_some() {
-            return Err(ModelError::Config(format!(
-                "{architecture} with rope scaling is not supported"
-            )));
         }
         let rope_theta = rope_theta.unwrap_or(10_000.0);
 
@@ -506,18 +519,36 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// RoPE inverse frequencies for the base `theta` (see
-    /// [`ModelConfig::layer_rope_theta`]), with Llama-3 scaling applied.
-    pub fn rope_inv_freq(&self, theta: f32) -> Vec<f32> {
-        let d = self.head_dim;
+    /// RoPE inverse frequencies of layer `layer`: its base, scaled unless
+    /// it is a local layer with its own base (Gemma 3's are never scaled).
+    pub fn layer_rope_inv_freq(&self, layer: usize) -> Vec<f32> {
+        let theta = self.layer_rope_theta(layer);
+        if self.layer_window(layer).is_some() && self.arch.rope_local_theta.is_some() {
+            return Self::unscaled_inv_freq(theta, self.head_dim);
+        }
+        self.rope_inv_freq(theta)
+    }
+
+    /// `1 / θ^(2i/d)` for each pair of a head's dimensions.
+    fn unscaled_inv_freq(theta: f32, d: usize) -> Vec<f32> {
         // Computed in f32 exactly as the reference implementations do, so
         // that logits agree to rounding.
-        let base: Vec<f32> = (0..d)
+        (0..d)
             .step_by(2)
             .map(|i| 1f32 / theta.powf(i as f32 / d as f32))
-            .collect();
-        let Some(rs) = &self.rope_scaling else {
-            return base;
+            .collect()
+    }
+
+    /// RoPE inverse frequencies for the base `theta` with the config's
+    /// scaling applied.
+    pub fn rope_inv_freq(&self, theta: f32) -> Vec<f32> {
+        let base = Self::unscaled_inv_freq(theta, self.head_dim);
+        let rs = match &self.rope_scaling {
+            None => return base,
+            Some(RopeScaling::Linear { factor }) => {
+                return base.into_iter().map(|f| f / factor).collect();
+            }
+            Some(RopeScaling::Llama3(rs)) => rs,
         };
         let orig = rs.original_max_position_embeddings as f32;
         let low_wavelen = orig / rs.low_freq_factor;
@@ -592,14 +623,20 @@ impl ModelConfig {
             v["sliding_window_pattern"] = a.sliding_window_pattern.into();
             v["rope_local_base_freq"] = a.rope_local_theta.into();
         }
-        if let Some(rs) = &self.rope_scaling {
-            v["rope_scaling"] = serde_json::json!({
-                "rope_type": "llama3",
-                "factor": rs.factor,
-                "low_freq_factor": rs.low_freq_factor,
-                "high_freq_factor": rs.high_freq_factor,
-                "original_max_position_embeddings": rs.original_max_position_embeddings,
-            });
+        match &self.rope_scaling {
+            None => {}
+            Some(RopeScaling::Llama3(rs)) => {
+                v["rope_scaling"] = serde_json::json!({
+                    "rope_type": "llama3",
+                    "factor": rs.factor,
+                    "low_freq_factor": rs.low_freq_factor,
+                    "high_freq_factor": rs.high_freq_factor,
+                    "original_max_position_embeddings": rs.original_max_position_embeddings,
+                });
+            }
+            Some(RopeScaling::Linear { factor }) => {
+                v["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": factor});
+            }
         }
         v.to_string()
     }
@@ -683,7 +720,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(v5.rope_theta, 500_000.0);
-        assert_eq!(v5.rope_scaling.unwrap().factor, 8.0);
+        assert!(matches!(v5.rope_scaling, Some(RopeScaling::Llama3(s)) if s.factor == 8.0));
         assert_eq!(parse("Gemma3ForCausalLM", "").unwrap().rope_theta, 1e6);
         let gemma = parse(
             "Gemma3ForCausalLM",
@@ -711,11 +748,11 @@ mod tests {
         }
         let e = parse(
             "Gemma3ForCausalLM",
-            r#","rope_scaling":{"rope_type":"linear","factor":8.0}"#,
+            r#","rope_scaling":{"rope_type":"linear"}"#,
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("\"linear\""), "{e}");
+        assert!(e.contains("factor"), "{e}");
     }
 
     /// Gemma's local/global layers from `sliding_window_pattern` (v4) or
@@ -766,6 +803,32 @@ mod tests {
         assert!(c.tie_word_embeddings && c.arch.qk_norm);
         assert_eq!(c.layer_window(4), Some(1024));
         assert_eq!(c.layer_window(5), None);
+    }
+
+    /// Gemma 3 4B–27B: `linear` scaling divides the global layers'
+    /// frequencies (positions p·f then turn as p did unscaled); the local
+    /// layers keep their own unscaled base.
+    #[test]
+    fn linear_rope_scaling_on_gemma3_global_layers_only() {
+        let plain = parse("Gemma3ForCausalLM", r#","sliding_window":512"#).unwrap();
+        let scaled = parse(
+            "Gemma3ForCausalLM",
+            r#","sliding_window":512,"rope_scaling":{"rope_type":"linear","factor":8.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            ModelConfig::from_hf_json(&scaled.to_hf_json()).unwrap(),
+            scaled
+        );
+        for (a, b) in plain
+            .layer_rope_inv_freq(5)
+            .iter()
+            .zip(scaled.layer_rope_inv_freq(5))
+        {
+            assert_eq!(a / 8.0, b);
+        }
+        assert_eq!(plain.layer_rope_inv_freq(0), scaled.layer_rope_inv_freq(0));
+        assert_ne!(plain.layer_rope_inv_freq(0), plain.layer_rope_inv_freq(5));
     }
 
     #[test]

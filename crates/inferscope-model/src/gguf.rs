@@ -10,7 +10,7 @@ use candle_core::Device;
 use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::config::{Activation, ArchOptions, ModelConfig, architecture_of_gguf};
+use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
 use crate::error::ModelError;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
@@ -202,6 +202,25 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         rope_local_theta: (arch == "gemma3")
             .then(|| f32_key("rope.freq_base_swa").unwrap_or(10_000.0)),
     };
+    // llama.cpp writes linear scaling (Gemma 3 4B–27B) as a type and a
+    // factor; Llama 3's comes as `rope_freqs.weight` (below). Any other
+    // type is refused rather than ignored.
+    let rope_scaling = match meta.str(&format!("{arch}.rope.scaling.type")) {
+        None | Some("none") => None,
+        Some("linear") => match f32_key("rope.scaling.factor") {
+            Some(factor) if factor > 0.0 => Some(RopeScaling::Linear { factor }),
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "{arch}.rope.scaling.type is linear without a positive {arch}.rope.scaling.factor"
+                )));
+            }
+        },
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "unsupported rope type {other:?} in {arch}.rope.scaling.type (supported: none, linear)"
+            )));
+        }
+    };
     let tokens_meta = TokenizerMeta::read(&meta);
     let mut tensors = Tensors {
         content: &content,
@@ -225,7 +244,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         rope_theta: meta
             .opt_f64(&format!("{arch}.rope.freq_base"))
             .unwrap_or(10_000.0) as f32,
-        rope_scaling: None,
+        rope_scaling,
         // llama.cpp permutes the q/k rows of Llama and Mistral checkpoints
         // for the interleaved (GPT-J) rotation; the others keep the NeoX
         // layout.

@@ -568,17 +568,17 @@ impl LlamaModel {
             let scale = (cfg.hidden_size as f32).sqrt();
             embed.iter_mut().for_each(|x| *x *= scale);
         }
-        let mut thetas: Vec<f32> = Vec::new();
+        let mut inv_freq: Vec<Vec<f32>> = Vec::new();
         let layers = layers
             .into_iter()
             .enumerate()
             .map(|(li, l)| {
-                let theta = cfg.layer_rope_theta(li);
-                let rope = match thetas.iter().position(|&t| t == theta) {
+                let freqs = cfg.layer_rope_inv_freq(li);
+                let rope = match inv_freq.iter().position(|f| *f == freqs) {
                     Some(i) => i,
                     None => {
-                        thetas.push(theta);
-                        thetas.len() - 1
+                        inv_freq.push(freqs);
+                        inv_freq.len() - 1
                     }
                 };
                 Block {
@@ -596,7 +596,6 @@ impl LlamaModel {
                 }
             })
             .collect();
-        let inv_freq = thetas.iter().map(|&t| cfg.rope_inv_freq(t)).collect();
         Ok(Self {
             cfg,
             embed,

@@ -560,12 +560,14 @@ fn gguf_rope_freqs_carry_llama3_scaling() {
     let (tokens, _, _) = vocab();
     let mut scaled = config(tokens.len());
     scaled.rope_theta = 500_000.0;
-    scaled.rope_scaling = Some(inferscope_model::config::Llama3RopeScaling {
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position_embeddings: 16,
-    });
+    scaled.rope_scaling = Some(inferscope_model::config::RopeScaling::Llama3(
+        inferscope_model::config::Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 16,
+        },
+    ));
     let mut plain = scaled.clone();
     plain.rope_scaling = None;
     let factors: Vec<f32> = plain
@@ -771,6 +773,10 @@ fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>)
     if let Some(win) = cfg.sliding_window {
         meta.push((key("attention.sliding_window"), u(win)));
     }
+    if let Some(inferscope_model::config::RopeScaling::Linear { factor }) = cfg.rope_scaling {
+        meta.push((key("rope.scaling.type"), Value::String("linear".into())));
+        meta.push((key("rope.scaling.factor"), Value::F32(factor)));
+    }
     for (k, cap) in [
         ("attn_logit_softcapping", cfg.arch.attn_logit_softcapping),
         ("final_logit_softcapping", cfg.arch.final_logit_softcapping),
@@ -817,6 +823,10 @@ fn gguf_families_match_the_safetensors_path() {
         sliding_window_pattern: Some(6),
         rope_local_theta: Some(10_000.0),
     };
+    // Gemma 3 4B–27B: linear RoPE scaling on the global layers.
+    let mut gemma3_scaled = gemma3.clone();
+    gemma3_scaled.rope_scaling =
+        Some(inferscope_model::config::RopeScaling::Linear { factor: 8.0 });
     let mut gemma2 = gemma3.clone();
     gemma2.architecture = "Gemma2ForCausalLM".into();
     gemma2.num_layers = 2;
@@ -832,6 +842,7 @@ fn gguf_families_match_the_safetensors_path() {
     let families = [
         ("qwen3", qwen3),
         ("gemma3", gemma3),
+        ("gemma3", gemma3_scaled),
         ("phi3", phi3),
         ("gemma2", gemma2),
     ];
@@ -851,6 +862,7 @@ fn gguf_families_match_the_safetensors_path() {
         let _ = std::fs::remove_file(&path);
         let got_cfg = &m.model().cfg;
         assert_eq!(got_cfg.arch.qk_norm, cfg.arch.qk_norm, "{arch}");
+        assert_eq!(got_cfg.rope_scaling, cfg.rope_scaling, "{arch}");
         assert_eq!(
             (
                 got_cfg.arch.attn_logit_softcapping,

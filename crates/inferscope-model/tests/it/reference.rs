@@ -12,7 +12,9 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::{gemma2, gemma3, llama, phi3, qwen2, qwen3};
 use common::*;
 use inferscope_engine::Executor;
-use inferscope_model::config::{Activation, ArchOptions, Llama3RopeScaling, ModelConfig};
+use inferscope_model::config::{
+    Activation, ArchOptions, Llama3RopeScaling, ModelConfig, RopeScaling,
+};
 use inferscope_model::demo::random_weights;
 use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
 
@@ -390,12 +392,12 @@ fn llama_matches_candle_transformers() {
 fn llama3_rope_scaling_tied_head_sharded_matches() {
     let mut cfg = config("LlamaForCausalLM", true);
     cfg.rope_theta = 500_000.0;
-    cfg.rope_scaling = Some(Llama3RopeScaling {
+    cfg.rope_scaling = Some(RopeScaling::Llama3(Llama3RopeScaling {
         factor: 8.0,
         low_freq_factor: 1.0,
         high_freq_factor: 4.0,
         original_max_position_embeddings: 16,
-    });
+    }));
     let mut s = setup("llama3", cfg, 3, BLOCK_SIZE);
     prefill_decode_and_recompute(&mut s);
 }
