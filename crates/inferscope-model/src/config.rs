@@ -319,6 +319,15 @@ impl ModelConfig {
             None if num_heads > 0 => hidden_size / num_heads,
             None => 0,
         };
+        // EmbeddingGemma's encoder is a Gemma 3 without the causal mask.
+        if v.get("use_bidirectional_attention")
+            .and_then(Value::as_bool)
+            == Some(true)
+        {
+            return Err(ModelError::Config(
+                "use_bidirectional_attention (an embedding model) is not supported".into(),
+            ));
+        }
         if let Some(f) = v.get("partial_rotary_factor").and_then(Value::as_f64)
             && f != 1.0
         {
@@ -777,6 +786,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("layer_types"), "{e}");
+        let e = parse(
+            "Gemma3ForCausalLM",
+            r#","use_bidirectional_attention":true"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("use_bidirectional_attention"), "{e}");
         let g2 = parse("Gemma2ForCausalLM", r#","sliding_window":64"#).unwrap();
         assert_eq!(g2.layer_window(0), Some(64));
         assert_eq!(g2.layer_window(1), None);
