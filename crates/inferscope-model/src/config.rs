@@ -588,7 +588,15 @@ impl ModelConfig {
         let h = self.hidden_size;
         let q = self.num_heads * self.head_dim;
         let kv = self.num_kv_heads * self.head_dim;
-        let layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h;
+        let norms = if self.arch.post_norms { 4 * h } else { 2 * h };
+        let qk_norms = if self.arch.qk_norm {
+            2 * self.head_dim
+        } else {
+            0
+        };
+        let biases = if self.attention_bias { q + 2 * kv } else { 0 };
+        let layer =
+            h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + norms + qk_norms + biases;
         let head = if self.tie_word_embeddings {
             0
         } else {
@@ -845,6 +853,46 @@ mod tests {
         }
         assert_eq!(plain.layer_rope_inv_freq(0), scaled.layer_rope_inv_freq(0));
         assert_ne!(plain.layer_rope_inv_freq(0), plain.layer_rope_inv_freq(5));
+    }
+
+    /// The parameter count is the number of weights a checkpoint of each
+    /// family holds.
+    #[test]
+    fn num_params_counts_every_family_s_tensors() {
+        let base = crate::demo::demo_config();
+        let families = [
+            ("LlamaForCausalLM", ArchOptions::default()),
+            ("Qwen2ForCausalLM", ArchOptions::default()),
+            (
+                "Qwen3ForCausalLM",
+                ArchOptions {
+                    qk_norm: true,
+                    ..ArchOptions::default()
+                },
+            ),
+            (
+                "Gemma3ForCausalLM",
+                ArchOptions {
+                    qk_norm: true,
+                    post_norms: true,
+                    norm_offset: true,
+                    ..ArchOptions::default()
+                },
+            ),
+            ("Phi3ForCausalLM", ArchOptions::default()),
+        ];
+        for (arch, options) in families {
+            let cfg = ModelConfig {
+                architecture: arch.into(),
+                attention_bias: arch == "Qwen2ForCausalLM",
+                tie_word_embeddings: arch.starts_with("Gemma"),
+                arch: options,
+                ..base.clone()
+            };
+            let w = crate::demo::random_weights(&cfg, 1).unwrap();
+            let n: usize = w.values().map(|t| t.elem_count()).sum();
+            assert_eq!(cfg.num_params(), n, "{arch}");
+        }
     }
 
     #[test]

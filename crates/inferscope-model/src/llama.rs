@@ -1,4 +1,6 @@
-//! The Llama-family forward pass over a flattened batch of tokens.
+//! The Llama-family forward pass over a flattened batch of tokens: one
+//! decoder for Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3, whose
+//! differences (`config::ArchOptions`) are resolved per layer at load.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
