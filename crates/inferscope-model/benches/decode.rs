@@ -44,6 +44,7 @@ fn model_100m() -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 

@@ -24,6 +24,10 @@ pub(crate) struct AttnShape {
     pub head_dim: usize,
     /// Positions a token attends to, itself included (sliding window).
     pub window: Option<usize>,
+    /// Multiplies the scores: `1/√head_dim`, or `1/√query_pre_attn_scalar`.
+    pub scale: f32,
+    /// Scaled scores become `cap · tanh(s / cap)` (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// The queries of a step: token `t`'s head `h` is `d` floats at
@@ -53,9 +57,10 @@ pub(crate) fn paged_attention(
         num_kv_heads,
         head_dim: d,
         window,
+        scale,
+        softcap,
     } = shape;
     let group = num_heads / num_kv_heads;
-    let scale = 1.0 / (d as f32).sqrt();
     #[cfg(target_arch = "x86_64")]
     let avx2 = Isa::get(IsaKind::Avx2).is_some();
     let work = |scores: &mut Vec<f32>, (idx, o): (usize, &mut [f32])| {
@@ -71,6 +76,7 @@ pub(crate) fn paged_attention(
             pool,
             layer,
             scale,
+            softcap,
         };
         #[cfg(target_arch = "x86_64")]
         if avx2 {
@@ -126,6 +132,7 @@ struct Group<'a> {
     pool: &'a KvStorage,
     layer: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -282,7 +289,15 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
         let row = &mut scores[h * stride..h * stride + len];
         row[..skip].fill(0.0);
         let s = &mut row[skip..];
-        let max = scale_and_max(s, g.scale);
+        let max = match g.softcap {
+            None => scale_and_max(s, g.scale),
+            Some(cap) => {
+                // tanh is a libm call per score: only Gemma 2 pays it.
+                let k = g.scale / cap;
+                s.iter_mut().for_each(|x| *x = cap * (*x * k).tanh());
+                scale_and_max(s, 1.0)
+            }
+        };
         s.iter_mut().for_each(|x| *x -= max);
         exp_in_place(s);
         let inv = 1.0 / s.iter().sum::<f32>();
@@ -353,7 +368,8 @@ mod tests {
             let s: Vec<f32> = (0..n)
                 .map(|p| {
                     let kh = &k[p][kvh * d..(kvh + 1) * d];
-                    qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() / (d as f32).sqrt()
+                    let s = qh.iter().zip(kh).map(|(a, b)| a * b).sum::<f32>() * shape.scale;
+                    shape.softcap.map_or(s, |c| c * (s / c).tanh())
                 })
                 .collect();
             let max = s.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -422,6 +438,8 @@ mod tests {
             num_kv_heads: 2,
             head_dim: 64,
             window: None,
+            scale: 0.125,
+            softcap: None,
         };
         check_decode(20, shape, false);
         check_decode(300, shape, true);
@@ -434,9 +452,26 @@ mod tests {
                 num_kv_heads,
                 head_dim: 32,
                 window: None,
+                scale: 1.0 / 32f32.sqrt(),
+                softcap: None,
             };
             check_decode(40, shape, false);
         }
+    }
+
+    /// Gemma's score scale (`query_pre_attn_scalar`) and Gemma 2's tanh
+    /// soft-capping (a cap small enough that it changes the result).
+    #[test]
+    fn decode_attention_with_scale_and_softcap_matches_the_reference() {
+        let shape = AttnShape {
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 32,
+            window: None,
+            scale: 0.7,
+            softcap: Some(1.5),
+        };
+        check_decode(40, shape, false);
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub fn demo_config() -> ModelConfig {
         bos_token_id: Some(ByteTokenizer::BOS),
         eos_token_ids: vec![ByteTokenizer::EOS],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 
@@ -115,8 +116,11 @@ fn tensor(data: Vec<f32>, shape: &[usize]) -> Result<Tensor, ModelError> {
     Ok(Tensor::from_vec(data, shape, &Device::Cpu)?)
 }
 
-/// Random weights for `cfg`, named as in Hugging Face Llama checkpoints.
-/// Scaled by 1/√fan_in so activations stay O(1) through the layers.
+/// Random weights for `cfg`, named as in Hugging Face checkpoints of its
+/// family (Llama's tensors, plus Qwen3's and Gemma's q/k norms and Gemma's
+/// pre/post-feedforward norms). Scaled by 1/√fan_in so activations stay
+/// O(1) through the layers; norm weights are near 1 (stored as `w - 1`
+/// where the family's checkpoints do).
 pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Tensor>, ModelError> {
     let mut rng = SplitMix64::new(seed);
     let mut m = HashMap::new();
@@ -132,8 +136,12 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
         m.insert(name, tensor(w, &[out, inp])?);
         Ok::<(), ModelError>(())
     };
+    let stored_one = if cfg.arch.norm_offset { 0.0 } else { 1.0 };
     let norm = |rng: &mut SplitMix64, n: usize| -> Vec<f32> {
-        uniform(rng, n, 0.1).into_iter().map(|x| 1.0 + x).collect()
+        uniform(rng, n, 0.1)
+            .into_iter()
+            .map(|x| stored_one + x)
+            .collect()
     };
     m.insert(
         "model.embed_tokens.weight".into(),
@@ -174,6 +182,15 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
                 );
             }
         }
+        if cfg.arch.qk_norm {
+            for n in ["q_norm", "k_norm"] {
+                let d = cfg.head_dim;
+                m.insert(
+                    format!("{p}.self_attn.{n}.weight"),
+                    tensor(norm(&mut rng, d), &[d])?,
+                );
+            }
+        }
         lin(
             &mut m,
             &mut rng,
@@ -185,9 +202,36 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
             format!("{p}.post_attention_layernorm.weight"),
             tensor(norm(&mut rng, h), &[h])?,
         );
+        if cfg.arch.post_norms {
+            for n in ["pre_feedforward_layernorm", "post_feedforward_layernorm"] {
+                m.insert(format!("{p}.{n}.weight"), tensor(norm(&mut rng, h), &[h])?);
+            }
+        }
         lin(&mut m, &mut rng, format!("{p}.mlp.gate_proj.weight"), i, h)?;
         lin(&mut m, &mut rng, format!("{p}.mlp.up_proj.weight"), i, h)?;
         lin(&mut m, &mut rng, format!("{p}.mlp.down_proj.weight"), h, i)?;
+    }
+    if cfg.architecture == "Phi3ForCausalLM" {
+        // Phi-3 checkpoints fuse q/k/v and gate/up along the output rows.
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            let mut fuse = |parts: &[&str], name: &str| -> Result<(), ModelError> {
+                let ts = parts
+                    .iter()
+                    .map(|n| {
+                        m.remove(&format!("{p}.{n}.weight"))
+                            .expect("generated above")
+                    })
+                    .collect::<Vec<_>>();
+                m.insert(format!("{p}.{name}.weight"), Tensor::cat(&ts, 0)?);
+                Ok(())
+            };
+            fuse(
+                &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+                "self_attn.qkv_proj",
+            )?;
+            fuse(&["mlp.gate_proj", "mlp.up_proj"], "mlp.gate_up_proj")?;
+        }
     }
     m.insert("model.norm.weight".into(), tensor(norm(&mut rng, h), &[h])?);
     if !cfg.tie_word_embeddings {

@@ -4,6 +4,8 @@
 
 use rayon::prelude::*;
 
+use crate::config::Activation;
+
 #[cfg(target_arch = "x86_64")]
 use crate::isa::{Isa, IsaKind};
 
@@ -48,6 +50,52 @@ pub(crate) fn exp_in_place(xs: &mut [f32]) {
     }
 }
 
+/// RMSNorm of every row of `x` (`[rows][w.len()]`) in place (the per-head
+/// q/k norms of Qwen3 and Gemma 3).
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::get(IsaKind::Avx2).is_some() {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        unsafe { rms_norm_in_place_avx2(x, w, eps) };
+        return;
+    }
+    rms_norm_in_place_generic(x, w, eps);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn rms_norm_in_place_avx2(x: &mut [f32], w: &[f32], eps: f32) {
+    rms_norm_in_place_generic(x, w, eps)
+}
+
+#[inline(always)]
+fn rms_norm_in_place_generic(x: &mut [f32], w: &[f32], eps: f32) {
+    for xr in x.chunks_exact_mut(w.len()) {
+        let r = inv_rms(xr, eps);
+        for (v, wi) in xr.iter_mut().zip(w) {
+            *v = *v * r * wi;
+        }
+    }
+}
+
+/// `1 / √(mean(x²) + eps)` of one row.
+#[inline(always)]
+fn inv_rms(xr: &[f32], eps: f32) -> f32 {
+    // 16 partial sums, which the compiler keeps in two vectors: one
+    // running f32 sum cannot be reordered, so it waited on an add's
+    // latency per element (3.4 ms of a 128-token prefill step).
+    let mut lanes = [0f32; 16];
+    let mut chunks = xr.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    let ms = (lanes.iter().sum::<f32>() + tail) / xr.len() as f32;
+    1.0 / (ms + eps).sqrt()
+}
+
 /// RMSNorm of every row of `x` (`[rows][w.len()]`) into `out`:
 /// `out = x / √(mean(x²) + eps) · w`.
 pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -70,32 +118,23 @@ fn rms_norm_avx2(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 fn rms_norm_generic(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
-        // 16 partial sums, which the compiler keeps in two vectors: one
-        // running f32 sum cannot be reordered, so it waited on an add's
-        // latency per element (3.4 ms of a 128-token prefill step).
-        let mut lanes = [0f32; 16];
-        let mut chunks = xr.chunks_exact(16);
-        for c in &mut chunks {
-            for (l, v) in lanes.iter_mut().zip(c) {
-                *l += v * v;
-            }
-        }
-        let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-        let ms = (lanes.iter().sum::<f32>() + tail) / h as f32;
-        let r = 1.0 / (ms + eps).sqrt();
+        let r = inv_rms(xr, eps);
         for ((o, v), wi) in or.iter_mut().zip(xr).zip(w) {
             *o = v * r * wi;
         }
     }
 }
 
-/// SwiGLU of every row of `gate_up` (`[rows][2 · inter]`: the gate, then
-/// the up projection) into `act` (`[rows][inter]`); many rows are split
-/// across the pool.
-pub(crate) fn swiglu_rows(gate_up: &[f32], inter: usize, act: &mut [f32]) {
+/// The gated activation (SwiGLU or GeGLU) of every row of `gate_up`
+/// (`[rows][2 · inter]`: the gate, then the up projection) into `act`
+/// (`[rows][inter]`); many rows are split across the pool.
+pub(crate) fn gated_rows(gate_up: &[f32], inter: usize, act: &mut [f32], kind: Activation) {
     let row = |(a, gu): (&mut [f32], &[f32])| {
         let (g, u) = gu.split_at(inter);
-        swiglu(g, u, a);
+        match kind {
+            Activation::Silu => swiglu(g, u, a),
+            Activation::GeluTanh => geglu_tanh(g, u, a),
+        }
     };
     if act.len() >= SWIGLU_PARALLEL_MIN {
         act.par_chunks_exact_mut(inter)
@@ -126,6 +165,39 @@ fn swiglu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
     swiglu_generic(g, u, out)
 }
 
+/// `out[i] = gelu_tanh(g[i]) · u[i]`, Gemma's GeGLU, where
+/// `gelu_tanh(x) = ½x(1 + tanh(√(2/π)(x + 0.044715x³)))`, computed as
+/// `x / (1 + e^(-2y))` (the same value: `½(1 + tanh y)` is `σ(2y)`), so
+/// that it vectorises like SwiGLU.
+pub(crate) fn geglu_tanh(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::get(IsaKind::Avx2).is_some() {
+        // SAFETY: the CPU supports the features the function is compiled for.
+        unsafe { geglu_tanh_avx2(g, u, out) };
+        return;
+    }
+    geglu_tanh_generic(g, u, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn geglu_tanh_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
+    geglu_tanh_generic(g, u, out)
+}
+
+#[inline(always)]
+fn geglu_tanh_generic(g: &[f32], u: &[f32], out: &mut [f32]) {
+    // -2 · √(2/π).
+    const K: f32 = -1.595_769;
+    for (o, x) in out.iter_mut().zip(g) {
+        *o = K * (x + 0.044_715 * x * x * x);
+    }
+    exp_in_place(out);
+    for ((o, x), ui) in out.iter_mut().zip(g).zip(u) {
+        *o = x / (1.0 + *o) * ui;
+    }
+}
+
 #[inline(always)]
 fn swiglu_generic(g: &[f32], u: &[f32], out: &mut [f32]) {
     for (o, gi) in out.iter_mut().zip(g) {
@@ -154,6 +226,34 @@ mod tests {
                 "silu({gi})·{ui} = {o}, want {e}"
             );
         }
+    }
+
+    #[test]
+    fn geglu_tanh_matches_the_formula() {
+        let g: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.02).collect();
+        let u: Vec<f32> = (0..1000).map(|i| 1.0 + (i % 7) as f32).collect();
+        let mut out = vec![0f32; g.len()];
+        geglu_tanh(&g, &u, &mut out);
+        for ((o, gi), ui) in out.iter().zip(&g).zip(&u) {
+            let x = f64::from(*gi);
+            let y = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x.powi(3));
+            let e = 0.5 * x * (1.0 + y.tanh()) * f64::from(*ui);
+            assert!(
+                (f64::from(*o) - e).abs() <= 1e-5 * e.abs().max(1.0),
+                "gelu_tanh({gi})·{ui} = {o}, want {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn rms_norm_in_place_equals_rms_norm() {
+        let w: Vec<f32> = (0..24).map(|i| 0.5 + i as f32 * 0.1).collect();
+        let x: Vec<f32> = (0..72).map(|i| ((i * 5) % 13) as f32 - 6.0).collect();
+        let mut out = vec![f32::NAN; x.len()];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let mut y = x.clone();
+        rms_norm_in_place(&mut y, &w, 1e-6);
+        assert_eq!(y, out);
     }
 
     #[test]
@@ -195,7 +295,7 @@ mod tests {
                 .map(|i| ((i * 13) % 29) as f32 * 0.25 - 3.5)
                 .collect();
             let mut act = vec![f32::NAN; rows * inter];
-            swiglu_rows(&gu, inter, &mut act);
+            gated_rows(&gu, inter, &mut act, Activation::Silu);
             for (r, a) in act.chunks(inter).enumerate() {
                 let (g, u) = gu[r * 2 * inter..(r + 1) * 2 * inter].split_at(inter);
                 let mut e = vec![0f32; inter];

@@ -18,7 +18,8 @@ pub enum ModelError {
     },
     /// `config.json` or GGUF metadata names an architecture we do not run.
     #[error(
-        "unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM; GGUF: llama, mistral, qwen2)"
+        "unsupported architecture {0:?} (supported: {list})",
+        list = crate::config::supported_architectures()
     )]
     UnsupportedArchitecture(String),
     /// The configuration is malformed or inconsistent.

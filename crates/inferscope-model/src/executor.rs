@@ -58,7 +58,11 @@ impl CpuCost {
             attn_flops_per_pair: 4.0 * c.num_layers as f64 * q,
             weight_bytes: model.weight_bytes() as f64,
             kv_bytes_per_token: c.kv_bytes_per_token() as f64,
-            window: c.sliding_window,
+            // Gemma's global layers attend to everything: only a window on
+            // every layer (Mistral's) bounds the attention cost.
+            window: c
+                .sliding_window
+                .filter(|_| c.arch.sliding_window_pattern.is_none()),
         }
     }
 

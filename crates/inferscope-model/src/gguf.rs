@@ -10,7 +10,7 @@ use candle_core::Device;
 use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::config::ModelConfig;
+use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
 use crate::error::ModelError;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
@@ -136,12 +136,21 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         .str("general.architecture")
         .ok_or_else(|| ModelError::Config("GGUF metadata lacks general.architecture".into()))?
         .to_string();
-    let architecture = match arch.as_str() {
-        "llama" => "LlamaForCausalLM",
-        "mistral" => "MistralForCausalLM",
-        "qwen2" => "Qwen2ForCausalLM",
-        _ => return Err(ModelError::UnsupportedArchitecture(arch)),
+    let Some(architecture) = architecture_of_gguf(&arch) else {
+        return Err(ModelError::UnsupportedArchitecture(arch));
     };
+    // Phi-3's LongRoPE (the 128k models) comes as per-frequency factors.
+    if ["rope_factors_long.weight", "rope_factors_short.weight"]
+        .iter()
+        .any(|t| content.tensor_infos.contains_key(*t))
+    {
+        return Err(ModelError::Config(
+            "unsupported rope type \"longrope\" (rope_factors_long/short): \
+             only Phi-3 models without rope scaling load"
+                .into(),
+        ));
+    }
+    let is_gemma = arch.starts_with("gemma");
     let hidden_size = meta.usize(&format!("{arch}.embedding_length"))?;
     let num_heads = meta.usize(&format!("{arch}.attention.head_count"))?;
     let head_dim = meta
@@ -156,6 +165,62 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
             .and_then(|t| t.shape.dims().first().copied())
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?,
     };
+    let num_layers = meta.usize(&format!("{arch}.block_count"))?;
+    let sliding_window = match arch.as_str() {
+        // Written by llama.cpp where the architecture has one; Qwen's
+        // only applies to some layers, and llama.cpp ignores it too.
+        "qwen2" | "qwen3" => None,
+        _ => meta
+            .opt_usize(&format!("{arch}.attention.sliding_window"))
+            .filter(|&w| w > 0),
+    };
+    let f32_key = |k: &str| meta.opt_f64(&format!("{arch}.{k}")).map(|x| x as f32);
+    let gemma2 = arch == "gemma2";
+    let arch_options = ArchOptions {
+        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
+        post_norms: is_gemma,
+        // convert_hf_to_gguf.py already added Gemma's 1 to the norms.
+        norm_offset: false,
+        embed_scale: is_gemma,
+        activation: if is_gemma {
+            Activation::GeluTanh
+        } else {
+            Activation::Silu
+        },
+        // As llama.cpp: the scale is 1/√head_dim except for the 27B
+        // models (62 layers for Gemma 3, 46 for Gemma 2), whose
+        // `query_pre_attn_scalar` is hidden / heads; GGUF has no key for it.
+        query_pre_attn_scalar: (is_gemma && num_layers == if gemma2 { 46 } else { 62 })
+            .then(|| hidden_size / num_heads.max(1)),
+        attn_logit_softcapping: gemma2.then(|| f32_key("attn_logit_softcapping")).flatten(),
+        final_logit_softcapping: gemma2.then(|| f32_key("final_logit_softcapping")).flatten(),
+        sliding_window_pattern: match arch.as_str() {
+            "gemma2" => Some(2),
+            "gemma3" => Some(6),
+            _ => None,
+        },
+        rope_local_theta: (arch == "gemma3")
+            .then(|| f32_key("rope.freq_base_swa").unwrap_or(10_000.0)),
+    };
+    // llama.cpp writes linear scaling (Gemma 3 4B–27B) as a type and a
+    // factor; Llama 3's comes as `rope_freqs.weight` (below). Any other
+    // type is refused rather than ignored.
+    let rope_scaling = match meta.str(&format!("{arch}.rope.scaling.type")) {
+        None | Some("none") => None,
+        Some("linear") => match f32_key("rope.scaling.factor") {
+            Some(factor) if factor > 0.0 => Some(RopeScaling::Linear { factor }),
+            _ => {
+                return Err(ModelError::Config(format!(
+                    "{arch}.rope.scaling.type is linear without a positive {arch}.rope.scaling.factor"
+                )));
+            }
+        },
+        Some(other) => {
+            return Err(ModelError::Config(format!(
+                "unsupported rope type {other:?} in {arch}.rope.scaling.type (supported: none, linear)"
+            )));
+        }
+    };
     let tokens_meta = TokenizerMeta::read(&meta);
     let mut tensors = Tensors {
         content: &content,
@@ -167,7 +232,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         vocab_size,
         hidden_size,
         intermediate_size: meta.usize(&format!("{arch}.feed_forward_length"))?,
-        num_layers: meta.usize(&format!("{arch}.block_count"))?,
+        num_layers,
         num_heads,
         num_kv_heads: meta
             .opt_usize(&format!("{arch}.attention.head_count_kv"))
@@ -179,10 +244,11 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         rope_theta: meta
             .opt_f64(&format!("{arch}.rope.freq_base"))
             .unwrap_or(10_000.0) as f32,
-        rope_scaling: None,
+        rope_scaling,
         // llama.cpp permutes the q/k rows of Llama and Mistral checkpoints
-        // for the interleaved (GPT-J) rotation; Qwen2 keeps the NeoX layout.
-        rope_interleaved: arch != "qwen2",
+        // for the interleaved (GPT-J) rotation; the others keep the NeoX
+        // layout.
+        rope_interleaved: matches!(arch.as_str(), "llama" | "mistral"),
         max_position_embeddings: meta
             .opt_usize(&format!("{arch}.context_length"))
             .unwrap_or(4096),
@@ -190,16 +256,12 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         attention_bias: tensors.has("blk.0.attn_q.bias"),
         bos_token_id: tokens_meta.bos,
         eos_token_ids: tokens_meta.eos.into_iter().collect(),
-        // Written by llama.cpp where the architecture has one; Qwen2's only
-        // applies to some layers, and llama.cpp ignores it too.
-        sliding_window: (arch != "qwen2")
-            .then(|| meta.opt_usize(&format!("{arch}.attention.sliding_window")))
-            .flatten()
-            .filter(|&w| w > 0),
+        sliding_window,
+        arch: arch_options,
     };
     cfg.validate()?;
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let q_dim = cfg.num_heads * cfg.head_dim;
+    let (d, q_dim) = (cfg.head_dim, cfg.num_heads * cfg.head_dim);
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
     let embd = tensors.get("token_embd.weight", &[v, h])?;
     let embed = embd
@@ -210,16 +272,50 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     for l in 0..cfg.num_layers {
         let p = format!("blk.{l}");
         let bias = cfg.attention_bias;
+        let qk_norm = if cfg.arch.qk_norm {
+            Some((
+                tensors.vec(&format!("{p}.attn_q_norm.weight"), d)?,
+                tensors.vec(&format!("{p}.attn_k_norm.weight"), d)?,
+            ))
+        } else {
+            None
+        };
+        let post = cfg.arch.post_norms;
+        let mut post_norm = |name: &str| {
+            post.then(|| tensors.vec(&format!("{p}.{name}.weight"), h))
+                .transpose()
+        };
+        let (post_attn_norm, post_mlp_norm) = (
+            post_norm("post_attention_norm")?,
+            post_norm("post_ffw_norm")?,
+        );
         layers.push(Layer {
             attn_norm: tensors.vec(&format!("{p}.attn_norm.weight"), h)?,
-            q: tensors.linear(&format!("{p}.attn_q"), q_dim, h, bias)?,
-            k: tensors.linear(&format!("{p}.attn_k"), kv_dim, h, bias)?,
-            v: tensors.linear(&format!("{p}.attn_v"), kv_dim, h, bias)?,
+            // Phi-3's q/k/v are one `attn_qkv` tensor.
+            qkv: if tensors.has(&format!("{p}.attn_qkv.weight")) {
+                vec![tensors.linear(&format!("{p}.attn_qkv"), q_dim + 2 * kv_dim, h, bias)?]
+            } else {
+                vec![
+                    tensors.linear(&format!("{p}.attn_q"), q_dim, h, bias)?,
+                    tensors.linear(&format!("{p}.attn_k"), kv_dim, h, bias)?,
+                    tensors.linear(&format!("{p}.attn_v"), kv_dim, h, bias)?,
+                ]
+            },
+            qk_norm,
             o: tensors.linear(&format!("{p}.attn_output"), h, q_dim, false)?,
+            post_attn_norm,
             mlp_norm: tensors.vec(&format!("{p}.ffn_norm.weight"), h)?,
-            gate: tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
-            up: tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
+            // Phi-3's gate and up are one `ffn_up` of twice the rows.
+            gate_up: if tensors.has(&format!("{p}.ffn_gate.weight")) {
+                vec![
+                    tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
+                    tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
+                ]
+            } else {
+                vec![tensors.linear(&format!("{p}.ffn_up"), 2 * i, h, false)?]
+            },
             down: tensors.linear(&format!("{p}.ffn_down"), h, i, false)?,
+            post_mlp_norm,
         });
     }
     let norm = tensors.vec("output_norm.weight", h)?;

@@ -1,4 +1,6 @@
-//! The Llama-family forward pass over a flattened batch of tokens.
+//! The Llama-family forward pass over a flattened batch of tokens: one
+//! decoder for Llama, Mistral, Qwen2/3, Gemma 2/3 and Phi-3, whose
+//! differences (`config::ArchOptions`) are resolved per layer at load.
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
@@ -6,7 +8,7 @@ use half::f16;
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
-use crate::elementwise::{rms_norm, swiglu_rows};
+use crate::elementwise::{gated_rows, rms_norm, rms_norm_in_place};
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
 use crate::packed::tiling::PARALLEL_MIN_MACS;
@@ -294,30 +296,41 @@ impl Projection {
 struct Block {
     attn_norm: Vec<f32>,
     qkv: Projection,
+    /// Per-head RMSNorm weights of q and k (`[head_dim]` each).
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     o: Linear,
+    post_attn_norm: Option<Vec<f32>>,
     mlp_norm: Vec<f32>,
     gate_up: Projection,
     down: Linear,
+    post_mlp_norm: Option<Vec<f32>>,
+    /// The attention window (`None`: the whole sequence).
+    window: Option<usize>,
+    /// Index of this layer's RoPE frequencies in `LlamaModel::inv_freq`.
+    rope: usize,
 }
 
 /// One decoder layer.
 pub struct Layer {
     /// RMSNorm weight before attention.
     pub attn_norm: Vec<f32>,
-    /// Query projection.
-    pub q: Linear,
-    /// Key projection.
-    pub k: Linear,
-    /// Value projection.
-    pub v: Linear,
+    /// The query, key and value projections in that order, or products
+    /// of several of them fused in the checkpoint (Phi-3's `qkv_proj`):
+    /// their outputs side by side are q, k and v.
+    pub qkv: Vec<Linear>,
     /// Output projection.
     pub o: Linear,
+    /// RMSNorm weights over each head of q and of k (Qwen3, Gemma 3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// RMSNorm weight of the attention output (Gemma 2 and 3).
+    pub post_attn_norm: Option<Vec<f32>>,
+    /// RMSNorm weight of the MLP output (Gemma 2 and 3).
+    pub post_mlp_norm: Option<Vec<f32>>,
     /// RMSNorm weight before the MLP.
     pub mlp_norm: Vec<f32>,
-    /// SwiGLU gate.
-    pub gate: Linear,
-    /// SwiGLU up projection.
-    pub up: Linear,
+    /// The gate and up projections, or their fused product (Phi-3's
+    /// `gate_up_proj`): gate, then up.
+    pub gate_up: Vec<Linear>,
     /// SwiGLU down projection.
     pub down: Linear,
 }
@@ -333,7 +346,9 @@ pub struct LlamaModel {
     pub norm: Vec<f32>,
     /// LM head (`[vocab, hidden]`, the embeddings when tied).
     pub lm_head: Linear,
-    inv_freq: Vec<f32>,
+    /// RoPE inverse frequencies, one set per distinct base (Gemma 3's
+    /// local and global layers have two).
+    inv_freq: Vec<Vec<f32>>,
 }
 
 /// What one step computes attention for: one entry per token.
@@ -365,7 +380,7 @@ pub enum Part {
     Residual,
     /// The fused (or separate) gate/up projection.
     GateUp,
-    /// SwiGLU.
+    /// The gated activation (SwiGLU; GeGLU for Gemma).
     Swiglu,
     /// The down projection.
     Down,
@@ -507,24 +522,80 @@ fn apply_rope(x: &mut [f32], rows: Span, heads: usize, d: usize, angles: &Angles
 
 impl LlamaModel {
     /// Assembles a model (shapes were checked by the loader), fusing the
-    /// q/k/v and gate/up projections where the weights are dense.
+    /// q/k/v and gate/up projections where the weights are dense, and
+    /// resolving the family's options per layer (window, RoPE base) once.
+    /// `embed` is the table as stored; Gemma's `√hidden` scale is applied
+    /// to it here (the tied LM head keeps its own, unscaled, copy).
     pub fn new(
         cfg: ModelConfig,
-        embed: Vec<f32>,
+        mut embed: Vec<f32>,
         layers: Vec<Layer>,
         norm: Vec<f32>,
         lm_head: Linear,
     ) -> Result<Self, ModelError> {
-        let inv_freq = cfg.rope_inv_freq();
+        if layers.len() != cfg.num_layers {
+            return Err(ModelError::Config(format!(
+                "{} layers for num_hidden_layers {}",
+                layers.len(),
+                cfg.num_layers
+            )));
+        }
+        let (q_dim, kv_dim) = (
+            cfg.num_heads * cfg.head_dim,
+            cfg.num_kv_heads * cfg.head_dim,
+        );
+        let rows = |parts: &[Linear]| parts.iter().map(|l| l.out_dim).sum::<usize>();
+        if let Some(l) = layers.iter().find(|l| {
+            rows(&l.qkv) != q_dim + 2 * kv_dim || rows(&l.gate_up) != 2 * cfg.intermediate_size
+        }) {
+            return Err(ModelError::Config(format!(
+                "q/k/v projections have {} rows (want {}), gate/up {} (want {})",
+                rows(&l.qkv),
+                q_dim + 2 * kv_dim,
+                rows(&l.gate_up),
+                2 * cfg.intermediate_size
+            )));
+        }
+        if layers
+            .iter()
+            .any(|l| l.qk_norm.is_some() != cfg.arch.qk_norm)
+        {
+            return Err(ModelError::Config(format!(
+                "{}: q/k norm weights do not match the architecture",
+                cfg.architecture
+            )));
+        }
+        if cfg.arch.embed_scale {
+            // In f32, as the reference implementations multiply.
+            let scale = (cfg.hidden_size as f32).sqrt();
+            embed.iter_mut().for_each(|x| *x *= scale);
+        }
+        let mut inv_freq: Vec<Vec<f32>> = Vec::new();
         let layers = layers
             .into_iter()
-            .map(|l| Block {
-                attn_norm: l.attn_norm,
-                qkv: Projection::new(vec![l.q, l.k, l.v]),
-                o: l.o,
-                mlp_norm: l.mlp_norm,
-                gate_up: Projection::new(vec![l.gate, l.up]),
-                down: l.down,
+            .enumerate()
+            .map(|(li, l)| {
+                let freqs = cfg.layer_rope_inv_freq(li);
+                let rope = match inv_freq.iter().position(|f| *f == freqs) {
+                    Some(i) => i,
+                    None => {
+                        inv_freq.push(freqs);
+                        inv_freq.len() - 1
+                    }
+                };
+                Block {
+                    attn_norm: l.attn_norm,
+                    qkv: Projection::new(l.qkv),
+                    qk_norm: l.qk_norm,
+                    o: l.o,
+                    post_attn_norm: l.post_attn_norm,
+                    mlp_norm: l.mlp_norm,
+                    gate_up: Projection::new(l.gate_up),
+                    down: l.down,
+                    post_mlp_norm: l.post_mlp_norm,
+                    window: cfg.layer_window(li),
+                    rope,
+                }
             })
             .collect();
         Ok(Self {
@@ -540,15 +611,18 @@ impl LlamaModel {
     /// Divides the RoPE frequencies by per-frequency factors (GGUF's
     /// `rope_freqs.weight`, how llama.cpp stores Llama-3 rope scaling).
     pub fn with_rope_freq_factors(mut self, factors: &[f32]) -> Result<Self, ModelError> {
-        if factors.len() != self.inv_freq.len() {
+        let half = self.cfg.head_dim / 2;
+        if factors.len() != half {
             return Err(ModelError::ShapeMismatch {
                 name: "rope_freqs.weight".into(),
-                expected: vec![self.inv_freq.len()],
+                expected: vec![half],
                 actual: vec![factors.len()],
             });
         }
-        for (f, d) in self.inv_freq.iter_mut().zip(factors) {
-            *f /= d;
+        for set in &mut self.inv_freq {
+            for (f, d) in set.iter_mut().zip(factors) {
+                *f /= d;
+            }
         }
         Ok(self)
     }
@@ -645,23 +719,32 @@ impl LlamaModel {
             let id = id as usize;
             sc.x.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
         }
-        // The angles depend on the position only: computed once per step.
-        sc.angles.cos.clear();
-        sc.angles.sin.clear();
-        sc.angles.interleaved = cfg.rope_interleaved;
-        for c in step.ctx {
-            let p = c.pos as f32;
-            for &f in &self.inv_freq {
-                let a = p * f;
-                sc.angles.cos.push(a.cos());
-                sc.angles.sin.push(a.sin());
+        // The angles depend on the position (and the layer's base) only:
+        // computed once per step.
+        if sc.angles.len() < self.inv_freq.len() {
+            sc.angles.resize_with(self.inv_freq.len(), Angles::default);
+        }
+        for (angles, inv_freq) in sc.angles.iter_mut().zip(&self.inv_freq) {
+            angles.cos.clear();
+            angles.sin.clear();
+            angles.interleaved = cfg.rope_interleaved;
+            for c in step.ctx {
+                let p = c.pos as f32;
+                for &f in inv_freq {
+                    let a = p * f;
+                    angles.cos.push(a.cos());
+                    angles.sin.push(a.sin());
+                }
             }
         }
+        let scale_base = cfg.arch.query_pre_attn_scalar.unwrap_or(d) as f32;
         let shape = AttnShape {
             num_heads: nh,
             num_kv_heads: nkv,
             head_dim: d,
-            window: cfg.sliding_window,
+            window: None,
+            scale: 1.0 / scale_base.sqrt(),
+            softcap: cfg.arch.attn_logit_softcapping,
         };
         sc.normed.resize(n * h, 0.0);
         sc.attn.resize(n * q_dim, 0.0);
@@ -680,9 +763,18 @@ impl LlamaModel {
                 ));
             }
             sc.laps.lap(Part::Qkv);
+            if let Some((qn, kn)) = &layer.qk_norm {
+                for row in sc.fused.chunks_exact_mut(qkv_dim) {
+                    let (q, kv) = row.split_at_mut(q_dim);
+                    rms_norm_in_place(q, qn, eps);
+                    rms_norm_in_place(&mut kv[..kv_dim], kn, eps);
+                }
+                sc.laps.lap(Part::Norm);
+            }
+            let angles = &sc.angles[layer.rope];
             let q_rows = Span::new(qkv_dim, 0);
-            apply_rope(&mut sc.fused, q_rows, nh, d, &sc.angles);
-            apply_rope(&mut sc.fused, Span::new(qkv_dim, q_dim), nkv, d, &sc.angles);
+            apply_rope(&mut sc.fused, q_rows, nh, d, angles);
+            apply_rope(&mut sc.fused, Span::new(qkv_dim, q_dim), nkv, d, angles);
             for (c, row) in step.ctx.iter().zip(sc.fused.chunks_exact(qkv_dim)) {
                 let block = step.block_tables[c.table_offset + c.pos / bs] as usize;
                 let (k, v) = row[q_dim..].split_at(kv_dim);
@@ -700,12 +792,21 @@ impl LlamaModel {
                 step.block_tables,
                 pool,
                 li,
-                shape,
+                AttnShape {
+                    window: layer.window,
+                    ..shape
+                },
             );
             sc.laps.lap(Part::Attention);
             layer.o.forward_into(&sc.attn, n, &mut sc.out)?;
             sc.laps.lap(Part::O);
-            add(&mut sc.x, &sc.out);
+            if let Some(w) = &layer.post_attn_norm {
+                rms_norm(&sc.out, w, eps, &mut sc.normed);
+                sc.laps.lap(Part::Norm);
+                add(&mut sc.x, &sc.normed);
+            } else {
+                add(&mut sc.x, &sc.out);
+            }
             sc.laps.lap(Part::Residual);
             rms_norm(&sc.x, &layer.mlp_norm, eps, &mut sc.normed);
             sc.laps.lap(Part::Norm);
@@ -719,11 +820,17 @@ impl LlamaModel {
                 ));
             }
             sc.laps.lap(Part::GateUp);
-            swiglu_rows(&sc.fused, inter, &mut sc.act);
+            gated_rows(&sc.fused, inter, &mut sc.act, cfg.arch.activation);
             sc.laps.lap(Part::Swiglu);
             layer.down.forward_into(&sc.act, n, &mut sc.out)?;
             sc.laps.lap(Part::Down);
-            add(&mut sc.x, &sc.out);
+            if let Some(w) = &layer.post_mlp_norm {
+                rms_norm(&sc.out, w, eps, &mut sc.normed);
+                sc.laps.lap(Part::Norm);
+                add(&mut sc.x, &sc.normed);
+            } else {
+                add(&mut sc.x, &sc.out);
+            }
             sc.laps.lap(Part::Residual);
         }
         // Only the tokens that sample need the (large) LM head.
@@ -741,6 +848,11 @@ impl LlamaModel {
         let result = self
             .lm_head
             .forward_into(&sc.normed, logit_rows.len(), &mut sc.logits);
+        if let Some(cap) = cfg.arch.final_logit_softcapping {
+            sc.logits
+                .iter_mut()
+                .for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         sc.laps.lap(Part::LmHead);
         result
     }
@@ -790,7 +902,8 @@ pub(crate) struct Scratch {
     out: Vec<f32>,
     /// SwiGLU activations, `[tokens][intermediate]`.
     act: Vec<f32>,
-    angles: Angles,
+    /// One set per RoPE base.
+    angles: Vec<Angles>,
     /// The step's profile, when on.
     pub laps: Laps,
     /// The step's result: `[sampling tokens][vocab]`.

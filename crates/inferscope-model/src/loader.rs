@@ -138,6 +138,8 @@ fn special_ids(generation_config_json: Option<&str>, cfg: &ModelConfig) -> (Vec<
 /// Takes tensors by Hugging Face name, checking their shapes.
 struct TensorSource {
     tensors: HashMap<String, Tensor>,
+    /// Added to every RMSNorm weight (Gemma stores `w - 1`).
+    norm_offset: f32,
 }
 
 impl TensorSource {
@@ -158,6 +160,15 @@ impl TensorSource {
 
     fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         Ok(self.take(name, &[len])?.to_vec1::<f32>()?)
+    }
+
+    /// An RMSNorm weight, with the family's offset applied.
+    fn norm(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let mut w = self.vec(name, len)?;
+        if self.norm_offset != 0.0 {
+            w.iter_mut().for_each(|x| *x += self.norm_offset);
+        }
+        Ok(w)
     }
 
     fn linear(
@@ -183,29 +194,81 @@ pub fn model_from_tensors(
     tensors: HashMap<String, Tensor>,
 ) -> Result<LlamaModel, ModelError> {
     cfg.validate()?;
-    let mut src = TensorSource { tensors };
+    // A multimodal Gemma 3's text model sits under `language_model`
+    // (transformers v4.52+ and v5: `model.language_model.`; before:
+    // `language_model.model.`); its vision tower is not loaded.
+    let root = ["model.language_model.", "language_model.model."]
+        .into_iter()
+        .find(|r| tensors.contains_key(&format!("{r}embed_tokens.weight")))
+        .unwrap_or("model.");
+    let mut src = TensorSource {
+        tensors,
+        norm_offset: if cfg.arch.norm_offset { 1.0 } else { 0.0 },
+    };
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
-    let q_dim = cfg.num_heads * cfg.head_dim;
+    let (d, q_dim) = (cfg.head_dim, cfg.num_heads * cfg.head_dim);
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-    let embed_t = src.take("model.embed_tokens.weight", &[v, h])?;
+    let embed_t = src.take(&format!("{root}embed_tokens.weight"), &[v, h])?;
     let embed = embed_t.flatten_all()?.to_vec1::<f32>()?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
+    // Gemma 2 and 3 norm the attention output with what Llama calls the
+    // pre-MLP norm, and have a pre- and a post-feedforward norm.
+    let post = cfg.arch.post_norms;
+    // Phi-3 stores q/k/v as one `qkv_proj` and gate/up as one `gate_up_proj`.
+    let fused = cfg.architecture == "Phi3ForCausalLM";
+    let mlp_norm = if post {
+        "pre_feedforward_layernorm"
+    } else {
+        "post_attention_layernorm"
+    };
     for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
+        let p = format!("{root}layers.{l}");
         let bias = cfg.attention_bias;
+        let qk_norm = if cfg.arch.qk_norm {
+            Some((
+                src.norm(&format!("{p}.self_attn.q_norm.weight"), d)?,
+                src.norm(&format!("{p}.self_attn.k_norm.weight"), d)?,
+            ))
+        } else {
+            None
+        };
+        let post_norm = |src: &mut TensorSource, name: &str| {
+            post.then(|| src.norm(&format!("{p}.{name}.weight"), h))
+                .transpose()
+        };
         layers.push(Layer {
-            attn_norm: src.vec(&format!("{p}.input_layernorm.weight"), h)?,
-            q: src.linear(&format!("{p}.self_attn.q_proj"), q_dim, h, bias)?,
-            k: src.linear(&format!("{p}.self_attn.k_proj"), kv_dim, h, bias)?,
-            v: src.linear(&format!("{p}.self_attn.v_proj"), kv_dim, h, bias)?,
+            attn_norm: src.norm(&format!("{p}.input_layernorm.weight"), h)?,
+            qkv: if fused {
+                vec![src.linear(
+                    &format!("{p}.self_attn.qkv_proj"),
+                    q_dim + 2 * kv_dim,
+                    h,
+                    bias,
+                )?]
+            } else {
+                vec![
+                    src.linear(&format!("{p}.self_attn.q_proj"), q_dim, h, bias)?,
+                    src.linear(&format!("{p}.self_attn.k_proj"), kv_dim, h, bias)?,
+                    src.linear(&format!("{p}.self_attn.v_proj"), kv_dim, h, bias)?,
+                ]
+            },
+            qk_norm,
             o: src.linear(&format!("{p}.self_attn.o_proj"), h, q_dim, false)?,
-            mlp_norm: src.vec(&format!("{p}.post_attention_layernorm.weight"), h)?,
-            gate: src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
-            up: src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+            post_attn_norm: post_norm(&mut src, "post_attention_layernorm")?,
+            mlp_norm: src.norm(&format!("{p}.{mlp_norm}.weight"), h)?,
+            gate_up: if fused {
+                vec![src.linear(&format!("{p}.mlp.gate_up_proj"), 2 * i, h, false)?]
+            } else {
+                vec![
+                    src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
+                    src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+                ]
+            },
             down: src.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
+            post_mlp_norm: post_norm(&mut src, "post_feedforward_layernorm")?,
         });
     }
-    let norm = src.vec("model.norm.weight", h)?;
+    let norm = src.norm(&format!("{root}norm.weight"), h)?;
     let lm_head = if cfg.tie_word_embeddings {
         Linear::new(QMatMul::Tensor(embed_t), None, v)?
     } else {

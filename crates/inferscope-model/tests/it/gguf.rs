@@ -65,6 +65,7 @@ fn config(vocab_size: usize) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 
@@ -559,18 +560,20 @@ fn gguf_rope_freqs_carry_llama3_scaling() {
     let (tokens, _, _) = vocab();
     let mut scaled = config(tokens.len());
     scaled.rope_theta = 500_000.0;
-    scaled.rope_scaling = Some(inferscope_model::config::Llama3RopeScaling {
-        factor: 8.0,
-        low_freq_factor: 1.0,
-        high_freq_factor: 4.0,
-        original_max_position_embeddings: 16,
-    });
+    scaled.rope_scaling = Some(inferscope_model::config::RopeScaling::Llama3(
+        inferscope_model::config::Llama3RopeScaling {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 16,
+        },
+    ));
     let mut plain = scaled.clone();
     plain.rope_scaling = None;
     let factors: Vec<f32> = plain
-        .rope_inv_freq()
+        .rope_inv_freq(plain.rope_theta)
         .iter()
-        .zip(scaled.rope_inv_freq())
+        .zip(scaled.rope_inv_freq(scaled.rope_theta))
         .map(|(base, s)| base / s)
         .collect();
     assert!(
@@ -682,5 +685,207 @@ fn gguf_f16_and_bf16_weights_stay_16_bit_and_compute_exactly() {
                 "{name}, {len} tokens: relative difference {diff}"
             );
         }
+    }
+}
+
+/// A Hugging Face checkpoint of a family beyond Llama written as
+/// `convert_hf_to_gguf.py` writes it: llama.cpp's tensor names (Gemma's
+/// pre/post norms included), q/k rows in the NeoX order these families keep,
+/// Gemma's norms with their 1 added, no `output.weight` when tied, and the
+/// family's metadata keys. F32 tensors.
+fn write_family_gguf(arch: &str, cfg: &ModelConfig, w: &HashMap<String, Tensor>) -> PathBuf {
+    let gemma = arch.starts_with("gemma");
+    let mut tensors: Vec<(String, QTensor)> = Vec::new();
+    let mut put = |name: String, t: &Tensor| {
+        let norm = name.ends_with("norm.weight");
+        let t = if gemma && norm {
+            (t + 1.0).unwrap()
+        } else {
+            t.clone()
+        };
+        tensors.push((name, QTensor::quantize(&t, GgmlDType::F32).unwrap()));
+    };
+    put("token_embd.weight".into(), &w["model.embed_tokens.weight"]);
+    put("output_norm.weight".into(), &w["model.norm.weight"]);
+    if !cfg.tie_word_embeddings {
+        put("output.weight".into(), &w["lm_head.weight"]);
+    }
+    let mut names = vec![
+        ("attn_norm", "input_layernorm"),
+        ("attn_output", "self_attn.o_proj"),
+        ("ffn_down", "mlp.down_proj"),
+    ];
+    if arch == "phi3" {
+        // Fused as in the checkpoint: `attn_qkv`, and gate/up as `ffn_up`.
+        names.extend([
+            ("attn_qkv", "self_attn.qkv_proj"),
+            ("ffn_up", "mlp.gate_up_proj"),
+        ]);
+    } else {
+        names.extend([
+            ("attn_q", "self_attn.q_proj"),
+            ("attn_k", "self_attn.k_proj"),
+            ("attn_v", "self_attn.v_proj"),
+            ("ffn_gate", "mlp.gate_proj"),
+            ("ffn_up", "mlp.up_proj"),
+        ]);
+    }
+    if cfg.arch.qk_norm {
+        names.extend([
+            ("attn_q_norm", "self_attn.q_norm"),
+            ("attn_k_norm", "self_attn.k_norm"),
+        ]);
+    }
+    if gemma {
+        names.extend([
+            ("post_attention_norm", "post_attention_layernorm"),
+            ("ffn_norm", "pre_feedforward_layernorm"),
+            ("post_ffw_norm", "post_feedforward_layernorm"),
+        ]);
+    } else {
+        names.push(("ffn_norm", "post_attention_layernorm"));
+    }
+    for l in 0..cfg.num_layers {
+        for (g, hf) in &names {
+            put(
+                format!("blk.{l}.{g}.weight"),
+                &w[&format!("model.layers.{l}.{hf}.weight")],
+            );
+        }
+    }
+    let u = |x: usize| Value::U32(x as u32);
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut meta: Vec<(String, Value)> = vec![
+        ("general.architecture".into(), Value::String(arch.into())),
+        (key("embedding_length"), u(cfg.hidden_size)),
+        (key("block_count"), u(cfg.num_layers)),
+        (key("feed_forward_length"), u(cfg.intermediate_size)),
+        (key("attention.head_count"), u(cfg.num_heads)),
+        (key("attention.head_count_kv"), u(cfg.num_kv_heads)),
+        (key("attention.key_length"), u(cfg.head_dim)),
+        (
+            key("attention.layer_norm_rms_epsilon"),
+            Value::F32(cfg.rms_norm_eps as f32),
+        ),
+        (key("rope.freq_base"), Value::F32(cfg.rope_theta)),
+        (key("context_length"), u(cfg.max_position_embeddings)),
+    ];
+    if let Some(win) = cfg.sliding_window {
+        meta.push((key("attention.sliding_window"), u(win)));
+    }
+    if let Some(inferscope_model::config::RopeScaling::Linear { factor }) = cfg.rope_scaling {
+        meta.push((key("rope.scaling.type"), Value::String("linear".into())));
+        meta.push((key("rope.scaling.factor"), Value::F32(factor)));
+    }
+    for (k, cap) in [
+        ("attn_logit_softcapping", cfg.arch.attn_logit_softcapping),
+        ("final_logit_softcapping", cfg.arch.final_logit_softcapping),
+    ] {
+        if let Some(cap) = cap {
+            meta.push((key(k), Value::F32(cap)));
+        }
+    }
+    meta.extend(spm_metadata().into_iter().map(|(k, v)| (k.to_string(), v)));
+    let path = std::env::temp_dir().join(format!("inferscope-{arch}-{}.gguf", std::process::id()));
+    let mut f = std::fs::File::create(&path).unwrap();
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensor_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut f, &meta_refs, &tensor_refs).unwrap();
+    path
+}
+
+/// Qwen3, Gemma 3, Phi-3 and Gemma 2 GGUF files (as llama.cpp's converter writes them) give
+/// the logits of the same checkpoint loaded from safetensors, past Gemma 3's
+/// sliding window (its GGUF carries only the window: llama.cpp's fixed
+/// pattern of five local layers and a global one, local RoPE base 10⁴).
+#[test]
+fn gguf_families_match_the_safetensors_path() {
+    let (tokens, _, _) = vocab();
+    let mut qwen3 = config(tokens.len());
+    qwen3.architecture = "Qwen3ForCausalLM".into();
+    qwen3.rope_theta = 1e6;
+    qwen3.arch.qk_norm = true;
+    let mut gemma3 = config(tokens.len());
+    gemma3.architecture = "Gemma3ForCausalLM".into();
+    gemma3.num_layers = 6;
+    gemma3.rope_theta = 1e6;
+    gemma3.tie_word_embeddings = true;
+    gemma3.sliding_window = Some(4);
+    gemma3.arch = inferscope_model::config::ArchOptions {
+        qk_norm: true,
+        post_norms: true,
+        norm_offset: true,
+        embed_scale: true,
+        activation: inferscope_model::config::Activation::GeluTanh,
+        query_pre_attn_scalar: None,
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        sliding_window_pattern: Some(6),
+        rope_local_theta: Some(10_000.0),
+    };
+    // Gemma 3 4B–27B: linear RoPE scaling on the global layers.
+    let mut gemma3_scaled = gemma3.clone();
+    gemma3_scaled.rope_scaling =
+        Some(inferscope_model::config::RopeScaling::Linear { factor: 8.0 });
+    let mut gemma2 = gemma3.clone();
+    gemma2.architecture = "Gemma2ForCausalLM".into();
+    gemma2.num_layers = 2;
+    gemma2.rope_theta = 10_000.0;
+    gemma2.arch.qk_norm = false;
+    gemma2.arch.sliding_window_pattern = Some(2);
+    gemma2.arch.rope_local_theta = None;
+    gemma2.arch.attn_logit_softcapping = Some(1.5);
+    gemma2.arch.final_logit_softcapping = Some(4.0);
+    let mut phi3 = config(tokens.len());
+    phi3.architecture = "Phi3ForCausalLM".into();
+    let prompt: Vec<u32> = (0..9).map(|i| 3 + i * 29).collect();
+    let families = [
+        ("qwen3", qwen3),
+        ("gemma3", gemma3),
+        ("gemma3", gemma3_scaled),
+        ("phi3", phi3),
+        ("gemma2", gemma2),
+    ];
+    for (arch, cfg) in families {
+        let w = random_weights(&cfg, 7).unwrap();
+        let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), w.clone()).unwrap());
+        let mut hf_exec =
+            CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+        hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+        let expected = logits(&mut hf_exec, &prompt);
+        let path = write_family_gguf(arch, &cfg, &w);
+        let opts = ModelOptions {
+            kv_cache_memory: Some(4 << 20),
+            ..ModelOptions::default()
+        };
+        let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let got_cfg = &m.model().cfg;
+        assert_eq!(got_cfg.arch.qk_norm, cfg.arch.qk_norm, "{arch}");
+        assert_eq!(got_cfg.rope_scaling, cfg.rope_scaling, "{arch}");
+        assert_eq!(
+            (
+                got_cfg.arch.attn_logit_softcapping,
+                got_cfg.arch.final_logit_softcapping
+            ),
+            (
+                cfg.arch.attn_logit_softcapping,
+                cfg.arch.final_logit_softcapping
+            ),
+            "{arch}: soft-caps"
+        );
+        assert_eq!(
+            (0..cfg.num_layers)
+                .map(|l| (got_cfg.layer_window(l), got_cfg.layer_rope_theta(l)))
+                .collect::<Vec<_>>(),
+            (0..cfg.num_layers)
+                .map(|l| (cfg.layer_window(l), cfg.layer_rope_theta(l)))
+                .collect::<Vec<_>>(),
+            "{arch}: per-layer windows and RoPE bases"
+        );
+        let mut exec = m.cpu_executor().unwrap();
+        exec.init_kv_cache(BLOCK_SIZE).unwrap();
+        let diff = max_rel_diff(&logits(&mut exec, &prompt), &expected);
+        assert!(diff < 1e-4, "{arch}: relative difference {diff}");
     }
 }

@@ -1,6 +1,6 @@
 //! Logits against an independent implementation: `candle-transformers`'
-//! Llama and Qwen2, on small random checkpoints written as safetensors and
-//! loaded through our Hugging Face directory loader.
+//! Llama, Qwen2, Qwen3 and Gemma 3, on small random checkpoints written as
+//! safetensors and loaded through our Hugging Face directory loader.
 
 use crate::common;
 
@@ -9,10 +9,12 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{llama, qwen2};
+use candle_transformers::models::{gemma2, gemma3, llama, phi3, qwen2, qwen3};
 use common::*;
 use inferscope_engine::Executor;
-use inferscope_model::config::{Llama3RopeScaling, ModelConfig};
+use inferscope_model::config::{
+    Activation, ArchOptions, Llama3RopeScaling, ModelConfig, RopeScaling,
+};
 use inferscope_model::demo::random_weights;
 use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
 
@@ -38,6 +40,7 @@ fn config(arch: &str, tie: bool) -> ModelConfig {
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         sliding_window: None,
+        arch: Default::default(),
     }
 }
 
@@ -95,16 +98,91 @@ fn write_checkpoint(
     dir
 }
 
+/// Qwen3: Qwen2 without biases, with RMSNorms over each head of q and k.
+fn qwen3_config() -> ModelConfig {
+    let mut c = config("Qwen3ForCausalLM", false);
+    c.rope_theta = 1_000_000.0;
+    c.arch.qk_norm = true;
+    c
+}
+
+/// The sliding window of the Gemma test models: shorter than the prompts.
+const GEMMA_WINDOW: usize = 6;
+
+/// Gemma 3 (text): layers 0, 1 and 3 local (window of [`GEMMA_WINDOW`],
+/// RoPE base 10⁴), layer 2 global (base 10⁶); tied head.
+fn gemma3_config() -> ModelConfig {
+    let mut c = config("Gemma3ForCausalLM", true);
+    c.num_layers = 4;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1_000_000.0;
+    c.sliding_window = Some(GEMMA_WINDOW);
+    c.arch = ArchOptions {
+        qk_norm: true,
+        post_norms: true,
+        norm_offset: true,
+        embed_scale: true,
+        activation: Activation::GeluTanh,
+        // candle-transformers' Gemma 3 scales by 1/√head_dim: the reference
+        // only agrees where query_pre_attn_scalar equals head_dim.
+        query_pre_attn_scalar: Some(8),
+        attn_logit_softcapping: None,
+        final_logit_softcapping: None,
+        sliding_window_pattern: Some(3),
+        rope_local_theta: Some(10_000.0),
+    };
+    c
+}
+
+/// Gemma 2: Gemma 3 without q/k norms and with one RoPE base, local and
+/// global layers alternating, attention scores and final logits soft-capped
+/// (caps small enough to change the random model's numbers). The window is
+/// wider than the tests' sequences: candle-transformers' Gemma 2 has none.
+fn gemma2_config() -> ModelConfig {
+    let mut c = gemma3_config();
+    c.architecture = "Gemma2ForCausalLM".into();
+    c.rope_theta = 10_000.0;
+    c.sliding_window = Some(64);
+    c.arch.qk_norm = false;
+    c.arch.sliding_window_pattern = Some(2);
+    c.arch.rope_local_theta = None;
+    c.arch.attn_logit_softcapping = Some(1.5);
+    c.arch.final_logit_softcapping = Some(4.0);
+    c
+}
+
 /// The reference: one model instance and KV cache per sequence.
 enum Reference {
     Llama(llama::Llama, llama::Cache),
     Qwen2(qwen2::ModelForCausalLM),
+    Qwen3(qwen3::ModelForCausalLM),
+    Gemma3(gemma3::Model),
+    Phi3(phi3::Model),
+    Gemma2(gemma2::Model),
 }
 
 impl Reference {
     fn new(cfg: &ModelConfig, w: &HashMap<String, Tensor>) -> Self {
         let vb = VarBuilder::from_tensors(w.clone(), DType::F32, &Device::Cpu);
-        if cfg.architecture == "Qwen2ForCausalLM" {
+        let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+        if cfg.architecture == "Qwen3ForCausalLM" {
+            j["max_window_layers"] = 0.into();
+            j["use_sliding_window"] = false.into();
+            j["hidden_act"] = "silu".into();
+            let c: qwen3::Config = serde_json::from_value(j).unwrap();
+            Reference::Qwen3(qwen3::ModelForCausalLM::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Gemma2ForCausalLM" {
+            let c: gemma2::Config = serde_json::from_value(j).unwrap();
+            Reference::Gemma2(gemma2::Model::new(false, &c, vb).unwrap())
+        } else if cfg.architecture == "Phi3ForCausalLM" {
+            j["hidden_act"] = "silu".into();
+            j["eos_token_id"] = cfg.eos_token_ids[0].into();
+            let c: phi3::Config = serde_json::from_value(j).unwrap();
+            Reference::Phi3(phi3::Model::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Gemma3ForCausalLM" {
+            let c: gemma3::Config = serde_json::from_value(j).unwrap();
+            Reference::Gemma3(gemma3::Model::new(false, &c, vb).unwrap())
+        } else if cfg.architecture == "Qwen2ForCausalLM" {
             let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
             j["sliding_window"] = 4096.into();
             j["max_window_layers"] = 0.into();
@@ -129,6 +207,24 @@ impl Reference {
         let logits = match self {
             Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
+            Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Phi3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Gemma2(m) => m.forward(&input, pos).unwrap(),
+            Reference::Gemma3(m) => {
+                // One token at a time: candle's prefill mask lets a local
+                // layer see `sliding_window + 1` positions, its decode
+                // (through the rotating cache) `sliding_window`, as
+                // transformers does.
+                let mut last = None;
+                for (i, &t) in tokens.iter().enumerate() {
+                    let one = Tensor::new(&[t], &Device::Cpu)
+                        .unwrap()
+                        .unsqueeze(0)
+                        .unwrap();
+                    last = Some(m.forward(&one, pos + i).unwrap());
+                }
+                last.unwrap()
+            }
         };
         logits.flatten_all().unwrap().to_vec1().unwrap()
     }
@@ -296,12 +392,12 @@ fn llama_matches_candle_transformers() {
 fn llama3_rope_scaling_tied_head_sharded_matches() {
     let mut cfg = config("LlamaForCausalLM", true);
     cfg.rope_theta = 500_000.0;
-    cfg.rope_scaling = Some(Llama3RopeScaling {
+    cfg.rope_scaling = Some(RopeScaling::Llama3(Llama3RopeScaling {
         factor: 8.0,
         low_freq_factor: 1.0,
         high_freq_factor: 4.0,
         original_max_position_embeddings: 16,
-    });
+    }));
     let mut s = setup("llama3", cfg, 3, BLOCK_SIZE);
     prefill_decode_and_recompute(&mut s);
 }
@@ -528,4 +624,210 @@ fn shipped_demo_model_matches_candle_transformers() {
     };
     prefill_decode_and_recompute(&mut s);
     batched_sequences(&mut s);
+}
+
+/// Qwen3's per-head q/k RMSNorms, through prefill, decodes, a preemption
+/// and batching.
+#[test]
+fn qwen3_with_qk_norm_matches() {
+    let mut s = setup("qwen3", qwen3_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Gemma 3: the (1 + w) norms, scaled embeddings, GeGLU, post norms, q/k
+/// norms, and local layers with their own RoPE base beside a global one.
+/// The prompts (11 tokens, then 20 decodes; 13 in the batch) run past the
+/// window of 6, so local and global layers see different contexts.
+#[test]
+fn gemma3_matches_candle_transformers_past_the_window() {
+    let mut s = setup("gemma3", gemma3_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// The window matters in this test (so the test above can fail on it): the
+/// same checkpoint without a window gives other logits past it.
+#[test]
+fn gemma3_window_changes_the_logits() {
+    let cfg = gemma3_config();
+    let w = random_weights(&cfg, 1234).unwrap();
+    let tokens = prompt(13, 1);
+    let windowed = Reference::new(&cfg, &w).feed(&tokens, 0);
+    let mut wide = cfg.clone();
+    wide.sliding_window = Some(64);
+    let full = Reference::new(&wide, &w).feed(&tokens, 0);
+    let diff = windowed
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the window made no difference ({diff})");
+}
+
+/// A multimodal Gemma 3 checkpoint (`Gemma3ForConditionalGeneration`: the
+/// text model's config under `text_config`, its weights under
+/// `model.language_model.`, plus a vision tower that is not loaded) gives
+/// the logits of the text-only checkpoint.
+#[test]
+fn gemma3_conditional_generation_loads_its_text_model() {
+    let cfg = gemma3_config();
+    let w = random_weights(&cfg, 1234).unwrap();
+    let dir = write_checkpoint("gemma3-mm", &cfg, &w, 1);
+    let mut text: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+    text.as_object_mut().unwrap().remove("architectures");
+    text["model_type"] = "gemma3_text".into();
+    let top = serde_json::json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": text,
+        "vision_config": {"hidden_size": 16},
+    });
+    std::fs::write(dir.join("config.json"), top.to_string()).unwrap();
+    let mut mm: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| (n.replacen("model.", "model.language_model.", 1), t.clone()))
+        .collect();
+    mm.insert(
+        "model.vision_tower.vision_model.post_layernorm.weight".into(),
+        Tensor::zeros(16, DType::F32, &Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&mm, dir.join("model.safetensors")).unwrap();
+    let opts = ModelOptions {
+        kv_cache_memory: Some(8 << 20),
+        ..ModelOptions::default()
+    };
+    let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut want = cfg.clone();
+    want.architecture = "Gemma3ForConditionalGeneration".into();
+    assert_eq!(model.model().cfg, want);
+    let mut exec = model.cpu_executor().unwrap();
+    exec.init_kv_cache(16).unwrap();
+    let mut alloc = Alloc::new(0).with_block_size(16);
+    let mut seq = Seq::new(1, &prompt(11, 1), greedy());
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let ours = exec.forward_logits(&batch).unwrap();
+    let expected = Reference::new(&cfg, &w).feed(&seq.tokens, 0);
+    assert_close(&ours[0], &expected, "multimodal checkpoint's text model");
+}
+
+/// `query_pre_attn_scalar` (which candle-transformers' Gemma 3 ignores):
+/// scores scaled by `1/√(4·head_dim)` equal scores of queries halved, which
+/// halving the q-norm weights does (Gemma's stored `w` becomes `(1+w)/2 − 1`).
+#[test]
+fn gemma3_query_pre_attn_scalar_scales_the_scores() {
+    let mut cfg = gemma3_config();
+    cfg.arch.query_pre_attn_scalar = Some(4 * cfg.head_dim);
+    let w = random_weights(&cfg, 1234).unwrap();
+    let mut halved_cfg = cfg.clone();
+    halved_cfg.arch.query_pre_attn_scalar = Some(cfg.head_dim);
+    let mut halved = w.clone();
+    for l in 0..cfg.num_layers {
+        let name = format!("model.layers.{l}.self_attn.q_norm.weight");
+        let t = ((&w[&name] + 1.0).unwrap() * 0.5).unwrap();
+        halved.insert(name, (t - 1.0).unwrap());
+    }
+    let run = |cfg: &ModelConfig, w: &HashMap<String, Tensor>| {
+        let m = inferscope_model::loader::model_from_tensors(cfg.clone(), w.clone()).unwrap();
+        let mut exec = CpuExecutor::new(
+            "t".into(),
+            std::sync::Arc::new(m),
+            inferscope_model::KvBudget::Bytes(4 << 20),
+            vec![2],
+            None,
+        )
+        .unwrap();
+        exec.init_kv_cache(16).unwrap();
+        let mut seq = Seq::new(1, &prompt(11, 1), greedy());
+        let batch = build_batch(&mut [&mut seq], &mut Alloc::new(0).with_block_size(16), 512);
+        exec.forward_logits(&batch).unwrap().remove(0)
+    };
+    let (scaled, reference) = (run(&cfg, &w), run(&halved_cfg, &halved));
+    assert_close(&scaled, &reference, "query_pre_attn_scalar = 4·head_dim");
+    let plain = run(&halved_cfg, &w);
+    let diff = plain
+        .iter()
+        .zip(&scaled)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the scalar made no difference ({diff})");
+}
+
+/// Phi-3: q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj` (split by
+/// the product's rows, never copied apart), through prefill, decodes, a
+/// preemption and batching.
+#[test]
+fn phi3_fused_projections_match() {
+    let mut s = setup("phi3", config("Phi3ForCausalLM", false), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Phi-3's 128k models (LongRoPE) are refused by name, not run as 4k ones.
+#[test]
+fn phi3_longrope_is_refused() {
+    let mut j: serde_json::Value =
+        serde_json::from_str(&config("Phi3ForCausalLM", false).to_hf_json()).unwrap();
+    j["rope_scaling"] = serde_json::json!({"type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0],
+        "long_factor": [2.0, 2.0, 2.0, 2.0]});
+    let e = ModelConfig::from_hf_json(&j.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"longrope\""), "{e}");
+    j["rope_scaling"] = serde_json::Value::Null;
+    j["partial_rotary_factor"] = 0.75.into();
+    let e = ModelConfig::from_hf_json(&j.to_string())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("partial_rotary_factor"), "{e}");
+}
+
+/// Gemma 2: the soft-caps and (1 + w) pre/post norms, through prefill,
+/// decodes, a preemption and batching.
+#[test]
+fn gemma2_softcapping_matches() {
+    let mut s = setup("gemma2", gemma2_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Gemma 2's local layers: a one-layer model (layer 0 is local) sees only
+/// the last `WINDOW` tokens, so each step's logits equal the reference fed
+/// just those from position 0 (RoPE depends on relative positions only).
+#[test]
+fn gemma2_local_layer_sees_only_its_window() {
+    const WINDOW: usize = 5;
+    let mut cfg = gemma2_config();
+    cfg.num_layers = 1;
+    cfg.sliding_window = Some(WINDOW);
+    let mut s = setup("gemma2-window", cfg, 1, BLOCK_SIZE);
+    let mut wide = s.cfg.clone();
+    wide.sliding_window = Some(64);
+    let windowed = |tokens: &[u32]| {
+        Reference::new(&wide, &s.weights).feed(&tokens[tokens.len() - WINDOW..], 0)
+    };
+    let mut alloc = Alloc::new(0).with_block_size(s.block_size);
+    let mut seq = Seq::new(1, &prompt(13, 2), greedy());
+    let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    let mut last = s.exec.forward_logits(&batch).unwrap().remove(0);
+    assert_close(&last, &windowed(&seq.tokens), "prefill");
+    let full = Reference::new(&wide, &s.weights).feed(&seq.tokens, 0);
+    let diff = last
+        .iter()
+        .zip(&full)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff > 1e-2, "the window made no difference ({diff})");
+    for step in 0..6 {
+        seq.tokens.push(argmax(&last));
+        seq.num_generated += 1;
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+        last = s.exec.forward_logits(&batch).unwrap().remove(0);
+        assert_close(
+            &last,
+            &windowed(&seq.tokens),
+            &format!("decode step {step}"),
+        );
+    }
 }

@@ -1,0 +1,121 @@
+"""The model families beyond Llama, against llama.cpp: one random-weight GGUF
+per family (tiny_families.py), in F16 and in llama.cpp's own Q4_K_M, run by
+llama.cpp (its OpenAI-compatible server from `llama-cpp-python[server]`, and
+the `llama_cpp` bindings of the same library) and by `inferscope serve
+--executor cpu`.
+
+The vocabulary's control and byte tokens carry (almost) no logit, so the
+greedy text is made of whole pieces and equal texts mean equal tokens.
+
+Greedy decoding of a random model is reproducible only where its top two
+logits are further apart than the two implementations' rounding differences:
+about 1e-4 of the logits in F16, but about 3e-2 in Q4_K_M (llama.cpp's and
+inferscope's quantized products differ by ~1 % of the logits, on Llama
+files too). So:
+
+- F16: the two servers generate the same first 16 greedy tokens, free-running;
+- both types, step by step: at each of llama.cpp's 16 greedy steps,
+  inferscope, given llama.cpp's prompt and tokens so far, picks llama.cpp's
+  token wherever llama.cpp's top two logits are at least `MIN_MARGIN` apart
+  (every step in F16; in Q4_K_M most of them, and the test requires a
+  minimum so that it cannot pass vacuously).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import LlamaCppServer, Server
+from tiny_families import quantize_q4_k_m, tensor_types, write_family_gguf
+
+PROMPT = "the people of the new time which was not"
+TOKENS = 16
+# The weights' seed per family.
+SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0}
+# How far apart llama.cpp's top two logits must be for inferscope to have to
+# pick the same token: ~3x the two implementations' measured differences.
+MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.1}
+# Of the 16 steps, how many must be that decisive.
+MIN_DECISIVE = {"f16": TOKENS, "q4_k_m": 8}
+
+
+def llama_cpp_greedy(path) -> tuple[list[int], list[int], list[float], list[str]]:
+    """llama.cpp's tokens for PROMPT and its greedy tokens after it; at each
+    of those, how far its top logit is above the second, and the text the
+    token adds."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, n_threads=2, verbose=False,
+                          logits_all=True)
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+    llm.eval(prompt)
+    tokens, margins, texts = [], [], []
+    for _ in range(TOKENS):
+        logits = np.array(llm.scores[llm.n_tokens - 1])
+        top, second = np.argsort(-logits)[:2]
+        before = llm.detokenize(prompt + tokens)
+        tokens.append(int(top))
+        texts.append(llm.detokenize(prompt + tokens)[len(before):].decode())
+        margins.append(float(logits[top] - logits[second]))
+        llm.eval([int(top)])
+    return prompt, tokens, margins, texts
+
+
+def greedy_text(base_url: str, model: str, prompt=PROMPT, max_tokens=TOKENS, **extra) -> str:
+    client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+    c = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                  temperature=0, extra_body=extra or None)
+    return c.choices[0].text
+
+
+@pytest.fixture(scope="module", params=sorted(SEEDS))
+def f16_gguf(request, workdir):
+    arch = request.param
+    return arch, write_family_gguf(workdir / f"tiny-{arch}-f16.gguf", arch, SEEDS[arch])
+
+
+@pytest.mark.parametrize("quant", ["f16", "q4_k_m"])
+def test_same_greedy_tokens_as_llama_cpp(f16_gguf, quant, workdir):
+    arch, path = f16_gguf
+    if quant == "q4_k_m":
+        path = quantize_q4_k_m(path, workdir / f"tiny-{arch}-q4_k_m.gguf")
+        types = set(tensor_types(path).values())
+        assert {"Q4_K", "Q6_K"} <= types, types
+    else:
+        assert "F16" in set(tensor_types(path).values())
+
+    prompt, tokens, margins, texts = llama_cpp_greedy(path)
+    assert len(set(tokens)) > 1, f"a degenerate model repeats one token: {tokens}"
+    decisive = [m >= MIN_MARGIN[quant] for m in margins]
+    assert sum(decisive) >= MIN_DECISIVE[quant], (
+        f"{arch} {quant}: only {sum(decisive)} of llama.cpp's steps have their top two logits "
+        f"{MIN_MARGIN[quant]} apart (margins {np.round(margins, 3).tolist()}): pick another "
+        "seed in SEEDS")
+
+    name = f"tiny-{arch}"
+    ours = Server([], workdir, model_args=["--executor", "cpu", "--model", str(path),
+                                           "--served-model-name", name])
+    try:
+        got = greedy_text(ours.base, name) if quant == "f16" else None
+        # Step by step on llama.cpp's path (a tokenized prompt gets no BOS
+        # added: llama.cpp's already has it).
+        steps = [greedy_text(ours.base, name, prompt=prompt + tokens[:i], max_tokens=1)
+                 for i in range(TOKENS)]
+    finally:
+        ours.stop()
+    mismatches = [(i, steps[i], texts[i], round(margins[i], 4)) for i in range(TOKENS)
+                  if decisive[i] and steps[i] != texts[i]]
+    assert not mismatches, (
+        f"{arch} {quant}: (step, inferscope, llama.cpp, llama.cpp's margin) {mismatches}")
+
+    if quant == "f16":
+        theirs = LlamaCppServer(path, workdir, model=name)
+        try:
+            # llama-cpp-python's completions default to a repeat penalty of 1.1.
+            want = greedy_text(theirs.base_url, name, repeat_penalty=1.0)
+        finally:
+            theirs.stop()
+        assert want == "".join(texts), (want, texts)
+        assert got == want, f"{arch} {quant}: inferscope {got!r} vs llama.cpp {want!r}"

@@ -1,0 +1,200 @@
+"""Tiny random-weight GGUFs of the model families beyond Llama (Qwen3,
+Gemma 3, Phi-3, Gemma 2), written as llama.cpp's converter writes them, for the
+comparison of greedy tokens between llama.cpp and inferscope
+(test_model_families.py).
+
+The layout follows `convert_hf_to_gguf.py`: llama.cpp's tensor names and
+metadata keys, q/k rows in the Hugging Face (NeoX) order these families use,
+Gemma's RMSNorm weights stored with the 1 of `x̂ · (1 + w)` already added, and
+no `output.weight` where the head is tied to the embeddings. The shapes are
+multiples of 256 along every weight's input, so that llama.cpp's Q4_K_M
+(`quantize`) really stores Q4_K/Q6_K blocks instead of falling back to other
+types. The vocabulary is tiny_gguf.py's SentencePiece one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from tiny_gguf import vocabulary
+
+
+@dataclass(frozen=True)
+class Family:
+    """One architecture's shape and what its layers hold."""
+
+    arch: str
+    layers: int
+    qk_norm: bool
+    post_norms: bool
+    tied: bool
+    rope_base: float
+    sliding_window: int | None = None
+    fused: bool = False
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+
+
+HIDDEN = 256
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = 64
+FFN = 512
+CONTEXT = 2048
+
+FAMILIES = {
+    "qwen3": Family("qwen3", layers=2, qk_norm=True, post_norms=False, tied=False,
+                    rope_base=1_000_000.0),
+    # Six layers: llama.cpp's Gemma 3 makes every sixth layer global, the
+    # others local with a window of 8 positions (RoPE base 10⁴ there, 10⁶
+    # in the global layer).
+    "gemma3": Family("gemma3", layers=6, qk_norm=True, post_norms=True, tied=True,
+                     rope_base=1_000_000.0, sliding_window=8),
+    # Phi-3: q/k/v in one `attn_qkv`, gate and up in one `ffn_up`.
+    "phi3": Family("phi3", layers=2, qk_norm=False, post_norms=False, tied=False,
+                   rope_base=10_000.0, fused=True),
+    # Gemma 2: even layers local, odd ones global; both soft-caps.
+    "gemma2": Family("gemma2", layers=2, qk_norm=False, post_norms=True, tied=True,
+                     rope_base=10_000.0, sliding_window=8, attn_softcap=50.0, final_softcap=30.0),
+}
+
+
+def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
+    """Writes a random-weight `arch` model with F16 layer weights to `path`."""
+    fam = FAMILIES[arch]
+    tokens, scores, types = vocabulary()
+    if arch == "phi3":
+        # llama.cpp's Phi-3 vocabulary setup looks these up by text.
+        for t in ("<|endoftext|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"):
+            tokens.append(t)
+            scores.append(0.0)
+            types.append(int(gguf.TokenType.CONTROL))
+    vocab = len(tokens)
+    not_pieces = np.array(types) != int(gguf.TokenType.NORMAL)
+    rng = np.random.default_rng(seed)
+    gemma = arch.startswith("gemma")
+
+    def lin(out: int, inp: int) -> np.ndarray:
+        # 1/√fan_in keeps activations O(1) through the layers.
+        return (rng.standard_normal((out, inp)) / np.sqrt(inp)).astype(np.float16)
+
+    def norm(n: int, mean: float = 1.0) -> np.ndarray:
+        # Near `mean` as stored in the file (for Gemma: 1 + w).
+        return (mean + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"inferscope-tiny-{arch}")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(fam.layers)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(fam.rope_base)
+    if fam.sliding_window is not None:
+        w.add_sliding_window(fam.sliding_window)
+    if fam.attn_softcap is not None:
+        w.add_attn_logit_softcapping(fam.attn_softcap)
+    if fam.final_softcap is not None:
+        w.add_final_logit_softcapping(fam.final_softcap)
+    w.add_vocab_size(vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+
+    # Gemma multiplies the embeddings by √hidden: smaller ones keep the
+    # residual stream O(1) there.
+    embd_std = 1.0 / np.sqrt(HIDDEN) if gemma else 1.0
+    embd = rng.standard_normal((vocab, HIDDEN)) * embd_std
+    # The control and byte tokens get (almost) no logit, so the greedy text
+    # is made of whole pieces: comparing two servers' text then compares
+    # their tokens (a lone byte of a UTF-8 sequence prints as U+FFFD, which
+    # would hide which byte it was), and no EOS ends it early.
+    embd[not_pieces] *= 0.01
+    w.add_tensor("token_embd.weight", embd.astype(np.float16))
+    q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    for layer in range(fam.layers):
+        p = f"blk.{layer}"
+        w.add_tensor(f"{p}.attn_norm.weight", norm(HIDDEN))
+        if fam.fused:
+            w.add_tensor(f"{p}.attn_qkv.weight", lin(q_dim + 2 * kv_dim, HIDDEN))
+        else:
+            w.add_tensor(f"{p}.attn_q.weight", lin(q_dim, HIDDEN))
+            w.add_tensor(f"{p}.attn_k.weight", lin(kv_dim, HIDDEN))
+            w.add_tensor(f"{p}.attn_v.weight", lin(kv_dim, HIDDEN))
+        if fam.qk_norm:
+            w.add_tensor(f"{p}.attn_q_norm.weight", norm(HEAD_DIM))
+            w.add_tensor(f"{p}.attn_k_norm.weight", norm(HEAD_DIM))
+        w.add_tensor(f"{p}.attn_output.weight", lin(HIDDEN, q_dim))
+        if fam.post_norms:
+            # Large, so that the layers outweigh the embedding that the
+            # tied head would otherwise read back (the model would repeat
+            # its last input token whatever the layers computed).
+            w.add_tensor(f"{p}.post_attention_norm.weight", norm(HIDDEN, 4.0))
+        w.add_tensor(f"{p}.ffn_norm.weight", norm(HIDDEN))
+        if fam.fused:
+            w.add_tensor(f"{p}.ffn_up.weight", lin(2 * FFN, HIDDEN))
+        else:
+            w.add_tensor(f"{p}.ffn_gate.weight", lin(FFN, HIDDEN))
+            w.add_tensor(f"{p}.ffn_up.weight", lin(FFN, HIDDEN))
+        w.add_tensor(f"{p}.ffn_down.weight", lin(HIDDEN, FFN))
+        if fam.post_norms:
+            w.add_tensor(f"{p}.post_ffw_norm.weight", norm(HIDDEN, 4.0))
+    w.add_tensor("output_norm.weight", norm(HIDDEN))
+    if not fam.tied:
+        out = lin(vocab, HIDDEN)
+        out[not_pieces] *= 0.01
+        w.add_tensor("output.weight", out)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def quantize_q4_k_m(src: Path, dst: Path) -> Path:
+    """`src` quantized to Q4_K_M by llama.cpp's own quantizer (through the
+    llama_cpp bindings), as `llama-quantize SRC DST Q4_K_M` would."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {dst}) returned {rc}")
+    return dst
+
+
+def tensor_types(path: Path) -> dict[str, str]:
+    """Each tensor's GGML type name, as stored in `path`."""
+    reader = gguf.GGUFReader(str(path))
+    return {t.name: t.tensor_type.name for t in reader.tensors}
+
+
+if __name__ == "__main__":
+    import sys
+
+    arch = sys.argv[1] if len(sys.argv) > 1 else "gemma3"
+    out = Path(sys.argv[2] if len(sys.argv) > 2 else f"tiny-{arch}.gguf")
+    write_family_gguf(out, arch)
+    if len(sys.argv) > 3 and sys.argv[3] == "q4_k_m":
+        quantize_q4_k_m(out, out.with_suffix(".q4_k_m.gguf"))
+    print(out)
