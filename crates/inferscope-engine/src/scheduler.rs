@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
-use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::executor::{ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
     EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
 };
@@ -41,6 +41,9 @@ struct Sequence {
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
     num_prompt_tokens: usize,
+    /// Tokens some batch has carried to the executor (new or history), so
+    /// a prefix-cache hit past them hands the executor the rest once.
+    num_delivered: usize,
     /// Tokens whose keys and values are in the KV cache.
     num_computed: usize,
     blocks: Vec<u32>,
@@ -248,6 +251,7 @@ impl Scheduler {
             seed,
             tokens: req.prompt_token_ids,
             num_prompt_tokens,
+            num_delivered: 0,
             num_computed: 0,
             blocks: Vec::new(),
             block_hashes: Vec::new(),
@@ -435,9 +439,23 @@ impl Scheduler {
     }
 
     fn push_scheduled(&mut self, running_idx: usize, num_new: usize) {
-        let seq = &self.running[running_idx];
+        let seq = &mut self.running[running_idx];
         let start = seq.num_computed;
         let end = start + num_new;
+        let mut history = SeqHistory {
+            num_prompt_tokens: seq.num_prompt_tokens,
+            offset: self.batch.history_token_ids.len(),
+            len: 0,
+        };
+        // Only a prefix-cache hit skips tokens, and only executors that
+        // count tokens need them: the common case copies nothing.
+        if seq.params.uses_token_counts() && start > seq.num_delivered {
+            self.batch
+                .history_token_ids
+                .extend_from_slice(&seq.tokens[seq.num_delivered..start]);
+            history.len = start - seq.num_delivered;
+        }
+        seq.num_delivered = seq.num_delivered.max(end);
         let sample = end == seq.tokens.len();
         let token_offset = self.batch.token_ids.len();
         self.batch
@@ -461,6 +479,7 @@ impl Scheduler {
             num_generated: seq.num_generated(),
             seed: seq.seed,
             params: Arc::clone(&seq.params),
+            history,
         });
         self.batch_running_idx.push(running_idx);
     }

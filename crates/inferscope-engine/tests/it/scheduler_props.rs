@@ -225,6 +225,9 @@ fn run_workload(
                     min_tokens: r.min_tokens.min(r.max_tokens),
                     ignore_eos: r.ignore_eos,
                     seed: Some(i as u64),
+                    // Every other request counts tokens (a penalty): the
+                    // history it is handed is checked below.
+                    presence_penalty: if i % 2 == 0 { 0.5 } else { 0.0 },
                     ..Default::default()
                 }),
                 seed_offset: 0,
@@ -240,6 +243,8 @@ fn run_workload(
     let mut out = StepOutput::default();
     let mut step = 0;
     let mut total_hits = 0u64;
+    // What an executor that counts tokens has seen of each sequence.
+    let mut executor_view: HashMap<u64, Vec<u32>> = HashMap::new();
     while sched.has_work() {
         prop_assert!(step < 20_000, "no progress: livelock");
         for v in sched.sequences() {
@@ -281,7 +286,34 @@ fn run_workload(
                 .and_then(|(k, _)| k[1..].parse().ok())
                 .ok_or_else(|| TestCaseError::fail("seq without request"))?;
             let mut prompt = prompt_of(&reqs[req_idx], req_idx, &prefixes);
+            let prompt_len = prompt.len();
             prompt.extend(tokens_of.get(&s.seq_id).cloned().unwrap_or_default());
+            // Batch by batch, an executor that counts tokens sees every
+            // position of the sequence exactly as it is, without gaps,
+            // whatever prefix hits and preemptions happened; the others
+            // are handed no history.
+            let history = batch.history(s);
+            if s.params.uses_token_counts() {
+                prop_assert_eq!(s.history.num_prompt_tokens, prompt_len);
+                let seen = executor_view.entry(s.seq_id).or_default();
+                let first = s.start_pos - history.len();
+                prop_assert!(
+                    first <= seen.len(),
+                    "gap before {} in seq {}",
+                    first,
+                    s.seq_id
+                );
+                for (pos, &t) in (first..).zip(history.iter().chain(batch.tokens(s))) {
+                    if pos == seen.len() {
+                        seen.push(t);
+                    }
+                }
+                let end = s.start_pos + s.num_tokens;
+                prop_assert!(seen.len() >= end);
+                prop_assert_eq!(&seen[..], &prompt[..seen.len()]);
+            } else {
+                prop_assert!(history.is_empty());
+            }
             full.insert(s.seq_id, prompt);
         }
         let pool = sched.pool();

@@ -96,6 +96,7 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
             num_generated: s.num_generated,
             seed: s.seed,
             params: s.params.clone(),
+            history: Default::default(),
         });
         b.token_ids.extend_from_slice(&s.tokens[s.cached..end]);
         b.block_tables.extend_from_slice(&s.blocks);
