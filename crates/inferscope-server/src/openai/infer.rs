@@ -112,7 +112,8 @@ impl Infer<'_> {
                     .record_latency
                     .then(|| self.metrics.frontend(handle.engine))
                     .flatten();
-                let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
+                let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt)
+                    .with_skip_special_tokens(plan.skip_special_tokens);
                 let mut choice = ChoiceStream::new(
                     index,
                     handle,
@@ -122,7 +123,11 @@ impl Infer<'_> {
                     latency,
                     request,
                 )
-                .with_request_log(self.request_log.cloned());
+                .with_request_log(self.request_log.cloned())
+                .with_stop_output(plan.include_stop_str_in_output);
+                if let Some(echo) = &plan.echo {
+                    choice = choice.with_echo(echo[p].clone());
+                }
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -215,6 +220,11 @@ pub struct ChoiceStream {
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
+    /// `include_stop_str_in_output`: the stop string or stop token that
+    /// ended the choice stays in its text.
+    include_stop: bool,
+    /// `echo`: text sent before the first generated one.
+    echo: Option<String>,
     done: bool,
 }
 
@@ -244,8 +254,23 @@ impl ChoiceStream {
             request,
             request_log: None,
             reservation: None,
+            include_stop: false,
+            echo: None,
             done: false,
         }
+    }
+
+    /// Keeps the stop string or stop token that ends the choice in its text
+    /// (`include_stop_str_in_output`).
+    pub fn with_stop_output(mut self, include: bool) -> Self {
+        self.include_stop = include;
+        self
+    }
+
+    /// Sends `text` (the prompt, `echo`) before the generated text.
+    pub fn with_echo(mut self, text: String) -> Self {
+        self.echo = Some(text);
+        self
     }
 
     /// Logs the choice to `log` when it ends.
@@ -287,6 +312,17 @@ impl ChoiceStream {
     /// The next delta with text, or the final one. Every path ends in a
     /// delta, so a caller that loops until `finish` always gets one.
     async fn step(&mut self) -> ChoiceDelta {
+        // The echoed prompt is not generated text: no latency is recorded
+        // for it, and stop strings are not searched in it.
+        if let Some(echo) = self.echo.take()
+            && !echo.is_empty()
+        {
+            return ChoiceDelta {
+                index: self.index,
+                text: echo,
+                finish: None,
+            };
+        }
         loop {
             let out = self.handle.recv().await;
             // The first output (a token or the finish) means the prompt is no
@@ -304,7 +340,12 @@ impl ChoiceStream {
                 );
             };
             let mut text = String::new();
-            if let Some(t) = out.token_id {
+            // As vLLM does, the token that stopped the choice (EOS or a stop
+            // token id) is left out of the text unless asked for.
+            let stopped_by = out.finished.as_ref().and_then(|f| f.stop_token_id);
+            if let Some(t) = out.token_id
+                && (self.include_stop || stopped_by != Some(t))
+            {
                 // A token the tokenizer cannot decode is skipped, not fatal.
                 text = self.decoder.push(t).unwrap_or_default();
             }
@@ -339,8 +380,8 @@ impl ChoiceStream {
                 };
             }
             self.held.push_str(&text);
-            if let Some(pos) = self.find_stop(&self.held) {
-                let emit = self.held[..pos].to_owned();
+            if let Some(end) = self.find_stop(&self.held) {
+                let emit = self.held[..end].to_owned();
                 self.held.clear();
                 // Ends the request in the engine as `stop`; the finish it
                 // sends back carries the counts.
@@ -392,8 +433,15 @@ impl ChoiceStream {
         std::mem::replace(&mut self.held, rest)
     }
 
+    /// Where the text to emit ends when a stop string occurs in `text`:
+    /// before the first one, or after it with `include_stop_str_in_output`.
     fn find_stop(&self, text: &str) -> Option<usize> {
-        self.stop.iter().filter_map(|s| text.find(s.as_str())).min()
+        let (pos, len) = self
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()).map(|p| (p, s.len())))
+            .min()?;
+        Some(if self.include_stop { pos + len } else { pos })
     }
 
     fn observe_delta(&mut self) {
