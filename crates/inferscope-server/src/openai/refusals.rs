@@ -266,8 +266,7 @@ impl<'de, 't> Visitor<'de> for Scan<'t> {
 mod tests {
     use super::*;
 
-    /// No field is listed twice, and no refused field is also one the
-    /// server honours (it would be both read and refused).
+    /// No field is listed twice (its rows could disagree).
     #[test]
     fn every_field_is_listed_once() {
         let mut all: Vec<&str> = [COMMON, COMPLETIONS, CHAT]
