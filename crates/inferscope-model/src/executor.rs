@@ -261,6 +261,11 @@ impl CpuExecutor {
         Ok(())
     }
 
+    /// The token counts kept for a live sequence whose parameters use them.
+    pub fn token_counts(&self, seq_id: u64) -> Option<&TokenCounts> {
+        self.counts.get(&seq_id)
+    }
+
     /// Turns the per-part step profile on (cleared) or off.
     #[doc(hidden)]
     pub fn set_profile(&mut self, on: bool) {

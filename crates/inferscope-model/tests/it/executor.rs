@@ -117,7 +117,7 @@ fn recompute_after_preemption_reproduces_sampled_tokens() {
 #[test]
 fn penalties_follow_the_whole_sequence_across_preemption() {
     let (_, mut e) = demo();
-    let (rep, freq, pres) = (1.3f32, 0.7f32, 0.4f32);
+    let (rep, freq, pres) = (1.3f32, 2.0f32, 0.5f32);
     let params = SamplingParams {
         temperature: 0.0,
         repetition_penalty: rep,
@@ -126,7 +126,7 @@ fn penalties_follow_the_whole_sequence_across_preemption() {
         ..SamplingParams::default()
     };
     let prompt = [256, 10, 20, 10, 30, 20, 10];
-    let steps = 16;
+    let steps = 24;
     let mut alloc = Alloc::new(0);
     let mut reference = prompt.to_vec();
     let mut plain = prompt.to_vec();
@@ -160,6 +160,28 @@ fn penalties_follow_the_whole_sequence_across_preemption() {
     s.preempt();
     generate(&mut e, &mut [&mut s, &mut other], &mut alloc, steps, 3);
     assert_eq!(s.tokens, reference);
+    // The counts themselves: every position fed so far (all but the last
+    // sampled token) counted once, recompute or not.
+    for seq in [&s, &other] {
+        let fed = &seq.tokens[..seq.tokens.len() - 1];
+        let mut want: Vec<(u32, u32, bool)> = fed
+            .iter()
+            .map(|&t| {
+                let out = fed[seq.prompt_len..].iter().filter(|&&o| o == t).count();
+                (t, out as u32, seq.tokens[..seq.prompt_len].contains(&t))
+            })
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let counts = e.token_counts(seq.id).expect("counts kept");
+        let mut got: Vec<(u32, u32, bool)> = counts
+            .iter()
+            .map(|(t, c)| (t, c.output, c.in_prompt))
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, want, "sequence {}", seq.id);
+        assert_eq!(counts.len(), fed.len());
+    }
 }
 
 #[test]
