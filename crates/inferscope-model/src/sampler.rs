@@ -214,7 +214,13 @@ pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, counts: &Tok
             continue;
         };
         if rep != 1.0 {
-            *l = if *l > 0.0 { *l / rep } else { *l * rep };
+            // Clamped: a tiny penalty must not turn a logit into +inf,
+            // which the draw would drop instead of favouring.
+            *l = if *l > 0.0 {
+                (*l / rep).min(f32::MAX)
+            } else {
+                *l * rep
+            };
         }
         if c.output > 0 {
             *l -= params.frequency_penalty * c.output as f32 + params.presence_penalty;
@@ -364,6 +370,9 @@ mod tests {
             penalised(0.25, 0.5, 2.0),
             [1.0, -2.75, -1.0, 3.0, -4.75, 0.5]
         );
+        // A tiny repetition penalty saturates a positive logit at f32::MAX
+        // rather than +inf.
+        assert_eq!(penalised(0.0, 0.0, 1e-40)[0], f32::MAX);
         // Negative presence and frequency reward instead.
         assert_eq!(penalised(-1.0, -1.0, 1.0), [2.0, 1.0, 3.5, 3.0, 0.0, 1.0]);
         // Neutral values change nothing, and no counts means no penalty.

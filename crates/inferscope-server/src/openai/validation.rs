@@ -470,7 +470,8 @@ pub fn plan(
     let frequency_penalty = in_range(f.frequency_penalty, 0.0, -2.0, 2.0, "frequency_penalty")?;
     let min_p = in_range(f.min_p, 0.0, 0.0, 1.0, "min_p")?;
     let repetition_penalty = f.repetition_penalty.unwrap_or(1.0);
-    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+    // Checked as the sampler's f32: 1e-300 would round to 0.
+    if !(repetition_penalty as f32 > 0.0) {
         return Err(ApiError::invalid(
             format!("`repetition_penalty` must be greater than zero, got {repetition_penalty}"),
             Some("repetition_penalty"),
@@ -708,6 +709,7 @@ mod tests {
             (r#"{"stop_token_ids": [999]}"#, "stop_token_ids"),
             (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
             (r#"{"repetition_penalty": -1}"#, "repetition_penalty"),
+            (r#"{"repetition_penalty": 1e-300}"#, "repetition_penalty"),
             (r#"{"presence_penalty": 2.5}"#, "presence_penalty"),
             (r#"{"presence_penalty": -2.01}"#, "presence_penalty"),
             (r#"{"frequency_penalty": 3}"#, "frequency_penalty"),
