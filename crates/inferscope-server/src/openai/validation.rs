@@ -471,7 +471,7 @@ pub fn plan(
     let min_p = in_range(f.min_p, 0.0, 0.0, 1.0, "min_p")?;
     let repetition_penalty = f.repetition_penalty.unwrap_or(1.0);
     // Checked as the sampler's f32: 1e-300 would round to 0.
-    if !(repetition_penalty as f32 > 0.0) {
+    if (repetition_penalty as f32).partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return Err(ApiError::invalid(
             format!("`repetition_penalty` must be greater than zero, got {repetition_penalty}"),
             Some("repetition_penalty"),
