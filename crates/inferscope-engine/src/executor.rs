@@ -109,8 +109,9 @@ pub struct ScheduledBatch {
     pub block_tables: Vec<u32>,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// Sequences that ended since the previous step (the executor may drop
-    /// per-sequence state).
+    /// Sequences that ended since the previous batch the executor ran (the
+    /// executor may drop per-sequence state; an empty batch, which is not
+    /// run, passes them on to the next).
     pub finished_seq_ids: Vec<u64>,
     /// Tokens before a sequence's `start_pos` that no earlier batch carried
     /// (see [`SeqHistory`]), flattened.

@@ -347,7 +347,16 @@ impl Scheduler {
     pub fn schedule(&mut self) {
         let now = Instant::now();
         self.batch_scheduled_at = now;
+        // A batch without sequences never reaches the executor (the engine
+        // core skips it): the ids of the sequences that ended stay for the
+        // next one, so the executor can still drop their state.
+        let unsent = self.batch.seqs.is_empty();
+        let mut finished = std::mem::take(&mut self.batch.finished_seq_ids);
+        if !unsent {
+            finished.clear();
+        }
         self.batch.clear();
+        self.batch.finished_seq_ids = finished;
         self.batch_running_idx.clear();
         self.batch.finished_seq_ids.append(&mut self.ended_seq_ids);
         let bs = self.config.block_size;

@@ -245,6 +245,7 @@ fn run_workload(
     let mut total_hits = 0u64;
     // What an executor that counts tokens has seen of each sequence.
     let mut executor_view: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut unsent_finished: Vec<u64> = Vec::new();
     while sched.has_work() {
         prop_assert!(step < 20_000, "no progress: livelock");
         for v in sched.sequences() {
@@ -274,6 +275,20 @@ fn run_workload(
         }
         sched.schedule();
         let batch = sched.batch().clone();
+        // The engine core runs no empty batch: the ids of sequences that
+        // ended must come again with the next one (the executor frees their
+        // state by them).
+        for id in &unsent_finished {
+            prop_assert!(
+                batch.finished_seq_ids.contains(id),
+                "ended seq {} never reaches the executor",
+                id
+            );
+        }
+        unsent_finished.clear();
+        if batch.seqs.is_empty() {
+            unsent_finished.extend_from_slice(&batch.finished_seq_ids);
+        }
         prop_assert!(batch.num_tokens() <= budget, "token budget exceeded");
         prop_assert!(batch.seqs.len() <= max_seqs, "running cap exceeded");
         prop_assert!(sched.num_running() <= max_seqs);
@@ -326,6 +341,17 @@ fn run_workload(
         total_hits += snap.prefix_cache_hits;
         sched.clear_stats();
         step += 1;
+    }
+    // Ids an empty last batch carried wait for the next batch.
+    if !unsent_finished.is_empty() {
+        sched.schedule();
+        for id in &unsent_finished {
+            prop_assert!(
+                sched.batch().finished_seq_ids.contains(id),
+                "ended seq {} never reaches the executor",
+                id
+            );
+        }
     }
     // Everything ended: every block is free, no reference is left.
     prop_assert_eq!(sched.pool().num_free(), num_blocks);
