@@ -82,23 +82,31 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         "max_tokens",
     )?;
     if echo {
-        let echoed = plan
-            .prompts
-            .iter()
-            .enumerate()
-            .map(|(i, ids)| match sent_texts.get(i) {
-                Some(text) => Ok(text.clone()),
-                None => v
-                    .tokenizer
-                    .decode(ids, plan.skip_special_tokens)
-                    .map_err(|e| {
-                        ApiError::invalid(format!("cannot decode the prompt: {e}"), Some("echo"))
-                    }),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        plan.echo = Some(echoed);
+        plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
     Ok(Validated { model, plan })
+}
+
+/// The text `echo` puts before each prompt's choices: the prompt as sent
+/// (`sent`, for text prompts) or its token ids decoded.
+fn echo_texts(
+    sent: Vec<String>,
+    plan: &Plan,
+    tokenizer: &dyn Tokenizer,
+) -> Result<Vec<String>, ApiError> {
+    if !sent.is_empty() {
+        return Ok(sent);
+    }
+    plan.prompts
+        .iter()
+        .map(|ids| {
+            tokenizer
+                .decode(ids, plan.skip_special_tokens)
+                .map_err(|e| {
+                    ApiError::invalid(format!("cannot decode the prompt: {e}"), Some("echo"))
+                })
+        })
+        .collect()
 }
 
 /// Parses and validates a `/v1/chat/completions` body: messages rendered with
@@ -334,7 +342,7 @@ pub struct Plan {
     pub include_metrics: bool,
     /// Leave special tokens out of the output text.
     pub skip_special_tokens: bool,
-    /// Keep the stop string that ended a choice in its text.
+    /// Keep the stop string or stop token that ended a choice in its text.
     pub include_stop_str_in_output: bool,
     /// `echo`: the text put before the completion of each prompt's choices.
     pub echo: Option<Vec<String>>,
