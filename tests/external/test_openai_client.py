@@ -179,6 +179,36 @@ def test_invalid_completion_is_bad_request(client, kwargs, param):
     assert e.value.body.get("param") == param
 
 
+_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("kwargs,param", [
+    ({"logprobs": True}, "logprobs"),
+    ({"tools": [_TOOL]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"logit_bias": {"99999": 5}}, "logit_bias"),
+    ({"extra_body": {"guided_choice": ["a", "b"]}}, "guided_choice"),
+])
+def test_chat_fields_not_honoured_are_bad_requests(client, kwargs, param):
+    # What the client sends for each is refused by name, never silently ignored (docs/api.md).
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=4, **kwargs)
+    _check_error(e.value, 400)
+    assert e.value.body.get("param") == param
+
+
+def test_sampler_fields_are_accepted(client):
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, seed=1,
+        presence_penalty=1.0, frequency_penalty=-0.5, logit_bias={"65": 5}, user="u-1",
+        extra_body={"min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 4})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 4
+
+
 def test_empty_messages_is_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=4)

@@ -139,8 +139,7 @@ pub struct BenchServeArgs {
     /// top_k sent with each request (default: the server's).
     #[arg(long)]
     pub top_k: Option<i64>,
-    /// min_p sent with each request (default: the server's; vLLM has it,
-    /// inferscope ignores it).
+    /// min_p sent with each request (default: the server's).
     #[arg(long)]
     pub min_p: Option<f64>,
     /// Warm-up requests before the run (not measured).

@@ -49,6 +49,25 @@ pub struct ScheduledSeq {
     pub seed: u64,
     /// The request's parameters.
     pub params: Arc<SamplingParams>,
+    /// What an executor that keeps per-sequence token counts needs beyond
+    /// the new tokens (only filled when `params` use them).
+    pub history: SeqHistory,
+}
+
+/// The token history a sequence's step carries for executors that keep
+/// per-sequence token counts (penalties, [`SamplingParams::uses_token_counts`]).
+///
+/// An executor that counts the tokens of every batch sees each position once,
+/// except those a prefix-cache hit skips: the scheduler hands those over in
+/// [`ScheduledBatch::history_token_ids`], once, on the step that skips them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeqHistory {
+    /// Prompt length: positions from here on are generated tokens.
+    pub num_prompt_tokens: usize,
+    /// Offset of the skipped tokens in [`ScheduledBatch::history_token_ids`].
+    pub offset: usize,
+    /// Number of skipped tokens: positions `start_pos - len .. start_pos`.
+    pub len: usize,
 }
 
 impl ScheduledSeq {
@@ -69,6 +88,7 @@ impl ScheduledSeq {
             num_generated: 0,
             seed: 0,
             params: Arc::new(SamplingParams::default()),
+            history: SeqHistory::default(),
         }
     }
 
@@ -89,15 +109,25 @@ pub struct ScheduledBatch {
     pub block_tables: Vec<u32>,
     /// Tokens per KV block.
     pub block_size: usize,
-    /// Sequences that ended since the previous step (the executor may drop
-    /// per-sequence state).
+    /// Sequences that ended since the previous batch the executor ran (the
+    /// executor may drop per-sequence state; an empty batch, which is not
+    /// run, passes them on to the next).
     pub finished_seq_ids: Vec<u64>,
+    /// Tokens before a sequence's `start_pos` that no earlier batch carried
+    /// (see [`SeqHistory`]), flattened.
+    pub history_token_ids: Vec<u32>,
 }
 
 impl ScheduledBatch {
     /// The new tokens of `seq`.
     pub fn tokens(&self, seq: &ScheduledSeq) -> &[u32] {
         &self.token_ids[seq.token_offset..seq.token_offset + seq.num_tokens]
+    }
+
+    /// The tokens of `seq` that precede its new ones and that no earlier
+    /// batch carried (empty unless its parameters use token counts).
+    pub fn history(&self, seq: &ScheduledSeq) -> &[u32] {
+        &self.history_token_ids[seq.history.offset..seq.history.offset + seq.history.len]
     }
 
     /// The block table of `seq`.
@@ -121,6 +151,7 @@ impl ScheduledBatch {
         self.token_ids.clear();
         self.block_tables.clear();
         self.finished_seq_ids.clear();
+        self.history_token_ids.clear();
     }
 }
 

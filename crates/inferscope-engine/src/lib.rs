@@ -18,7 +18,9 @@ mod waiting_queue;
 pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use cost::ModelCost;
-pub use executor::{Executor, ExecutorError, ScheduledBatch, ScheduledSeq, StepCost, StepOutput};
+pub use executor::{
+    Executor, ExecutorError, ScheduledBatch, ScheduledSeq, SeqHistory, StepCost, StepOutput,
+};
 pub use inferscope_schema::FinishReason;
 pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{

@@ -30,6 +30,22 @@ pub struct SamplingParams {
     pub stop_token_ids: StopTokenIds,
     /// The request's `n` (the server fans out; recorded for metrics only).
     pub n: usize,
+    /// Subtracted once from the logit of every token the output already
+    /// holds (OpenAI's and vLLM's `presence_penalty`); 0 disables it.
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time the output holds it
+    /// (`frequency_penalty`); 0 disables it.
+    pub frequency_penalty: f32,
+    /// vLLM's `repetition_penalty` over prompt and output tokens: a seen
+    /// token's positive logit is divided by it, a negative one multiplied;
+    /// 1 disables it.
+    pub repetition_penalty: f32,
+    /// Drop tokens whose probability (after temperature) is below this
+    /// fraction of the most likely token's; 0 disables it.
+    pub min_p: f32,
+    /// Added to the logits of these token ids before anything else changes
+    /// them (`logit_bias`): ids checked against the vocabulary, each once.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Whether outputs go out per token or once at the end.
     pub output_kind: OutputKind,
 }
@@ -61,12 +77,27 @@ impl Default for SamplingParams {
             seed: None,
             stop_token_ids: StopTokenIds::default(),
             n: 1,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
             output_kind: OutputKind::Delta,
         }
     }
 }
 
 impl SamplingParams {
+    /// Whether sampling reads the sequence's token counts (a presence,
+    /// frequency or repetition penalty): only then does the scheduler hand
+    /// the executor the tokens it would otherwise never see, and the
+    /// executor keep counts.
+    pub fn uses_token_counts(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
+    }
+
     /// The seed the sampler uses. Greedy (`temperature` 0): a hash of the
     /// prompt, so a sampler that draws from its seed (the sim) gives the same
     /// tokens for the same prompt, as a model's argmax does, whatever the seed

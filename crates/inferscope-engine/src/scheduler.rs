@@ -20,7 +20,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
-use crate::executor::{ScheduledBatch, ScheduledSeq, StepOutput};
+use crate::executor::{ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
     EngineRequest, FinishedOutput, OutputKind, PrefillChunk, RequestOutput, RequestTimeline,
     SamplingParams,
@@ -43,6 +43,9 @@ struct Sequence {
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
     num_prompt_tokens: usize,
+    /// Tokens some batch has carried to the executor (new or history), so
+    /// a prefix-cache hit past them hands the executor the rest once.
+    num_delivered: usize,
     /// Tokens whose keys and values are in the KV cache.
     num_computed: usize,
     blocks: Vec<u32>,
@@ -257,6 +260,7 @@ impl Scheduler {
             seed,
             tokens: req.prompt_token_ids,
             num_prompt_tokens,
+            num_delivered: 0,
             num_computed: 0,
             blocks: Vec::new(),
             block_hashes: Vec::new(),
@@ -352,7 +356,16 @@ impl Scheduler {
     pub fn schedule(&mut self) {
         let now = Instant::now();
         self.batch_scheduled_at = now;
+        // A batch without sequences never reaches the executor (the engine
+        // core skips it): the ids of the sequences that ended stay for the
+        // next one, so the executor can still drop their state.
+        let unsent = self.batch.seqs.is_empty();
+        let mut finished = std::mem::take(&mut self.batch.finished_seq_ids);
+        if !unsent {
+            finished.clear();
+        }
         self.batch.clear();
+        self.batch.finished_seq_ids = finished;
         self.batch_running_idx.clear();
         self.batch.finished_seq_ids.append(&mut self.ended_seq_ids);
         let bs = self.config.block_size;
@@ -447,9 +460,23 @@ impl Scheduler {
     }
 
     fn push_scheduled(&mut self, running_idx: usize, num_new: usize) {
-        let seq = &self.running[running_idx];
+        let seq = &mut self.running[running_idx];
         let start = seq.num_computed;
         let end = start + num_new;
+        let mut history = SeqHistory {
+            num_prompt_tokens: seq.num_prompt_tokens,
+            offset: self.batch.history_token_ids.len(),
+            len: 0,
+        };
+        // Only a prefix-cache hit skips tokens, and only executors that
+        // count tokens need them: the common case copies nothing.
+        if seq.params.uses_token_counts() && start > seq.num_delivered {
+            self.batch
+                .history_token_ids
+                .extend_from_slice(&seq.tokens[seq.num_delivered..start]);
+            history.len = start - seq.num_delivered;
+        }
+        seq.num_delivered = seq.num_delivered.max(end);
         let sample = end == seq.tokens.len();
         let token_offset = self.batch.token_ids.len();
         self.batch
@@ -473,6 +500,7 @@ impl Scheduler {
             num_generated: seq.num_generated(),
             seed: seq.seed,
             params: Arc::clone(&seq.params),
+            history,
         });
         self.batch_running_idx.push(running_idx);
     }

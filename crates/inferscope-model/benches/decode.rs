@@ -73,6 +73,7 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
             num_generated: 1,
             seed: i as u64,
             params: params.clone(),
+            history: Default::default(),
         });
         b.token_ids.push((i * 7 + 3) as u32 % 200);
         b.block_tables

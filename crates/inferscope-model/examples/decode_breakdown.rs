@@ -51,6 +51,7 @@ fn step(start: usize, n: usize, blocks: usize) -> ScheduledBatch {
                 temperature: 0.0,
                 ..SamplingParams::default()
             }),
+            history: Default::default(),
         }],
         ..ScheduledBatch::default()
     }

@@ -50,6 +50,7 @@ fn prefill(seqs: usize, n: usize, blocks: usize) -> ScheduledBatch {
                 num_generated: 0,
                 seed: 1,
                 params: params.clone(),
+                history: Default::default(),
             })
             .collect(),
         ..ScheduledBatch::default()

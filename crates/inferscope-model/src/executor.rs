@@ -1,6 +1,7 @@
 //! The `cpu` executor: runs scheduled steps through the model over its own
 //! paged KV pool and samples one token per sampling sequence.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -9,7 +10,8 @@ use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepCost, StepO
 use crate::attention::TokenCtx;
 use crate::kv_storage::KvStorage;
 use crate::llama::{LlamaModel, Part, Scratch, StepProfile, StepTokens};
-use crate::sampler::{sample, token_rng};
+use crate::sampler::{Sampler, token_rng};
+use crate::token_counts::TokenCounts;
 
 /// Where the KV pool's size comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -132,6 +134,10 @@ pub struct CpuExecutor {
     rows: Vec<usize>,
     scratch: Scratch,
     masked: Vec<u32>,
+    sampler: Sampler,
+    // Token counts of the live sequences whose parameters use them
+    // (penalties), kept as their tokens pass through the batches.
+    counts: HashMap<u64, TokenCounts>,
     // `--enable-mfu-metrics`: the step cost's terms.
     cost: CpuCost,
     // The last step's forward pass (the device time it reports).
@@ -180,6 +186,8 @@ impl CpuExecutor {
             rows: Vec::new(),
             scratch: Scratch::default(),
             masked: Vec::new(),
+            sampler: Sampler::default(),
+            counts: HashMap::new(),
             cost,
             last_forward: Duration::ZERO,
             #[cfg(test)]
@@ -227,6 +235,8 @@ impl CpuExecutor {
             if s.token_offset + s.num_tokens > batch.token_ids.len()
                 || s.block_table_offset + s.block_table_len > batch.block_tables.len()
                 || s.block_table_len * batch.block_size < end
+                || s.history.offset + s.history.len > batch.history_token_ids.len()
+                || s.history.len > s.start_pos
             {
                 return bad(format!("sequence {} has inconsistent offsets", s.seq_id));
             }
@@ -235,6 +245,29 @@ impl CpuExecutor {
             }
         }
         Ok(())
+    }
+
+    /// Adds the tokens `batch` carries to the counts of the sequences whose
+    /// parameters use them; the others cost one check each.
+    fn count_tokens(&mut self, batch: &ScheduledBatch) -> Result<(), ExecutorError> {
+        for s in &batch.seqs {
+            if !s.params.uses_token_counts() {
+                continue;
+            }
+            let counts = self
+                .counts
+                .entry(s.seq_id)
+                .or_insert_with(|| TokenCounts::new(s.history.num_prompt_tokens));
+            counts
+                .extend_from_batch(batch, s)
+                .map_err(|e| ExecutorError::Step(format!("sequence {}: {e}", s.seq_id)))?;
+        }
+        Ok(())
+    }
+
+    /// The token counts kept for a live sequence whose parameters use them.
+    pub fn token_counts(&self, seq_id: u64) -> Option<&TokenCounts> {
+        self.counts.get(&seq_id)
     }
 
     /// Turns the per-part step profile on (cleared) or off.
@@ -395,7 +428,12 @@ impl Executor for CpuExecutor {
         out: &mut StepOutput,
     ) -> Result<(), ExecutorError> {
         self.last_forward = Duration::ZERO;
+        for id in &batch.finished_seq_ids {
+            self.counts.remove(id);
+        }
+        // After the forward pass, which checks the batch's offsets.
         self.forward(batch)?;
+        self.count_tokens(batch)?;
         out.sampled.clear();
         #[cfg(test)]
         std::thread::sleep(self.host_pause);
@@ -416,8 +454,10 @@ impl Executor for CpuExecutor {
                 masked.extend(s.params.stop_token_ids.iter());
             }
             let mut rng = token_rng(s.seed, s.num_generated);
-            out.sampled
-                .push(Some(sample(l, &s.params, masked, &mut rng)));
+            let counts = self.counts.get(&s.seq_id);
+            out.sampled.push(Some(
+                self.sampler.sample(l, &s.params, masked, counts, &mut rng),
+            ));
         }
         out.device_time = self.last_forward;
         self.scratch.laps.lap(Part::Sample);
@@ -461,6 +501,7 @@ mod tests {
                 num_generated: 0,
                 seed: 7,
                 params: Arc::new(SamplingParams::default()),
+                history: Default::default(),
             }],
             ..ScheduledBatch::default()
         };

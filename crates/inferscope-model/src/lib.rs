@@ -22,6 +22,7 @@ pub mod packed_kquant;
 pub mod packed_q8;
 mod q8k;
 pub mod sampler;
+pub mod token_counts;
 pub mod tokenizer;
 
 pub use chat_template::{ChatInput, ChatTemplate};

@@ -1,10 +1,13 @@
-//! Per-request sampling: greedy, temperature, top-k, top-p, seeded.
+//! Per-request sampling with vLLM's stages: stop-token masking, logit bias,
+//! repetition/frequency/presence penalties, then greedy, or temperature,
+//! min_p, top-k and top-p and a seeded draw.
 
 use inferscope_engine::SamplingParams;
 
 use crate::demo::SplitMix64;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::{Isa, IsaKind};
+use crate::token_counts::TokenCounts;
 
 /// Temperatures below this are greedy.
 const GREEDY_BELOW: f32 = 1e-5;
@@ -80,72 +83,163 @@ fn argmax_lanes(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Samples one token from `logits` (modified in place). `masked` ids get
-/// -inf first (EOS and stop tokens before `min_tokens`).
-pub fn sample(
+/// Samples tokens, reusing its candidate buffer from token to token.
+///
+/// The stages and their order are vLLM's: on the raw logits (where a
+/// log-probability would be taken) the masked ids go to -inf, then
+/// `logit_bias`, then the penalties (repetition, frequency, presence); a
+/// greedy request takes the argmax there; otherwise temperature, `min_p`,
+/// top-k, top-p, and a draw.
+#[derive(Debug, Default)]
+pub struct Sampler {
+    /// (token, logit then weight) of the tokens still in the running.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// Samples one token from `logits` (modified in place). `masked` ids get
+    /// -inf first (EOS and stop tokens before `min_tokens`); `counts` are
+    /// the sequence's tokens, required when the parameters use them.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        params: &SamplingParams,
+        masked: &[u32],
+        counts: Option<&TokenCounts>,
+        rng: &mut SplitMix64,
+    ) -> u32 {
+        // `logits` are raw up to here.
+        process_logits(logits, params, masked, counts);
+        if params.temperature < GREEDY_BELOW || params.top_k == 1 {
+            return argmax(logits);
+        }
+        self.draw(logits, params, rng)
+    }
+
+    /// Temperature, `min_p`, top-k and top-p over the processed logits, then
+    /// a draw from what is left.
+    fn draw(&mut self, logits: &[f32], params: &SamplingParams, rng: &mut SplitMix64) -> u32 {
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.is_finite())
+                .map(|(i, &l)| (i as u32, l)),
+        );
+        if cand.is_empty() {
+            return argmax(logits);
+        }
+        // Descending by logit, then by id: a total, deterministic order.
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        // Top-k and min_p both keep a head of this order, so they commute;
+        // top-k first keeps the sort short.
+        if params.top_k > 0 && params.top_k < cand.len() {
+            cand.select_nth_unstable_by(params.top_k - 1, by_logit);
+            cand.truncate(params.top_k);
+        }
+        cand.sort_unstable_by(by_logit);
+        let max = cand[0].1;
+        let inv_t = 1.0 / params.temperature;
+        // Weights relative to the most likely token (which weighs 1), so
+        // min_p compares each weight with min_p itself.
+        for c in cand.iter_mut() {
+            c.1 = ((c.1 - max) * inv_t).exp();
+        }
+        if params.min_p > 0.0 {
+            let keep = cand.partition_point(|c| c.1 >= params.min_p);
+            cand.truncate(keep.max(1));
+        }
+        let mut total: f32 = cand.iter().map(|c| c.1).sum();
+        if params.top_p < 1.0 {
+            let keep_mass = params.top_p.max(0.0) * total;
+            let mut acc = 0f32;
+            let mut keep = cand.len();
+            for (i, c) in cand.iter().enumerate() {
+                acc += c.1;
+                if acc >= keep_mass {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+            total = cand.iter().map(|c| c.1).sum();
+        }
+        let mut r = rng.next_f32() * total;
+        for c in cand.iter() {
+            if r < c.1 {
+                return c.0;
+            }
+            r -= c.1;
+        }
+        cand[cand.len() - 1].0
+    }
+}
+
+/// The stages that can change the argmax, in place on the raw logits:
+/// `masked` ids to -inf, `logit_bias`, then the penalties.
+pub fn process_logits(
     logits: &mut [f32],
     params: &SamplingParams,
     masked: &[u32],
-    rng: &mut SplitMix64,
-) -> u32 {
+    counts: Option<&TokenCounts>,
+) {
     for &id in masked {
         if let Some(l) = logits.get_mut(id as usize) {
             *l = f32::NEG_INFINITY;
         }
     }
-    if params.temperature < GREEDY_BELOW || params.top_k == 1 {
-        return argmax(logits);
-    }
-    let mut cand: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| l.is_finite())
-        .map(|(i, &l)| (i as u32, l))
-        .collect();
-    if cand.is_empty() {
-        return argmax(logits);
-    }
-    // Descending by logit, then by id: a total, deterministic order.
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if params.top_k > 0 && params.top_k < cand.len() {
-        cand.select_nth_unstable_by(params.top_k - 1, by_logit);
-        cand.truncate(params.top_k);
-    }
-    cand.sort_unstable_by(by_logit);
-    let max = cand[0].1;
-    let inv_t = 1.0 / params.temperature;
-    let mut total = 0f32;
-    for c in cand.iter_mut() {
-        c.1 = ((c.1 - max) * inv_t).exp();
-        total += c.1;
-    }
-    if params.top_p < 1.0 {
-        let keep_mass = params.top_p.max(0.0) * total;
-        let mut acc = 0f32;
-        let mut keep = cand.len();
-        for (i, c) in cand.iter().enumerate() {
-            acc += c.1;
-            if acc >= keep_mass {
-                keep = i + 1;
-                break;
-            }
+    for &(id, bias) in &params.logit_bias {
+        if let Some(l) = logits.get_mut(id as usize) {
+            *l += bias;
         }
-        cand.truncate(keep.max(1));
-        total = cand.iter().map(|c| c.1).sum();
     }
-    let mut r = rng.next_f32() * total;
-    for c in &cand {
-        if r < c.1 {
-            return c.0;
+    if let Some(counts) = counts
+        && params.uses_token_counts()
+    {
+        apply_penalties(logits, params, counts);
+    }
+}
+
+/// vLLM's penalties, on the tokens `counts` holds (every other logit is
+/// unchanged): the repetition penalty on tokens of the prompt or the output
+/// (a positive logit divided by it, a negative one multiplied, so both move
+/// down for a penalty above 1), then `frequency_penalty` times the output
+/// count and `presence_penalty` once for a token the output holds.
+pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, counts: &TokenCounts) {
+    let rep = params.repetition_penalty;
+    for (id, c) in counts.iter() {
+        let Some(l) = logits.get_mut(id as usize) else {
+            continue;
+        };
+        if rep != 1.0 {
+            // Clamped: a tiny penalty must not turn a logit into +inf,
+            // which the draw would drop instead of favouring.
+            *l = if *l > 0.0 {
+                (*l / rep).min(f32::MAX)
+            } else {
+                *l * rep
+            };
         }
-        r -= c.1;
+        if c.output > 0 {
+            *l -= params.frequency_penalty * c.output as f32 + params.presence_penalty;
+        }
     }
-    cand[cand.len() - 1].0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(
+        logits: &mut [f32],
+        params: &SamplingParams,
+        masked: &[u32],
+        rng: &mut SplitMix64,
+    ) -> u32 {
+        Sampler::default().sample(logits, params, masked, None, rng)
+    }
 
     fn params(temperature: f32, top_k: usize, top_p: f32) -> SamplingParams {
         SamplingParams {
@@ -233,5 +327,123 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 5);
+    }
+
+    /// Prompt [0, 1, 5], output [1, 2, 2, 4] over six logits.
+    fn counts() -> TokenCounts {
+        let mut c = TokenCounts::new(3);
+        c.extend(0, [0, 1, 5, 1, 2, 2, 4]).unwrap();
+        c
+    }
+
+    const LOGITS: [f32; 6] = [2.0, -1.0, 0.5, 3.0, -2.0, 1.0];
+
+    fn penalised(presence: f32, frequency: f32, repetition: f32) -> Vec<f32> {
+        let p = SamplingParams {
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            repetition_penalty: repetition,
+            ..SamplingParams::default()
+        };
+        let mut l = LOGITS.to_vec();
+        process_logits(&mut l, &p, &[], Some(&counts()));
+        l
+    }
+
+    /// Each penalty alone and all three together, against the values worked
+    /// out by hand from vLLM's definitions.
+    #[test]
+    fn penalties_match_a_hand_computation() {
+        // Presence: once per token the output holds (1, 2, 4), never a
+        // prompt-only token (0, 5).
+        assert_eq!(
+            penalised(0.25, 0.0, 1.0),
+            [2.0, -1.25, 0.25, 3.0, -2.25, 1.0]
+        );
+        // Frequency: times the output count (1 once, 2 twice, 4 once).
+        assert_eq!(penalised(0.0, 0.5, 1.0), [2.0, -1.5, -0.5, 3.0, -2.5, 1.0]);
+        // Repetition over prompt and output: positives halved, negatives
+        // doubled; 3 occurs nowhere.
+        assert_eq!(penalised(0.0, 0.0, 2.0), [1.0, -2.0, 0.25, 3.0, -4.0, 0.5]);
+        // All three: repetition first, then frequency and presence.
+        assert_eq!(
+            penalised(0.25, 0.5, 2.0),
+            [1.0, -2.75, -1.0, 3.0, -4.75, 0.5]
+        );
+        // A tiny repetition penalty saturates a positive logit at f32::MAX
+        // rather than +inf.
+        assert_eq!(penalised(0.0, 0.0, 1e-40)[0], f32::MAX);
+        // Negative presence and frequency reward instead.
+        assert_eq!(penalised(-1.0, -1.0, 1.0), [2.0, 1.0, 3.5, 3.0, 0.0, 1.0]);
+        // Neutral values change nothing, and no counts means no penalty.
+        assert_eq!(penalised(0.0, 0.0, 1.0), LOGITS);
+        let mut l = LOGITS.to_vec();
+        let p = SamplingParams {
+            presence_penalty: 1.0,
+            ..SamplingParams::default()
+        };
+        process_logits(&mut l, &p, &[], None);
+        assert_eq!(l, LOGITS);
+    }
+
+    /// The bias is added to the raw logit before the penalties see it (so
+    /// the repetition penalty divides the biased, now positive, logit), and
+    /// it moves the argmax.
+    #[test]
+    fn logit_bias_comes_before_the_penalties() {
+        let p = SamplingParams {
+            logit_bias: vec![(1, 4.0), (3, -100.0)],
+            ..SamplingParams::default()
+        };
+        let mut l = LOGITS.to_vec();
+        process_logits(&mut l, &p, &[], None);
+        assert_eq!(l, [2.0, 3.0, 0.5, -97.0, -2.0, 1.0]);
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..p.clone()
+        };
+        let mut l = LOGITS.to_vec();
+        assert_eq!(sample(&mut l, &greedy, &[], &mut token_rng(1, 0)), 1);
+        // -1 + 4 = 3, halved: 1.5 (penalty first would give -2 + 4 = 2).
+        let both = SamplingParams {
+            repetition_penalty: 2.0,
+            ..p
+        };
+        let mut l = LOGITS.to_vec();
+        process_logits(&mut l, &both, &[], Some(&counts()));
+        assert_eq!(l[1], 1.5);
+    }
+
+    /// The tokens `min_p` leaves: those whose probability after temperature
+    /// is at least `min_p` times the largest, computed directly.
+    #[test]
+    fn min_p_keeps_tokens_above_its_fraction_of_the_top() {
+        // Probabilities relative to the top: 1, 0.5, 0.2, 0.05.
+        let logits = [0.0f32, 0.5f32.ln(), 0.2f32.ln(), 0.05f32.ln()];
+        let support = |temperature: f32, min_p: f32| {
+            let p = SamplingParams {
+                temperature,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let mut seen = [false; 4];
+            let mut sampler = Sampler::default();
+            for i in 0..2000 {
+                let mut l = logits.to_vec();
+                let t = sampler.sample(&mut l, &p, &[], None, &mut token_rng(5, i));
+                seen[t as usize] = true;
+            }
+            seen
+        };
+        // Direct: relative probability exp((l - max) / T) >= min_p.
+        let direct = |temperature: f32, min_p: f32| {
+            logits.map(|l| ((l - logits[0]) / temperature).exp() >= min_p)
+        };
+        for (t, m) in [(1.0, 0.1), (1.0, 0.3), (1.0, 0.6), (2.0, 0.3), (1.0, 0.0)] {
+            assert_eq!(support(t, m), direct(t, m), "temperature {t}, min_p {m}");
+        }
+        // The cases above differ from each other, so the check has teeth.
+        assert_eq!(direct(1.0, 0.3), [true, true, false, false]);
+        assert_eq!(direct(2.0, 0.3), [true, true, true, false]);
     }
 }

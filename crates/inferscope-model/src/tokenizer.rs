@@ -281,6 +281,7 @@ pub struct IncrementalDecoder {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    skip_special_tokens: bool,
 }
 
 impl IncrementalDecoder {
@@ -292,18 +293,27 @@ impl IncrementalDecoder {
             ids: ctx.to_vec(),
             prefix_offset: 0,
             read_offset: ctx.len(),
+            skip_special_tokens: true,
         }
+    }
+
+    /// Whether special tokens are left out of the text (the default) or
+    /// decoded (`skip_special_tokens: false`).
+    pub fn with_skip_special_tokens(mut self, skip: bool) -> Self {
+        self.skip_special_tokens = skip;
+        self
     }
 
     /// Adds one token; returns the text it completes (maybe empty).
     pub fn push(&mut self, token: u32) -> Result<String, ModelError> {
         self.ids.push(token);
-        let prefix = self
-            .tokenizer
-            .decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
+        let prefix = self.tokenizer.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
         let mut full = self
             .tokenizer
-            .decode(&self.ids[self.prefix_offset..], true)?;
+            .decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
         // A trailing U+FFFD means the last token ends inside a character:
         // wait for the rest.
         if full.len() > prefix.len()
@@ -326,11 +336,14 @@ impl IncrementalDecoder {
         }
         let prefix = self
             .tokenizer
-            .decode(&self.ids[self.prefix_offset..self.read_offset], true)
+            .decode(
+                &self.ids[self.prefix_offset..self.read_offset],
+                self.skip_special_tokens,
+            )
             .unwrap_or_default();
         let full = self
             .tokenizer
-            .decode(&self.ids[self.prefix_offset..], true)
+            .decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)
             .unwrap_or_default();
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();

@@ -225,6 +225,9 @@ fn run_workload(
                     min_tokens: r.min_tokens.min(r.max_tokens),
                     ignore_eos: r.ignore_eos,
                     seed: Some(i as u64),
+                    // Every other request counts tokens (a penalty): the
+                    // history it is handed is checked below.
+                    presence_penalty: if i % 2 == 0 { 0.5 } else { 0.0 },
                     ..Default::default()
                 }),
                 seed_offset: 0,
@@ -241,6 +244,9 @@ fn run_workload(
     let mut out = StepOutput::default();
     let mut step = 0;
     let mut total_hits = 0u64;
+    // What an executor that counts tokens has seen of each sequence.
+    let mut executor_view: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut unsent_finished: Vec<u64> = Vec::new();
     while sched.has_work() {
         prop_assert!(step < 20_000, "no progress: livelock");
         for v in sched.sequences() {
@@ -270,6 +276,20 @@ fn run_workload(
         }
         sched.schedule();
         let batch = sched.batch().clone();
+        // The engine core runs no empty batch: the ids of sequences that
+        // ended must come again with the next one (the executor frees their
+        // state by them).
+        for id in &unsent_finished {
+            prop_assert!(
+                batch.finished_seq_ids.contains(id),
+                "ended seq {} never reaches the executor",
+                id
+            );
+        }
+        unsent_finished.clear();
+        if batch.seqs.is_empty() {
+            unsent_finished.extend_from_slice(&batch.finished_seq_ids);
+        }
         prop_assert!(batch.num_tokens() <= budget, "token budget exceeded");
         prop_assert!(batch.seqs.len() <= max_seqs, "running cap exceeded");
         prop_assert!(sched.num_running() <= max_seqs);
@@ -282,7 +302,34 @@ fn run_workload(
                 .and_then(|(k, _)| k[1..].parse().ok())
                 .ok_or_else(|| TestCaseError::fail("seq without request"))?;
             let mut prompt = prompt_of(&reqs[req_idx], req_idx, &prefixes);
+            let prompt_len = prompt.len();
             prompt.extend(tokens_of.get(&s.seq_id).cloned().unwrap_or_default());
+            // Batch by batch, an executor that counts tokens sees every
+            // position of the sequence exactly as it is, without gaps,
+            // whatever prefix hits and preemptions happened; the others
+            // are handed no history.
+            let history = batch.history(s);
+            if s.params.uses_token_counts() {
+                prop_assert_eq!(s.history.num_prompt_tokens, prompt_len);
+                let seen = executor_view.entry(s.seq_id).or_default();
+                let first = s.start_pos - history.len();
+                prop_assert!(
+                    first <= seen.len(),
+                    "gap before {} in seq {}",
+                    first,
+                    s.seq_id
+                );
+                for (pos, &t) in (first..).zip(history.iter().chain(batch.tokens(s))) {
+                    if pos == seen.len() {
+                        seen.push(t);
+                    }
+                }
+                let end = s.start_pos + s.num_tokens;
+                prop_assert!(seen.len() >= end);
+                prop_assert_eq!(&seen[..], &prompt[..seen.len()]);
+            } else {
+                prop_assert!(history.is_empty());
+            }
             full.insert(s.seq_id, prompt);
         }
         let pool = sched.pool();
@@ -295,6 +342,17 @@ fn run_workload(
         total_hits += snap.prefix_cache_hits;
         sched.clear_stats();
         step += 1;
+    }
+    // Ids an empty last batch carried wait for the next batch.
+    if !unsent_finished.is_empty() {
+        sched.schedule();
+        for id in &unsent_finished {
+            prop_assert!(
+                sched.batch().finished_seq_ids.contains(id),
+                "ended seq {} never reaches the executor",
+                id
+            );
+        }
     }
     // Everything ended: every block is free, no reference is left.
     prop_assert_eq!(sched.pool().num_free(), num_blocks);

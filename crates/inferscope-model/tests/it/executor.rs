@@ -109,6 +109,81 @@ fn recompute_after_preemption_reproduces_sampled_tokens() {
     assert_eq!(s.tokens, straight.tokens);
 }
 
+/// Greedy with all three penalties: the executor's incremental token counts,
+/// through chunked prefill, batching and a preemption with recompute, pick
+/// the tokens that a rescan of the whole sequence gives at every step (the
+/// reference: the step's raw logits, the penalties computed from the token
+/// list by hand, argmax).
+#[test]
+fn penalties_follow_the_whole_sequence_across_preemption() {
+    let (_, mut e) = demo();
+    let (rep, freq, pres) = (1.3f32, 2.0f32, 0.5f32);
+    let params = SamplingParams {
+        temperature: 0.0,
+        repetition_penalty: rep,
+        frequency_penalty: freq,
+        presence_penalty: pres,
+        ..SamplingParams::default()
+    };
+    let prompt = [256, 10, 20, 10, 30, 20, 10];
+    let steps = 24;
+    let mut alloc = Alloc::new(0);
+    let mut reference = prompt.to_vec();
+    let mut plain = prompt.to_vec();
+    for i in 0..steps as u64 {
+        for (seq, penalised) in [(&mut reference, true), (&mut plain, false)] {
+            let mut s = Seq::new(1000 + 2 * i + u64::from(penalised), seq, greedy());
+            let batch = build_batch(&mut [&mut s], &mut alloc, 512);
+            let mut l = e.forward_logits(&batch).unwrap().remove(0);
+            if penalised {
+                let output = &seq[prompt.len()..];
+                let mut seen: Vec<u32> = seq.clone();
+                seen.sort_unstable();
+                seen.dedup();
+                for t in seen {
+                    let x = &mut l[t as usize];
+                    *x = if *x > 0.0 { *x / rep } else { *x * rep };
+                    let n = output.iter().filter(|&&o| o == t).count() as f32;
+                    *x -= freq * n + if n > 0.0 { pres } else { 0.0 };
+                }
+            }
+            seq.push(inferscope_model::sampler::argmax(&l));
+        }
+    }
+    assert_ne!(reference, plain, "the penalties change this output");
+
+    // Alongside another sequence, prefilled 3 tokens a step, preempted
+    // half-way and recomputed from scratch.
+    let mut s = Seq::new(5, &prompt, params.clone());
+    let mut other = Seq::new(6, &[256, 40, 41], params);
+    generate(&mut e, &mut [&mut s, &mut other], &mut alloc, steps / 2, 3);
+    s.preempt();
+    generate(&mut e, &mut [&mut s, &mut other], &mut alloc, steps, 3);
+    assert_eq!(s.tokens, reference);
+    // The counts themselves: every position fed so far (all but the last
+    // sampled token) counted once, recompute or not.
+    for seq in [&s, &other] {
+        let fed = &seq.tokens[..seq.tokens.len() - 1];
+        let mut want: Vec<(u32, u32, bool)> = fed
+            .iter()
+            .map(|&t| {
+                let out = fed[seq.prompt_len..].iter().filter(|&&o| o == t).count();
+                (t, out as u32, seq.tokens[..seq.prompt_len].contains(&t))
+            })
+            .collect();
+        want.sort_unstable();
+        want.dedup();
+        let counts = e.token_counts(seq.id).expect("counts kept");
+        let mut got: Vec<(u32, u32, bool)> = counts
+            .iter()
+            .map(|(t, c)| (t, c.output, c.in_prompt))
+            .collect();
+        got.sort_unstable();
+        assert_eq!(got, want, "sequence {}", seq.id);
+        assert_eq!(counts.len(), fed.len());
+    }
+}
+
 #[test]
 fn min_tokens_masks_eos() {
     let (_, mut e) = demo();

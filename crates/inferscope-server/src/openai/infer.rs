@@ -116,7 +116,8 @@ impl Infer<'_> {
                     .record_latency
                     .then(|| self.metrics.frontend(handle.engine))
                     .flatten();
-                let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt);
+                let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt)
+                    .with_skip_special_tokens(plan.skip_special_tokens);
                 let mut choice = ChoiceStream::new(
                     index,
                     handle,
@@ -127,7 +128,11 @@ impl Infer<'_> {
                     request,
                 )
                 .with_request_log(self.request_log.cloned())
-                .with_engine_times(plan.params.output_kind == OutputKind::FirstAndFinal);
+                .with_engine_times(plan.params.output_kind == OutputKind::FirstAndFinal)
+                .with_stop_output(plan.include_stop_str_in_output);
+                if let Some(echo) = &plan.echo {
+                    choice = choice.with_echo(echo[p].clone());
+                }
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -225,6 +230,11 @@ pub struct ChoiceStream {
     engine_times: bool,
     /// When the final output's delta counts as handed on.
     final_at: Option<Instant>,
+    /// `include_stop_str_in_output`: the stop string or stop token that
+    /// ended the choice stays in its text.
+    include_stop: bool,
+    /// `echo`: text sent before the first generated one.
+    echo: Option<String>,
     done: bool,
 }
 
@@ -256,8 +266,23 @@ impl ChoiceStream {
             reservation: None,
             engine_times: false,
             final_at: None,
+            include_stop: false,
+            echo: None,
             done: false,
         }
+    }
+
+    /// Keeps the stop string or stop token that ends the choice in its text
+    /// (`include_stop_str_in_output`).
+    pub fn with_stop_output(mut self, include: bool) -> Self {
+        self.include_stop = include;
+        self
+    }
+
+    /// Sends `text` (the prompt, `echo`) before the generated text.
+    pub fn with_echo(mut self, text: String) -> Self {
+        self.echo = Some(text);
+        self
     }
 
     /// Logs the choice to `log` when it ends.
@@ -306,6 +331,17 @@ impl ChoiceStream {
     /// The next delta with text, or the final one. Every path ends in a
     /// delta, so a caller that loops until `finish` always gets one.
     async fn step(&mut self) -> ChoiceDelta {
+        // The echoed prompt is not generated text: no latency is recorded
+        // for it, and stop strings are not searched in it.
+        if let Some(echo) = self.echo.take()
+            && !echo.is_empty()
+        {
+            return ChoiceDelta {
+                index: self.index,
+                text: echo,
+                finish: None,
+            };
+        }
         loop {
             let out = self.handle.recv().await;
             // The first output (a token or the finish) means the prompt is no
@@ -341,7 +377,12 @@ impl ChoiceStream {
                     }
                 }
             }
-            if let Some(t) = out.token_id {
+            // As vLLM does, the token that stopped the choice (EOS or a stop
+            // token id) is left out of the text unless asked for.
+            let stopped_by = out.finished.as_ref().and_then(|f| f.stop_token_id);
+            if let Some(t) = out.token_id
+                && (self.include_stop || stopped_by != Some(t))
+            {
                 // A token the tokenizer cannot decode is skipped, not fatal.
                 text.push_str(&self.decoder.push(t).unwrap_or_default());
             }
@@ -377,8 +418,8 @@ impl ChoiceStream {
                 };
             }
             self.held.push_str(&text);
-            if let Some(pos) = self.find_stop(&self.held) {
-                let emit = self.held[..pos].to_owned();
+            if let Some(end) = self.find_stop(&self.held) {
+                let emit = self.held[..end].to_owned();
                 self.held.clear();
                 // Ends the request in the engine as `stop`; the finish it
                 // sends back carries the counts.
@@ -430,8 +471,15 @@ impl ChoiceStream {
         std::mem::replace(&mut self.held, rest)
     }
 
+    /// Where the text to emit ends when a stop string occurs in `text`:
+    /// before the first one, or after it with `include_stop_str_in_output`.
     fn find_stop(&self, text: &str) -> Option<usize> {
-        self.stop.iter().filter_map(|s| text.find(s.as_str())).min()
+        let (pos, len) = self
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()).map(|p| (p, s.len())))
+            .min()?;
+        Some(if self.include_stop { pos + len } else { pos })
     }
 
     /// Records a delta handed on at `now` (TTFT for the first, else ITL).

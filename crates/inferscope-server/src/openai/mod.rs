@@ -6,5 +6,6 @@
 
 pub mod infer;
 pub mod protocol;
+pub mod refusals;
 pub mod response;
 pub mod validation;

@@ -1,7 +1,8 @@
 //! The OpenAI request and response shapes this server reads and writes.
 //!
 //! Requests tolerate unknown fields and `null` for every optional one (the
-//! official clients send both). Numbers that must be positive are read as
+//! official clients send both). The fields here are honoured; the known
+//! fields that are not are refused by [`super::refusals`]. Numbers that must be positive are read as
 //! signed so that a negative value gets a message naming the field rather
 //! than a type error.
 
@@ -50,6 +51,9 @@ pub struct StreamOptions {
     /// Send a final chunk with usage and empty `choices`.
     #[serde(default)]
     pub include_usage: Option<bool>,
+    /// vLLM: usage on every chunk (refused when true).
+    #[serde(default)]
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// Sampling fields shared by completions and chat. Parsed from the same body
@@ -80,10 +84,31 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     /// Minimum tokens before EOS may stop (vLLM extension).
     pub min_tokens: Option<i64>,
-    /// Log-probabilities (not supported beyond `null`).
-    pub logprobs: Option<serde_json::Value>,
-    /// Only 1.0 (no penalty) or absent: the executors do not apply one.
+    /// vLLM's repetition penalty over prompt and output tokens (> 0).
     pub repetition_penalty: Option<f64>,
+    /// Penalty for a token the output holds, in [-2, 2].
+    pub presence_penalty: Option<f64>,
+    /// Penalty per occurrence in the output, in [-2, 2].
+    pub frequency_penalty: Option<f64>,
+    /// Minimum probability relative to the most likely token, in [0, 1]
+    /// (vLLM extension).
+    pub min_p: Option<f64>,
+    /// Token id (a decimal string) to a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Candidates to sample per choice: only `n` (or absent) is supported.
+    pub best_of: Option<i64>,
+    /// Leave special tokens out of the text (vLLM extension; default true).
+    pub skip_special_tokens: Option<bool>,
+    /// Keep the stop string that ended a choice in its text (vLLM extension).
+    pub include_stop_str_in_output: Option<bool>,
+    /// An end-user id: accepted, changes nothing.
+    pub user: Option<serde_json::Value>,
+    /// Key-value tags: accepted, changes nothing.
+    pub metadata: Option<serde_json::Value>,
+    /// OpenAI's stored completions: accepted, nothing is stored.
+    pub store: Option<serde_json::Value>,
+    /// Tool calls in parallel: accepted; tools themselves are refused.
+    pub parallel_tool_calls: Option<serde_json::Value>,
     /// Return the request's timings as `metrics` (vLLM extension; needs
     /// `--enable-per-request-metrics`).
     pub include_metrics: Option<bool>,
@@ -98,6 +123,10 @@ pub struct CompletionRequest {
     pub prompt: Option<PromptInput>,
     /// Tokens to generate (default 16).
     pub max_tokens: Option<i64>,
+    /// Put the prompt text before each choice's completion.
+    pub echo: Option<bool>,
+    /// Add the tokenizer's special tokens (BOS) to a text prompt (default true).
+    pub add_special_tokens: Option<bool>,
 }
 
 /// A chat message's content: a string or a list of parts.
@@ -140,6 +169,11 @@ pub struct ChatRequest {
     pub max_completion_tokens: Option<i64>,
     /// Tokens to generate (older name).
     pub max_tokens: Option<i64>,
+    /// End the rendering with the assistant's turn (vLLM extension; default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Add the tokenizer's special tokens to the rendered text (vLLM
+    /// extension; default true here, false in vLLM).
+    pub add_special_tokens: Option<bool>,
 }
 
 /// Token counts of a response.

@@ -11,6 +11,7 @@ use crate::openai::protocol::{
     ChatContent, ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest,
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
+use crate::openai::refusals::{self, CHAT, COMMON, COMPLETIONS};
 
 /// Limits the server validates against.
 #[derive(Debug, Clone, Copy)]
@@ -62,8 +63,17 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
     let req: CompletionRequest = parse_json(body)?;
     let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
-    let prompts = completion_prompts(req.prompt, v.tokenizer, v.limits)?;
-    let plan = plan(
+    refusals::check(body, &[COMMON, COMPLETIONS])?;
+    // `echo` repeats a text prompt as sent; token prompts are decoded below.
+    let echo = req.echo.unwrap_or(false);
+    let sent_texts: Vec<String> = match (&req.prompt, echo) {
+        (Some(PromptInput::Text(t)), true) => vec![t.clone()],
+        (Some(PromptInput::Texts(t)), true) => t.clone(),
+        _ => Vec::new(),
+    };
+    let add_special_tokens = req.add_special_tokens.unwrap_or(true);
+    let prompts = completion_prompts(req.prompt, v.tokenizer, v.limits, add_special_tokens)?;
+    let mut plan = plan(
         prompts,
         req.max_tokens,
         |_| 16,
@@ -71,7 +81,32 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         v.limits,
         "max_tokens",
     )?;
+    if echo {
+        plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
+    }
     Ok(Validated { model, plan })
+}
+
+/// The text `echo` puts before each prompt's choices: the prompt as sent
+/// (`sent`, for text prompts) or its token ids decoded.
+fn echo_texts(
+    sent: Vec<String>,
+    plan: &Plan,
+    tokenizer: &dyn Tokenizer,
+) -> Result<Vec<String>, ApiError> {
+    if !sent.is_empty() {
+        return Ok(sent);
+    }
+    plan.prompts
+        .iter()
+        .map(|ids| {
+            tokenizer
+                .decode(ids, plan.skip_special_tokens)
+                .map_err(|e| {
+                    ApiError::invalid(format!("cannot decode the prompt: {e}"), Some("echo"))
+                })
+        })
+        .collect()
 }
 
 /// Parses and validates a `/v1/chat/completions` body: messages rendered with
@@ -80,10 +115,16 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
     let req: ChatRequest = parse_json(body)?;
     let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
+    refusals::check(body, &[COMMON, CHAT])?;
     let messages = chat_messages(req.messages)?;
-    // The template writes the special tokens (BOS included) itself: add
-    // none on top, as vLLM encodes a rendered chat.
-    let prompt = render_chat(v.tokenizer, &messages, true, false)?;
+    // The template writes the special tokens (BOS included) itself: by
+    // default add none on top, as vLLM encodes a rendered chat.
+    let prompt = render_chat(
+        v.tokenizer,
+        &messages,
+        req.add_generation_prompt.unwrap_or(true),
+        req.add_special_tokens.unwrap_or(false),
+    )?;
     let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(v), _) => (Some(v), "max_completion_tokens"),
         (None, v) => (v, "max_tokens"),
@@ -303,6 +344,12 @@ pub struct Plan {
     pub include_usage: bool,
     /// The request asked for its timings (`include_metrics`).
     pub include_metrics: bool,
+    /// Leave special tokens out of the output text.
+    pub skip_special_tokens: bool,
+    /// Keep the stop string or stop token that ended a choice in its text.
+    pub include_stop_str_in_output: bool,
+    /// `echo`: the text put before the completion of each prompt's choices.
+    pub echo: Option<Vec<String>>,
 }
 
 /// Tokenizes a completion prompt.
@@ -310,10 +357,11 @@ pub fn completion_prompts(
     prompt: Option<PromptInput>,
     tokenizer: &dyn Tokenizer,
     limits: &Limits,
+    add_special_tokens: bool,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let missing = || ApiError::invalid("`prompt` is required", Some("prompt"));
     let encode = |text: &str| {
-        tokenizer.encode(text, true).map_err(|e| {
+        tokenizer.encode(text, add_special_tokens).map_err(|e| {
             ApiError::invalid(format!("cannot tokenize the prompt: {e}"), Some("prompt"))
         })
     };
@@ -429,24 +477,41 @@ pub fn plan(
             Some("min_tokens"),
         ));
     }
-    // Neither executor applies a repetition penalty: refuse it rather than
-    // silently sample without it.
-    if let Some(p) = f.repetition_penalty
-        && p != 1.0
-    {
+    // vLLM's ranges and messages.
+    let presence_penalty = in_range(f.presence_penalty, 0.0, -2.0, 2.0, "presence_penalty")?;
+    let frequency_penalty = in_range(f.frequency_penalty, 0.0, -2.0, 2.0, "frequency_penalty")?;
+    let min_p = in_range(f.min_p, 0.0, 0.0, 1.0, "min_p")?;
+    let repetition_penalty = f.repetition_penalty.unwrap_or(1.0);
+    // Checked as the sampler's f32: 1e-300 would round to 0.
+    if (repetition_penalty as f32).partial_cmp(&0.0) != Some(std::cmp::Ordering::Greater) {
         return Err(ApiError::invalid(
-            format!("`repetition_penalty` is not supported by this server (only 1.0), got {p}"),
+            format!("`repetition_penalty` must be greater than zero, got {repetition_penalty}"),
             Some("repetition_penalty"),
         ));
     }
-    match &f.logprobs {
-        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "`logprobs` is not supported by this server",
-                Some("logprobs"),
-            ));
-        }
+    let logit_bias = logit_bias(f.logit_bias, limits)?;
+    // One sample per choice: `best_of` may only repeat `n`.
+    if let Some(best_of) = f.best_of
+        && best_of != n
+    {
+        let msg = if best_of < n {
+            format!("`best_of` must be at least `n` ({n}), got {best_of}")
+        } else {
+            format!(
+                "`best_of` greater than `n` is not supported by this server (one sample per choice): got {best_of} with `n` = {n}"
+            )
+        };
+        return Err(ApiError::invalid(msg, Some("best_of")));
+    }
+    if f.stream_options
+        .as_ref()
+        .and_then(|o| o.continuous_usage_stats)
+        .unwrap_or(false)
+    {
+        return Err(ApiError::invalid(
+            "`stream_options.continuous_usage_stats` is not supported by this server: usage comes in the last chunk (`include_usage`)",
+            Some("stream_options"),
+        ));
     }
     let stop_token_ids = f.stop_token_ids.unwrap_or_default();
     if stop_token_ids.len() > limits.max_stop_token_ids {
@@ -505,6 +570,11 @@ pub fn plan(
             seed: f.seed.map(|s| s as u64),
             stop_token_ids,
             n: n as usize,
+            presence_penalty: presence_penalty as f32,
+            frequency_penalty: frequency_penalty as f32,
+            repetition_penalty: repetition_penalty as f32,
+            min_p: min_p as f32,
+            logit_bias,
             // A full response with no stop strings to watch for needs no
             // token before the last: the engine hands them over at the end.
             output_kind: if stream || !stop.is_empty() {
@@ -517,7 +587,71 @@ pub fn plan(
         stream,
         include_usage,
         include_metrics: f.include_metrics.unwrap_or(false),
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+        include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
+        echo: None,
     })
+}
+
+/// `value` (or `default` when absent), refused outside `[lo, hi]` with
+/// vLLM's message naming `param`.
+fn in_range(
+    value: Option<f64>,
+    default: f64,
+    lo: f64,
+    hi: f64,
+    param: &'static str,
+) -> Result<f64, ApiError> {
+    let v = value.unwrap_or(default);
+    if !(lo..=hi).contains(&v) {
+        return Err(ApiError::invalid(
+            format!("`{param}` must be in [{lo}, {hi}], got {v}"),
+            Some(param),
+        ));
+    }
+    Ok(v)
+}
+
+/// Largest bias magnitude (OpenAI's range); a bias outside it is refused,
+/// not clamped as vLLM does, so nobody gets less than they asked for unawares.
+const MAX_LOGIT_BIAS: f64 = 100.0;
+
+/// `logit_bias`: keys are token ids as decimal strings, checked against the
+/// vocabulary; biases in [-100, 100]; an id given twice ("5" and "05") is
+/// refused.
+fn logit_bias(
+    map: Option<std::collections::BTreeMap<String, f64>>,
+    limits: &Limits,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    const P: &str = "logit_bias";
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, bias) in map {
+        let id: i64 = key.trim().parse().map_err(|_| {
+            ApiError::invalid(
+                format!("`{P}` key `{}` is not a token id", truncate(&key, 32)),
+                Some(P),
+            )
+        })?;
+        let id = token_id(id, limits, "token id", P)?;
+        if !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(&bias) {
+            return Err(ApiError::invalid(
+                format!("`{P}` bias of token id {id} must be in [-100, 100], got {bias}"),
+                Some(P),
+            ));
+        }
+        out.push((id, bias as f32));
+    }
+    out.sort_unstable_by_key(|&(id, _)| id);
+    if let Some(w) = out.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(ApiError::invalid(
+            format!("token id {} appears twice in `{P}`", w[0].0),
+            Some(P),
+        ));
+    }
+    Ok(out)
 }
 
 /// A token id from the request, checked against the vocabulary.
@@ -591,10 +725,27 @@ mod tests {
             (r#"{"n": 0}"#, "n"),
             (r#"{"n": 1000}"#, "n"),
             (r#"{"min_tokens": 50}"#, "min_tokens"),
-            (r#"{"logprobs": 5}"#, "logprobs"),
             (r#"{"stop_token_ids": [999]}"#, "stop_token_ids"),
-            (r#"{"repetition_penalty": 1.2}"#, "repetition_penalty"),
             (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+            (r#"{"repetition_penalty": -1}"#, "repetition_penalty"),
+            (r#"{"repetition_penalty": 1e-300}"#, "repetition_penalty"),
+            (r#"{"presence_penalty": 2.5}"#, "presence_penalty"),
+            (r#"{"presence_penalty": -2.01}"#, "presence_penalty"),
+            (r#"{"frequency_penalty": 3}"#, "frequency_penalty"),
+            (r#"{"frequency_penalty": -2.5}"#, "frequency_penalty"),
+            (r#"{"min_p": 1.5}"#, "min_p"),
+            (r#"{"min_p": -0.1}"#, "min_p"),
+            (r#"{"logit_bias": {"258": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"-1": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"abc": 1}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"5": 100.5}}"#, "logit_bias"),
+            (r#"{"logit_bias": {"5": 1, "05": 2}}"#, "logit_bias"),
+            (r#"{"best_of": 3, "n": 2}"#, "best_of"),
+            (r#"{"best_of": 1, "n": 2}"#, "best_of"),
+            (
+                r#"{"stream_options": {"continuous_usage_stats": true}}"#,
+                "stream_options",
+            ),
         ] {
             let err = plan(
                 vec![vec![1; 5]],
@@ -621,35 +772,75 @@ mod tests {
         assert_eq!((ok.params.n, ok.params.seed), (2, Some(7)));
     }
 
+    /// The honoured sampler fields reach the engine's parameters as sent,
+    /// at the edges of their ranges.
+    #[test]
+    fn sampler_fields_reach_the_engine() {
+        let ok = plan(
+            vec![vec![1; 5]],
+            Some(10),
+            |_| 16,
+            fields(
+                r#"{"presence_penalty": -2, "frequency_penalty": 2, "repetition_penalty": 1.3,
+                    "min_p": 1, "logit_bias": {"257": -100, "7": 100, " 3": 0.5}, "best_of": 2, "n": 2}"#,
+            ),
+            &LIMITS,
+            "max_tokens",
+        )
+        .expect("valid");
+        let p = &ok.params;
+        assert_eq!(
+            (
+                p.presence_penalty,
+                p.frequency_penalty,
+                p.repetition_penalty,
+                p.min_p
+            ),
+            (-2.0, 2.0, 1.3, 1.0)
+        );
+        assert_eq!(p.logit_bias, vec![(3, 0.5), (7, 100.0), (257, -100.0)]);
+        // The logit_bias message names the bad id.
+        let err = plan(
+            vec![vec![1; 5]],
+            Some(10),
+            |_| 16,
+            fields(r#"{"logit_bias": {"1": 0, "9999": 1}}"#),
+            &LIMITS,
+            "max_tokens",
+        )
+        .expect_err("out of the vocabulary");
+        assert!(err.message.contains("9999"), "{}", err.message);
+    }
+
     #[test]
     fn prompts_of_every_shape() {
         let tok = ByteTokenizer;
         let p = |json: &str| serde_json::from_str::<PromptInput>(json).expect("prompt");
         assert_eq!(
-            completion_prompts(Some(p(r#""ab""#)), &tok, &LIMITS)
+            completion_prompts(Some(p(r#""ab""#)), &tok, &LIMITS, true)
                 .expect("text")
                 .len(),
             1
         );
         assert_eq!(
-            completion_prompts(Some(p(r#"["a","b"]"#)), &tok, &LIMITS)
+            completion_prompts(Some(p(r#"["a","b"]"#)), &tok, &LIMITS, true)
                 .expect("texts")
                 .len(),
             2
         );
         assert_eq!(
-            completion_prompts(Some(p("[1,2,3]")), &tok, &LIMITS).expect("ids"),
+            completion_prompts(Some(p("[1,2,3]")), &tok, &LIMITS, true).expect("ids"),
             vec![vec![1, 2, 3]]
         );
         assert_eq!(
-            completion_prompts(Some(p("[[1],[2]]")), &tok, &LIMITS)
+            completion_prompts(Some(p("[[1],[2]]")), &tok, &LIMITS, true)
                 .expect("lists")
                 .len(),
             2
         );
-        assert!(completion_prompts(Some(p("[1,-2]")), &tok, &LIMITS).is_err());
-        assert!(completion_prompts(Some(p("[1,5000]")), &tok, &LIMITS).is_err());
-        assert!(completion_prompts(None, &tok, &LIMITS).is_err());
+        assert!(completion_prompts(Some(p("[1,-2]")), &tok, &LIMITS, true).is_err());
+        assert!(completion_prompts(Some(p("[1,5000]")), &tok, &LIMITS, true).is_err());
+        assert!(completion_prompts(None, &tok, &LIMITS, true).is_err());
     }
 
     #[test]

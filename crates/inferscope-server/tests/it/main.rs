@@ -9,6 +9,7 @@ mod metrics_integration;
 mod parity_metrics;
 mod per_request;
 mod reliability;
+mod request_fields;
 mod server_contract;
 mod tenants;
 mod tokenize;

@@ -1,5 +1,5 @@
-//! Contract points fixed by the server redesign: unsupported sampling
-//! parameters are refused by name, error types are snake_case, and
+//! Contract points fixed by the server redesign: sampling parameters out of
+//! range are refused by name, error types are snake_case, and
 //! `cache_config_info` names the KV cache's real element type.
 
 use crate::common;
@@ -10,8 +10,10 @@ use common::*;
 use inferscope_server::ServeArgs;
 use serde_json::json;
 
+/// `repetition_penalty` is vLLM's (> 0): 0 and negative values are a 400
+/// naming it, any positive value is accepted (the sampler applies it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn repetition_penalty_other_than_one_is_a_400_naming_it() {
+async fn repetition_penalty_must_be_positive() {
     let server = start(&[]).await;
     let addr = server.addr;
     for (path, mut body) in [
@@ -21,16 +23,19 @@ async fn repetition_penalty_other_than_one_is_a_400_naming_it() {
             json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
         ),
     ] {
-        body["repetition_penalty"] = json!(1.3);
-        let r = post(addr, path, &body).await;
-        assert_eq!(r.status, 400, "{path}: {}", r.body);
-        let err = &r.json()["error"];
-        assert_eq!(err["param"], "repetition_penalty", "{}", r.body);
-        assert_eq!(err["type"], "invalid_request_error", "{}", r.body);
-        // 1.0 is no penalty: accepted.
-        body["repetition_penalty"] = json!(1.0);
-        let r = post(addr, path, &body).await;
-        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        for bad in [0.0, -1.0] {
+            body["repetition_penalty"] = json!(bad);
+            let r = post(addr, path, &body).await;
+            assert_eq!(r.status, 400, "{path}: {}", r.body);
+            let err = &r.json()["error"];
+            assert_eq!(err["param"], "repetition_penalty", "{}", r.body);
+            assert_eq!(err["type"], "invalid_request_error", "{}", r.body);
+        }
+        for ok in [0.5, 1.0, 1.3] {
+            body["repetition_penalty"] = json!(ok);
+            let r = post(addr, path, &body).await;
+            assert_eq!(r.status, 200, "{path}: {}", r.body);
+        }
     }
     server.shutdown(Duration::from_secs(5)).await;
 }

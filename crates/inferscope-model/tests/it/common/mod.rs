@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::{SamplingParams, ScheduledBatch, ScheduledSeq};
+use inferscope_engine::{SamplingParams, ScheduledBatch, ScheduledSeq, SeqHistory};
 
 pub const BLOCK_SIZE: usize = 4;
 
@@ -13,6 +13,8 @@ pub struct Seq {
     pub id: u64,
     /// Every token known so far (prompt + generated).
     pub tokens: Vec<u32>,
+    /// Length of the prompt at the head of `tokens`.
+    pub prompt_len: usize,
     /// Positions already in the KV cache.
     pub cached: usize,
     pub blocks: Vec<u32>,
@@ -26,6 +28,7 @@ impl Seq {
         Self {
             id,
             tokens: prompt.to_vec(),
+            prompt_len: prompt.len(),
             cached: 0,
             blocks: Vec::new(),
             num_generated: 0,
@@ -96,6 +99,10 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
             num_generated: s.num_generated,
             seed: s.seed,
             params: s.params.clone(),
+            history: SeqHistory {
+                num_prompt_tokens: s.prompt_len,
+                ..SeqHistory::default()
+            },
         });
         b.token_ids.extend_from_slice(&s.tokens[s.cached..end]);
         b.block_tables.extend_from_slice(&s.blocks);

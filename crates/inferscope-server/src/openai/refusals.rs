@@ -1,0 +1,324 @@
+//! The request fields of the OpenAI API and of vLLM's extensions that this
+//! server does not honour yet: each is refused with a 400 naming it, unless
+//! its value asks for nothing (null, false, empty, the default). One row per
+//! field, so honouring a field later means deleting its row.
+//!
+//! Fields nobody defines are still accepted and ignored, as vLLM does; the
+//! fields this server honours are parsed in [`super::protocol`].
+
+use std::fmt;
+
+use serde::Deserializer;
+use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// A field refused unless its value is neutral.
+#[derive(Debug, Clone, Copy)]
+pub struct Refusal {
+    /// The field's name in the request body.
+    pub field: &'static str,
+    /// Whether a value asks for nothing this server lacks.
+    pub allows: fn(&Value) -> bool,
+    /// Why, after "`field` is not supported by this server": what is missing.
+    pub why: &'static str,
+}
+
+impl Refusal {
+    /// The 400 that refuses this field.
+    pub fn error(&self) -> ApiError {
+        ApiError::invalid(
+            format!(
+                "`{}` is not supported by this server: {}",
+                self.field, self.why
+            ),
+            Some(self.field),
+        )
+    }
+}
+
+/// A row of a table.
+const fn refuse(field: &'static str, allows: fn(&Value) -> bool, why: &'static str) -> Refusal {
+    Refusal { field, allows, why }
+}
+
+/// `null` or `false`.
+fn off(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(false))
+}
+
+/// `null`, or an empty string, list or object.
+fn empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// `null` or `true` (fields whose default is true).
+fn on(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(true))
+}
+
+/// `null` or the number 0.
+fn zero(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(0.0)
+}
+
+/// `null` or the number 1.
+fn one(v: &Value) -> bool {
+    v.is_null() || v.as_f64() == Some(1.0)
+}
+
+/// `null` or `{"type": "text"}`: plain text is what every request gets.
+fn text_format(v: &Value) -> bool {
+    v.is_null()
+        || (v.get("type") == Some(&Value::from("text"))
+            && v.as_object().map(|o| o.len()) == Some(1))
+}
+
+/// `null` or `"none"`: no tool is called.
+fn no_tool(v: &Value) -> bool {
+    v.is_null() || v.as_str() == Some("none")
+}
+
+const LOGPROBS: &str = "log-probabilities are not produced";
+const STRUCTURED: &str =
+    "structured output (JSON schema, regex, choice, grammar) is not implemented";
+const TOOLS: &str = "tool calling is not implemented";
+
+/// Refused on both `/v1/completions` and `/v1/chat/completions`.
+pub const COMMON: &[Refusal] = &[
+    refuse("logprobs", off, LOGPROBS),
+    refuse("top_logprobs", zero, LOGPROBS),
+    refuse("prompt_logprobs", off, LOGPROBS),
+    refuse("return_tokens_as_token_ids", off, LOGPROBS),
+    refuse("response_format", text_format, STRUCTURED),
+    refuse("structured_outputs", empty, STRUCTURED),
+    refuse("guided_json", empty, STRUCTURED),
+    refuse("guided_regex", empty, STRUCTURED),
+    refuse("guided_choice", empty, STRUCTURED),
+    refuse("guided_grammar", empty, STRUCTURED),
+    refuse("guided_decoding_backend", empty, STRUCTURED),
+    refuse("guided_whitespace_pattern", empty, STRUCTURED),
+    refuse("bad_words", empty, "banning words is not implemented"),
+    refuse(
+        "allowed_token_ids",
+        empty,
+        "restricting the vocabulary is not implemented",
+    ),
+    refuse(
+        "logits_processors",
+        empty,
+        "custom logits processors are not implemented",
+    ),
+    refuse("use_beam_search", off, "beam search is not implemented"),
+    refuse("length_penalty", one, "beam search is not implemented"),
+    refuse(
+        "truncate_prompt_tokens",
+        Value::is_null,
+        "prompts are never truncated; shorten the prompt instead",
+    ),
+    refuse(
+        "spaces_between_special_tokens",
+        on,
+        "the spacing of special tokens in the text is not configurable",
+    ),
+    refuse("priority", zero, "scheduling is first come, first served"),
+    refuse(
+        "cache_salt",
+        empty,
+        "the prefix cache is shared by all requests",
+    ),
+    refuse(
+        "kv_transfer_params",
+        empty,
+        "disaggregated prefill is not implemented",
+    ),
+    refuse("vllm_xargs", empty, "no extra arguments are read"),
+    refuse(
+        "mm_processor_kwargs",
+        empty,
+        "multimodal input is not implemented",
+    ),
+];
+
+/// Refused on `/v1/completions` only.
+pub const COMPLETIONS: &[Refusal] = &[
+    refuse(
+        "suffix",
+        empty,
+        "insertion (text after the completion) is not implemented",
+    ),
+    refuse("prompt_embeds", empty, "prompts are text or token ids"),
+];
+
+/// Refused on `/v1/chat/completions` only.
+pub const CHAT: &[Refusal] = &[
+    refuse("tools", empty, TOOLS),
+    refuse("tool_choice", no_tool, TOOLS),
+    refuse("functions", empty, TOOLS),
+    refuse("function_call", no_tool, TOOLS),
+    refuse("echo", off, "echoing the last message is not implemented"),
+    refuse(
+        "continue_final_message",
+        off,
+        "the conversation always ends with a new assistant turn",
+    ),
+    refuse(
+        "chat_template",
+        empty,
+        "the model's own chat template is always used",
+    ),
+    refuse(
+        "chat_template_kwargs",
+        empty,
+        "the chat template takes no extra arguments",
+    ),
+    refuse(
+        "documents",
+        empty,
+        "documents are not passed to the chat template",
+    ),
+    refuse(
+        "reasoning_effort",
+        Value::is_null,
+        "reasoning is not controlled",
+    ),
+    refuse("modalities", modalities_text, "only text is produced"),
+    refuse("audio", empty, "only text is produced"),
+    refuse("prediction", empty, "predicted outputs are not implemented"),
+    refuse("web_search_options", empty, "web search is not implemented"),
+];
+
+/// `null` or `["text"]`.
+fn modalities_text(v: &Value) -> bool {
+    v.is_null()
+        || v.as_array()
+            .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
+}
+
+/// The first field of `body` (a JSON object) that one of `tables` refuses,
+/// in body order. Only those fields' values are read; the rest is skipped
+/// without being materialised, so a long prompt costs a scan, not a copy.
+pub fn check(body: &[u8], tables: &[&[Refusal]]) -> Result<(), ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    match (Scan { tables }).deserialize(&mut de) {
+        Ok(Some(r)) => Err(r.error()),
+        Ok(None) => Ok(()),
+        Err(e) => Err(ApiError::invalid(format!("invalid JSON body: {e}"), None)),
+    }
+}
+
+/// Walks the top-level object, reading only the fields in `tables`.
+struct Scan<'t> {
+    tables: &'t [&'t [Refusal]],
+}
+
+impl<'t> Scan<'t> {
+    fn find(&self, key: &str) -> Option<&'t Refusal> {
+        self.tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .find(|r| r.field == key)
+    }
+}
+
+impl<'de, 't> DeserializeSeed<'de> for Scan<'t> {
+    type Value = Option<&'t Refusal>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, 't> Visitor<'de> for Scan<'t> {
+    type Value = Option<&'t Refusal>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut refused = None;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match self.find(&key) {
+                Some(r) if refused.is_none() => {
+                    let v: Value = map.next_value()?;
+                    if !(r.allows)(&v) {
+                        refused = Some(r);
+                    }
+                }
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(refused)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// No field is listed twice (its rows could disagree).
+    #[test]
+    fn every_field_is_listed_once() {
+        let mut all: Vec<&str> = [COMMON, COMPLETIONS, CHAT]
+            .iter()
+            .flat_map(|t| t.iter().map(|r| r.field))
+            .collect();
+        let n = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), n, "a field is listed twice");
+    }
+
+    /// Neutral values pass, others are refused naming the field; unknown
+    /// fields and fields of other tables pass.
+    #[test]
+    fn neutral_values_pass_and_the_rest_is_refused() {
+        let tables: &[&[Refusal]] = &[COMMON, CHAT];
+        for ok in [
+            r#"{"logprobs": false, "top_logprobs": 0, "tools": [], "tool_choice": "none"}"#,
+            r#"{"response_format": {"type": "text"}, "guided_json": null, "priority": 0}"#,
+            r#"{"unknown_field": {"tools": [1]}, "suffix": "x", "chat_template_kwargs": {}}"#,
+        ] {
+            assert!(check(ok.as_bytes(), tables).is_ok(), "{ok}");
+        }
+        for (bad, field) in [
+            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
+            (r#"{"tool_choice": "auto"}"#, "tool_choice"),
+            (
+                r#"{"n": 1, "guided_choice": ["a", "b"], "tools": [1]}"#,
+                "guided_choice",
+            ),
+            (
+                r#"{"chat_template_kwargs": {"enable_thinking": false}}"#,
+                "chat_template_kwargs",
+            ),
+        ] {
+            let err = check(bad.as_bytes(), tables).expect_err(bad);
+            assert_eq!(err.status.as_u16(), 400);
+            assert_eq!(err.param, Some(field), "{bad}");
+            assert!(
+                err.message.contains(&format!("`{field}`")),
+                "{}",
+                err.message
+            );
+        }
+        // The completions table is not consulted here.
+        assert!(check(br#"{"suffix": "tail"}"#, tables).is_ok());
+        assert!(check(br#"{"suffix": "tail"}"#, &[COMPLETIONS]).is_err());
+    }
+}
