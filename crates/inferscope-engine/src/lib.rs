@@ -24,8 +24,8 @@ pub use executor::{
 pub use inferscope_schema::FinishReason;
 pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{
-    EngineRequest, FinishedOutput, OutputKind, PrefillChunk, RequestOutput, RequestTimeline,
-    SamplingParams, StopTokenIds,
+    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
+    StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};
 pub use waiting_queue::SchedulingPolicy;

@@ -46,23 +46,6 @@ pub struct SamplingParams {
     /// Added to the logits of these token ids before anything else changes
     /// them (`logit_bias`): ids checked against the vocabulary, each once.
     pub logit_bias: Vec<(u32, f32)>,
-    /// Whether outputs go out per token or once at the end.
-    pub output_kind: OutputKind,
-}
-
-/// How a request's outputs reach its sink (vLLM's `RequestOutputKind`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OutputKind {
-    /// One output per generated token, as it is generated: streamed
-    /// responses, and requests whose stop strings are checked as text grows.
-    #[default]
-    Delta,
-    /// The first token as it is generated (it ends the request's wait: the
-    /// server's TTFT and queued-token count see it), then one output at the
-    /// end carrying the tokens between, each with the time the engine
-    /// produced it ([`FinishedOutput::earlier_tokens`]): two hand-offs and
-    /// wake-ups of the waiting task per request instead of one per token.
-    FirstAndFinal,
 }
 
 impl Default for SamplingParams {
@@ -82,7 +65,6 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
-            output_kind: OutputKind::Delta,
         }
     }
 }
@@ -306,11 +288,6 @@ pub struct FinishedOutput {
     pub timeline: RequestTimeline,
     /// An error message when `reason` is `Error`.
     pub error: Option<String>,
-    /// [`OutputKind::FirstAndFinal`]: the tokens generated after the first
-    /// and before the one this output carries, each with the time the engine
-    /// produced it (empty for [`OutputKind::Delta`], whose tokens went out
-    /// one by one).
-    pub earlier_tokens: Vec<(u32, Instant)>,
 }
 
 #[cfg(test)]

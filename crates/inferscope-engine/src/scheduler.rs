@@ -22,8 +22,7 @@ use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
 use crate::executor::{ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
-    EngineRequest, FinishedOutput, OutputKind, PrefillChunk, RequestOutput, RequestTimeline,
-    SamplingParams,
+    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
 };
 use crate::waiting_queue::WaitingQueue;
 
@@ -60,9 +59,6 @@ struct Sequence {
     sink: OutputSink,
     /// Its tenant's slot in the waiting queue.
     tenant_slot: usize,
-    /// [`OutputKind::FirstAndFinal`]: when each held-back token was
-    /// produced, until the final output carries them.
-    token_times: Vec<Instant>,
 }
 
 impl Sequence {
@@ -269,7 +265,6 @@ impl Scheduler {
             num_preemptions: 0,
             timeline: RequestTimeline::new(req.arrival),
             sink,
-            token_times: Vec::new(),
             tenant_slot,
         };
         // A request that could never fit, even alone, would be preempted
@@ -557,10 +552,6 @@ impl Scheduler {
                 {
                     // The token goes out with the finish.
                     self.finishing.push((idx, reason, stop));
-                } else if seq.params.output_kind == OutputKind::FirstAndFinal
-                    && seq.num_generated() > 1
-                {
-                    seq.token_times.push(now);
                 } else {
                     let out = RequestOutput {
                         token_id: Some(token),
@@ -673,21 +664,6 @@ impl Scheduler {
             inference_time: t.inference_time(),
         });
         let num_generation_tokens = seq.num_generated();
-        // The tokens a first-and-final request held back (after its first,
-        // before `token`, which goes out as the output's own) go out with
-        // their times.
-        let earlier_tokens = match seq.params.output_kind {
-            OutputKind::Delta => Vec::new(),
-            OutputKind::FirstAndFinal => {
-                let generated = &seq.tokens[seq.num_prompt_tokens..];
-                let end = generated.len().saturating_sub(usize::from(token.is_some()));
-                let held = generated.get(1..end).unwrap_or_default();
-                held.iter()
-                    .copied()
-                    .zip(seq.token_times.iter().copied())
-                    .collect()
-            }
-        };
         let out = RequestOutput {
             token_id: token,
             at: now,
@@ -700,7 +676,6 @@ impl Scheduler {
                 num_preemptions: seq.num_preemptions,
                 timeline: seq.timeline,
                 error,
-                earlier_tokens,
             })),
         };
         match &mut self.outbox {

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use inferscope_engine::sim::{SimFaults, SimTokens};
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineError, EngineRequest, Executor, ExecutorError, FinishReason,
-    FinishedOutput, OutputKind, RequestHandle, RequestOutput, SamplingParams, SimExecutor,
-    SimProfile,
+    FinishedOutput, RequestHandle, SamplingParams, SimExecutor, SimProfile,
 };
 use inferscope_schema::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -291,105 +290,6 @@ fn preemption_by_recompute_is_transparent() {
         let (got, reason, _) = drain(&rt, h);
         assert_eq!(reason, FinishReason::Length);
         assert_eq!(&got, want, "request p{i} differs after preemption");
-    }
-    alone.shutdown(Duration::from_secs(1));
-}
-
-/// Every output of a request, to its finish.
-fn outputs(rt: &tokio::runtime::Runtime, mut h: RequestHandle) -> Vec<RequestOutput> {
-    rt.block_on(async move {
-        let mut outs = Vec::new();
-        loop {
-            match tokio::time::timeout(Duration::from_secs(20), h.recv()).await {
-                Ok(Some(o)) => {
-                    let done = o.finished.is_some();
-                    outs.push(o);
-                    if done {
-                        return outs;
-                    }
-                }
-                Ok(None) => panic!("stream ended without a finish event"),
-                Err(_) => panic!("request stuck"),
-            }
-        }
-    })
-}
-
-#[test]
-fn first_and_final_requests_get_their_tokens_in_two_outputs() {
-    let rt = runtime();
-    let config = EngineConfig {
-        block_size: 16,
-        ..Default::default()
-    };
-    // Crowded, so that held-back tokens survive preemption and recompute.
-    let rec = Arc::new(TestRecorder::default());
-    let c = Coordinator::start(
-        config.clone(),
-        1,
-        0,
-        tiny(16 * 30, SimFaults::default()),
-        rec.clone(),
-    )
-    .expect("start");
-    let first_and_final = |id: &str, max_tokens: usize| {
-        let mut r = request(id, 60, max_tokens);
-        let mut params = (*r.params).clone();
-        params.output_kind = OutputKind::FirstAndFinal;
-        r.params = Arc::new(params);
-        r
-    };
-    let handles: Vec<_> = (0..6)
-        .map(|i| {
-            c.add_request(first_and_final(&format!("p{i}"), 90))
-                .expect("add")
-        })
-        .collect();
-    let one = c.add_request(first_and_final("one", 1)).expect("add");
-    let crowded: Vec<Vec<RequestOutput>> = handles.into_iter().map(|h| outputs(&rt, h)).collect();
-    let one = outputs(&rt, one);
-    c.shutdown(Duration::from_secs(1));
-    assert!(rec.0.lock().preemptions > 0, "the workload must preempt");
-
-    // One token: one output, the finish carrying it.
-    assert_eq!(one.len(), 1);
-    assert!(one[0].token_id.is_some());
-    assert!(one[0].finished.as_ref().unwrap().earlier_tokens.is_empty());
-
-    // The same requests streamed token by token, alone: the same tokens.
-    let alone = Coordinator::start(
-        config,
-        1,
-        0,
-        tiny(65_536, SimFaults::default()),
-        Arc::new(TestRecorder::default()),
-    )
-    .expect("start");
-    for (i, outs) in crowded.iter().enumerate() {
-        let h = alone
-            .add_request(request(&format!("p{i}"), 60, 90))
-            .expect("add");
-        let (want, reason, _) = drain(&rt, h);
-        assert_eq!(reason, FinishReason::Length);
-        // The first token as it was generated, then the finish with the rest.
-        assert_eq!(outs.len(), 2, "request p{i}: {} outputs", outs.len());
-        assert!(outs[0].finished.is_none());
-        let f = outs[1].finished.as_ref().expect("finish");
-        let mut got: Vec<u32> = outs[0].token_id.into_iter().collect();
-        got.extend(f.earlier_tokens.iter().map(|&(t, _)| t));
-        got.extend(outs[1].token_id);
-        assert_eq!(got, want, "request p{i} differs");
-        assert_eq!(f.num_generation_tokens, want.len());
-        // Each held token's time lies between the first and the last token,
-        // in order.
-        let mut prev = outs[0].at;
-        for &(_, at) in &f.earlier_tokens {
-            assert!(at >= prev, "request p{i}: times out of order");
-            prev = at;
-        }
-        assert!(outs[1].at >= prev);
-        assert_eq!(f.timeline.first_token, Some(outs[0].at));
-        assert_eq!(f.timeline.last_token, Some(outs[1].at));
     }
     alone.shutdown(Duration::from_secs(1));
 }

@@ -9,8 +9,7 @@ use std::time::Instant;
 
 use futures::Stream;
 use inferscope_engine::{
-    Coordinator, EngineError, EngineRequest, FinishReason, OutputKind, RequestHandle,
-    RequestTimeline,
+    Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
 };
 use inferscope_metrics::{FrontendRecorder, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
@@ -128,7 +127,6 @@ impl Infer<'_> {
                     request,
                 )
                 .with_request_log(self.request_log.cloned())
-                .with_engine_times(plan.params.output_kind == OutputKind::FirstAndFinal)
                 .with_stop_output(plan.include_stop_str_in_output);
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
@@ -225,11 +223,6 @@ pub struct ChoiceStream {
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
-    /// Deltas are observed at the engine's output times, not on arrival
-    /// here ([`OutputKind::FirstAndFinal`]).
-    engine_times: bool,
-    /// When the final output's delta counts as handed on.
-    final_at: Option<Instant>,
     /// `include_stop_str_in_output`: the stop string or stop token that
     /// ended the choice stays in its text.
     include_stop: bool,
@@ -264,8 +257,6 @@ impl ChoiceStream {
             request,
             request_log: None,
             reservation: None,
-            engine_times: false,
-            final_at: None,
             include_stop: false,
             echo: None,
             done: false,
@@ -288,13 +279,6 @@ impl ChoiceStream {
     /// Logs the choice to `log` when it ends.
     pub fn with_request_log(mut self, log: Option<RequestLog>) -> Self {
         self.request_log = log;
-        self
-    }
-
-    /// Observes deltas at the engine's output times: for a request whose
-    /// tokens the engine holds back to the end ([`OutputKind::FirstAndFinal`]).
-    pub fn with_engine_times(mut self, on: bool) -> Self {
-        self.engine_times = on;
         self
     }
 
@@ -358,25 +342,7 @@ impl ChoiceStream {
                     None,
                 );
             };
-            // A first-and-final request's deltas are observed when the
-            // engine produced their tokens (the client sees none of them
-            // before the end); a streamed one's when they are handed on.
-            let at = if self.engine_times {
-                out.at
-            } else {
-                Instant::now()
-            };
             let mut text = String::new();
-            if let Some(f) = &out.finished {
-                // The tokens the engine held back, each at its own time.
-                for &(t, at) in &f.earlier_tokens {
-                    let piece = self.decoder.push(t).unwrap_or_default();
-                    if !piece.is_empty() {
-                        self.observe_delta(at);
-                        text.push_str(&piece);
-                    }
-                }
-            }
             // As vLLM does, the token that stopped the choice (EOS or a stop
             // token id) is left out of the text unless asked for.
             let stopped_by = out.finished.as_ref().and_then(|f| f.stop_token_id);
@@ -388,7 +354,6 @@ impl ChoiceStream {
             }
             if let Some(f) = out.finished {
                 let f = *f;
-                self.final_at = Some(at);
                 text.push_str(&self.decoder.finish());
                 let mut pending = std::mem::take(&mut self.held);
                 pending.push_str(&text);
@@ -410,7 +375,7 @@ impl ChoiceStream {
             }
             if self.stop.is_empty() {
                 // No stop strings: nothing to hold back or search for.
-                self.observe_delta(at);
+                self.observe_delta();
                 return ChoiceDelta {
                     index: self.index,
                     text,
@@ -430,7 +395,7 @@ impl ChoiceStream {
             if emit.is_empty() {
                 continue;
             }
-            self.observe_delta(at);
+            self.observe_delta();
             return ChoiceDelta {
                 index: self.index,
                 text: emit,
@@ -482,8 +447,9 @@ impl ChoiceStream {
         Some(if self.include_stop { pos + len } else { pos })
     }
 
-    /// Records a delta handed on at `now` (TTFT for the first, else ITL).
-    fn observe_delta(&mut self, now: Instant) {
+    /// Records a delta handed on now (TTFT for the first, else ITL).
+    fn observe_delta(&mut self) {
+        let now = Instant::now();
         if let Some(recorder) = &self.latency {
             let stats = match self.last_delta {
                 None => FrontendStats::FirstToken {
@@ -513,8 +479,7 @@ impl ChoiceStream {
     ) -> ChoiceDelta {
         self.done = true;
         if reason != FinishReason::Abort && reason != FinishReason::Error {
-            let at = self.final_at.take().unwrap_or_else(Instant::now);
-            self.observe_delta(at);
+            self.observe_delta();
         }
         // Measured once: the histograms, the response's `metrics` and the
         // request log all get this same value.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::{OutputKind, SamplingParams, StopTokenIds};
+use inferscope_engine::{SamplingParams, StopTokenIds};
 use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
@@ -575,13 +575,6 @@ pub fn plan(
             repetition_penalty: repetition_penalty as f32,
             min_p: min_p as f32,
             logit_bias,
-            // A full response with no stop strings to watch for needs no
-            // token before the last: the engine hands them over at the end.
-            output_kind: if stream || !stop.is_empty() {
-                OutputKind::Delta
-            } else {
-                OutputKind::FirstAndFinal
-            },
         }),
         stop,
         stream,

@@ -99,10 +99,9 @@ async fn known_workload_counts_exactly_per_engine() {
     server.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A full response without stop strings gets its tokens from the engine in
-/// two outputs (the first, then the rest with the finish), a streamed one
-/// token by token: the same request both ways adds the same number of TTFT
-/// and inter-token samples.
+/// The same request, full and streamed, adds the same number of TTFT and
+/// inter-token samples: one per text delta, whether or not the client sees
+/// the deltas one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_and_streamed_responses_sample_latency_alike() {
     let server = start(&[]).await;
