@@ -4,9 +4,15 @@
 //! inputs and `.out` expected ids, tokenized as that test does (no BOS/EOS,
 //! control tokens in the text not parsed). Skipped, with a message, when the
 //! variable is unset (`scripts/llama-cpp-test-data.sh` fetches the files).
+//!
+//! Where those tests do not look, `tests/data/llama_cpp_special.json` holds
+//! what llama.cpp itself gives for the same files
+//! (`scripts/llama-cpp-special-fixture.py`): prompts with special tokens
+//! tokenized as its server does, and the end-of-generation set.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use candle_core::quantized::gguf_file::{Content, Value};
 use inferscope_model::{GgufTokenizer, Tokenizer};
@@ -72,19 +78,52 @@ fn tokenizer_model(path: &Path) -> String {
     }
 }
 
+/// One vocabulary file: its name and tokenizer, or why it is skipped.
+struct Vocab {
+    name: String,
+    path: PathBuf,
+    tokenizer: Result<GgufTokenizer, String>,
+}
+
+/// Every `ggml-vocab-*.gguf`, loaded once for all the tests here.
+fn vocabs(dir: &Path) -> &'static [Vocab] {
+    static LOADED: OnceLock<Vec<Vocab>> = OnceLock::new();
+    LOADED.get_or_init(|| {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("read INFERSCOPE_LLAMA_CPP_MODELS")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("ggml-vocab-") && n.ends_with(".gguf"))
+            })
+            .collect();
+        paths.sort();
+        paths
+            .into_iter()
+            .map(|path| {
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                let model = tokenizer_model(&path);
+                let tokenizer = if SUPPORTED.contains(&model.as_str()) {
+                    Ok(GgufTokenizer::from_file(&path)
+                        .unwrap_or_else(|e| panic!("{name}: the tokenizer does not load: {e}")))
+                } else {
+                    Err(format!("tokenizer model {model:?} is not supported"))
+                };
+                Vocab {
+                    name,
+                    path,
+                    tokenizer,
+                }
+            })
+            .collect()
+    })
+}
+
 #[test]
 fn llama_cpp_vocab_tests_token_for_token() {
     let Some(dir) = data_dir() else { return };
-    let mut vocabs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("read INFERSCOPE_LLAMA_CPP_MODELS")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("ggml-vocab-") && n.ends_with(".gguf"))
-        })
-        .collect();
-    vocabs.sort();
+    let vocabs = vocabs(&dir);
     assert!(
         !vocabs.is_empty(),
         "no ggml-vocab-*.gguf in {}",
@@ -92,21 +131,21 @@ fn llama_cpp_vocab_tests_token_for_token() {
     );
     let mut failures = Vec::new();
     let mut files_run = 0;
-    for vocab in &vocabs {
-        let name = vocab.file_name().unwrap().to_string_lossy().into_owned();
-        let inp = PathBuf::from(format!("{}.inp", vocab.display()));
-        let out = PathBuf::from(format!("{}.out", vocab.display()));
-        let model = tokenizer_model(vocab);
-        if !SUPPORTED.contains(&model.as_str()) {
-            println!("{name}: skipped: tokenizer model {model:?} is not supported");
-            continue;
-        }
+    for v in vocabs {
+        let name = &v.name;
+        let inp = PathBuf::from(format!("{}.inp", v.path.display()));
+        let out = PathBuf::from(format!("{}.out", v.path.display()));
+        let tok = match &v.tokenizer {
+            Ok(t) => t,
+            Err(why) => {
+                println!("{name}: skipped: {why}");
+                continue;
+            }
+        };
         if !inp.is_file() || !out.is_file() {
             println!("{name}: skipped: no .inp/.out tests beside it");
             continue;
         }
-        let tok = GgufTokenizer::from_file(vocab)
-            .unwrap_or_else(|e| panic!("{name}: the tokenizer does not load: {e}"));
         files_run += 1;
         let tests = read_tests(&inp, &out);
         let (mut matched, mut round_trips) = (0, 0);
@@ -138,6 +177,72 @@ fn llama_cpp_vocab_tests_token_for_token() {
         );
     }
     assert!(files_run > 0, "no vocabulary with tests was run");
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn llama_cpp_server_prompts_and_end_of_generation() {
+    let Some(dir) = data_dir() else { return };
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/llama_cpp_special.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fixture).expect("read fixture"))
+            .expect("fixture JSON");
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect()
+    };
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    for v in vocabs(&dir) {
+        let Some(expected) = json["vocabs"].get(&v.name) else {
+            continue;
+        };
+        let tok = v.tokenizer.as_ref().expect("a supported vocabulary");
+        checked += 1;
+        let eog = ids(&expected["eog"]);
+        if tok.eos_token_ids() != eog {
+            failures.push(format!(
+                "{}: end of generation {:?}, llama.cpp {eog:?}",
+                v.name,
+                tok.eos_token_ids()
+            ));
+        }
+        let cases = expected["server_prompts"].as_array().expect("cases");
+        let mut matched = 0;
+        for c in cases {
+            let text = c["text"].as_str().expect("text");
+            let want = ids(&c["ids"]);
+            // The trait's encode is the server's: BOS as the file says,
+            // special tokens in the text parsed.
+            let got = tok.encode(text, true).expect("encode");
+            if got == want {
+                matched += 1;
+            } else {
+                failures.push(format!(
+                    "{}: {text:?}\n  llama.cpp {want:?}\n  got       {got:?}",
+                    v.name
+                ));
+            }
+        }
+        println!(
+            "{}: {matched}/{} prompts with special tokens give llama.cpp's ids; end of generation {eog:?}",
+            v.name,
+            cases.len()
+        );
+    }
+    assert!(
+        checked > 0,
+        "no vocabulary of the fixture found in {}",
+        dir.display()
+    );
     assert!(
         failures.is_empty(),
         "{} mismatches:\n{}",
