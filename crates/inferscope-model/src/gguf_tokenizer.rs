@@ -830,3 +830,151 @@ impl Tokenizer for GgufTokenizer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Metadata of a byte-level BPE vocabulary: `tokens` (all normal unless
+    /// `types` says), merges "a b" and "Ġ a", plus `extra` keys.
+    fn meta(tokens: &[&str], types: &[i32], extra: &[(&str, Value)]) -> HashMap<String, Value> {
+        let strings =
+            |v: &[&str]| Value::Array(v.iter().map(|t| Value::String((*t).into())).collect());
+        let mut types_all = vec![1; tokens.len()];
+        types_all[..types.len()].copy_from_slice(types);
+        let mut m: HashMap<String, Value> = [
+            ("tokenizer.ggml.model", Value::String("gpt2".into())),
+            ("tokenizer.ggml.pre", Value::String("gpt-2".into())),
+            ("tokenizer.ggml.tokens", strings(tokens)),
+            (
+                "tokenizer.ggml.token_type",
+                Value::Array(types_all.into_iter().map(Value::I32).collect()),
+            ),
+            ("tokenizer.ggml.merges", strings(&["a b", "\u{120} a"])),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        for (k, v) in extra {
+            m.insert((*k).to_string(), v.clone());
+        }
+        m
+    }
+
+    fn build(m: &HashMap<String, Value>) -> Result<GgufTokenizer, ModelError> {
+        GgufTokenizer::from_meta(&Meta(m))
+    }
+
+    const BASE: &[&str] = &["a", "b", "\u{120}", "ab", "\u{120}a", " "];
+
+    #[test]
+    fn end_of_turn_tokens_end_generation_by_their_text() {
+        let mut toks = BASE.to_vec();
+        toks.extend(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eom_id|>"]);
+        // <|im_end|> is a normal token in the file: llama.cpp makes it control.
+        let m = meta(
+            &toks,
+            &[1, 1, 1, 1, 1, 1, 3, 1],
+            &[("tokenizer.ggml.eos_token_id", Value::U32(8))],
+        );
+        let t = build(&m).unwrap();
+        assert_eq!(t.eos_token_ids(), vec![7, 8, 9]);
+        assert_eq!(t.attrs[7] & attr::CONTROL, attr::CONTROL);
+        // Control tokens are matched in a prompt, and skipped in decoding.
+        let ids = t.encode("a<|im_end|>ab", false).unwrap();
+        assert_eq!(ids, vec![0, 7, 3]);
+        assert_eq!(t.decode(&ids, true).unwrap(), "aab");
+        assert_eq!(t.decode(&ids, false).unwrap(), "a<|im_end|>ab");
+        // Not parsed when the caller says so (llama.cpp's tests): its
+        // characters are not tokens here, so nothing is left.
+        assert_eq!(t.encode_with("<|im_end|>", false, false), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn eot_and_eom_ids_from_the_metadata_end_generation() {
+        let mut toks = BASE.to_vec();
+        toks.extend(["<stop_a>", "<stop_b>"]);
+        let m = meta(
+            &toks,
+            &[],
+            &[
+                ("tokenizer.ggml.eos_token_id", Value::U32(0)),
+                ("tokenizer.ggml.eot_token_id", Value::U32(6)),
+                ("tokenizer.ggml.eom_token_id", Value::U32(7)),
+            ],
+        );
+        assert_eq!(build(&m).unwrap().eos_token_ids(), vec![0, 6, 7]);
+    }
+
+    #[test]
+    fn harmony_end_is_not_an_end_of_generation() {
+        let mut toks = BASE.to_vec();
+        toks.extend(["<|end|>", "<|return|>", "<|call|>"]);
+        let t = build(&meta(&toks, &[], &[])).unwrap();
+        // No EOS in the file: the BPE default (11) is outside this vocabulary.
+        assert_eq!(t.eos_token_ids(), vec![7, 8]);
+        let mut toks = BASE.to_vec();
+        toks.push("<|end|>");
+        assert_eq!(
+            build(&meta(&toks, &[], &[])).unwrap().eos_token_ids(),
+            vec![6]
+        );
+    }
+
+    #[test]
+    fn rstrip_tokens_take_the_whitespace_after_them() {
+        // Phi-3 (by general.name): special tokens take the whitespace after them.
+        let mut toks = BASE.to_vec();
+        toks.push("<|user|>");
+        let m = meta(
+            &toks,
+            &[1, 1, 1, 1, 1, 1, 3],
+            &[("general.name", Value::String("Phi3".into()))],
+        );
+        let t = build(&m).unwrap();
+        assert_eq!(t.encode("<|user|>  \n a", false).unwrap(), vec![6, 0]);
+        let m = meta(&toks, &[1, 1, 1, 1, 1, 1, 3], &[]);
+        let t = build(&m).unwrap();
+        // Without rstrip the spaces stay text: "  \n" then " a" (the newline
+        // has no token here).
+        assert_eq!(t.encode("<|user|>  \n a", false).unwrap(), vec![6, 2, 2, 4]);
+    }
+
+    #[test]
+    fn the_longest_special_token_is_cut_first() {
+        let mut toks = BASE.to_vec();
+        toks.extend(["<x>", "a<x>b"]);
+        let t = build(&meta(&toks, &[1, 1, 1, 1, 1, 1, 4, 4], &[])).unwrap();
+        assert_eq!(t.encode_with("aa<x>bb", false, false), vec![0, 7, 1]);
+        assert_eq!(t.encode_with("<x>a<x>", false, false), vec![6, 0, 6]);
+    }
+
+    #[test]
+    fn bad_metadata_is_a_clear_error() {
+        let mut m = meta(BASE, &[], &[]);
+        m.insert(
+            "tokenizer.ggml.pre".into(),
+            Value::String("brand-new".into()),
+        );
+        let e = build(&m).unwrap_err().to_string();
+        assert!(e.contains("\"brand-new\"") && e.contains("qwen2"), "{e}");
+        m.insert("tokenizer.ggml.model".into(), Value::String("bert".into()));
+        let e = build(&m).unwrap_err().to_string();
+        assert!(e.contains("\"bert\"") && e.contains("gpt2"), "{e}");
+        let mut m = meta(BASE, &[], &[]);
+        m.remove("tokenizer.ggml.merges");
+        let e = build(&m).unwrap_err().to_string();
+        assert!(e.contains("tokenizer.ggml.merges"), "{e}");
+        let m = meta(
+            BASE,
+            &[],
+            &[("tokenizer.ggml.add_bos_token", Value::Bool(true))],
+        );
+        let e = build(&m).unwrap_err().to_string();
+        assert!(e.contains("BOS"), "{e}");
+        let t = build(&meta(BASE, &[], &[])).unwrap();
+        assert!(t.decode(&[99], false).is_err());
+    }
+}

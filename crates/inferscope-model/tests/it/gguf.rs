@@ -497,7 +497,8 @@ fn gguf_errors_are_clear() {
         "{e}"
     );
 
-    let path = std::env::temp_dir().join(format!("inferscope-arch-{}.gguf", std::process::id()));
+    // A GGUF file is known by its first bytes, whatever its name.
+    let path = std::env::temp_dir().join(format!("inferscope-arch-{}.bin", std::process::id()));
     let mut f = std::fs::File::create(&path).unwrap();
     let arch = Value::String("mamba".into());
     gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
@@ -506,12 +507,25 @@ fn gguf_errors_are_clear() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("mamba"), "{e}");
+    // Neither a directory nor a GGUF file, whatever its name.
     std::fs::write(&path, b"not a gguf file").unwrap();
     let e = LoadedModel::load(path.to_str().unwrap(), &opts)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not a valid GGUF"), "{e}");
-    let _ = std::fs::remove_file(&path);
+    assert!(e.contains("not a GGUF file") && e.contains("`GGUF`"), "{e}");
+    let named = path.with_extension("gguf");
+    std::fs::rename(&path, &named).unwrap();
+    let e = LoadedModel::load(named.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a GGUF file"), "{e}");
+    // The magic bytes and then garbage: a GGUF file that does not parse.
+    std::fs::write(&named, b"GGUF\xff\xff").unwrap();
+    let e = LoadedModel::load(named.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a valid GGUF file"), "{e}");
+    let _ = std::fs::remove_file(&named);
 }
 
 #[test]
