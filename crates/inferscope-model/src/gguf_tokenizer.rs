@@ -872,15 +872,23 @@ mod tests {
     #[test]
     fn end_of_turn_tokens_end_generation_by_their_text() {
         let mut toks = BASE.to_vec();
-        toks.extend(["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|eom_id|>"]);
+        toks.extend([
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|endoftext|>",
+            "<|eom_id|>",
+            "<end_of_turn>",
+        ]);
         // <|im_end|> is a normal token in the file: llama.cpp makes it control.
+        // It is taken for EOT (the first end-of-turn text); <end_of_turn>
+        // ends generation by the text rule alone.
         let m = meta(
             &toks,
             &[1, 1, 1, 1, 1, 1, 3, 1],
             &[("tokenizer.ggml.eos_token_id", Value::U32(8))],
         );
         let t = build(&m).unwrap();
-        assert_eq!(t.eos_token_ids(), vec![7, 8, 9]);
+        assert_eq!(t.eos_token_ids(), vec![7, 8, 9, 10]);
         assert_eq!(t.attrs[7] & attr::CONTROL, attr::CONTROL);
         // Control tokens are matched in a prompt, and skipped in decoding.
         let ids = t.encode("a<|im_end|>ab", false).unwrap();
