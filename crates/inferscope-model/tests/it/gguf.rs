@@ -530,7 +530,15 @@ fn gguf_errors_are_clear() {
 
 #[test]
 fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
-    let tokens = ["a", "b", "\u{120}", "ab", "\u{120}a", "<|endoftext|>"];
+    let tokens = [
+        "a",
+        "b",
+        "\u{120}",
+        "ab",
+        "\u{120}a",
+        "<|endoftext|>",
+        "<|im_end|>",
+    ];
     let cfg = config(tokens.len());
     let w = random_weights(&cfg, 5).unwrap();
     let strings = |v: &[&str]| Value::Array(v.iter().map(|t| Value::String((*t).into())).collect());
@@ -539,7 +547,7 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
         ("tokenizer.ggml.tokens", strings(&tokens)),
         (
             "tokenizer.ggml.token_type",
-            Value::Array([1, 1, 1, 1, 1, 3].map(Value::I32).to_vec()),
+            Value::Array([1, 1, 1, 1, 1, 3, 1].map(Value::I32).to_vec()),
         ),
         ("tokenizer.ggml.merges", strings(&["a b", "\u{120} a"])),
         ("tokenizer.ggml.eos_token_id", Value::U32(5)),
@@ -556,7 +564,8 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
     let t = m.tokenizer();
     assert_eq!(t.encode("ab a", true).unwrap(), vec![3, 4]);
     assert_eq!(t.decode(&[3, 4, 5], true).unwrap(), "ab a");
-    assert_eq!(t.eos_token_ids(), vec![5]);
+    // llama.cpp's end-of-generation set: EOS and <|im_end|> by its text.
+    assert_eq!(t.eos_token_ids(), vec![5, 6]);
     let chat = [inferscope_model::ChatMessage {
         role: "user".into(),
         content: "ab".into(),
@@ -565,7 +574,8 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
         t.apply_chat_template(&chat, true).unwrap(),
         "ab<|endoftext|>"
     );
-    assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5]);
+    // The engine stops at all of them.
+    assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5, 6]);
 }
 
 #[test]
