@@ -28,11 +28,12 @@ fn book() -> Res<String> {
     Ok(text)
 }
 
-/// The replaced path: a `tokenizer.json` equivalent of a `gpt2` vocabulary.
+/// The replaced path: a `tokenizer.json` equivalent of the vocabulary.
 fn old_tokenizer(path: &str) -> Res<tokenizers::Tokenizer> {
     let content = Content::read(&mut File::open(path)?)?;
+    let get = |key: &str| content.metadata.get(key);
     let strings = |key: &str| -> Res<Vec<String>> {
-        match content.metadata.get(key) {
+        match get(key) {
             Some(Value::Array(a)) => Ok(a
                 .iter()
                 .filter_map(|v| match v {
@@ -43,21 +44,80 @@ fn old_tokenizer(path: &str) -> Res<tokenizers::Tokenizer> {
             _ => Err(format!("no {key}").into()),
         }
     };
-    let vocab: serde_json::Map<String, serde_json::Value> = strings("tokenizer.ggml.tokens")?
-        .into_iter()
+    let numbers = |key: &str| -> Vec<f64> {
+        match get(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Value::F32(x) => f64::from(*x),
+                    Value::I32(x) => f64::from(*x),
+                    _ => 0.0,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let tokens = strings("tokenizer.ggml.tokens")?;
+    let vocab: serde_json::Map<String, serde_json::Value> = tokens
+        .iter()
         .enumerate()
-        .map(|(i, t)| (t, serde_json::Value::from(i)))
+        .map(|(i, t)| (t.clone(), serde_json::Value::from(i)))
         .collect();
-    let json = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "vocab": vocab, "merges": strings("tokenizer.ggml.merges")?}
-    });
+    let json = match get("tokenizer.ggml.model") {
+        Some(Value::String(m)) if m == "gpt2" => serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": null,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                "vocab": vocab, "merges": strings("tokenizer.ggml.merges")?}
+        }),
+        Some(Value::String(m)) if m == "llama" => {
+            // Every split of a normal token into two tokens, ranked by the
+            // token's score.
+            let (types, scores) = (
+                numbers("tokenizer.ggml.token_type"),
+                numbers("tokenizer.ggml.scores"),
+            );
+            let ids: std::collections::HashMap<&str, usize> = tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.as_str(), i))
+                .collect();
+            let mut merges: Vec<(f64, usize, usize, String)> = Vec::new();
+            for (id, t) in tokens.iter().enumerate() {
+                if types.get(id).copied().unwrap_or(1.0) != 1.0 {
+                    continue;
+                }
+                for (split, _) in t.char_indices().skip(1) {
+                    let (l, r) = t.split_at(split);
+                    if let (Some(&li), Some(&ri)) = (ids.get(l), ids.get(r)) {
+                        merges.push((
+                            scores.get(id).copied().unwrap_or(0.0),
+                            li,
+                            ri,
+                            format!("{l} {r}"),
+                        ));
+                    }
+                }
+            }
+            merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            let merges: Vec<String> = merges.into_iter().map(|m| m.3).collect();
+            serde_json::json!({
+                "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+                "normalizer": {"type": "Sequence", "normalizers": [
+                    {"type": "Prepend", "prepend": "\u{2581}"},
+                    {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}]},
+                "pre_tokenizer": null, "post_processor": null, "decoder": null,
+                "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                    "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
+                    "vocab": vocab, "merges": merges}
+            })
+        }
+        _ => return Err("the old path had only gpt2 and llama".into()),
+    };
     tokenizers::Tokenizer::from_bytes(json.to_string().as_bytes()).map_err(|e| e.to_string().into())
 }
 

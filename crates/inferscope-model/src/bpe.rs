@@ -362,78 +362,131 @@ impl Ord for SpmBigram {
     }
 }
 
-/// SentencePiece merging of `text` (spaces already ▁): adjacent symbols
-/// whose concatenation is a token merge, highest score first; symbols that
-/// are not tokens become byte tokens (`byte_token`; a byte without one
-/// becomes `unk`, where llama.cpp throws).
-pub(crate) fn spm(
-    pieces: &Pieces,
-    scores: &[f32],
-    byte_token: &[u32; 256],
-    unk: Option<u32>,
-    text: &str,
-    s: &mut Scratch,
-    out: &mut Vec<u32>,
-) {
-    s.symbols.clear();
-    s.spm_queue.clear();
-    for (k, (i, c)) in text.char_indices().enumerate() {
-        s.symbols.push(Symbol {
-            piece: NONE,
-            start: i as u32,
-            len: c.len_utf8() as u32,
-            prev: (k as u32).wrapping_sub(1),
-            next: k as u32 + 1,
-        });
-    }
-    if let Some(last) = s.symbols.last_mut() {
-        last.next = NONE;
-    }
-    let try_pair = |s: &mut Scratch, left: u32, right: u32| {
-        if left == NONE || right == NONE {
-            return;
+/// Whether no string in `strings` has a character other than ▁ followed by
+/// ▁. Then no merge can join the text on both sides of such a place, and
+/// merging the text piece by piece between them gives the same tokens as
+/// merging it whole (llama.cpp does the latter, with one priority queue for
+/// the whole text, which is slow on long texts).
+pub(crate) fn splits_before_spaces<'a>(mut strings: impl Iterator<Item = &'a str>) -> bool {
+    !strings.any(|t| {
+        let mut prev = None;
+        t.chars().any(|c| {
+            let inner = c == '\u{2581}' && prev.is_some_and(|p| p != '\u{2581}');
+            prev = Some(c);
+            inner
+        })
+    })
+}
+
+/// The pieces of `text` between the places a ▁ follows another character.
+fn space_runs(text: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let mut prev_space = true;
+    let mut cuts = text.char_indices().filter_map(move |(i, c)| {
+        let space = c == '\u{2581}';
+        let cut = space && !prev_space && i > 0;
+        prev_space = space;
+        cut.then_some(i)
+    });
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
         }
-        let (l, r) = (s.symbols[left as usize], s.symbols[right as usize]);
-        let start = l.start as usize;
-        let end = (r.start + r.len) as usize;
-        if let Some(t) = pieces.token(&text[start..end]) {
-            s.spm_queue.push(SpmBigram {
-                score: scores.get(t as usize).copied().unwrap_or(0.0),
-                left,
-                right,
-                size: (end - start) as u32,
+        let end = cuts.next().unwrap_or(text.len());
+        let piece = &text[start..end];
+        start = end;
+        Some(piece)
+    })
+}
+
+/// A SentencePiece vocabulary's merging: adjacent symbols whose
+/// concatenation is a token merge, highest score first; symbols that are
+/// not tokens become byte tokens (a byte without one becomes `unk`, where
+/// llama.cpp throws).
+pub(crate) struct Spm {
+    /// Each token's score.
+    pub(crate) scores: Vec<f32>,
+    /// `<0xXX>` (or the byte itself) for each byte.
+    pub(crate) byte_tokens: [u32; 256],
+    pub(crate) unk: Option<u32>,
+    /// Merge word by word ([`splits_before_spaces`]).
+    pub(crate) split: bool,
+}
+
+impl Spm {
+    /// Merges `text` (spaces already ▁) and appends its tokens to `out`.
+    pub(crate) fn encode(&self, pieces: &Pieces, text: &str, s: &mut Scratch, out: &mut Vec<u32>) {
+        if self.split {
+            for part in space_runs(text) {
+                self.merge(pieces, part, s, out);
+            }
+        } else {
+            self.merge(pieces, text, s, out);
+        }
+    }
+
+    fn merge(&self, pieces: &Pieces, text: &str, s: &mut Scratch, out: &mut Vec<u32>) {
+        let (scores, byte_token, unk) = (&self.scores, &self.byte_tokens, self.unk);
+        s.symbols.clear();
+        s.spm_queue.clear();
+        for (k, (i, c)) in text.char_indices().enumerate() {
+            s.symbols.push(Symbol {
+                piece: NONE,
+                start: i as u32,
+                len: c.len_utf8() as u32,
+                prev: (k as u32).wrapping_sub(1),
+                next: k as u32 + 1,
             });
         }
-    };
-    for i in 1..s.symbols.len() as u32 {
-        try_pair(s, i - 1, i);
-    }
-    while let Some(b) = s.spm_queue.pop() {
-        let (l, r) = (s.symbols[b.left as usize], s.symbols[b.right as usize]);
-        if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
-            continue;
+        if let Some(last) = s.symbols.last_mut() {
+            last.next = NONE;
         }
-        let sym = &mut s.symbols[b.left as usize];
-        sym.len += r.len;
-        sym.next = r.next;
-        s.symbols[b.right as usize].len = 0;
-        if r.next != NONE {
-            s.symbols[r.next as usize].prev = b.left;
+        let try_pair = |s: &mut Scratch, left: u32, right: u32| {
+            if left == NONE || right == NONE {
+                return;
+            }
+            let (l, r) = (s.symbols[left as usize], s.symbols[right as usize]);
+            let start = l.start as usize;
+            let end = (r.start + r.len) as usize;
+            if let Some(t) = pieces.token(&text[start..end]) {
+                s.spm_queue.push(SpmBigram {
+                    score: scores.get(t as usize).copied().unwrap_or(0.0),
+                    left,
+                    right,
+                    size: (end - start) as u32,
+                });
+            }
+        };
+        for i in 1..s.symbols.len() as u32 {
+            try_pair(s, i - 1, i);
         }
-        try_pair(s, l.prev, b.left);
-        try_pair(s, b.left, r.next);
-    }
-    for sym in &s.symbols {
-        if sym.len == 0 {
-            continue;
+        while let Some(b) = s.spm_queue.pop() {
+            let (l, r) = (s.symbols[b.left as usize], s.symbols[b.right as usize]);
+            if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
+                continue;
+            }
+            let sym = &mut s.symbols[b.left as usize];
+            sym.len += r.len;
+            sym.next = r.next;
+            s.symbols[b.right as usize].len = 0;
+            if r.next != NONE {
+                s.symbols[r.next as usize].prev = b.left;
+            }
+            try_pair(s, l.prev, b.left);
+            try_pair(s, b.left, r.next);
         }
-        let piece = &text[sym.start as usize..(sym.start + sym.len) as usize];
-        match pieces.token(piece) {
-            Some(t) => out.push(t),
-            None => out.extend(piece.bytes().filter_map(|b| {
-                let t = byte_token[b as usize];
-                if t != NONE { Some(t) } else { unk }
-            })),
+        for sym in &s.symbols {
+            if sym.len == 0 {
+                continue;
+            }
+            let piece = &text[sym.start as usize..(sym.start + sym.len) as usize];
+            match pieces.token(piece) {
+                Some(t) => out.push(t),
+                None => out.extend(piece.bytes().filter_map(|b| {
+                    let t = byte_token[b as usize];
+                    if t != NONE { Some(t) } else { unk }
+                })),
+            }
         }
     }
 }
@@ -471,11 +524,24 @@ mod tests {
     fn spm_merges_highest_score_first_and_falls_back_to_bytes() {
         let toks = ["a", "b", "c", "ab", "bc", "<0x78>"];
         let p = Pieces::new(toks.iter().copied());
-        let scores = [0.0, 0.0, 0.0, -1.0, -2.0, 0.0];
-        let mut bytes = [NONE; 256];
-        bytes[b'x' as usize] = 5;
+        let mut spm = Spm {
+            scores: vec![0.0, 0.0, 0.0, -1.0, -2.0, 0.0],
+            byte_tokens: [NONE; 256],
+            unk: None,
+            split: false,
+        };
+        spm.byte_tokens[b'x' as usize] = 5;
         let (mut s, mut out) = (Scratch::default(), Vec::new());
-        spm(&p, &scores, &bytes, None, "abcx", &mut s, &mut out);
+        spm.encode(&p, "abcx", &mut s, &mut out);
         assert_eq!(out, [3, 2, 5]);
+    }
+
+    #[test]
+    fn spm_text_splits_where_a_space_follows_a_character() {
+        let parts: Vec<&str> = space_runs("▁▁ab▁c▁▁d").collect();
+        assert_eq!(parts, ["▁▁ab", "▁c", "▁▁d"]);
+        assert_eq!(space_runs("").count(), 0);
+        assert!(splits_before_spaces(["▁a", "▁▁", "b"].into_iter()));
+        assert!(!splits_before_spaces(["▁a", "a▁b"].into_iter()));
     }
 }

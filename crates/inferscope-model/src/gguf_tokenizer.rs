@@ -12,7 +12,7 @@ use std::path::Path;
 use aho_corasick::{AhoCorasick, MatchKind};
 use candle_core::quantized::gguf_file::{Content, Value};
 
-use crate::bpe::{self, Bpe, NONE, Pieces, Scratch};
+use crate::bpe::{self, Bpe, NONE, Pieces, Scratch, Spm};
 use crate::chat_template::ChatTemplate;
 use crate::error::ModelError;
 use crate::gguf::{Meta, as_f64, as_u64};
@@ -135,7 +135,7 @@ const SUPPORTED_MODELS: &str = "llama (SentencePiece), gpt2 (byte-level BPE), ge
 /// How text becomes symbols to merge.
 enum Model {
     /// SentencePiece (`llama`): merges by score, byte fallback.
-    Spm,
+    Spm(Box<Spm>),
     /// BPE (`gpt2`, `gemma4`): pre-tokenizer, then merges by rank.
     Bpe { pre: PreTokenizer, bpe: Box<Bpe> },
 }
@@ -159,19 +159,15 @@ pub struct GgufTokenizer {
     model: Model,
     /// Token texts, as in the file.
     texts: Vec<Box<str>>,
-    scores: Vec<f32>,
     attrs: Vec<u16>,
     pieces: Pieces,
     special: SpecialTokens,
-    /// SentencePiece byte tokens `<0xXX>` (or the byte itself).
-    byte_tokens: [u32; 256],
     /// What each token decodes to (llama.cpp's `token_to_piece` with
     /// specials), all in one buffer.
     decoded: Vec<u8>,
     decoded_ends: Vec<usize>,
     bos: Option<u32>,
     eos: Option<u32>,
-    unk: Option<u32>,
     /// Every token that ends generation, sorted.
     eog: Vec<u32>,
     add_bos: bool,
@@ -298,7 +294,20 @@ impl GgufTokenizer {
         // Per type: the model, default special ids (llama.cpp's), flags.
         let (model, default_bos, default_eos, default_unk, add_space_prefix, escape, add_bos) =
             match model_name {
-                "llama" => (Model::Spm, Some(1), Some(2), Some(0), true, true, true),
+                "llama" => (
+                    Model::Spm(Box::new(Spm {
+                        scores: Vec::new(),
+                        byte_tokens: [NONE; 256],
+                        unk: None,
+                        split: false,
+                    })),
+                    Some(1),
+                    Some(2),
+                    Some(0),
+                    true,
+                    true,
+                    true,
+                ),
                 "gpt2" | "gemma4" => {
                     let pre_name = if model_name == "gemma4" {
                         "gemma4"
@@ -465,9 +474,9 @@ impl GgufTokenizer {
             .collect();
         special.sort_by_key(|&i| std::cmp::Reverse(texts[i as usize].len()));
 
-        let mut byte_tokens = [NONE; 256];
-        if matches!(model, Model::Spm) {
-            for (b, t) in byte_tokens.iter_mut().enumerate() {
+        let mut model = model;
+        if let Model::Spm(spm) = &mut model {
+            for (b, t) in spm.byte_tokens.iter_mut().enumerate() {
                 *t = pieces
                     .token(&format!("<0x{b:02X}>"))
                     .or_else(|| {
@@ -477,6 +486,9 @@ impl GgufTokenizer {
                     })
                     .unwrap_or(NONE);
             }
+            spm.scores = scores;
+            spm.unk = unk;
+            spm.split = bpe::splits_before_spaces(texts.iter().map(String::as_str));
         }
         let texts: Vec<Box<str>> = texts.into_iter().map(String::into_boxed_str).collect();
         let (decoded, decoded_ends) = decode_table(&model, &texts, &attrs, escape);
@@ -531,19 +543,16 @@ impl GgufTokenizer {
         Ok(Self {
             model,
             texts,
-            scores,
             attrs,
             pieces,
             special: SpecialTokens {
                 matcher,
                 ids: special,
             },
-            byte_tokens,
             decoded,
             decoded_ends,
             bos,
             eos,
-            unk,
             eog,
             add_bos,
             add_eos,
@@ -556,7 +565,7 @@ impl GgufTokenizer {
     /// `llama` (SentencePiece) or the BPE pre-tokenizer's name.
     pub fn model_name(&self) -> &str {
         match &self.model {
-            Model::Spm => "llama",
+            Model::Spm(_) => "llama",
             Model::Bpe { pre, .. } => &pre.name,
         }
     }
@@ -586,22 +595,14 @@ impl GgufTokenizer {
             };
             let part = &text[range];
             match &self.model {
-                Model::Spm => {
+                Model::Spm(spm) => {
                     buf.clear();
                     if self.add_space_prefix && prev_special {
                         buf.push(' ');
                     }
                     buf.push_str(part);
                     let escaped = buf.replace(' ', "\u{2581}");
-                    bpe::spm(
-                        &self.pieces,
-                        &self.scores,
-                        &self.byte_tokens,
-                        self.unk,
-                        &escaped,
-                        &mut scratch,
-                        &mut out,
-                    );
+                    spm.encode(&self.pieces, &escaped, &mut scratch, &mut out);
                 }
                 Model::Bpe { pre, bpe } => {
                     let escaped;
@@ -741,7 +742,7 @@ fn decode_table(
         if a & (attr::CONTROL | attr::UNKNOWN | attr::USER_DEFINED) != 0 {
             buf.extend_from_slice(t.as_bytes());
         } else if a & attr::NORMAL != 0 {
-            if matches!(model, Model::Spm) || escape {
+            if matches!(model, Model::Spm(_)) || escape {
                 buf.extend_from_slice(t.replace('\u{2581}', " ").as_bytes());
             } else {
                 for c in t.chars() {
