@@ -367,9 +367,9 @@ impl GgufTokenizer {
         let bos = id_key("bos_token_id", default_bos);
         let eos = id_key("eos_token_id", default_eos);
         let unk = id_key("unknown_token_id", default_unk);
-        let mut eot = id_key("eot_token_id", None);
-        let mut eom = id_key("eom_token_id", None);
-        let mut fim = [
+        let eot = id_key("eot_token_id", None);
+        let eom = id_key("eom_token_id", None);
+        let fim = [
             (
                 id_key("fim_pre_token_id", None).or_else(|| id_key("prefix_token_id", None)),
                 FIM_PRE_TEXTS,
@@ -405,66 +405,7 @@ impl GgufTokenizer {
             ));
         }
 
-        // The distinct texts in id order; a duplicated text is its last id
-        // (llama.cpp walks an unordered map; where it picks the first match
-        // of several, this picks the lowest id).
-        let unique: Vec<(usize, &str)> = texts
-            .iter()
-            .enumerate()
-            .filter(|(i, t)| pieces.token(t) == Some(*i as u32))
-            .map(|(i, t)| (i, t.as_str()))
-            .collect();
-        // Special tokens found by their text become control tokens.
-        let find = |slot: &mut Option<u32>, names: &[&str], attrs: &mut Vec<u16>| {
-            if slot.is_none()
-                && let Some(&(i, _)) = unique.iter().find(|(_, t)| names.contains(t))
-            {
-                *slot = Some(i as u32);
-                attrs[i] |= attr::CONTROL;
-            }
-        };
-        find(&mut eot, EOT_TEXTS, &mut attrs);
-        find(&mut eom, EOM_TEXTS, &mut attrs);
-        for (slot, names) in &mut fim {
-            find(slot, names, &mut attrs);
-        }
-        let mut eog: Vec<u32> = fim[3..].iter().filter_map(|(id, _)| *id).collect();
-        for &(i, t) in &unique {
-            if EOG_TEXTS.contains(&t) {
-                eog.push(i as u32);
-                attrs[i] |= attr::CONTROL;
-            }
-        }
-        // gpt-oss renders these (llama.cpp's hack).
-        for &(i, t) in &unique {
-            if matches!(
-                t,
-                "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
-            ) {
-                attrs[i] = attr::USER_DEFINED;
-            }
-        }
-        eog.extend([eos, eot, eom].into_iter().flatten());
-        eog.sort_unstable();
-        eog.dedup();
-        let eog_with = |t: &str| eog.iter().copied().find(|&i| &*texts[i as usize] == t);
-        // o200k_harmony and solar-open: <|end|> ends a message, not the turn.
-        let call = eog_with("<|call|>").or(eog_with("<|calls|>")).is_some();
-        let end = eog_with("<|end|>");
-        let harmony = call && (eog_with("<|return|>").is_some() || eog_with("<|flush|>").is_some());
-        // Gemma 4 and PLaMo have a normal </s>.
-        let s_normal = eog_with("<|tool_response>")
-            .or(eog_with("<|plamo:eos|>"))
-            .is_some();
-        let s = eog_with("</s>");
-        if let (Some(end), true) = (end, harmony) {
-            eog.retain(|&i| i != end);
-            attrs[end as usize] = attr::USER_DEFINED;
-        }
-        if let (Some(s), true) = (s, s_normal) {
-            eog.retain(|&i| i != s);
-            attrs[s as usize] = attr::NORMAL;
-        }
+        let eog = end_of_generation(&texts, &pieces, &mut attrs, [eos, eot, eom], fim);
 
         // Special tokens matched in the text: longest first, then by id.
         let mut special: Vec<u32> = (0..n as u32)
@@ -712,6 +653,83 @@ impl GgufTokenizer {
     pub fn token_text(&self, id: u32) -> Option<&str> {
         self.texts.get(id as usize).map(|t| &**t)
     }
+}
+
+/// llama.cpp's end-of-generation set: EOS, EOT, EOM and the FIM pad, repo
+/// and file-separator tokens given by `ids` (`[eos, eot, eom]`) and `fim`
+/// (pre, suf, mid, pad, rep, sep) or else found by their text, plus every
+/// token whose text is in [`EOG_TEXTS`]; sorted. Tokens found by their text
+/// become control tokens in `attrs`, and gpt-oss's channel tokens
+/// user-defined ones, as llama.cpp makes them in the same pass.
+fn end_of_generation(
+    texts: &[String],
+    pieces: &Pieces,
+    attrs: &mut [u16],
+    ids: [Option<u32>; 3],
+    mut fim: [(Option<u32>, &[&str]); 6],
+) -> Vec<u32> {
+    let [eos, mut eot, mut eom] = ids;
+    // The distinct texts in id order; a duplicated text is its last id
+    // (llama.cpp walks an unordered map; where it picks the first match
+    // of several, this picks the lowest id).
+    let unique: Vec<(usize, &str)> = texts
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| pieces.token(t) == Some(*i as u32))
+        .map(|(i, t)| (i, t.as_str()))
+        .collect();
+    // Special tokens found by their text become control tokens.
+    let find = |slot: &mut Option<u32>, names: &[&str], attrs: &mut [u16]| {
+        if slot.is_none()
+            && let Some(&(i, _)) = unique.iter().find(|(_, t)| names.contains(t))
+        {
+            *slot = Some(i as u32);
+            attrs[i] |= attr::CONTROL;
+        }
+    };
+    find(&mut eot, EOT_TEXTS, attrs);
+    find(&mut eom, EOM_TEXTS, attrs);
+    for (slot, names) in &mut fim {
+        find(slot, names, attrs);
+    }
+    let mut eog: Vec<u32> = fim[3..].iter().filter_map(|(id, _)| *id).collect();
+    for &(i, t) in &unique {
+        if EOG_TEXTS.contains(&t) {
+            eog.push(i as u32);
+            attrs[i] |= attr::CONTROL;
+        }
+    }
+    // gpt-oss renders these (llama.cpp's hack).
+    for &(i, t) in &unique {
+        if matches!(
+            t,
+            "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
+        ) {
+            attrs[i] = attr::USER_DEFINED;
+        }
+    }
+    eog.extend([eos, eot, eom].into_iter().flatten());
+    eog.sort_unstable();
+    eog.dedup();
+    let eog_with = |t: &str| eog.iter().copied().find(|&i| &*texts[i as usize] == t);
+    // o200k_harmony and solar-open: <|end|> ends a message, not the turn.
+    let call = eog_with("<|call|>").or(eog_with("<|calls|>")).is_some();
+    let end = eog_with("<|end|>");
+    let harmony = call && (eog_with("<|return|>").is_some() || eog_with("<|flush|>").is_some());
+    // Gemma 4 and PLaMo have a normal </s>.
+    let s_normal = eog_with("<|tool_response>")
+        .or(eog_with("<|plamo:eos|>"))
+        .is_some();
+    let s = eog_with("</s>");
+    if let (Some(end), true) = (end, harmony) {
+        eog.retain(|&i| i != end);
+        attrs[end as usize] = attr::USER_DEFINED;
+    }
+    if let (Some(s), true) = (s, s_normal) {
+        eog.retain(|&i| i != s);
+        attrs[s as usize] = attr::NORMAL;
+    }
+    eog
 }
 
 /// C's `isspace` in the "C" locale, which llama.cpp's strip uses.
