@@ -52,6 +52,8 @@ def prompts(sp):
         f"{a} spaced {b} words \n\n next",
         f"{b}{b}{a}",
         f"x{a}\n{b}  y",
+        # Non-ASCII whitespace beside punctuation and letters.
+        "a!\u3000! b\u00a0c\u2003 d\u3000\u3000",
     ]
     for t in chosen:
         out.append(f"user: {t} tell me\n{t}")
