@@ -44,9 +44,14 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error("tensor operation failed: {0}")]
     Candle(#[from] candle_core::Error),
-    /// The spec is neither `demo`, a directory nor a `.gguf` file.
+    /// The spec is neither `demo`, a directory nor a file.
     #[error(
-        "cannot load model {0:?}: expected `demo`, a Hugging Face model directory or a .gguf file"
+        "cannot load model {0:?}: expected `demo`, `demo-random`, a Hugging Face model directory or a GGUF file"
     )]
     BadSpec(String),
+    /// A file that is not a GGUF file (by its first bytes, whatever its name).
+    #[error(
+        "cannot load model {0}: not a GGUF file (it does not start with the bytes `GGUF`); expected `demo`, `demo-random`, a Hugging Face model directory or a GGUF file"
+    )]
+    NotGguf(PathBuf),
 }

@@ -2,6 +2,7 @@
 //! pass over a paged KV cache, safetensors/GGUF loading and the demo model.
 
 mod attention;
+mod bpe;
 pub mod chat_template;
 pub mod config;
 pub mod demo;
@@ -20,6 +21,7 @@ pub mod model;
 pub mod packed;
 pub mod packed_kquant;
 pub mod packed_q8;
+mod pretokenizer;
 mod q8k;
 pub mod sampler;
 pub mod token_counts;
@@ -29,5 +31,6 @@ pub use chat_template::{ChatInput, ChatTemplate};
 pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuCost, CpuExecutor, KvBudget};
+pub use gguf_tokenizer::GgufTokenizer;
 pub use model::{LoadedModel, ModelOptions};
 pub use tokenizer::{ByteTokenizer, ChatMessage, HfTokenizer, IncrementalDecoder, Tokenizer};

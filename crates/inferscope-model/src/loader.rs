@@ -1,7 +1,8 @@
 //! Loading Hugging Face checkpoints: `config.json`, `tokenizer.json` and
-//! single or sharded `*.safetensors`.
+//! single or sharded `*.safetensors`; telling a GGUF file by its first bytes.
 
 use std::collections::{BTreeSet, HashMap};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::QMatMul;
@@ -21,6 +22,25 @@ fn read_to_string(path: &Path) -> Result<String, ModelError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The first bytes of every GGUF file.
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+
+/// Whether `path` is a GGUF file: it starts with the bytes `GGUF`, whatever
+/// its name (a file shorter than that is not one).
+pub fn is_gguf_file(path: &Path) -> Result<bool, ModelError> {
+    let io = |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut magic = [0u8; 4];
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    match file.read_exact(&mut magic) {
+        Ok(()) => Ok(&magic == GGUF_MAGIC),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(io(e)),
+    }
 }
 
 /// The safetensors files of a model directory: those the index names, else

@@ -1,4 +1,4 @@
-//! `LoadedModel`: a model spec (`demo`, `demo-random`, a directory, a `.gguf` file) turned
+//! `LoadedModel`: a model spec (`demo`, `demo-random`, a directory, a GGUF file) turned
 //! into weights, a tokenizer and executors.
 
 use std::path::Path;
@@ -68,7 +68,8 @@ pub fn weight_dtype(name: &str) -> Result<WeightDtype, ModelError> {
 
 impl LoadedModel {
     /// Loads `demo` (trained on a book), `demo-random` (random weights), a
-    /// Hugging Face model directory, or a `.gguf` file.
+    /// Hugging Face model directory, or a GGUF file (by its first bytes,
+    /// whatever its name).
     pub fn load(spec: &str, opts: &ModelOptions) -> Result<Self, ModelError> {
         let dtype = weight_dtype(&opts.dtype)?;
         let (name, model, tokenizer, is_demo): (String, LlamaModel, Arc<dyn Tokenizer>, bool) =
@@ -91,7 +92,10 @@ impl LoadedModel {
                 if path.is_dir() {
                     let (m, t) = crate::loader::load_hf_dir(path)?;
                     (name, m, Arc::new(t), false)
-                } else if path.extension().is_some_and(|e| e == "gguf") {
+                } else if path.is_file() {
+                    if !crate::loader::is_gguf_file(path)? {
+                        return Err(ModelError::NotGguf(path.to_path_buf()));
+                    }
                     let (m, t) = crate::gguf::load_gguf(path)?;
                     (name, m, t, false)
                 } else if !path.exists() {

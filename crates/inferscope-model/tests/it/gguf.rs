@@ -265,7 +265,10 @@ fn gguf_loads_runs_and_matches_the_safetensors_path() {
         let ids = t.encode("ab abc", true).unwrap();
         let id = |p: &str| tokens.iter().position(|t| t == p).unwrap() as u32;
         assert_eq!(ids, vec![1, id("\u{2581}ab"), id("\u{2581}ab"), id("c")]);
-        assert_eq!(t.decode(&ids, true).unwrap(), "ab abc");
+        // As llama.cpp's detokenize: the first token loses its leading
+        // space, and with BOS first that token is BOS.
+        assert_eq!(t.decode(&ids, true).unwrap(), " ab abc");
+        assert_eq!(t.decode(&ids[1..], true).unwrap(), "ab abc");
         assert_eq!(
             t.decode(&[id("a"), 3 + 0xC3, 3 + 0xA9], true).unwrap(),
             "aé"
@@ -495,7 +498,8 @@ fn gguf_errors_are_clear() {
         "{e}"
     );
 
-    let path = std::env::temp_dir().join(format!("inferscope-arch-{}.gguf", std::process::id()));
+    // A GGUF file is known by its first bytes, whatever its name.
+    let path = std::env::temp_dir().join(format!("inferscope-arch-{}.bin", std::process::id()));
     let mut f = std::fs::File::create(&path).unwrap();
     let arch = Value::String("mamba".into());
     gguf_file::write(&mut f, &[("general.architecture", &arch)], &[]).unwrap();
@@ -504,17 +508,38 @@ fn gguf_errors_are_clear() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("mamba"), "{e}");
+    // Neither a directory nor a GGUF file, whatever its name.
     std::fs::write(&path, b"not a gguf file").unwrap();
     let e = LoadedModel::load(path.to_str().unwrap(), &opts)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("not a valid GGUF"), "{e}");
-    let _ = std::fs::remove_file(&path);
+    assert!(e.contains("not a GGUF file") && e.contains("`GGUF`"), "{e}");
+    let named = path.with_extension("gguf");
+    std::fs::rename(&path, &named).unwrap();
+    let e = LoadedModel::load(named.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a GGUF file"), "{e}");
+    // The magic bytes and then garbage: a GGUF file that does not parse.
+    std::fs::write(&named, b"GGUF\xff\xff").unwrap();
+    let e = LoadedModel::load(named.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not a valid GGUF file"), "{e}");
+    let _ = std::fs::remove_file(&named);
 }
 
 #[test]
 fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
-    let tokens = ["a", "b", "\u{120}", "ab", "\u{120}a", "<|endoftext|>"];
+    let tokens = [
+        "a",
+        "b",
+        "\u{120}",
+        "ab",
+        "\u{120}a",
+        "<|endoftext|>",
+        "<|im_end|>",
+    ];
     let cfg = config(tokens.len());
     let w = random_weights(&cfg, 5).unwrap();
     let strings = |v: &[&str]| Value::Array(v.iter().map(|t| Value::String((*t).into())).collect());
@@ -523,7 +548,7 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
         ("tokenizer.ggml.tokens", strings(&tokens)),
         (
             "tokenizer.ggml.token_type",
-            Value::Array([1, 1, 1, 1, 1, 3].map(Value::I32).to_vec()),
+            Value::Array([1, 1, 1, 1, 1, 3, 1].map(Value::I32).to_vec()),
         ),
         ("tokenizer.ggml.merges", strings(&["a b", "\u{120} a"])),
         ("tokenizer.ggml.eos_token_id", Value::U32(5)),
@@ -540,7 +565,8 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
     let t = m.tokenizer();
     assert_eq!(t.encode("ab a", true).unwrap(), vec![3, 4]);
     assert_eq!(t.decode(&[3, 4, 5], true).unwrap(), "ab a");
-    assert_eq!(t.eos_token_ids(), vec![5]);
+    // llama.cpp's end-of-generation set: EOS and <|im_end|> by its text.
+    assert_eq!(t.eos_token_ids(), vec![5, 6]);
     let chat = [inferscope_model::ChatMessage {
         role: "user".into(),
         content: "ab".into(),
@@ -549,7 +575,8 @@ fn gguf_gpt2_tokenizer_and_chat_template_from_metadata() {
         t.apply_chat_template(&chat, true).unwrap(),
         "ab<|endoftext|>"
     );
-    assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5]);
+    // The engine stops at all of them.
+    assert_eq!(m.executor().unwrap().eos_token_ids(), vec![5, 6]);
 }
 
 #[test]

@@ -6,4 +6,5 @@ mod common;
 mod demo_model;
 mod executor;
 mod gguf;
+mod llama_cpp_vocab;
 mod reference;
