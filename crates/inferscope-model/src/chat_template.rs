@@ -237,7 +237,7 @@ impl ChatTemplate {
             return Ok(None);
         };
         let token = |key: &str| {
-            let id = crate::gguf::as_u64(meta.get(key)?)?;
+            let id = crate::gguf_meta::as_u64(meta.get(key)?)?;
             match meta.get("tokenizer.ggml.tokens")? {
                 Meta::Array(tokens) => match tokens.get(usize::try_from(id).ok()?)? {
                     Meta::String(s) => Some(s.clone()),

@@ -288,7 +288,10 @@ impl ModelConfig {
             })
             .ok_or_else(|| ModelError::Config("no \"architectures\" or \"model_type\"".into()))?;
         if !FAMILIES.iter().any(|(a, _, _)| *a == architecture) {
-            return Err(ModelError::UnsupportedArchitecture(architecture));
+            return Err(ModelError::UnsupportedArchitecture {
+                name: architecture,
+                supported: supported_architectures(),
+            });
         }
         // The family's defaults under the file's fields (a multimodal
         // Gemma 3's text model is described by its `text_config`).

@@ -17,11 +17,13 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// `config.json` or GGUF metadata names an architecture we do not run.
-    #[error(
-        "unsupported architecture {0:?} (supported: {list})",
-        list = crate::config::supported_architectures()
-    )]
-    UnsupportedArchitecture(String),
+    #[error("unsupported architecture {name:?} (supported: {supported})")]
+    UnsupportedArchitecture {
+        /// The architecture the file names.
+        name: String,
+        /// The ones this build runs (`config::supported_architectures`).
+        supported: String,
+    },
     /// The configuration is malformed or inconsistent.
     #[error("invalid model config: {0}")]
     Config(String),

@@ -1,67 +1,20 @@
 //! GGUF files: Llama-family weights (quantized ones stay quantized, F16 and
 //! BF16 stay 16-bit) and the tokenizer from the metadata.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
 use candle_core::Device;
 use candle_core::quantized::QTensor;
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Content;
 
 use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
 use crate::error::ModelError;
+use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
 use crate::tokenizer::{HfTokenizer, Tokenizer};
-
-pub(crate) fn as_u64(v: &Value) -> Option<u64> {
-    match v {
-        Value::U8(x) => Some(u64::from(*x)),
-        Value::U16(x) => Some(u64::from(*x)),
-        Value::U32(x) => Some(u64::from(*x)),
-        Value::U64(x) => Some(*x),
-        Value::I8(x) => u64::try_from(*x).ok(),
-        Value::I16(x) => u64::try_from(*x).ok(),
-        Value::I32(x) => u64::try_from(*x).ok(),
-        Value::I64(x) => u64::try_from(*x).ok(),
-        _ => None,
-    }
-}
-
-pub(crate) fn as_f64(v: &Value) -> Option<f64> {
-    match v {
-        Value::F32(x) => Some(f64::from(*x)),
-        Value::F64(x) => Some(*x),
-        other => as_u64(other).map(|x| x as f64),
-    }
-}
-
-/// Typed reads of a GGUF file's metadata.
-pub(crate) struct Meta<'a>(pub(crate) &'a HashMap<String, Value>);
-
-impl Meta<'_> {
-    pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.0
-            .get(key)
-            .and_then(as_u64)
-            .map(|x| x as usize)
-            .ok_or_else(|| ModelError::Config(format!("GGUF metadata lacks integer {key:?}")))
-    }
-    pub(crate) fn opt_usize(&self, key: &str) -> Option<usize> {
-        self.0.get(key).and_then(as_u64).map(|x| x as usize)
-    }
-    pub(crate) fn opt_f64(&self, key: &str) -> Option<f64> {
-        self.0.get(key).and_then(as_f64)
-    }
-    pub(crate) fn str(&self, key: &str) -> Option<&str> {
-        match self.0.get(key) {
-            Some(Value::String(s)) => Some(s),
-            _ => None,
-        }
-    }
-}
 
 /// Reads tensors from the file, checking names and shapes.
 struct Tensors<'a> {
@@ -137,7 +90,10 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         .ok_or_else(|| ModelError::Config("GGUF metadata lacks general.architecture".into()))?
         .to_string();
     let Some(architecture) = architecture_of_gguf(&arch) else {
-        return Err(ModelError::UnsupportedArchitecture(arch));
+        return Err(ModelError::UnsupportedArchitecture {
+            name: arch,
+            supported: crate::config::supported_architectures(),
+        });
     };
     // Phi-3's LongRoPE (the 128k models) comes as per-frequency factors.
     if ["rope_factors_long.weight", "rope_factors_short.weight"]

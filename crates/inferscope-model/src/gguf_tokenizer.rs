@@ -15,7 +15,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use crate::bpe::{self, Bpe, NONE, Pieces, Scratch, Spm};
 use crate::chat_template::ChatTemplate;
 use crate::error::ModelError;
-use crate::gguf::{Meta, as_f64, as_u64};
+use crate::gguf_meta::{Meta, as_f64, as_u64};
 use crate::pretokenizer::PreTokenizer;
 use crate::tokenizer::{ChatMessage, Tokenizer, default_chat_template};
 

@@ -10,6 +10,7 @@ mod elementwise;
 pub mod error;
 pub mod executor;
 pub mod gguf;
+mod gguf_meta;
 mod gguf_tokenizer;
 mod isa;
 #[cfg(test)]
