@@ -171,3 +171,30 @@ async fn events(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
         .body(Body::from_stream(stream))
         .unwrap_or_else(|_| ApiError::internal("cannot build the stream").into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Works offline: nothing in the page is fetched from elsewhere, and
+    /// every placeholder was filled (with the shared palette).
+    #[test]
+    fn the_page_is_self_contained() {
+        let page = PAGE.as_str();
+        for placeholder in ["/*STYLE*/", "/*SCRIPT*/", "/*PALETTE*/"] {
+            assert!(!page.contains(placeholder), "{placeholder} left");
+        }
+        // The one URL is the SVG namespace, a name, not a fetch.
+        let urls: Vec<&str> = page
+            .match_indices("://")
+            .map(|(i, _)| &page[i.saturating_sub(5)..(i + 30).min(page.len())])
+            .filter(|u| !u.contains("://www.w3.org/2000/svg"))
+            .collect();
+        assert!(urls.is_empty(), "{urls:?}");
+        for fetcher in ["<link", "src=", "@import", "url("] {
+            assert!(!page.contains(fetcher), "{fetcher}");
+        }
+        assert!(page.contains("const PALETTE = [\"#1f77b4\","), "palette");
+        assert!(page.contains("body{font-family"), "style inlined");
+    }
+}
