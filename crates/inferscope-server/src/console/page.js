@@ -26,6 +26,7 @@ function svgEl(tag, attrs, text) {
 }
 function secs(s) {
   if (s === null || s === undefined || !isFinite(s)) return "–";
+  if (s === 0) return "0";
   if (s >= 1) return s.toFixed(s >= 10 ? 1 : 2) + " s";
   if (s >= 0.001) return (s * 1e3).toFixed(s >= 0.1 ? 0 : 1) + " ms";
   return (s * 1e6).toFixed(0) + " µs";
@@ -90,13 +91,22 @@ function boundText(key, i) {
 
 // ---- charts --------------------------------------------------------------
 
-const W = 600, H = 260, L = 56, R = 12, T = 12, B = 34;
+// Charts are drawn at their box's width, so their text is never scaled down.
+const H = 240, L = 56, R = 12, T = 12, B = 34;
+function chartWidth(box) { return Math.max(300, Math.min(900, box.clientWidth || 600)); }
 
-function niceMax(v) {
-  if (!(v > 0)) return 1;
-  const p = Math.pow(10, Math.floor(Math.log10(v)));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+// A tick step of 1, 2 or 5 × 10^k giving about four intervals up to `v`.
+function niceStep(v) {
+  if (!(v > 0)) return 0.25;
+  const raw = v / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 5]) if (m * p >= raw) return m * p;
   return 10 * p;
+}
+// Ticks from 0 to the first multiple of the step at or above `v`.
+function ticks(v) {
+  const step = niceStep(v), top = Math.max(step, Math.ceil(v / step - 1e-9) * step), out = [];
+  for (let k = 0; k * step <= top + step / 2; k++) out.push(k * step);
+  return out;
 }
 
 // A line chart of `series` ([{name, colour, points: [[t, v]]}]) over the
@@ -104,6 +114,7 @@ function niceMax(v) {
 function lineChart(box, series, fmt, opts) {
   opts = opts || {};
   box.textContent = "";
+  const W = chartWidth(box);
   const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
   box.appendChild(svg);
   const ts = state.samples.map((s) => s.t);
@@ -114,16 +125,17 @@ function lineChart(box, series, fmt, opts) {
   const t0 = ts[0], t1 = ts[ts.length - 1];
   let vmax = 0;
   for (const s of series) for (const [, v] of s.points) if (isFinite(v)) vmax = Math.max(vmax, v);
-  vmax = opts.ymax || niceMax(vmax);
+  const tk = ticks(vmax);
+  vmax = tk[tk.length - 1];
   const x = (t) => L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1e-9);
   const y = (v) => H - B - (H - T - B) * Math.min(v, vmax) / vmax;
-  for (let k = 0; k <= 4; k++) {
-    const v = vmax * k / 4;
+  for (const v of tk) {
     svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid"}));
     svg.appendChild(svgEl("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, opts.tick ? opts.tick(v) : num(v)));
   }
-  for (let k = 0; k <= 4; k++) {
-    const t = t0 + (t1 - t0) * k / 4;
+  const nt = W < 500 ? 2 : 4;
+  for (let k = 0; k <= nt; k++) {
+    const t = t0 + (t1 - t0) * k / nt;
     svg.appendChild(svgEl("text", {x: x(t), y: H - B + 16, "text-anchor": "middle"}, clock(t)));
   }
   svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis"}));
@@ -163,19 +175,20 @@ function lineChart(box, series, fmt, opts) {
 // A bar chart of bucket counts with the buckets' bounds as labels.
 function bucketChart(box, key, counts) {
   box.textContent = "";
+  const W = chartWidth(box);
   const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
   box.appendChild(svg);
   const bounds = state.meta.latency_bounds[key];
   const n = counts.length;
-  const cmax = niceMax(Math.max(1, ...counts));
+  const tk = ticks(Math.max(1, ...counts));
+  const cmax = tk[tk.length - 1];
   const bw = (W - L - R) / n;
   const y = (v) => H - B - (H - T - B) * v / cmax;
-  for (let k = 0; k <= 4; k++) {
-    const v = cmax * k / 4;
+  for (const v of tk) {
     svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid"}));
     svg.appendChild(svgEl("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, num(v)));
   }
-  const every = Math.ceil(n / 8);
+  const every = Math.ceil(n / Math.floor(W / 75));
   counts.forEach((c, i) => {
     const lo = i === 0 ? 0 : bounds[i - 1];
     const label = i < bounds.length ? `(${secs(lo)}, ${secs(bounds[i])}]` : `> ${secs(bounds[bounds.length - 1])}`;
@@ -410,4 +423,5 @@ for (const [cls, i] of [["q", 2], ["p", 3], ["d", 4]]) {
   style.textContent = `.bar .${cls},.legend .${cls}{background:${colour(i)}}`;
   document.head.appendChild(style);
 }
+window.addEventListener("resize", () => { if (state.meta) render(); });
 connect();
