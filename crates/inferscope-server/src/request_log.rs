@@ -330,6 +330,30 @@ mod tests {
         inferscope_schema::promtext::sum(&samples, "inferscope_request_log_dropped_total", &[])
     }
 
+    /// The ring keeps the newest, numbered, and hands out those after a seq.
+    #[test]
+    fn the_recent_ring_keeps_the_last_entries_in_order() {
+        let recent = RecentRequests::new(3);
+        for i in 0..5 {
+            recent.push(entry(i));
+        }
+        let all = recent.after(0);
+        let seqs: Vec<u64> = all.iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(seqs, [3, 4, 5]);
+        assert_eq!(all[0].2.request.request_id.as_ref(), "r2");
+        let newer = recent.after(4);
+        assert_eq!(newer.len(), 1);
+        assert_eq!(newer[0].2.completion_tokens, 4);
+        // Without a writer, the log keeps entries only in the ring.
+        let log = RequestLog::recent_only(Arc::new(RecentRequests::new(2)));
+        log.record(entry(9));
+        assert_eq!(log.recent().unwrap().after(0)[0].2.completion_tokens, 9);
+        println!(
+            "recent entry: {} bytes + its request id",
+            std::mem::size_of::<(u64, f64, RequestLogEntry)>()
+        );
+    }
+
     #[test]
     fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
         let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());

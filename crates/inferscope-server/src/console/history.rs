@@ -36,9 +36,12 @@ impl Sample {
         }
     }
 
-    /// Bytes the sample holds, heap included: what the memory bound adds up.
+    /// Bytes the sample costs in the ring, heap included (its `Arc`'s
+    /// counts and its ring slot too): what the memory bound adds up.
     pub fn size_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
+            + 2 * std::mem::size_of::<usize>()
+            + std::mem::size_of::<Arc<Self>>()
             + self
                 .engines
                 .iter()
@@ -97,6 +100,18 @@ mod tests {
             t,
             engines: Vec::new(),
         }
+    }
+
+    /// The bound docs/console.md states: a full history of one engine
+    /// with the default buckets (`--nocapture` prints the figure).
+    #[test]
+    fn a_full_history_fits_the_documented_bound() {
+        let metrics = StatLoggerManager::new(inferscope_metrics::MetricsConfig::default()).unwrap();
+        let one = Sample::take(&metrics);
+        assert_eq!(one.engines.len(), 1);
+        let per_engine = one.size_bytes() * HISTORY_SECONDS;
+        println!("history of one engine: {per_engine} bytes");
+        assert!(per_engine <= 320 * 1024, "{per_engine} bytes");
     }
 
     #[test]
