@@ -3,8 +3,9 @@
 //! Layers, each importing only those below it (docs/architecture.md has the
 //! table, checked against the `use` lines): [`lifecycle`] (bind, serve, shut
 //! down) → [`router`] (routes, API key, HTTP metrics layer) → [`handlers`]
-//! (thin) and [`console`] (the browser page and its data) → [`state`] (what handlers share, built at start-up) → [`openai`]
-//! (response, infer, validation, protocol) → [`request_log`], [`timings`],
+//! (thin) → [`state`] (what handlers share, built at start-up) → [`openai`]
+//! (response, infer, validation, protocol) → [`console`] (the browser page
+//! and its data, mounted by the router) → [`request_log`], [`timings`],
 //! [`validation_workers`], [`request_ids`], [`otel`] (request traces),
 //! [`admission`], [`error`], [`cli`].
 
