@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -82,11 +82,6 @@ impl Console {
         self.sampled.send_modify(|n| *n += 1);
     }
 
-    /// The history kept so far.
-    pub fn history(&self) -> &History {
-        &self.history
-    }
-
     /// Samples every [`INTERVAL_SECONDS`] until the task is aborted.
     pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let console = Arc::clone(self);
@@ -146,14 +141,28 @@ async fn snapshot(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response
     ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
 
+/// The events route's query: `after=SEQ`, the last request the reader has.
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
 /// One SSE event per sample: the newest sample and the requests finished
-/// since the previous event (the first event: since the snapshot's last).
-async fn events(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+/// since the previous event (the first event: those after `?after=SEQ`,
+/// else those finished since the stream opened).
+async fn events(
+    State(c): State<Arc<Console>>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Response {
     if !c.authorized(&headers) {
         return ApiError::unauthorized().into_response();
     }
     let rx = c.sampled.subscribe();
-    let seen = c.recent.after(0).last().map_or(0, |(seq, _, _)| *seq);
+    let seen = match query.after {
+        Some(seq) => seq,
+        None => c.recent.after(0).last().map_or(0, |(seq, _, _)| *seq),
+    };
     let stream = futures::stream::unfold((c, rx, seen), |(c, mut rx, seen)| async move {
         // Ends when the console is gone (the server is shutting down).
         rx.changed().await.ok()?;

@@ -381,7 +381,9 @@ async function connect() {
 // cannot send one).
 async function stream() {
   try {
-    const r = await fetch(base + API + "events", {headers: headers(), cache: "no-store"});
+    // From the last request this page has: none finishes unseen in between.
+    const after = state.recent.length ? state.recent[state.recent.length - 1].seq : 0;
+    const r = await fetch(base + API + "events?after=" + after, {headers: headers(), cache: "no-store"});
     if (!r.ok) throw new Error("HTTP " + r.status);
     const reader = r.body.getReader();
     const dec = new TextDecoder();

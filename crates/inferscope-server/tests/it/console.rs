@@ -230,6 +230,25 @@ async fn a_finished_request_shows_with_the_timings_its_response_reported() {
     assert_eq!(recent.len(), 1, "{recent:?}");
     check(&recent[0]);
     assert_eq!(recent[0], from_events);
+    // A stream opened now with `after=0` starts with it; with its seq, not.
+    let seq = recent[0]["seq"].as_u64().unwrap();
+    for (after, expected) in [(0, 1), (seq, 0)] {
+        let mut body = send(
+            addr,
+            "GET",
+            &format!("/console/api/events?after={after}"),
+            "",
+            &[],
+        )
+        .await
+        .into_body();
+        let event = next_event(&mut body, &mut String::new()).await;
+        assert_eq!(
+            event["recent"].as_array().unwrap().len(),
+            expected,
+            "after={after}: {event}"
+        );
+    }
     server.shutdown(Duration::from_millis(200)).await;
 }
 
