@@ -49,14 +49,8 @@ const LEFT: f64 = 80.0;
 const RIGHT: f64 = 30.0;
 const TOP: f64 = 60.0;
 const BOTTOM: f64 = 60.0;
-const COLORS: [(u8, u8, u8); 6] = [
-    (31, 119, 180),
-    (214, 39, 40),
-    (44, 160, 44),
-    (255, 127, 14),
-    (148, 103, 189),
-    (140, 86, 75),
-];
+/// The series colours the console shares.
+const COLORS: [(u8, u8, u8); 6] = inferscope_schema::palette::SERIES;
 
 /// A tick step of 1, 2 or 5 × 10^k giving about `n` intervals.
 pub fn nice_step(range: f64, n: f64) -> f64 {

@@ -1,7 +1,8 @@
 //! Cost of the recording hot paths: the per-token path (one ITL sample
 //! through a resolved front-end recorder), one `record_step`, and a scrape; and
 //! what the native namespace's finer request latency buckets cost a scrape
-//! against vLLM's (body size printed, render time measured), 1 and 64 engines.
+//! against vLLM's (body size printed, render time measured), 1 and 64 engines;
+//! and the console's once-a-second read of every engine's values.
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -138,6 +139,11 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("render_openmetrics_2_engines", |b| {
         b.iter(|| black_box(m.render(Format::OpenMetrics)))
+    });
+    // The console's once-a-second sample (server/src/console/history.rs):
+    // every engine's gauges, counters and latency bucket counts, read.
+    g.bench_function("console_read_engines_2_engines", |b| {
+        b.iter(|| black_box(m.read_engines()))
     });
     g.finish();
 }

@@ -121,6 +121,15 @@ impl AtomicHistogram {
         f64::from_bits(self.inner.sum_bits.load(Ordering::Relaxed))
     }
 
+    /// Non-cumulative bucket counts, `+Inf` last.
+    pub fn counts(&self) -> Box<[u64]> {
+        self.inner
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
     /// `(upper bound, non-cumulative count)` pairs, `+Inf` last.
     pub fn snapshot(&self) -> Vec<(f64, u64)> {
         let inner = &*self.inner;

@@ -82,9 +82,11 @@ pub mod http;
 pub mod log_line;
 pub mod manager;
 pub mod prometheus;
+pub mod reading;
 
 pub use exposition::{Format, negotiate};
 pub use frontend::FrontendRecorder;
 pub use http::{HttpMetrics, HttpMetricsLayer};
 pub use manager::{ConfigError, MetricsConfig, StatLoggerManager, TraceSpanDrops};
 pub use prometheus::{CacheConfig, MetricFilter, OptionalMetrics, every_metric};
+pub use reading::{EngineReading, LATENCIES, Latency};

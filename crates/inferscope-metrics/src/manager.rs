@@ -17,6 +17,7 @@ use crate::log_line::{self, LogLineLogger};
 use crate::prometheus::{
     CacheConfig, MetricFilter, OptionalMetrics, PrometheusLogger, every_metric,
 };
+use crate::reading::{EngineReading, Latency};
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -296,6 +297,25 @@ impl StatLoggerManager {
                 l.log();
             }
         }
+    }
+
+    /// Every engine's current values (of the served model), in
+    /// `engine_indices` order: what the console samples once a second.
+    pub fn read_engines(&self) -> Vec<EngineReading> {
+        self.prometheus
+            .first_model_engines()
+            .map(|e| e.read())
+            .collect()
+    }
+
+    /// The finite bucket bounds of `latency`'s histogram (every engine has
+    /// the same).
+    pub fn latency_bounds(&self, latency: Latency) -> Vec<f64> {
+        self.prometheus
+            .first_model_engines()
+            .next()
+            .map(|e| e.latency_histogram(latency).bounds().to_vec())
+            .unwrap_or_default()
     }
 
     /// Renders the registry: `(content type, body)`.

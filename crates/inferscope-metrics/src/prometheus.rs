@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 
 use crate::exemplar::{ExemplarIndex, ExemplarSlot};
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
+use crate::reading::{EngineReading, LATENCIES, Latency};
 use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
 use inferscope_schema::stats::{
     EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats,
@@ -172,6 +173,33 @@ impl EngineMetrics {
     /// The `model_name` label of these handles.
     pub fn model_name(&self) -> &str {
         &self.model
+    }
+
+    /// The histogram of `latency`.
+    pub(crate) fn latency_histogram(&self, latency: Latency) -> &AtomicHistogram {
+        match latency {
+            Latency::Ttft => &self.ttft,
+            Latency::Itl => &self.itl,
+            Latency::E2e => &self.e2e,
+            Latency::Queue => &self.queue_time,
+        }
+    }
+
+    /// The values the console samples, read now (relaxed loads: each value
+    /// is exact, the set is not one atomic instant).
+    pub(crate) fn read(&self) -> EngineReading {
+        EngineReading {
+            engine: self.index,
+            running: self.num_running.get(),
+            waiting: self.num_waiting.get(),
+            kv_cache_usage: self.kv_usage.get(),
+            device_busy_seconds: self.device_busy.get(),
+            preemptions: self.num_preemptions.get(),
+            prompt_tokens: self.prompt_tokens.get(),
+            generation_tokens: self.generation_tokens.get(),
+            requests: self.request_success.each_ref().map(Counter::get),
+            latency: LATENCIES.map(|l| self.latency_histogram(l).counts()),
+        }
     }
 
     /// One front-end observation ([`FrontendStats`]); `request`, when
@@ -731,6 +759,11 @@ impl PrometheusLogger {
     pub(crate) fn engine(&self, index: usize) -> Option<&Arc<EngineMetrics>> {
         // A handful of engines: a scan beats hashing.
         self.engines.iter().find(|e| e.index == index)
+    }
+
+    /// Handles of the first model's engines, in `engine_indices` order.
+    pub(crate) fn first_model_engines(&self) -> impl Iterator<Item = &Arc<EngineMetrics>> {
+        self.engines.iter().filter(|e| *e.model == *self.model_name)
     }
 
     /// Counts one finished request the request log had no room for.

@@ -10,11 +10,13 @@
 //! - [`scrape`]: the one view of a server from its scrapes: counter deltas
 //!   across resets, histogram deltas and quantiles, namespace detection and
 //!   the vLLM name fallbacks.
+//! - [`palette`]: the chart series colours the bench report and the console share.
 //! - [`units`]: byte sizes as command lines write them (`512MiB`, `2G`).
 //!
 //! Std-level dependencies only: the engine links this crate and must never
 //! pull HTTP or Prometheus client code.
 
+pub mod palette;
 pub mod promtext;
 pub mod schema;
 pub mod scrape;

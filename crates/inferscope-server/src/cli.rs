@@ -126,6 +126,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub disable_metrics: bool,
 
+    /// Do not serve the browser console (`/`, `/console`, `/console/api/*`) nor keep
+    /// its short history (see docs/console.md).
+    #[arg(long)]
+    pub disable_console: bool,
+
     /// Let a request ask for its own timings (`"include_metrics": true`): they come
     /// back as `metrics` in the response (the final chunk when streaming), and as
     /// TGI's `x-queue-time`, `x-inference-time`, `x-time-per-token` and `x-total-time`

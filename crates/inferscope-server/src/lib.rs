@@ -4,12 +4,14 @@
 //! table, checked against the `use` lines): [`lifecycle`] (bind, serve, shut
 //! down) → [`router`] (routes, API key, HTTP metrics layer) → [`handlers`]
 //! (thin) → [`state`] (what handlers share, built at start-up) → [`openai`]
-//! (response, infer, validation, protocol) → [`request_log`], [`timings`],
+//! (response, infer, validation, protocol) → [`console`] (the browser page
+//! and its data, mounted by the router) → [`request_log`], [`timings`],
 //! [`validation_workers`], [`request_ids`], [`otel`] (request traces),
 //! [`admission`], [`error`], [`cli`].
 
 pub mod admission;
 pub mod cli;
+pub mod console;
 pub mod error;
 pub mod handlers;
 pub mod kv_debug;

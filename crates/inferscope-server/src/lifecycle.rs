@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
+use crate::console::Console;
 use crate::error::ServerError;
 use crate::router::{metrics_router, router};
 use crate::state::{AppState, build_state};
@@ -90,14 +91,30 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
         None => None,
     };
     let (stop, mut stopped) = watch::channel(false);
+    // The console reads the request log's ring (absent with --disable-console).
+    let console = state
+        .request_log
+        .as_ref()
+        .and_then(|log| log.recent())
+        .map(|recent| {
+            Console::new(
+                state.metrics.clone(),
+                recent.clone(),
+                state.api_key.clone(),
+                state.tenant_keys.clone(),
+                state.served_model_names[0].clone(),
+            )
+        });
+    let console_task = console.as_ref().map(Console::spawn_sampler);
     let app = router(
         state.clone(),
         args.max_request_body_bytes,
         separate_metrics.is_none(),
+        console.as_ref(),
     );
     let (metrics_addr, metrics_task) = match separate_metrics {
         Some((listener, addr)) => {
-            let app = metrics_router(state.clone());
+            let app = metrics_router(state.clone(), console.as_ref());
             let task = tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!(error = %e, "metrics listener stopped with an error");
@@ -128,6 +145,9 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
             tracing::error!(error = %e, "server stopped with an error");
         }
         if let Some(t) = log_task {
+            t.abort();
+        }
+        if let Some(t) = console_task {
             t.abort();
         }
     });

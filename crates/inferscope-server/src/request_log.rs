@@ -1,16 +1,21 @@
-//! `--enable-request-log [PATH|-]`: one JSON line per finished request
-//! (choice), for automated tests and audits.
+//! The log of finished requests (choices), in two places that are each on
+//! or off: `--enable-request-log [PATH|-]` writes one JSON line per choice,
+//! for automated tests and audits; the console keeps the last
+//! [`RECENT_CAPACITY`] in memory ([`RecentRequests`]), in the same shape.
 //!
 //! The request's task hands the entry to a bounded queue with `try_send` and
 //! moves on; one writer thread formats and writes the lines. When the writer
 //! falls behind, entries are dropped and counted in `request_log_dropped`,
-//! never waited for.
+//! never waited for. The in-memory ring is a short critical section per
+//! finished choice (never per token) with no allocation: its slots are
+//! reserved up front.
 
+use std::collections::VecDeque;
 use std::fs::OpenOptions;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::FinishReason;
@@ -60,10 +65,12 @@ pub struct RequestLogEntry {
     pub timings: ChoiceTimings,
 }
 
-/// The JSON line.
+/// The JSON line (and the console's recent request): every field but the
+/// prompt and the output text, which are never logged.
 #[derive(Serialize)]
-struct Line<'a> {
-    /// Unix seconds when the line was written.
+pub struct Line<'a> {
+    /// Unix seconds when the line was written (the console: when the
+    /// choice finished).
     timestamp: f64,
     request_id: &'a str,
     trace_id: Option<String>,
@@ -76,13 +83,24 @@ struct Line<'a> {
     inference_time_ms: f64,
 }
 
+/// Unix time now, in seconds.
+fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
 impl RequestLogEntry {
     fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
-        let line = Line {
-            timestamp: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64(),
+        serde_json::to_writer(&mut *out, &self.line(unix_seconds()))?;
+        out.write_all(b"\n")
+    }
+
+    /// The entry's JSON shape, stamped `timestamp` (unix seconds).
+    pub fn line(&self, timestamp: f64) -> Line<'_> {
+        Line {
+            timestamp,
             request_id: &self.request.request_id,
             trace_id: self.request.trace_id_hex(),
             engine: self.engine,
@@ -91,17 +109,71 @@ impl RequestLogEntry {
             completion_tokens: self.completion_tokens,
             metrics: self.timings.response_metrics(),
             inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
-        };
-        serde_json::to_writer(&mut *out, &line)?;
-        out.write_all(b"\n")
+        }
+    }
+}
+
+/// Finished choices the console shows: the last [`RECENT_CAPACITY`].
+pub const RECENT_CAPACITY: usize = 256;
+
+/// A ring of the last finished choices, each numbered (`seq`, from 1) so a
+/// reader can ask for those after the last it saw.
+pub struct RecentRequests {
+    ring: Mutex<Ring>,
+}
+
+struct Ring {
+    /// `(seq, finished at in unix seconds, entry)`, oldest first.
+    entries: VecDeque<(u64, f64, RequestLogEntry)>,
+    capacity: usize,
+    last_seq: u64,
+}
+
+impl RecentRequests {
+    /// A ring of `capacity` entries (at least one), all reserved now.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.max(1);
+        Self {
+            ring: Mutex::new(Ring {
+                entries: VecDeque::with_capacity(capacity),
+                capacity,
+                last_seq: 0,
+            }),
+        }
+    }
+
+    /// Adds `entry`, finished now, dropping the oldest when full.
+    pub fn push(&self, entry: RequestLogEntry) {
+        let now = unix_seconds();
+        // A panic elsewhere while holding the lock leaves the ring whole.
+        let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        if ring.entries.len() == ring.capacity {
+            ring.entries.pop_front();
+        }
+        ring.last_seq += 1;
+        let seq = ring.last_seq;
+        ring.entries.push_back((seq, now, entry));
+    }
+
+    /// Copies of the entries numbered above `after`, oldest first, with
+    /// their `seq` and finish time (0 gives them all).
+    pub fn after(&self, after: u64) -> Vec<(u64, f64, RequestLogEntry)> {
+        let ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
+        ring.entries
+            .iter()
+            .filter(|(seq, _, _)| *seq > after)
+            .cloned()
+            .collect()
     }
 }
 
 /// The sending side: cheap to clone, never blocks.
 #[derive(Clone)]
 pub struct RequestLog {
-    tx: SyncSender<RequestLogEntry>,
-    metrics: Arc<StatLoggerManager>,
+    /// The line writer's queue, with `--enable-request-log`.
+    writer: Option<(SyncSender<RequestLogEntry>, Arc<StatLoggerManager>)>,
+    /// The console's ring, unless `--disable-console`.
+    recent: Option<Arc<RecentRequests>>,
 }
 
 impl RequestLog {
@@ -109,6 +181,25 @@ impl RequestLog {
     /// counted in `metrics`. The thread ends when every sender is gone.
     pub fn start(dest: &Destination, metrics: Arc<StatLoggerManager>) -> io::Result<Self> {
         Self::with_capacity(dest, metrics, QUEUE_CAPACITY)
+    }
+
+    /// A log kept only in the console's ring `recent`.
+    pub fn recent_only(recent: Arc<RecentRequests>) -> Self {
+        Self {
+            writer: None,
+            recent: Some(recent),
+        }
+    }
+
+    /// Also keeps each entry in `recent`.
+    pub fn with_recent(mut self, recent: Option<Arc<RecentRequests>>) -> Self {
+        self.recent = recent;
+        self
+    }
+
+    /// The console's ring, when kept.
+    pub fn recent(&self) -> Option<&Arc<RecentRequests>> {
+        self.recent.as_ref()
     }
 
     /// [`Self::start`] with a queue of `capacity` entries.
@@ -133,15 +224,28 @@ impl RequestLog {
         std::thread::Builder::new()
             .name("request-log".into())
             .spawn(move || write_loop(rx, BufWriter::new(out)))?;
-        Ok(Self { tx, metrics })
+        Ok(Self {
+            writer: Some((tx, metrics)),
+            recent: None,
+        })
     }
 
-    /// Queues `entry`; drops and counts it when the queue is full.
+    /// Keeps `entry` in the console's ring and queues it for the writer;
+    /// drops and counts it when the writer's queue is full.
     pub fn record(&self, entry: RequestLogEntry) {
-        match self.tx.try_send(entry) {
+        let Some((tx, metrics)) = &self.writer else {
+            if let Some(recent) = &self.recent {
+                recent.push(entry);
+            }
+            return;
+        };
+        if let Some(recent) = &self.recent {
+            recent.push(entry.clone());
+        }
+        match tx.try_send(entry) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.metrics.record_request_log_dropped();
+                metrics.record_request_log_dropped();
             }
         }
     }
@@ -224,6 +328,30 @@ mod tests {
             .unwrap()
             .into_samples();
         inferscope_schema::promtext::sum(&samples, "inferscope_request_log_dropped_total", &[])
+    }
+
+    /// The ring keeps the newest, numbered, and hands out those after a seq.
+    #[test]
+    fn the_recent_ring_keeps_the_last_entries_in_order() {
+        let recent = RecentRequests::new(3);
+        for i in 0..5 {
+            recent.push(entry(i));
+        }
+        let all = recent.after(0);
+        let seqs: Vec<u64> = all.iter().map(|(s, _, _)| *s).collect();
+        assert_eq!(seqs, [3, 4, 5]);
+        assert_eq!(all[0].2.request.request_id.as_ref(), "r2");
+        let newer = recent.after(4);
+        assert_eq!(newer.len(), 1);
+        assert_eq!(newer[0].2.completion_tokens, 4);
+        // Without a writer, the log keeps entries only in the ring.
+        let log = RequestLog::recent_only(Arc::new(RecentRequests::new(2)));
+        log.record(entry(9));
+        assert_eq!(log.recent().unwrap().after(0)[0].2.completion_tokens, 9);
+        println!(
+            "recent entry: {} bytes + its request id",
+            std::mem::size_of::<(u64, f64, RequestLogEntry)>()
+        );
     }
 
     #[test]

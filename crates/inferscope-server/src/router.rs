@@ -1,6 +1,7 @@
 //! The router: which path goes to which handler, the API-key check in front
-//! of `/v1/*` and the tokenizer routes, the body limit and the HTTP metrics
-//! layer around everything.
+//! of `/v1/*` and the tokenizer routes, the console on whichever listener
+//! serves `/metrics`, the body limit and the HTTP metrics layer around
+//! everything.
 
 use std::sync::Arc;
 
@@ -11,15 +12,21 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use inferscope_metrics::http::bearer_key_matches;
 
+use crate::console::Console;
 use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
 use crate::state::AppState;
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
-/// `/metrics` when `serve_metrics` (else it answers 404: it is served on a
-/// separate listener), all under the HTTP metrics layer.
-pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Router {
+/// `/metrics` and the console's routes when `serve_metrics` (else they answer 404:
+/// they are served on a separate listener), all under the HTTP metrics layer.
+pub fn router(
+    state: Arc<AppState>,
+    max_body: usize,
+    serve_metrics: bool,
+    console: Option<&Arc<Console>>,
+) -> Router {
     let v1 = Router::new()
         .route("/v1/models", get(handlers::models))
         .route("/v1/completions", post(handlers::completions))
@@ -48,6 +55,9 @@ pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Rou
         .route("/version", get(handlers::version));
     if serve_metrics {
         app = app.route("/metrics", get(handlers::metrics));
+        if let Some(console) = console {
+            app = app.merge(console.routes());
+        }
     }
     app.fallback(handlers::not_found)
         .layer(DefaultBodyLimit::max(max_body))
@@ -55,13 +65,17 @@ pub fn router(state: Arc<AppState>, max_body: usize, serve_metrics: bool) -> Rou
         .with_state(state)
 }
 
-/// The router of the separate metrics listener: `/metrics` alone (plus
-/// `/health`, which probes on that network may want), no request bodies.
-pub fn metrics_router(state: Arc<AppState>) -> Router {
-    Router::new()
+/// The router of the separate metrics listener: `/metrics` (plus
+/// `/health`, which probes on that network may want) and the console, no
+/// request bodies.
+pub fn metrics_router(state: Arc<AppState>, console: Option<&Arc<Console>>) -> Router {
+    let mut app = Router::new()
         .route("/metrics", get(handlers::metrics))
-        .route("/health", get(handlers::health))
-        .fallback(handlers::not_found)
+        .route("/health", get(handlers::health));
+    if let Some(console) = console {
+        app = app.merge(console.routes());
+    }
+    app.fallback(handlers::not_found)
         .layer(DefaultBodyLimit::max(0))
         .layer(state.metrics.http_layer())
         .with_state(state)

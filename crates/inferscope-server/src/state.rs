@@ -27,7 +27,7 @@ use crate::openai::infer::Infer;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
-use crate::request_log::{Destination, RequestLog};
+use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
 use crate::tenants::{DEFAULT_TENANT, Tenant, TenantKeys};
 use crate::validation_workers::ValidationWorkers;
 
@@ -65,7 +65,8 @@ pub struct AppState {
     pub traces: Option<Arc<Traces>>,
     /// `--enable-per-request-metrics`: honour `include_metrics`.
     pub per_request_metrics: bool,
-    /// `--enable-request-log`: where finished requests are logged.
+    /// Where finished requests are logged: `--enable-request-log`, and the
+    /// console's recent requests unless `--disable-console`.
     pub request_log: Option<RequestLog>,
     /// Whether KV-cache events are published (and their debug routes served).
     pub kv_events: bool,
@@ -350,12 +351,16 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_stop_sequence_bytes: args.max_stop_sequence_bytes,
         max_stop_token_ids: args.max_stop_token_ids,
     };
-    let request_log = match &args.enable_request_log {
-        Some(dest) => Some(
+    // The console's recent requests are the request log kept in memory.
+    let recent = (!args.disable_console).then(|| Arc::new(RecentRequests::new(RECENT_CAPACITY)));
+    let request_log = match (&args.enable_request_log, recent) {
+        (Some(dest), recent) => Some(
             RequestLog::start(&Destination::parse(dest), metrics.clone())
-                .map_err(|e| config_err(format!("--enable-request-log: {e}")))?,
+                .map_err(|e| config_err(format!("--enable-request-log: {e}")))?
+                .with_recent(recent),
         ),
-        None => None,
+        (None, Some(recent)) => Some(RequestLog::recent_only(recent)),
+        (None, None) => None,
     };
     Ok(Arc::new(AppState {
         coordinator,

@@ -4,6 +4,7 @@
 
 mod api;
 mod common;
+mod console;
 mod fuzz_validation;
 mod metrics_integration;
 mod parity_metrics;

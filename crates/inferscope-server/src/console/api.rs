@@ -1,0 +1,90 @@
+//! The JSON of the console's data routes (documented in docs/console.md):
+//! the history's samples, the recent requests, and what a reader needs to
+//! interpret them (engines, finish reasons, bucket bounds).
+
+use inferscope_metrics::{EngineReading, LATENCIES, StatLoggerManager};
+use inferscope_schema::FinishReason;
+use serde_json::{Map, Value, json};
+
+use super::history::{HISTORY_SECONDS, INTERVAL_SECONDS, Sample};
+use crate::request_log::RequestLogEntry;
+
+/// The format's version: bumped when a field changes meaning or goes away.
+pub const FORMAT_VERSION: u64 = 1;
+
+/// Why the doctor's findings are not in the snapshot (docs/console.md).
+pub const FINDINGS_NOTE: &str = "not computed by the server: the doctor is a client crate the server may not link \
+     (docs/architecture.md); run `inferscope doctor` against /metrics";
+
+/// One engine's reading.
+fn engine(r: &EngineReading) -> Value {
+    let requests: Map<String, Value> = FinishReason::ALL
+        .iter()
+        .zip(r.requests)
+        .map(|(reason, n)| (reason.as_str().to_owned(), json!(n)))
+        .collect();
+    let latency: Map<String, Value> = LATENCIES
+        .iter()
+        .zip(&r.latency)
+        .map(|(l, counts)| (l.as_str().to_owned(), json!(counts)))
+        .collect();
+    json!({
+        "engine": r.engine,
+        "running": r.running,
+        "waiting": r.waiting,
+        "kv_cache_usage": r.kv_cache_usage,
+        "device_busy_seconds": r.device_busy_seconds,
+        "preemptions": r.preemptions,
+        "prompt_tokens": r.prompt_tokens,
+        "generation_tokens": r.generation_tokens,
+        "requests": requests,
+        "latency": latency,
+    })
+}
+
+/// One sample.
+pub fn sample(s: &Sample) -> Value {
+    json!({
+        "t": s.t,
+        "engines": s.engines.iter().map(engine).collect::<Vec<_>>(),
+    })
+}
+
+/// Recent requests, with their `seq` and finish time.
+pub fn recent(entries: &[(u64, f64, RequestLogEntry)]) -> Value {
+    Value::Array(
+        entries
+            .iter()
+            .map(|(seq, at, e)| {
+                let mut v = serde_json::to_value(e.line(*at)).unwrap_or(Value::Null);
+                if let Value::Object(m) = &mut v {
+                    m.insert("seq".into(), json!(seq));
+                }
+                v
+            })
+            .collect(),
+    )
+}
+
+/// What a reader needs to interpret samples: engines, reasons, bounds.
+pub fn meta(metrics: &StatLoggerManager, model: &str) -> Map<String, Value> {
+    let bounds: Map<String, Value> = LATENCIES
+        .iter()
+        .map(|&l| (l.as_str().to_owned(), json!(metrics.latency_bounds(l))))
+        .collect();
+    let engines: Vec<usize> = metrics.read_engines().iter().map(|e| e.engine).collect();
+    let mut m = Map::new();
+    m.insert("version".into(), json!(FORMAT_VERSION));
+    m.insert("model".into(), json!(model));
+    m.insert("interval_seconds".into(), json!(INTERVAL_SECONDS));
+    m.insert("history_seconds".into(), json!(HISTORY_SECONDS));
+    m.insert("engines".into(), json!(engines));
+    m.insert(
+        "finish_reasons".into(),
+        json!(FinishReason::ALL.map(FinishReason::as_str)),
+    );
+    m.insert("latency_bounds".into(), Value::Object(bounds));
+    m.insert("findings".into(), Value::Null);
+    m.insert("findings_note".into(), json!(FINDINGS_NOTE));
+    m
+}

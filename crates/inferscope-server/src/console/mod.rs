@@ -1,0 +1,220 @@
+//! The browser console (`GET /`, `/console`) and its data routes
+//! (`/console/api/snapshot`, `/console/api/events`; docs/console.md).
+//!
+//! The page is one HTML file with its CSS and script embedded in the binary:
+//! nothing is fetched from elsewhere, nothing is built. Its data is the
+//! server's own short history ([`history`]), sampled once a second by one
+//! task from the metric handles, and the last finished requests from the
+//! request log's ring ([`RecentRequests`]): the per-token path does no
+//! extra work for it.
+
+pub mod api;
+pub mod history;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use inferscope_metrics::StatLoggerManager;
+use inferscope_metrics::http::bearer_key_matches;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::error::ApiError;
+use crate::request_log::RecentRequests;
+use crate::tenants::TenantKeys;
+use history::{HISTORY_SECONDS, History, INTERVAL_SECONDS, Sample};
+
+/// The page: HTML with its style and script inlined once, at first use.
+static PAGE: LazyLock<String> = LazyLock::new(|| {
+    let palette: Vec<String> = inferscope_schema::palette::SERIES
+        .iter()
+        .map(|&c| inferscope_schema::palette::hex(c))
+        .collect();
+    include_str!("page.html")
+        .replace("/*STYLE*/", include_str!("page.css"))
+        .replace(
+            "/*SCRIPT*/",
+            &include_str!("page.js").replace(
+                "/*PALETTE*/[]",
+                &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
+            ),
+        )
+});
+
+/// The console's state: the history, the recent requests, the API key.
+pub struct Console {
+    metrics: Arc<StatLoggerManager>,
+    history: History,
+    recent: Arc<RecentRequests>,
+    api_key: Option<String>,
+    /// `--api-key-file`: any tenant's key opens the data routes.
+    tenant_keys: Option<TenantKeys>,
+    model: String,
+    /// Bumped after each sample; the event streams wait on it.
+    sampled: watch::Sender<u64>,
+}
+
+impl Console {
+    /// A console over `metrics` and `recent`, whose data routes require
+    /// `api_key`, or a key of `tenant_keys`, when set. Sampling starts with
+    /// [`Self::spawn_sampler`].
+    pub fn new(
+        metrics: Arc<StatLoggerManager>,
+        recent: Arc<RecentRequests>,
+        api_key: Option<String>,
+        tenant_keys: Option<TenantKeys>,
+        model: String,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            metrics,
+            history: History::new(HISTORY_SECONDS),
+            recent,
+            api_key,
+            tenant_keys,
+            model,
+            sampled: watch::channel(0).0,
+        })
+    }
+
+    /// Takes one sample now and wakes the event streams.
+    pub fn sample(&self) {
+        self.history.push(Sample::take(&self.metrics));
+        self.sampled.send_modify(|n| *n += 1);
+    }
+
+    /// Samples every [`INTERVAL_SECONDS`] until the task is aborted.
+    pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let console = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(INTERVAL_SECONDS));
+            // A late tick (a busy runtime) is skipped, not made up in a burst.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            loop {
+                tick.tick().await;
+                console.sample();
+            }
+        })
+    }
+
+    /// The snapshot route's body: everything kept so far.
+    pub fn snapshot(&self) -> Value {
+        let mut m = api::meta(&self.metrics, &self.model);
+        let samples: Vec<Value> = self.history.all().iter().map(|s| api::sample(s)).collect();
+        m.insert("samples".into(), Value::Array(samples));
+        m.insert("recent".into(), api::recent(&self.recent.after(0)));
+        Value::Object(m)
+    }
+
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        if let Some(keys) = &self.tenant_keys {
+            return keys.authenticate(headers).is_some();
+        }
+        self.api_key
+            .as_deref()
+            .is_none_or(|key| bearer_key_matches(headers, key))
+    }
+
+    /// The routes: the page (open) and the data (behind the API key).
+    pub fn routes<S: Clone + Send + Sync + 'static>(self: &Arc<Self>) -> Router<S> {
+        Router::new()
+            .route("/", get(page))
+            .route("/console", get(page))
+            .route("/console/api/snapshot", get(snapshot))
+            .route("/console/api/events", get(events))
+            .with_state(Arc::clone(self))
+    }
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE.as_str(),
+    )
+        .into_response()
+}
+
+async fn snapshot(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    if !c.authorized(&headers) {
+        return ApiError::unauthorized().into_response();
+    }
+    let body = c.snapshot();
+    ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
+}
+
+/// The events route's query: `after=SEQ`, the last request the reader has.
+#[derive(Debug, serde::Deserialize)]
+struct EventsQuery {
+    after: Option<u64>,
+}
+
+/// One SSE event per sample: the newest sample and the requests finished
+/// since the previous event (the first event: those after `?after=SEQ`,
+/// else those finished since the stream opened).
+async fn events(
+    State(c): State<Arc<Console>>,
+    Query(query): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if !c.authorized(&headers) {
+        return ApiError::unauthorized().into_response();
+    }
+    let rx = c.sampled.subscribe();
+    let seen = match query.after {
+        Some(seq) => seq,
+        None => c.recent.after(0).last().map_or(0, |(seq, _, _)| *seq),
+    };
+    let stream = futures::stream::unfold((c, rx, seen), |(c, mut rx, seen)| async move {
+        // Ends when the console is gone (the server is shutting down).
+        rx.changed().await.ok()?;
+        let sample = c.history.latest()?;
+        let recent = c.recent.after(seen);
+        let seen = recent.last().map_or(seen, |(seq, _, _)| *seq);
+        let data = json!({"sample": api::sample(&sample), "recent": api::recent(&recent)});
+        let event = Bytes::from(format!("event: sample\ndata: {data}\n\n"));
+        Some((Ok::<_, std::convert::Infallible>(event), (c, rx, seen)))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| ApiError::internal("cannot build the stream").into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Works offline: nothing in the page is fetched from elsewhere, and
+    /// every placeholder was filled (with the shared palette).
+    #[test]
+    fn the_page_is_self_contained() {
+        let page = PAGE.as_str();
+        for placeholder in ["/*STYLE*/", "/*SCRIPT*/", "/*PALETTE*/"] {
+            assert!(!page.contains(placeholder), "{placeholder} left");
+        }
+        // The one URL is the SVG namespace, a name, not a fetch.
+        let urls: Vec<&str> = page
+            .match_indices("://")
+            .map(|(i, _)| &page[i.saturating_sub(5)..(i + 30).min(page.len())])
+            .filter(|u| !u.contains("://www.w3.org/2000/svg"))
+            .collect();
+        assert!(urls.is_empty(), "{urls:?}");
+        // An empty icon, so the browser asks for no /favicon.ico.
+        let page = page.replace(r#"<link rel="icon" href="data:,">"#, "");
+        for fetcher in ["<link", "src=", "@import", "url("] {
+            assert!(!page.contains(fetcher), "{fetcher}");
+        }
+        assert!(page.contains("const PALETTE = [\"#1f77b4\","), "palette");
+        assert!(page.contains("body{font-family"), "style inlined");
+    }
+}

@@ -1,0 +1,429 @@
+"use strict";
+// The series colours of the bench's report (inferscope_schema::palette).
+const PALETTE = /*PALETTE*/[];
+const API = "console/api/";
+const SVG = "http://www.w3.org/2000/svg";
+const LATENCIES = [["ttft", "Time to first token"], ["itl", "Inter-token latency"],
+  ["e2e", "End-to-end latency"], ["queue", "Queue time"]];
+// Quantile-over-time window: samples back.
+const QWINDOW = 10;
+
+const state = {meta: null, samples: [], recent: [], key: sessionStorage.getItem("inferscope-key") || ""};
+const $ = (id) => document.getElementById(id);
+const base = location.pathname.endsWith("/") ? location.pathname : location.pathname.replace(/[^/]*$/, "");
+
+function el(tag, attrs, text) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function secs(s) {
+  if (s === null || s === undefined || !isFinite(s)) return "–";
+  if (s === 0) return "0";
+  if (s >= 1) return s.toFixed(s >= 10 ? 1 : 2) + " s";
+  if (s >= 0.001) return (s * 1e3).toFixed(s >= 0.1 ? 0 : 1) + " ms";
+  return (s * 1e6).toFixed(0) + " µs";
+}
+function num(v) {
+  if (!isFinite(v)) return "–";
+  if (Math.abs(v) >= 100) return v.toFixed(0);
+  if (Math.abs(v) >= 10) return v.toFixed(1);
+  return v.toFixed(2);
+}
+function clock(t) { return new Date(t * 1000).toLocaleTimeString(); }
+function colour(i) { return PALETTE[i % PALETTE.length] || "#222"; }
+function headers() { return state.key ? {Authorization: "Bearer " + state.key} : {}; }
+function status(text) { $("status").textContent = text; }
+
+// ---- data ----------------------------------------------------------------
+
+function addSample(s) {
+  state.samples.push(s);
+  const keep = state.meta ? state.meta.history_seconds : 300;
+  if (state.samples.length > keep) state.samples.splice(0, state.samples.length - keep);
+}
+function addRecent(list) {
+  for (const r of list) state.recent.push(r);
+  if (state.recent.length > 256) state.recent.splice(0, state.recent.length - 256);
+}
+// Sum of `f(engine)` over the engines of sample `s`.
+function total(s, f) { return s.engines.reduce((a, e) => a + f(e), 0); }
+// Per-second rates of a counter summed over engines: [[t, rate]] (measured).
+function rate(f) {
+  const out = [];
+  const ss = state.samples;
+  for (let i = 1; i < ss.length; i++) {
+    const dt = ss[i].t - ss[i - 1].t;
+    if (dt > 0) out.push([ss[i].t, (total(ss[i], f) - total(ss[i - 1], f)) / dt]);
+  }
+  return out;
+}
+// Bucket counts of `key` between samples a and b, over all engines.
+function bucketDelta(key, a, b) {
+  const n = state.meta.latency_bounds[key].length + 1;
+  const out = new Array(n).fill(0);
+  b.engines.forEach((e, j) => {
+    const before = a.engines[j] ? a.engines[j].latency[key] : null;
+    for (let i = 0; i < n; i++) out[i] += e.latency[key][i] - (before ? before[i] : 0);
+  });
+  return out;
+}
+// The bucket holding quantile q: its index, or -1 with no observations.
+function quantileBucket(counts, q) {
+  const n = counts.reduce((a, c) => a + c, 0);
+  if (n === 0) return -1;
+  const rank = q * n;
+  let cum = 0;
+  for (let i = 0; i < counts.length; i++) { cum += counts[i]; if (cum >= rank) return i; }
+  return counts.length - 1;
+}
+function boundText(key, i) {
+  const b = state.meta.latency_bounds[key];
+  return i < b.length ? "≤ " + secs(b[i]) : "> " + secs(b[b.length - 1]);
+}
+
+// ---- charts --------------------------------------------------------------
+
+// Charts are drawn at their box's width, so their text is never scaled down.
+const H = 240, L = 56, R = 12, T = 12, B = 34;
+function chartWidth(box) { return Math.max(300, Math.min(900, box.clientWidth || 600)); }
+
+// A tick step of 1, 2 or 5 × 10^k giving about four intervals up to `v`.
+function niceStep(v) {
+  if (!(v > 0)) return 0.25;
+  const raw = v / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
+  for (const m of [1, 2, 5]) if (m * p >= raw) return m * p;
+  return 10 * p;
+}
+// Ticks from 0 to the first multiple of the step at or above `v`.
+function ticks(v) {
+  const step = niceStep(v), top = Math.max(step, Math.ceil(v / step - 1e-9) * step), out = [];
+  for (let k = 0; k * step <= top + step / 2; k++) out.push(k * step);
+  return out;
+}
+
+// A line chart of `series` ([{name, colour, points: [[t, v]]}]) over the
+// history's time span; `fmt` formats values; hovering shows exact values.
+function lineChart(box, series, fmt, opts) {
+  opts = opts || {};
+  box.textContent = "";
+  const W = chartWidth(box);
+  const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
+  box.appendChild(svg);
+  const ts = state.samples.map((s) => s.t);
+  if (ts.length < 2) {
+    svg.appendChild(svgEl("text", {x: W / 2, y: H / 2, "text-anchor": "middle"}, "waiting for samples…"));
+    return;
+  }
+  const t0 = ts[0], t1 = ts[ts.length - 1];
+  let vmax = 0;
+  for (const s of series) for (const [, v] of s.points) if (isFinite(v)) vmax = Math.max(vmax, v);
+  const tk = ticks(vmax);
+  vmax = tk[tk.length - 1];
+  const x = (t) => L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1e-9);
+  const y = (v) => H - B - (H - T - B) * Math.min(v, vmax) / vmax;
+  for (const v of tk) {
+    svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid"}));
+    svg.appendChild(svgEl("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, opts.tick ? opts.tick(v) : num(v)));
+  }
+  const nt = W < 500 ? 2 : 4;
+  for (let k = 0; k <= nt; k++) {
+    const t = t0 + (t1 - t0) * k / nt;
+    svg.appendChild(svgEl("text", {x: x(t), y: H - B + 16, "text-anchor": "middle"}, clock(t)));
+  }
+  svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis"}));
+  svg.appendChild(svgEl("line", {x1: L, x2: L, y1: T, y2: H - B, class: "axis"}));
+  series.forEach((s) => {
+    const pts = s.points.filter(([, v]) => isFinite(v)).map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`);
+    if (pts.length) svg.appendChild(svgEl("polyline", {points: pts.join(" "), fill: "none", stroke: s.colour, "stroke-width": 2}));
+  });
+  // Legend.
+  let lx = L + 6;
+  series.forEach((s) => {
+    svg.appendChild(svgEl("rect", {x: lx, y: H - 12, width: 10, height: 10, fill: s.colour}));
+    const label = svgEl("text", {x: lx + 14, y: H - 3}, s.name);
+    svg.appendChild(label);
+    lx += 24 + 7 * s.name.length;
+  });
+  const cursor = svgEl("line", {y1: T, y2: H - B, stroke: "#555", "stroke-dasharray": "4 3", visibility: "hidden"});
+  svg.appendChild(cursor);
+  svg.addEventListener("mousemove", (ev) => {
+    const r = svg.getBoundingClientRect();
+    const px = (ev.clientX - r.left) * W / r.width;
+    const t = t0 + (px - L) / (W - L - R) * (t1 - t0);
+    const lines = [clock(t)];
+    let at = null;
+    series.forEach((s) => {
+      let best = null;
+      for (const p of s.points) if (!best || Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p;
+      if (best) { at = best[0]; lines.push(`${s.name}: ${fmt(best[1], s)}`); }
+    });
+    if (at !== null) { lines[0] = clock(at); cursor.setAttribute("x1", x(at)); cursor.setAttribute("x2", x(at)); }
+    cursor.setAttribute("visibility", "visible");
+    tip(ev, lines.join("\n"));
+  });
+  svg.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); tip(null); });
+}
+
+// A bar chart of bucket counts with the buckets' bounds as labels.
+function bucketChart(box, key, counts) {
+  box.textContent = "";
+  const W = chartWidth(box);
+  const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
+  box.appendChild(svg);
+  const bounds = state.meta.latency_bounds[key];
+  const n = counts.length;
+  const tk = ticks(Math.max(1, ...counts));
+  const cmax = tk[tk.length - 1];
+  const bw = (W - L - R) / n;
+  const y = (v) => H - B - (H - T - B) * v / cmax;
+  for (const v of tk) {
+    svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid"}));
+    svg.appendChild(svgEl("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, num(v)));
+  }
+  const every = Math.ceil(n / Math.floor(W / 75));
+  counts.forEach((c, i) => {
+    const lo = i === 0 ? 0 : bounds[i - 1];
+    const label = i < bounds.length ? `(${secs(lo)}, ${secs(bounds[i])}]` : `> ${secs(bounds[bounds.length - 1])}`;
+    const bar = svgEl("rect", {x: L + i * bw + 1, y: y(c), width: Math.max(bw - 2, 1), height: H - B - y(c), fill: colour(0)});
+    bar.addEventListener("mousemove", (ev) => tip(ev, `${label}\n${c} requests` + (key === "itl" ? " (token gaps)" : "")));
+    bar.addEventListener("mouseleave", () => tip(null));
+    svg.appendChild(bar);
+    if (i % every === 0) {
+      svg.appendChild(svgEl("text", {x: L + i * bw + bw / 2, y: H - B + 14, "text-anchor": "middle"},
+        i < bounds.length ? "≤" + secs(bounds[i]) : "+Inf"));
+    }
+  });
+  svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis"}));
+  svg.appendChild(svgEl("text", {x: (W + L) / 2, y: H - 3, "text-anchor": "middle"}, "bucket upper bound"));
+}
+
+function tip(ev, text) {
+  const t = $("tooltip");
+  if (!ev) { t.hidden = true; return; }
+  t.textContent = text;
+  t.hidden = false;
+  const x = Math.min(ev.clientX + 12, window.innerWidth - t.offsetWidth - 4);
+  t.style.left = Math.max(0, x) + "px";
+  t.style.top = (ev.clientY + 12) + "px";
+}
+
+// ---- panels --------------------------------------------------------------
+
+function renderEngines() {
+  const box = $("engines");
+  box.textContent = "";
+  const ss = state.samples;
+  if (!ss.length) return;
+  const last = ss[ss.length - 1], prev = ss.length > 1 ? ss[ss.length - 2] : null, first = ss[0];
+  last.engines.forEach((e, j) => {
+    const card = el("div", {class: "card", "data-engine": e.engine});
+    card.appendChild(el("h3", {}, "Engine " + e.engine));
+    const dl = el("dl");
+    const row = (name, value, cls) => { dl.appendChild(el("dt", {}, name)); dl.appendChild(el("dd", {class: cls}, value)); };
+    const meter = (frac, c) => {
+      const m = el("div", {class: "meter"});
+      const f = el("div");
+      f.style.width = Math.max(0, Math.min(1, frac)) * 100 + "%";
+      f.style.background = c;
+      m.appendChild(f);
+      dl.appendChild(m);
+    };
+    row("running", String(e.running), "running");
+    row("waiting", String(e.waiting), "waiting");
+    row("KV cache", (e.kv_cache_usage * 100).toFixed(1) + " %", "kv");
+    meter(e.kv_cache_usage, colour(0));
+    let busy = NaN;
+    if (prev && prev.engines[j] && last.t > prev.t) busy = (e.device_busy_seconds - prev.engines[j].device_busy_seconds) / (last.t - prev.t);
+    row("device busy", isFinite(busy) ? (busy * 100).toFixed(0) + " %" : "–", "busy");
+    meter(busy, colour(1));
+    row("preemptions", String(e.preemptions - (first.engines[j] ? first.engines[j].preemptions : 0)), "preemptions");
+    card.appendChild(dl);
+    box.appendChild(card);
+  });
+}
+
+function renderThroughput() {
+  lineChart($("tokens-chart"), [
+    {name: "prompt tok/s", colour: colour(0), points: rate((e) => e.prompt_tokens)},
+    {name: "generation tok/s", colour: colour(1), points: rate((e) => e.generation_tokens)},
+  ], (v) => num(v) + " tok/s");
+  lineChart($("requests-chart"), state.meta.finish_reasons.map((r, i) => ({
+    name: r, colour: colour(i), points: rate((e) => e.requests[r]),
+  })), (v) => num(v) + " req/s");
+}
+
+function renderLatency() {
+  const box = $("latency");
+  const ss = state.samples;
+  if (!box.children.length) {
+    for (const [key, title] of LATENCIES) {
+      const f = el("figure", {"data-latency": key});
+      f.appendChild(el("figcaption", {}, title));
+      f.appendChild(el("div", {class: "summary note"}));
+      f.appendChild(el("div", {class: "chart dist"}));
+      f.appendChild(el("div", {class: "chart quant"}));
+      box.appendChild(f);
+    }
+  }
+  for (const [key] of LATENCIES) {
+    const f = box.querySelector(`[data-latency="${key}"]`);
+    if (!ss.length) continue;
+    const first = ss[0], last = ss[ss.length - 1];
+    // The first sample's counts are the base: the window is (first, last].
+    const counts = ss.length > 1 ? bucketDelta(key, first, last) : bucketDelta(key, {engines: []}, last);
+    const n = counts.reduce((a, c) => a + c, 0);
+    const q50 = quantileBucket(counts, 0.5), q99 = quantileBucket(counts, 0.99);
+    f.querySelector(".summary").textContent = n
+      ? `${n} ${key === "itl" ? "token gaps" : "requests"}; p50 ${boundText(key, q50)}, p99 ${boundText(key, q99)} (bucket bounds)`
+      : "no observations in the window";
+    bucketChart(f.querySelector(".dist"), key, counts);
+    const bounds = state.meta.latency_bounds[key];
+    const qs = [[0.5, "p50"], [0.99, "p99"]].map(([q, name], i) => {
+      const points = [];
+      for (let k = QWINDOW; k < ss.length; k++) {
+        const b = quantileBucket(bucketDelta(key, ss[k - QWINDOW], ss[k]), q);
+        // Above the last bound there is no upper bound: drawn at the last one.
+        if (b >= 0) points.push([ss[k].t, bounds[Math.min(b, bounds.length - 1)], b]);
+      }
+      return {name: name + " bucket bound (" + QWINDOW + " s)", colour: colour(i), points};
+    });
+    lineChart(f.querySelector(".quant"), qs, (v, s) => {
+      const p = s.points.find((pt) => pt[1] === v);
+      return p ? boundText(key, p[2]) : secs(v);
+    }, {tick: secs});
+  }
+}
+
+function renderRecent() {
+  const body = $("recent").tBodies[0];
+  body.textContent = "";
+  const filter = $("filter").value;
+  const slow = Number($("slow-ms").value) || 0;
+  const rows = state.recent.slice().reverse().filter((r) => {
+    if (filter === "failed") return r.finish_reason === "abort" || r.finish_reason === "error";
+    if (filter === "slow") return r.generation_time_ms > slow;
+    return true;
+  });
+  const longest = Math.max(1, ...rows.map((r) => r.generation_time_ms));
+  for (const r of rows) {
+    const tr = el("tr", {class: r.finish_reason === "abort" || r.finish_reason === "error" ? "failed" : ""});
+    const ms = (v) => (v === null || v === undefined) ? "–" : secs(v / 1000);
+    const cells = [clock(r.timestamp), r.request_id, String(r.engine), r.finish_reason, String(r.prompt_tokens),
+      String(r.completion_tokens), ms(r.queue_time_ms), ms(r.prefill_time_ms), ms(r.decode_time_ms),
+      ms(r.time_to_first_token_ms), ms(r.generation_time_ms)];
+    cells.forEach((c, i) => {
+      const td = el("td", {}, c);
+      if (i === 1) td.title = (r.trace_id ? "trace " + r.trace_id + "\n" : "") + r.request_id;
+      tr.appendChild(td);
+    });
+    const td = el("td", {class: "bar-col"});
+    const bar = el("div", {class: "bar"});
+    [["queue_time_ms", "q"], ["prefill_time_ms", "p"], ["decode_time_ms", "d"]].forEach(([k, cls]) => {
+      const seg = el("div", {class: cls});
+      seg.style.width = (100 * (r[k] || 0) / longest) + "%";
+      seg.title = k.replace("_time_ms", "") + " " + ms(r[k]);
+      bar.appendChild(seg);
+    });
+    td.appendChild(bar);
+    tr.appendChild(td);
+    body.appendChild(tr);
+  }
+}
+
+function render() {
+  for (const w of document.querySelectorAll(".window")) {
+    const ss = state.samples;
+    w.textContent = ss.length > 1 ? Math.round(ss[ss.length - 1].t - ss[0].t) + " s" : "–";
+  }
+  renderEngines();
+  renderThroughput();
+  renderLatency();
+  renderRecent();
+}
+
+// ---- transport -----------------------------------------------------------
+
+async function connect() {
+  let r;
+  try {
+    r = await fetch(base + API + "snapshot", {headers: headers(), cache: "no-store"});
+  } catch (e) {
+    status("cannot reach the server; retrying");
+    return setTimeout(connect, 2000);
+  }
+  if (r.status === 401) {
+    $("keyform").hidden = false;
+    status(state.key ? "wrong API key" : "needs the API key");
+    return;
+  }
+  if (!r.ok) { status("snapshot: HTTP " + r.status + "; retrying"); return setTimeout(connect, 2000); }
+  const snap = await r.json();
+  state.meta = snap;
+  state.samples = [];
+  state.recent = [];
+  snap.samples.forEach(addSample);
+  addRecent(snap.recent);
+  $("model").textContent = snap.model;
+  $("keyform").hidden = true;
+  render();
+  stream();
+}
+
+// SSE read with fetch, so the API key travels in a header (EventSource
+// cannot send one).
+async function stream() {
+  try {
+    // From the last request this page has: none finishes unseen in between.
+    const after = state.recent.length ? state.recent[state.recent.length - 1].seq : 0;
+    const r = await fetch(base + API + "events?after=" + after, {headers: headers(), cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const reader = r.body.getReader();
+    const dec = new TextDecoder();
+    let buf = "";
+    status("live");
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buf += dec.decode(value, {stream: true});
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const event = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        const data = event.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
+        if (!data) continue;
+        const msg = JSON.parse(data);
+        addSample(msg.sample);
+        addRecent(msg.recent);
+        status("live, " + clock(msg.sample.t));
+        render();
+      }
+    }
+  } catch (e) {
+    status("disconnected (" + e.message + "); reconnecting");
+  }
+  setTimeout(connect, 2000);
+}
+
+$("keyform").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  state.key = $("key").value;
+  sessionStorage.setItem("inferscope-key", state.key);
+  connect();
+});
+$("filter").addEventListener("change", renderRecent);
+$("slow-ms").addEventListener("input", renderRecent);
+for (const [cls, i] of [["q", 2], ["p", 3], ["d", 4]]) {
+  const style = document.createElement("style");
+  style.textContent = `.bar .${cls},.legend .${cls}{background:${colour(i)}}`;
+  document.head.appendChild(style);
+}
+window.addEventListener("resize", () => { if (state.meta) render(); });
+connect();

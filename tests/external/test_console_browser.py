@@ -1,0 +1,132 @@
+"""The console (`GET /`, docs/console.md) in a real browser: selenium drives
+Debian's chromium (chromedriver from the `chromium-driver` package).
+
+A sim server with two engines is held at a steady load (each engine runs 2
+requests and queues 1); the page must show each engine's running and waiting
+counts as `/metrics` has them, its KV usage within what `/metrics` read just
+before and after, drawn throughput lines, the four latency panels, a request
+sent with a known `x-request-id` in the recent-requests table, no script
+error, and no horizontal overflow at phone width.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+import requests
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+from conftest import Server
+
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+NS = "inferscope_"
+
+
+def gauge(text: str, name: str, engine: str) -> float:
+    """The value of `NS name{…engine="E"…}` in an exposition."""
+    for line in text.splitlines():
+        if line.startswith(NS + name + "{") and f'engine="{engine}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} of engine {engine} not in /metrics")
+
+
+def steady(server: Server) -> str:
+    deadline = time.time() + 20
+    while True:
+        text = server.metrics_text()
+        if all(gauge(text, "num_requests_running", e) == 2 and gauge(text, "num_requests_waiting", e) == 1
+               for e in ("0", "1")):
+            return text
+        assert time.time() < deadline, "the load never settled"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def browser():
+    options = Options()
+    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_window_size(1280, 800)
+    yield driver
+    driver.quit()
+
+
+def wait_for(what: str, check, timeout: float = 20):
+    deadline = time.time() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_the_console_shows_what_metrics_says(make_server, browser):
+    server = make_server(["--sim-profile", "tiny,t_weights_ms=20", "--data-parallel-size", "2",
+                          "--max-num-seqs", "2"])
+    probe = requests.post(server.base + "/v1/completions", headers={"x-request-id": "browser-probe"},
+                          json={"model": "sim-llama", "prompt": "hi", "max_tokens": 5}, timeout=30)
+    assert probe.status_code == 200, probe.text
+    def long_request():
+        try:
+            requests.post(server.base + "/v1/completions",
+                          json={"model": "sim-llama", "prompt": "load", "max_tokens": 4000,
+                                "min_tokens": 4000, "ignore_eos": True}, timeout=120)
+        except requests.RequestException:
+            pass  # the server stops first
+
+    load = [threading.Thread(target=long_request, daemon=True) for _ in range(6)]
+    for t in load:
+        t.start()
+    try:
+        steady(server)
+        browser.get(server.base + "/")
+        wait_for("live samples", lambda: browser.find_element(By.ID, "status").text.startswith("live,"))
+        # The page redraws each second: wait for a sample taken after `before`.
+        before = server.metrics_text()
+        time.sleep(2.5)
+        cards = browser.find_elements(By.CSS_SELECTOR, "#engines .card")
+        shown = {c.get_attribute("data-engine"): {k: c.find_element(By.CSS_SELECTOR, "dd." + k).text
+                                                  for k in ("running", "waiting", "kv")} for c in cards}
+        after = steady(server)
+        assert sorted(shown) == ["0", "1"], shown
+        for e, v in shown.items():
+            assert int(v["running"]) == gauge(after, "num_requests_running", e) == 2, (e, v)
+            assert int(v["waiting"]) == gauge(after, "num_requests_waiting", e) == 1, (e, v)
+            kv = float(v["kv"].rstrip(" %")) / 100
+            lo, hi = gauge(before, "kv_cache_usage_perc", e), gauge(after, "kv_cache_usage_perc", e)
+            # Shown to 0.1 %: half of that either side.
+            assert lo - 0.0005 <= kv <= hi + 0.0005, (e, kv, lo, hi)
+            assert hi > 0, "the load holds KV blocks"
+
+        lines = browser.execute_script(
+            "return [...document.querySelectorAll('#tokens-chart polyline')]"
+            ".map(p => p.points.numberOfItems);")
+        assert len(lines) == 2 and min(lines) > 1, lines
+        panels = browser.execute_script(
+            "return [...document.querySelectorAll('#latency figure')].map(f => f.dataset.latency);")
+        assert panels == ["ttft", "itl", "e2e", "queue"], panels
+        summary = browser.find_element(By.CSS_SELECTOR, '[data-latency="ttft"] .summary').text
+        assert "(bucket bounds)" in summary, summary
+        ids = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#recent tbody td:nth-child(2)")]
+        assert any(i.startswith("browser-probe-") for i in ids), ids
+
+        errors = [l for l in browser.get_log("browser") if l["level"] == "SEVERE"]
+        assert not errors, errors
+
+        browser.set_window_size(390, 844)
+        time.sleep(1.5)
+        overflow = browser.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth;")
+        assert overflow <= 0, f"{overflow} px wider than a phone"
+    finally:
+        server.stop()
