@@ -224,14 +224,8 @@ impl ChatTemplate {
     /// are not read), with the strings of its BOS and EOS ids; `None` when
     /// it has none.
     pub fn from_gguf(path: &Path) -> Result<Option<Self>, ModelError> {
-        use candle_core::quantized::gguf_file::{Content, Value as Meta};
-        let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let content = Content::read(&mut file).map_err(|e| {
-            ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
-        })?;
+        use candle_core::quantized::gguf_file::Value as Meta;
+        let content = crate::gguf_meta::read_content(path)?;
         let meta = &content.metadata;
         let Some(Meta::String(source)) = meta.get("tokenizer.chat_template") else {
             return Ok(None);

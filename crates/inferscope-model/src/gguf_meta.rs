@@ -2,8 +2,9 @@
 //! (`gguf.rs`) and the tokenizer (`gguf_tokenizer.rs`).
 
 use std::collections::HashMap;
+use std::path::Path;
 
-use candle_core::quantized::gguf_file::Value;
+use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::error::ModelError;
 
@@ -52,4 +53,15 @@ impl Meta<'_> {
             _ => None,
         }
     }
+}
+
+/// Reads a GGUF file's header and metadata (not its tensors).
+pub(crate) fn read_content(path: &Path) -> Result<Content, ModelError> {
+    let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Content::read(&mut file).map_err(|e| {
+        ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
+    })
 }

@@ -6,16 +6,15 @@
 //! ([`crate::bpe`]), the pieces tokens decode to, and the end-of-generation
 //! set.
 
-use std::fs::File;
 use std::path::Path;
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Value;
 
 use crate::bpe::{self, Bpe, NONE, Pieces, Scratch, Spm};
 use crate::chat_template::ChatTemplate;
 use crate::error::ModelError;
-use crate::gguf_meta::{Meta, as_f64, as_u64};
+use crate::gguf_meta::{Meta, as_f64, as_u64, read_content};
 use crate::pretokenizer::PreTokenizer;
 use crate::tokenizer::{ChatMessage, Tokenizer, default_chat_template};
 
@@ -259,13 +258,7 @@ impl GgufTokenizer {
     /// Builds the tokenizer of a GGUF file from its metadata alone (the
     /// tensors are not read; vocabulary-only files work).
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let mut file = File::open(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let content = Content::read(&mut file).map_err(|e| {
-            ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
-        })?;
+        let content = read_content(path)?;
         Self::from_meta(&Meta(&content.metadata))
     }
 
