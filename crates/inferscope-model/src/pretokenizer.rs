@@ -495,6 +495,20 @@ impl<'a> Fragment<'a> {
         if pos < self.end { self.flags[pos] } else { 0 }
     }
 
+    /// Where the last alternatives of the GPT-2 and Llama 3 splitters end a
+    /// word starting at `pos`, `nws` whitespace characters ahead:
+    /// `\s+(?!\S)` (all but the last of a run followed by more text), else
+    /// `\s+`, else one character.
+    fn whitespace_or_one(&self, pos: usize, nws: usize) -> usize {
+        if nws > 1 && self.cpt(pos + nws).is_some() {
+            pos + nws - 1
+        } else if nws > 0 {
+            pos + nws
+        } else {
+            pos + 1
+        }
+    }
+
     /// Ends a word at `end` (nothing if empty); returns its length.
     fn add(&mut self, end: usize, out: &mut Vec<usize>) -> usize {
         let len = end - self.prev_end;
@@ -565,19 +579,7 @@ fn split_gpt2(cps: &Codepoints, start: usize, end: usize, out: &mut Vec<usize>) 
         while f.flags(pos + nws) & flag::WHITESPACE != 0 {
             nws += 1;
         }
-        // \s+(?!\S)
-        if nws > 1 && f.cpt(pos + nws).is_some() {
-            pos += nws - 1;
-            f.add(pos, out);
-            continue;
-        }
-        // \s+
-        if nws > 0 {
-            pos += nws;
-            f.add(pos, out);
-            continue;
-        }
-        pos += 1;
+        pos = f.whitespace_or_one(pos, nws);
         f.add(pos, out);
     }
 }
@@ -662,19 +664,7 @@ fn split_llama3(
             f.add(pos, out);
             continue;
         }
-        // \s+(?!\S)
-        if nws > 1 && f.cpt(pos + nws).is_some() {
-            pos += nws - 1;
-            f.add(pos, out);
-            continue;
-        }
-        // \s+
-        if nws > 0 {
-            pos += nws;
-            f.add(pos, out);
-            continue;
-        }
-        pos += 1;
+        pos = f.whitespace_or_one(pos, nws);
         f.add(pos, out);
     }
 }

@@ -128,7 +128,11 @@ pub const COMMON: &[Refusal] = &[
         on,
         "the spacing of special tokens in the text is not configurable",
     ),
-    refuse("priority", zero, "scheduling is first come, first served"),
+    refuse(
+        "priority",
+        zero,
+        "requests carry no priority: admission is fair across tenants, first come first served within one",
+    ),
     refuse(
         "cache_salt",
         empty,
@@ -172,7 +176,7 @@ pub const CHAT: &[Refusal] = &[
     refuse(
         "chat_template",
         empty,
-        "the model's own chat template is always used",
+        "the server's chat template (the model's, or --chat-template) is always used",
     ),
     refuse(
         "chat_template_kwargs",
