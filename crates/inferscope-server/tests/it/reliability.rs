@@ -218,7 +218,7 @@ async fn a_dead_core_is_reported_and_skipped() {
     let r = post(
         addr,
         "/v1/completions",
-        &json!({"prompt": "a", "max_tokens": 4}),
+        &json!({"prompt": "a", "max_tokens": 4, "ignore_eos": true}),
     )
     .await;
     assert_openai_error(&r, 500);
@@ -226,7 +226,7 @@ async fn a_dead_core_is_reported_and_skipped() {
     let r = post(
         addr,
         "/v1/completions",
-        &json!({"prompt": "b", "max_tokens": 4}),
+        &json!({"prompt": "b", "max_tokens": 4, "ignore_eos": true}),
     )
     .await;
     let err = assert_openai_error(&r, 503);
