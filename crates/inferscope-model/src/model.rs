@@ -19,8 +19,9 @@ pub struct ModelOptions {
     pub kv_cache_memory: Option<u64>,
     /// Fraction of available memory for each executor's KV pool.
     pub kv_cache_fraction: f64,
-    /// How dense weights are stored: `f32` (also `float32`, `auto`) or
-    /// `bf16` (`bfloat16`: half the memory; computation stays f32).
+    /// How dense weights are stored: `auto` (a Hugging Face checkpoint's
+    /// 16-bit type, else f32), `f32` (`float32`), `bf16` (`bfloat16`) or
+    /// `f16` (`float16`); 16 bits halve the memory, computation stays f32.
     pub dtype: String,
     /// Threads per executor; `None` uses the global pool (all cores).
     pub num_threads: Option<usize>,
@@ -55,14 +56,33 @@ impl std::fmt::Debug for LoadedModel {
     }
 }
 
-/// The weight storage a `--dtype` value names.
-pub fn weight_dtype(name: &str) -> Result<WeightDtype, ModelError> {
+/// The weight storage a `--dtype` value names; `None` for `auto` (the
+/// checkpoint's own type, see [`checkpoint_dtype`]).
+pub fn weight_dtype(name: &str) -> Result<Option<WeightDtype>, ModelError> {
     match name {
-        "f32" | "float32" | "float" | "auto" => Ok(WeightDtype::F32),
-        "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
+        "auto" => Ok(None),
+        "f32" | "float32" | "float" => Ok(Some(WeightDtype::F32)),
+        "bf16" | "bfloat16" => Ok(Some(WeightDtype::Bf16)),
+        "f16" | "float16" | "half" => Ok(Some(WeightDtype::F16)),
         other => Err(ModelError::Config(format!(
-            "dtype {other:?} is not supported by the cpu executor (supported: auto, float32, bfloat16)"
+            "dtype {other:?} is not supported by the cpu executor (supported: auto, float32, bfloat16, float16)"
         ))),
+    }
+}
+
+/// What `--dtype auto` keeps for a Hugging Face checkpoint: its `config.json`
+/// type (`torch_dtype`, or transformers v5's `dtype`) when that is bfloat16
+/// or float16, as vLLM keeps a checkpoint's 16-bit type; f32 otherwise.
+pub fn checkpoint_dtype(config_json: &str) -> WeightDtype {
+    let v: serde_json::Value = serde_json::from_str(config_json).unwrap_or_default();
+    let named = v
+        .get("dtype")
+        .or_else(|| v.get("torch_dtype"))
+        .and_then(serde_json::Value::as_str);
+    match named {
+        Some("bfloat16") => WeightDtype::Bf16,
+        Some("float16") => WeightDtype::F16,
+        _ => WeightDtype::F32,
     }
 }
 
@@ -72,6 +92,8 @@ impl LoadedModel {
     /// whatever its name).
     pub fn load(spec: &str, opts: &ModelOptions) -> Result<Self, ModelError> {
         let dtype = weight_dtype(&opts.dtype)?;
+        // GGUF tensors and the built-in models keep the types they have.
+        let mut auto = WeightDtype::F32;
         let (name, model, tokenizer, is_demo): (String, LlamaModel, Arc<dyn Tokenizer>, bool) =
             if spec == crate::demo::DEMO {
                 let (m, t) = crate::demo::trained_demo_model()?;
@@ -91,6 +113,11 @@ impl LoadedModel {
                     .unwrap_or_else(|| spec.to_string());
                 if path.is_dir() {
                     let (m, t) = crate::loader::load_hf_dir(path)?;
+                    if dtype.is_none() {
+                        let config =
+                            std::fs::read_to_string(path.join("config.json")).unwrap_or_default();
+                        auto = checkpoint_dtype(&config);
+                    }
                     (name, m, Arc::new(t), false)
                 } else if path.is_file() {
                     if !crate::loader::is_gguf_file(path)? {
@@ -104,7 +131,7 @@ impl LoadedModel {
                     return Err(ModelError::BadSpec(spec.to_string()));
                 }
             };
-        let model = match dtype {
+        let model = match dtype.unwrap_or(auto) {
             WeightDtype::F32 => model,
             other => model.with_weight_dtype(other),
         };

@@ -93,10 +93,28 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_bytes)]
     pub kv_cache_memory: Option<u64>,
 
-    /// Weight storage of the cpu executor: auto (= float32) or bfloat16
-    /// (half the memory and bytes read per token; computation stays f32).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "bfloat16", "bf16"])]
+    /// Weight storage of the cpu executor's dense weights: auto (a Hugging Face
+    /// checkpoint's bfloat16 or float16, as its config.json says; float32 otherwise;
+    /// GGUF tensors keep their stored types), float32, bfloat16 or float16 (16 bits:
+    /// half the memory and bytes read per token; computation stays f32).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "float32", "float", "bfloat16", "bf16", "float16", "half", "f16"])]
     pub dtype: String,
+
+    /// Threads of each engine core's cpu executor (default: one per core, shared by
+    /// all engines), as llama-server's flag.
+    #[arg(long, short = 't', value_name = "N")]
+    pub threads: Option<usize>,
+
+    /// Sampling defaults for requests that omit a field: auto (the model's
+    /// generation_config.json, or a GGUF file's general.sampling.* keys), vllm (none:
+    /// temperature 1, top_p 1), or a folder holding a generation_config.json, as vLLM's flag.
+    #[arg(long, default_value = "auto", value_name = "auto|vllm|FOLDER")]
+    pub generation_config: String,
+
+    /// Sampling defaults laid over --generation-config, as a JSON object with
+    /// generation_config.json's names: '{"temperature": 0.5, "max_new_tokens": 256}'.
+    #[arg(long, value_name = "JSON")]
+    pub override_generation_config: Option<String>,
 
     /// Require `Authorization: Bearer KEY` on /v1/* routes.
     #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]

@@ -1,6 +1,7 @@
 //! The server's state and how it is built: the tokenizer, the executors and
 //! engine cores, the metrics, the validation workers and the limits.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -12,8 +13,8 @@ use inferscope_engine::{
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
-    ByteTokenizer, ChatTemplate, HfTokenizer, LoadedModel, ModelOptions, Tokenizer,
-    chat_template::load_template_arg, tokenizer::WithChatTemplate,
+    ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, LoadedModel, ModelError,
+    ModelOptions, Tokenizer, chat_template::load_template_arg, tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
@@ -96,6 +97,34 @@ impl AppState {
     }
 }
 
+/// `--generation-config` and `--override-generation-config`: the sampling
+/// defaults of requests that omit a field.
+fn generation_defaults(args: &ServeArgs) -> Result<GenerationDefaults, ServerError> {
+    let read = |r: Result<GenerationDefaults, ModelError>| {
+        r.map_err(|e| ServerError::Config(format!("--generation-config: {e}")))
+    };
+    let defaults = match args.generation_config.as_str() {
+        "vllm" => GenerationDefaults::NONE,
+        "auto" => read(GenerationDefaults::for_model(&args.model))?,
+        folder => {
+            let dir = Path::new(folder);
+            if !dir.join("generation_config.json").is_file() {
+                return Err(ServerError::Config(format!(
+                    "--generation-config: {folder} has no generation_config.json (give auto, vllm or a folder holding one)"
+                )));
+            }
+            read(GenerationDefaults::from_dir(dir))?
+        }
+    };
+    match &args.override_generation_config {
+        None => Ok(defaults),
+        Some(text) => serde_json::from_str(text)
+            .map_err(|e| e.to_string())
+            .and_then(|v| defaults.with_overrides(&v))
+            .map_err(|e| ServerError::Config(format!("--override-generation-config: {e}"))),
+    }
+}
+
 /// `cache_dtype` of the sim executor: its profiles model bf16 KV caches
 /// (2 bytes per element, as in the profiles' KV sizes).
 pub const SIM_CACHE_DTYPE: &str = "bfloat16";
@@ -117,6 +146,9 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     let config_err = |m: String| ServerError::Config(m);
     if args.data_parallel_size == 0 {
         return Err(config_err("--data-parallel-size must be at least 1".into()));
+    }
+    if args.threads == Some(0) {
+        return Err(config_err("--threads must be at least 1".into()));
     }
     if args.validation_workers == 0 {
         return Err(config_err("--validation-workers must be at least 1".into()));
@@ -207,6 +239,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             let opts = ModelOptions {
                 kv_cache_memory: args.kv_cache_memory,
                 dtype: args.dtype.clone(),
+                num_threads: args.threads,
                 ..ModelOptions::default()
             };
             let model =
@@ -342,7 +375,16 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         }
         None => None,
     };
+    let sampling_defaults = generation_defaults(args)?;
+    if !sampling_defaults.is_empty() {
+        tracing::warn!(
+            defaults = %sampling_defaults,
+            "the model's generation config sets the sampling defaults of requests that omit them; \
+             start with --generation-config vllm to turn this off"
+        );
+    }
     let limits = Limits {
+        sampling_defaults,
         max_model_len: max_model_len.min(coordinator.max_sequence_tokens()),
         vocab_size: tokenizer.vocab_size(),
         max_n: 128,

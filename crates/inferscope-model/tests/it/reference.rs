@@ -410,12 +410,13 @@ fn qwen2_with_attention_bias_matches() {
     batched_sequences(&mut s);
 }
 
-/// `--dtype bfloat16`: dense weights stored as bf16, computed in f32. The
-/// reference gets the same weights rounded to bf16 (by candle), so the
-/// logits must agree as closely as in f32 — through prefill, decodes, a
-/// preemption and batching — while the dense weights take half the bytes.
+/// `--dtype bfloat16` and `float16`: dense weights stored in 16 bits,
+/// computed in f32. The reference gets the same weights rounded to that type
+/// (by candle), so the logits must agree as closely as in f32 — through
+/// prefill, decodes, a preemption and batching — while the dense weights take
+/// half the bytes.
 #[test]
-fn bf16_weights_match_the_reference_on_the_same_rounded_weights() {
+fn bf16_and_f16_weights_match_the_reference_on_the_same_rounded_weights() {
     let cfg = config("LlamaForCausalLM", false);
     let weights = random_weights(&cfg, 1234).unwrap();
     let dir = write_checkpoint("bf16", &cfg, &weights, 1);
@@ -427,37 +428,68 @@ fn bf16_weights_match_the_reference_on_the_same_rounded_weights() {
         };
         LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap()
     };
-    let (f32_model, model) = (load("float32"), load("bfloat16"));
+    let f32_model = load("float32");
+    for (flag, dtype) in [("bfloat16", DType::BF16), ("float16", DType::F16)] {
+        let model = load(flag);
+        assert_eq!(
+            model.model().weight_bytes() * 2,
+            f32_model.model().weight_bytes(),
+            "{flag}"
+        );
+        let mut exec = model.cpu_executor().unwrap();
+        exec.init_kv_cache(BLOCK_SIZE).unwrap();
+        let rounded = weights
+            .iter()
+            .map(|(name, t)| {
+                let dense = name.ends_with("_proj.weight") || name == "lm_head.weight";
+                let t = if dense {
+                    t.to_dtype(dtype).unwrap().to_dtype(DType::F32).unwrap()
+                } else {
+                    t.clone()
+                };
+                (name.clone(), t)
+            })
+            .collect();
+        let mut s = Setup {
+            cfg: cfg.clone(),
+            weights: rounded,
+            exec,
+            block_size: BLOCK_SIZE,
+        };
+        prefill_decode_and_recompute(&mut s);
+        batched_sequences(&mut s);
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(
-        model.model().weight_bytes() * 2,
-        f32_model.model().weight_bytes()
-    );
-    let mut exec = model.cpu_executor().unwrap();
-    exec.init_kv_cache(BLOCK_SIZE).unwrap();
-    let rounded = weights
-        .into_iter()
-        .map(|(name, t)| {
-            let dense = name.ends_with("_proj.weight") || name == "lm_head.weight";
-            let t = if dense {
-                t.to_dtype(DType::BF16)
-                    .unwrap()
-                    .to_dtype(DType::F32)
-                    .unwrap()
-            } else {
-                t
-            };
-            (name, t)
-        })
-        .collect();
-    let mut s = Setup {
-        cfg,
-        weights: rounded,
-        exec,
-        block_size: BLOCK_SIZE,
+}
+
+/// `--dtype auto` keeps the 16-bit type `config.json` names (`torch_dtype`,
+/// or transformers v5's `dtype`), as vLLM does, and f32 otherwise.
+#[test]
+fn dtype_auto_keeps_the_checkpoints_16_bit_type() {
+    let cfg = config("LlamaForCausalLM", false);
+    let weights = random_weights(&cfg, 99).unwrap();
+    let dir = write_checkpoint("auto-dtype", &cfg, &weights, 1);
+    let base: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
+    let bytes_with = |key: Option<(&str, &str)>| {
+        let mut c = base.clone();
+        if let Some((k, v)) = key {
+            c[k] = v.into();
+        }
+        std::fs::write(dir.join("config.json"), c.to_string()).unwrap();
+        let opts = ModelOptions {
+            kv_cache_memory: Some(8 << 20),
+            dtype: "auto".into(),
+            ..ModelOptions::default()
+        };
+        let m = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
+        m.model().weight_bytes()
     };
-    prefill_decode_and_recompute(&mut s);
-    batched_sequences(&mut s);
+    let full = bytes_with(None);
+    assert_eq!(bytes_with(Some(("torch_dtype", "float32"))), full);
+    assert_eq!(bytes_with(Some(("torch_dtype", "bfloat16"))) * 2, full);
+    assert_eq!(bytes_with(Some(("torch_dtype", "float16"))) * 2, full);
+    assert_eq!(bytes_with(Some(("dtype", "bfloat16"))) * 2, full);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Mistral's sliding window. With one layer a token's output depends only on

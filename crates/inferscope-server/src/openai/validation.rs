@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use inferscope_engine::{SamplingParams, StopTokenIds};
-use inferscope_model::{ChatMessage, Tokenizer};
+use inferscope_model::{ChatMessage, GenerationDefaults, Tokenizer};
 
 use crate::error::ApiError;
 use crate::openai::protocol::{
@@ -34,6 +34,9 @@ pub struct Limits {
     /// Most stop token ids in one request (duplicates included: the list is
     /// parsed and checked whole before it is deduplicated).
     pub max_stop_token_ids: usize,
+    /// The model's sampling defaults (`--generation-config`), for requests
+    /// that omit a field.
+    pub sampling_defaults: GenerationDefaults,
 }
 
 /// What a request is checked against.
@@ -413,6 +416,20 @@ pub fn plan(
         Some(v) => usize::try_from(v).unwrap_or(usize::MAX),
         None => default_max_tokens(longest).max(1),
     };
+    // As vLLM: the model's `max_new_tokens` caps the request's value too.
+    let max_tokens = match limits.sampling_defaults.max_tokens {
+        Some(cap) => max_tokens.min(usize::try_from(cap).unwrap_or(usize::MAX).max(1)),
+        None => max_tokens,
+    };
+    let d = &limits.sampling_defaults;
+    let f = SamplingFields {
+        temperature: f.temperature.or(d.temperature),
+        top_p: f.top_p.or(d.top_p),
+        top_k: f.top_k.or(d.top_k),
+        min_p: f.min_p.or(d.min_p),
+        repetition_penalty: f.repetition_penalty.or(d.repetition_penalty),
+        ..f
+    };
     if longest >= limits.max_model_len || longest.saturating_add(max_tokens) > limits.max_model_len
     {
         return Err(ApiError::invalid(
@@ -677,6 +694,7 @@ mod tests {
         max_stop_sequences: 3,
         max_stop_sequence_bytes: 8,
         max_stop_token_ids: 4,
+        sampling_defaults: GenerationDefaults::NONE,
     };
 
     fn fields(json: &str) -> SamplingFields {
@@ -763,6 +781,47 @@ mod tests {
         assert_eq!(ok.stop, vec!["x".to_owned()]);
         assert!(ok.stream && ok.include_usage && ok.params.ignore_eos);
         assert_eq!((ok.params.n, ok.params.seed), (2, Some(7)));
+    }
+
+    /// The model's generation config fills the fields a request omits, never
+    /// those it sends, and its `max_new_tokens` caps `max_tokens` (vLLM).
+    #[test]
+    fn the_generation_config_fills_omitted_fields() {
+        let limits = Limits {
+            sampling_defaults: GenerationDefaults {
+                temperature: Some(0.6),
+                top_p: Some(0.9),
+                top_k: Some(20),
+                min_p: Some(0.05),
+                repetition_penalty: Some(1.1),
+                max_tokens: Some(8),
+            },
+            ..LIMITS
+        };
+        let run = |json, max| {
+            plan(
+                vec![vec![1; 5]],
+                max,
+                |_| 16,
+                fields(json),
+                &limits,
+                "max_tokens",
+            )
+            .expect(json)
+        };
+        let p = run("{}", None).params;
+        assert_eq!((p.temperature, p.top_p, p.top_k), (0.6, 0.9, 20));
+        assert_eq!((p.min_p, p.repetition_penalty), (0.05, 1.1));
+        assert_eq!(p.max_tokens, 8, "the default 16, capped");
+        let p = run(
+            r#"{"temperature": 0, "top_p": 1, "top_k": -1, "min_p": 0, "repetition_penalty": 1}"#,
+            Some(50),
+        )
+        .params;
+        assert_eq!((p.temperature, p.top_p, p.top_k), (0.0, 1.0, 0));
+        assert_eq!((p.min_p, p.repetition_penalty), (0.0, 1.0));
+        assert_eq!(p.max_tokens, 8, "a request's max_tokens, capped");
+        assert_eq!(run("{}", Some(3)).params.max_tokens, 3);
     }
 
     /// The honoured sampler fields reach the engine's parameters as sent,

@@ -9,7 +9,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use inferscope_model::{ByteTokenizer, Tokenizer};
+use inferscope_model::{ByteTokenizer, GenerationDefaults, Tokenizer};
 use inferscope_server::openai::validation::{
     Limits, Validated, Validator, parse_and_detokenize, parse_and_tokenize,
     parse_and_validate_chat, parse_and_validate_completion,
@@ -148,6 +148,7 @@ fn limits(tok: &dyn Tokenizer) -> Limits {
         max_stop_sequences: 16,
         max_stop_sequence_bytes: 256,
         max_stop_token_ids: 256,
+        sampling_defaults: GenerationDefaults::NONE,
     }
 }
 

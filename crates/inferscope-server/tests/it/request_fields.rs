@@ -352,3 +352,108 @@ async fn logit_bias_and_penalties_steer_the_demo_model() {
     );
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// Starting with `flags` fails with a message holding each of `needles`.
+async fn start_fails(flags: &[&str], needles: &[&str]) {
+    let mut all = vec![
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+    ];
+    all.extend_from_slice(flags);
+    let args = inferscope_server::ServeArgs::try_parse_flags(all).unwrap();
+    let err = match inferscope_server::start(&args).await {
+        Ok(_) => panic!("started with {flags:?}"),
+        Err(e) => e.to_string(),
+    };
+    for n in needles {
+        assert!(err.contains(n), "{err}");
+    }
+}
+
+/// `--generation-config FOLDER` sets the defaults of the fields a request
+/// omits (here greedy decoding and a cap of 3 tokens), `--override-generation-config`
+/// lays over it, and `vllm` turns it off; bad values stop the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generation_config_sets_defaults_of_omitted_fields() {
+    let dir = std::env::temp_dir().join(format!("inferscope-gencfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"temperature": 0.0, "max_new_tokens": 3, "eos_token_id": 2}"#,
+    )
+    .unwrap();
+    let folder = dir.to_str().unwrap();
+    let body = json!({"prompt": "same prompt", "ignore_eos": true});
+    let texts = |server: &inferscope_server::RunningServer, body: Value| {
+        let addr = server.addr;
+        async move {
+            let mut out = Vec::new();
+            for _ in 0..3 {
+                let r = post(addr, "/v1/completions", &body).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                let v = r.json();
+                out.push((
+                    v["choices"][0]["text"].as_str().unwrap().to_owned(),
+                    v["usage"]["completion_tokens"].as_u64().unwrap(),
+                ));
+            }
+            out
+        }
+    };
+
+    let server = start(&["--generation-config", folder]).await;
+    let got = texts(&server, body.clone()).await;
+    assert!(got.iter().all(|(_, n)| *n == 3), "capped at 3: {got:?}");
+    assert!(got.iter().all(|g| *g == got[0]), "greedy: {got:?}");
+    // A request's own values win over the defaults but not over the cap.
+    let mut own = body.clone();
+    own["temperature"] = json!(1.0);
+    own["max_tokens"] = json!(10);
+    let got = texts(&server, own).await;
+    assert!(got.iter().all(|(_, n)| *n == 3), "{got:?}");
+    assert!(got.iter().any(|g| *g != got[0]), "sampled: {got:?}");
+    server.shutdown(Duration::from_secs(5)).await;
+
+    let server = start(&[
+        "--generation-config",
+        folder,
+        "--override-generation-config",
+        r#"{"max_new_tokens": 5}"#,
+    ])
+    .await;
+    let got = texts(&server, body.clone()).await;
+    assert!(got.iter().all(|(_, n)| *n == 5), "{got:?}");
+    server.shutdown(Duration::from_secs(5)).await;
+
+    let server = start(&["--generation-config", "vllm"]).await;
+    let got = texts(&server, body.clone()).await;
+    assert!(
+        got.iter().all(|(_, n)| *n == 16),
+        "vLLM's default 16: {got:?}"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+
+    start_fails(
+        &["--generation-config", "/nonexistent-folder"],
+        &["--generation-config", "/nonexistent-folder"],
+    )
+    .await;
+    start_fails(
+        &["--override-generation-config", r#"{"temperature": "hot"}"#],
+        &["--override-generation-config", "temperature"],
+    )
+    .await;
+    start_fails(
+        &["--override-generation-config", "{"],
+        &["--override-generation-config"],
+    )
+    .await;
+    start_fails(&["--threads", "0"], &["--threads"]).await;
+    std::fs::remove_dir_all(&dir).ok();
+}
