@@ -103,8 +103,10 @@ pub struct ServeArgs {
     pub api_key: Option<String>,
 
     /// Tenants and their API keys, a JSON file: {"tenants": [{"name": "team-a",
-    /// "key": "…" (or "key_sha256": "…"), "weight": 1}, …]}. Each key names its
-    /// tenant; requests without a listed key get 401 (docs/tenants.md).
+    /// "key": "…" (or "key_sha256": "…"), "weight": 1, "max_concurrent": 8,
+    /// "max_waiting": 64, "tokens_per_minute": 100000}, …]} (limits optional:
+    /// over one, 429 with Retry-After). Each key names its tenant; requests
+    /// without a listed key get 401 (docs/tenants.md).
     #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
     pub api_key_file: Option<std::path::PathBuf>,
 
