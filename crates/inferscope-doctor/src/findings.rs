@@ -87,6 +87,11 @@ pub struct Diagnosis {
 
 /// Fewest finished requests in the window for latency rules to judge.
 pub const MIN_REQUESTS: f64 = 3.0;
+/// Share of the window's tokens one tenant took, with others active and
+/// requests waiting, from which it is said to hold the server.
+pub const TENANT_HOG_SHARE: f64 = 0.75;
+/// Mean waiting requests from which others are said to wait.
+pub const TENANT_HOG_MIN_WAITING: f64 = 1.0;
 /// Error and rejection share of requests that warns.
 pub const ERROR_SHARE_WARN: f64 = 0.01;
 /// Error and rejection share of requests that is critical.
@@ -515,6 +520,54 @@ pub fn dp_imbalance(s: &Summary) -> Outcome {
     )
 }
 
+/// One tenant took most of the tokens while requests waited and other
+/// tenants were active: it holds the server.
+pub fn tenant_hog(s: &Summary) -> Outcome {
+    // No tenant label (vLLM, an older inferscope): nothing to say, and not
+    // worth a "skipped" line on every report.
+    if s.tenant_tokens.is_empty() {
+        return Outcome::Clear;
+    }
+    let total: f64 = s.tenant_tokens.values().sum();
+    let active = s.tenant_tokens.values().filter(|n| **n > 0.0).count();
+    let Some((top, top_tokens)) = s
+        .tenant_tokens
+        .iter()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(t, n)| (t.clone(), *n))
+    else {
+        return Outcome::Clear;
+    };
+    let waiting = s.waiting_mean.unwrap_or(0.0);
+    let share = if total > 0.0 { top_tokens / total } else { 0.0 };
+    if active < 2 || share < TENANT_HOG_SHARE || waiting < TENANT_HOG_MIN_WAITING {
+        return Outcome::Clear;
+    }
+    let mut evidence = vec![
+        ev("top_tenant_token_share", share, "ratio"),
+        ev("waiting_mean", waiting, "requests"),
+        ev("active_tenants", active as f64, "tenants"),
+    ];
+    for (t, n) in &s.tenant_tokens {
+        evidence.push(ev(&format!("tokens_tenant_{t}"), *n, "tokens"));
+    }
+    fire(
+        "tenant_hog",
+        Severity::Warning,
+        format!(
+            "Tenant `{top}` took {} of the tokens while {waiting:.1} requests waited on average",
+            pct(share)
+        ),
+        evidence,
+        format!(
+            "Give `{top}` a limit in --api-key-file (max_concurrent, max_waiting or \
+             tokens_per_minute) or a lower weight, and check that --scheduling-policy is fair \
+             (docs/tenants.md). If `{top}` is `other` or `anonymous`, raise --max-tenant-labels \
+             or give its callers keys to see who they are."
+        ),
+    )
+}
+
 /// Whether prompts are long and prefill is most of the time to first token.
 fn prefill_dominated(s: &Summary) -> bool {
     let means = (
@@ -710,6 +763,7 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
         ("queue_bound", queue_bound(s)),
         ("host_bound", host_bound(s)),
         ("dp_imbalance", dp_imbalance(s)),
+        ("tenant_hog", tenant_hog(s)),
         ("long_prompts", long_prompts(s)),
         ("prefix_cache", prefix_cache(s)),
     ];
@@ -867,6 +921,7 @@ fn verdict(s: &Summary, skipped: &[Skipped]) -> Finding {
 mod tests {
     use super::*;
     use crate::window::Dist;
+    use std::collections::BTreeMap;
 
     fn bucket(lower: f64, upper: f64, index: usize) -> Bucket {
         Bucket::new(inferscope_schema::scrape::BucketBound {
@@ -1044,6 +1099,46 @@ mod tests {
         s.prefix_cache_hits = Some(0.0);
         s.prompt_tokens_by_source = Some((15_000.0, 5_000.0));
         assert_eq!(prefix_cache(&s), Outcome::Clear);
+    }
+
+    #[test]
+    fn a_tenant_holding_the_server_while_others_wait_is_named() {
+        let tokens =
+            |a: f64, b: f64| BTreeMap::from([("team-a".to_string(), a), ("team-b".to_string(), b)]);
+        let s = Summary {
+            tenant_tokens: tokens(9000.0, 500.0),
+            waiting_mean: Some(12.0),
+            ..busy()
+        };
+        let dg = diagnose(&s, None);
+        let f = dg
+            .findings
+            .iter()
+            .find(|f| f.id == "tenant_hog")
+            .expect("tenant_hog fires");
+        assert!(f.title.contains("team-a"), "{}", f.title);
+        assert!((f.evidence("top_tenant_token_share").unwrap() - 9000.0 / 9500.0).abs() < 1e-9);
+        // Balanced tenants, or nobody waiting, or one tenant alone: clear.
+        for s in [
+            Summary {
+                tenant_tokens: tokens(5000.0, 4500.0),
+                waiting_mean: Some(12.0),
+                ..busy()
+            },
+            Summary {
+                tenant_tokens: tokens(9000.0, 500.0),
+                waiting_mean: Some(0.2),
+                ..busy()
+            },
+            Summary {
+                tenant_tokens: tokens(9000.0, 0.0),
+                waiting_mean: Some(12.0),
+                ..busy()
+            },
+        ] {
+            assert_eq!(tenant_hog(&s), Outcome::Clear, "{:?}", s.tenant_tokens);
+        }
+        assert_eq!(tenant_hog(&busy()), Outcome::Clear, "no tenant label");
     }
 
     #[test]

@@ -133,6 +133,9 @@ pub struct Summary {
     pub generation_tokens_per_s: Option<f64>,
     /// Finished requests in the window by `finished_reason`.
     pub finished_by_reason: BTreeMap<String, f64>,
+    /// Prompt plus generation tokens in the window by `tenant` label (empty
+    /// where the server exposes no tenant label).
+    pub tenant_tokens: BTreeMap<String, f64>,
     /// Finished requests per second (all reasons).
     pub requests_per_s: Option<f64>,
     /// Preemptions in the window.
@@ -469,6 +472,10 @@ impl Window {
             &self.counter_name(names::REQUEST_SUCCESS),
             "finished_reason",
         );
+        let mut tenant_tokens = self.delta_by(&self.counter_name(names::PROMPT_TOKENS), "tenant");
+        for (tenant, n) in self.delta_by(&self.counter_name(names::GENERATION_TOKENS), "tenant") {
+            *tenant_tokens.entry(tenant).or_default() += n;
+        }
         let finished_total =
             (!finished_by_reason.is_empty()).then(|| finished_by_reason.values().sum::<f64>());
         let prefix_caching_enabled = self.last().and_then(|s| {
@@ -514,6 +521,7 @@ impl Window {
             None => Vec::new(),
         };
         Summary {
+            tenant_tokens,
             namespace: self.namespace.clone(),
             window_s: secs,
             scrapes: self.scrapes.len(),

@@ -130,6 +130,7 @@ impl Fixture {
                     arrival: now,
                     trace_id: None,
                     tenant: None,
+                    tenant_label: 0,
                 },
                 tx,
             );

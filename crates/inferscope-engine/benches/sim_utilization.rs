@@ -191,6 +191,7 @@ async fn slot(
             arrival: Instant::now(),
             trace_id: None,
             tenant: None,
+            tenant_label: 0,
         };
         k += 1;
         let Ok(mut handle) = coordinator.add_request(req) else {

@@ -177,6 +177,9 @@ pub struct EngineRequest {
     /// Who sent it (an authenticated tenant); `None`: anonymous. Fair
     /// admission shares the engine across tenants.
     pub tenant: Option<Arc<str>>,
+    /// The tenant's metrics label slot (0: `anonymous`), carried into the
+    /// stats so a token is attributed by index, not by name.
+    pub tenant_label: inferscope_schema::TenantLabel,
 }
 
 /// Monotonic timestamps of one request's life, from which latencies derive.

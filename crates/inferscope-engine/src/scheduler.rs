@@ -246,7 +246,7 @@ impl Scheduler {
                 .effective_seed(&req.request_id, &req.prompt_token_ids, req.seed_offset);
         let num_prompt_tokens = req.prompt_token_ids.len();
         // One allocation per request; every finished-stats clone shares it.
-        let request = RequestRef::new(&req.request_id, req.trace_id);
+        let request = RequestRef::new(&req.request_id, req.trace_id).with_tenant(req.tenant_label);
         let tenant_slot = self.waiting.slot(req.tenant.as_ref());
         let mut seq = Sequence {
             seq_id,
@@ -544,9 +544,13 @@ impl Scheduler {
                     self.stats.num_prompt_tokens += seq.num_prompt_tokens as u64;
                     // Counted with prompt_tokens, so the sources sum to it.
                     self.stats.num_prompt_tokens_cached += seq.num_cached_tokens as u64;
+                    let t = self.stats.tenant_entry(seq.request.tenant);
+                    t.prompt += seq.num_prompt_tokens as u64;
+                    t.prompt_cached += seq.num_cached_tokens as u64;
                 }
                 seq.timeline.last_token = Some(now);
                 self.stats.num_generation_tokens += 1;
+                self.stats.tenant_entry(seq.request.tenant).generation += 1;
                 if let Some((reason, stop)) =
                     check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len)
                 {

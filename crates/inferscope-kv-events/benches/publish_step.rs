@@ -96,6 +96,7 @@ impl Fixture {
                     arrival: now,
                     trace_id: None,
                     tenant: None,
+                    tenant_label: 0,
                 },
                 tx,
             );

@@ -83,6 +83,7 @@ pub mod log_line;
 pub mod manager;
 pub mod prometheus;
 pub mod reading;
+pub mod tenant_labels;
 
 pub use exposition::{Format, negotiate};
 pub use frontend::FrontendRecorder;
@@ -90,3 +91,4 @@ pub use http::{HttpMetrics, HttpMetricsLayer};
 pub use manager::{ConfigError, MetricsConfig, StatLoggerManager, TraceSpanDrops};
 pub use prometheus::{CacheConfig, MetricFilter, OptionalMetrics, every_metric};
 pub use reading::{EngineReading, LATENCIES, Latency};
+pub use tenant_labels::TenantLabels;

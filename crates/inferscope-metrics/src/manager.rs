@@ -18,6 +18,7 @@ use crate::prometheus::{
     CacheConfig, MetricFilter, OptionalMetrics, PrometheusLogger, every_metric,
 };
 use crate::reading::{EngineReading, Latency};
+use crate::tenant_labels::TenantLabels;
 use inferscope_schema::schema::{self, BucketOverrides, BucketsError};
 use inferscope_schema::stats::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
@@ -55,6 +56,9 @@ pub struct MetricsConfig {
     /// The metrics behind a flag that are on (`--kv-cache-metrics`,
     /// `--enable-mfu-metrics`); off by default, as in vLLM.
     pub optional_metrics: OptionalMetrics,
+    /// `--max-tenant-labels`: distinct `tenant` label values before the
+    /// rest are counted as `other`.
+    pub max_tenant_labels: usize,
 }
 
 impl Default for MetricsConfig {
@@ -72,6 +76,7 @@ impl Default for MetricsConfig {
             aggregate_log_lines: false,
             metric_filter: every_metric,
             optional_metrics: OptionalMetrics::default(),
+            max_tenant_labels: schema::DEFAULT_MAX_TENANT_LABELS,
         }
     }
 }
@@ -217,6 +222,7 @@ impl StatLoggerManager {
             &config.buckets,
             &cache_configs,
             config.optional_metrics,
+            config.max_tenant_labels,
         );
         let trace_span_drops = TraceSpanDrops::register(
             config
@@ -299,6 +305,12 @@ impl StatLoggerManager {
         }
     }
 
+    /// The bounded `tenant` label: resolve a request's slot here once
+    /// ([`TenantLabels::slot`]) and carry it in its [`inferscope_schema::RequestRef`].
+    pub fn tenant_labels(&self) -> &Arc<TenantLabels> {
+        self.prometheus.tenant_labels()
+    }
+
     /// Every engine's current values (of the served model), in
     /// `engine_indices` order: what the console samples once a second.
     pub fn read_engines(&self) -> Vec<EngineReading> {
@@ -314,13 +326,13 @@ impl StatLoggerManager {
         self.prometheus
             .first_model_engines()
             .next()
-            .map(|e| e.latency_histogram(latency).bounds().to_vec())
+            .map(|e| e.latency_bounds(latency))
             .unwrap_or_default()
     }
 
     /// Renders the registry: `(content type, body)`.
     pub fn render(&self, format: Format) -> (&'static str, String) {
-        exposition::render_with_exemplars(&self.registry, format, self.prometheus.exemplars())
+        exposition::render_with_exemplars(&self.registry, format, &self.prometheus.exemplars())
     }
 
     /// The HTTP metric handles (shared with the HTTP layer).

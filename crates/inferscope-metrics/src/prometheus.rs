@@ -2,8 +2,8 @@
 //! process's one `Registry` and resolves every engine's label handles once,
 //! at start-up. Observations then touch only atomics.
 
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -15,10 +15,11 @@ use prometheus_client::registry::Registry;
 use crate::exemplar::{ExemplarIndex, ExemplarSlot};
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
 use crate::reading::{EngineReading, LATENCIES, Latency};
+use crate::tenant_labels::TenantLabels;
 use inferscope_schema::schema::{self, BucketOverrides, MetricDef};
 use inferscope_schema::stats::{
     EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats,
-    IterationStats, ObservedRequest, RequestRef, SchedulerStats,
+    IterationStats, ObservedRequest, RequestRef, SchedulerStats, TenantLabel,
 };
 
 /// `model_name`, `engine`.
@@ -28,12 +29,21 @@ struct EngineLabels {
     engine: String,
 }
 
-/// `model_name`, `engine`, `finished_reason`.
+/// `model_name`, `engine`, `tenant`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct FinishedLabels {
+struct TenantLabelSet {
+    model_name: String,
+    engine: String,
+    tenant: String,
+}
+
+/// `model_name`, `engine`, `finished_reason`, `tenant`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct FinishedTenantLabels {
     model_name: String,
     engine: String,
     finished_reason: String,
+    tenant: String,
 }
 
 /// `model_name`, `engine`, `cause`.
@@ -122,21 +132,18 @@ pub struct EngineMetrics {
     /// `capacity`, `deferred`.
     num_waiting_by_reason: [Gauge; 2],
     kv_usage: F64Gauge,
-    prompt_tokens: Counter,
-    generation_tokens: Counter,
     num_preemptions: Counter,
-    request_success: [Counter; 4],
-    /// The latest finished request of each reason (the counters' exemplars).
-    request_success_exemplars: [Arc<ExemplarSlot>; 4],
+    /// The series with a `tenant` label, by tenant label slot: made the
+    /// first time a slot is used on this engine, then only indexed.
+    tenants: Arc<[OnceLock<TenantMetrics>]>,
+    /// What a slot's handles are made from.
+    tenant_families: Arc<TenantFamilies>,
     prefix_cache_queries: Counter,
     prefix_cache_hits: Counter,
-    prompt_tokens_cached: Counter,
     /// `local_compute`, `local_cache_hit`.
     prompt_tokens_by_source: [Counter; 2],
-    ttft: AtomicHistogram,
     itl: AtomicHistogram,
     tpot: AtomicHistogram,
-    e2e: AtomicHistogram,
     queue_time: AtomicHistogram,
     inference_time: AtomicHistogram,
     prefill_time: AtomicHistogram,
@@ -164,7 +171,113 @@ pub struct EngineMetrics {
     kv_events_dropped: Counter,
 }
 
+/// One tenant's series on one engine: the request-level counters and the
+/// TTFT and e2e histograms (each with the tenant's exemplars).
+#[derive(Debug)]
+struct TenantMetrics {
+    request_success: [Counter; 4],
+    /// The latest finished request of each reason (the counters' exemplars).
+    request_success_exemplars: [Arc<ExemplarSlot>; 4],
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    prompt_tokens_cached: Counter,
+    ttft: AtomicHistogram,
+    e2e: AtomicHistogram,
+}
+
+/// The families of the tenant-labelled series, the label bound, and where
+/// a new series' exemplars are announced.
+#[derive(Debug)]
+struct TenantFamilies {
+    labels: Arc<TenantLabels>,
+    success: Family<FinishedTenantLabels, Counter>,
+    prompt_tokens: Family<TenantLabelSet, Counter>,
+    generation_tokens: Family<TenantLabelSet, Counter>,
+    prompt_tokens_cached: Family<TenantLabelSet, Counter>,
+    ttft: HistFamily<TenantLabelSet>,
+    e2e: HistFamily<TenantLabelSet>,
+    /// Registered names of TTFT, e2e and the success counter (`None`: not exposed).
+    exemplar_names: [Option<String>; 3],
+    exemplars: Arc<RwLock<ExemplarIndex>>,
+}
+
+impl TenantFamilies {
+    /// Resolves slot `slot`'s series of `model`'s engine `engine`.
+    fn make(&self, model: &str, engine: usize, slot: TenantLabel) -> TenantMetrics {
+        let tenant = self.labels.name(slot).to_string();
+        let engine = engine.to_string();
+        let l = TenantLabelSet {
+            model_name: model.to_owned(),
+            engine: engine.clone(),
+            tenant: tenant.clone(),
+        };
+        let finished = |reason: FinishReason| {
+            self.success.get_or_create_owned(&FinishedTenantLabels {
+                model_name: model.to_owned(),
+                engine: engine.clone(),
+                finished_reason: reason.as_str().to_owned(),
+                tenant: tenant.clone(),
+            })
+        };
+        let m = TenantMetrics {
+            request_success: FinishReason::ALL.map(finished),
+            request_success_exemplars: FinishReason::ALL.map(|_| Arc::new(ExemplarSlot::default())),
+            prompt_tokens: self.prompt_tokens.get_or_create_owned(&l),
+            generation_tokens: self.generation_tokens.get_or_create_owned(&l),
+            prompt_tokens_cached: self.prompt_tokens_cached.get_or_create_owned(&l),
+            ttft: self.ttft.get_or_create_owned(&l),
+            e2e: self.e2e.get_or_create_owned(&l),
+        };
+        if self.exemplar_names.iter().any(Option::is_some) {
+            let mut index = self.exemplars.write().unwrap_or_else(|e| e.into_inner());
+            let labels = [
+                ("model_name", model),
+                ("engine", engine.as_str()),
+                ("tenant", tenant.as_str()),
+            ];
+            let [ttft, e2e, success] = &self.exemplar_names;
+            if let Some(name) = ttft {
+                index.add_histogram(name, &labels, &m.ttft);
+            }
+            if let Some(name) = e2e {
+                index.add_histogram(name, &labels, &m.e2e);
+            }
+            if let Some(name) = success {
+                for (reason, slot) in FinishReason::ALL.iter().zip(&m.request_success_exemplars) {
+                    let labels = [
+                        ("model_name", model),
+                        ("engine", engine.as_str()),
+                        ("finished_reason", reason.as_str()),
+                        ("tenant", tenant.as_str()),
+                    ];
+                    index.add_counter(name, &labels, slot);
+                }
+            }
+        }
+        m
+    }
+}
+
 impl EngineMetrics {
+    /// The series of tenant label slot `slot` (a slot past the bound is
+    /// `other`): made on first use, an index afterwards.
+    #[inline]
+    fn tenant(&self, slot: TenantLabel) -> &TenantMetrics {
+        let i = (slot as usize).min(self.tenants.len() - 1);
+        self.tenants[i].get_or_init(|| {
+            self.tenant_families.make(
+                &self.model,
+                self.index,
+                TenantLabel::try_from(i).unwrap_or(0),
+            )
+        })
+    }
+
+    /// The tenants' series made so far on this engine.
+    fn tenants_made(&self) -> impl Iterator<Item = &TenantMetrics> {
+        self.tenants.iter().filter_map(OnceLock::get)
+    }
+
     /// The global engine index (the `engine` label).
     pub fn index(&self) -> usize {
         self.index
@@ -175,13 +288,34 @@ impl EngineMetrics {
         &self.model
     }
 
-    /// The histogram of `latency`.
-    pub(crate) fn latency_histogram(&self, latency: Latency) -> &AtomicHistogram {
+    /// The finite bucket bounds of `latency`'s histogram.
+    pub(crate) fn latency_bounds(&self, latency: Latency) -> Vec<f64> {
         match latency {
-            Latency::Ttft => &self.ttft,
-            Latency::Itl => &self.itl,
-            Latency::E2e => &self.e2e,
-            Latency::Queue => &self.queue_time,
+            // Every tenant's series has the same bounds; the anonymous
+            // tenant's is made if no request has been seen yet.
+            Latency::Ttft => self.tenant(0).ttft.bounds().to_vec(),
+            Latency::E2e => self.tenant(0).e2e.bounds().to_vec(),
+            Latency::Itl => self.itl.bounds().to_vec(),
+            Latency::Queue => self.queue_time.bounds().to_vec(),
+        }
+    }
+
+    /// `latency`'s bucket counts, over every tenant for the tenant-labelled ones.
+    fn latency_counts(&self, latency: Latency) -> Box<[u64]> {
+        let sum = |get: fn(&TenantMetrics) -> &AtomicHistogram| {
+            let mut total = vec![0; self.latency_bounds(latency).len() + 1].into_boxed_slice();
+            for t in self.tenants_made() {
+                for (sum, c) in total.iter_mut().zip(get(t).counts()) {
+                    *sum += c;
+                }
+            }
+            total
+        };
+        match latency {
+            Latency::Ttft => sum(|t| &t.ttft),
+            Latency::E2e => sum(|t| &t.e2e),
+            Latency::Itl => self.itl.counts(),
+            Latency::Queue => self.queue_time.counts(),
         }
     }
 
@@ -195,10 +329,14 @@ impl EngineMetrics {
             kv_cache_usage: self.kv_usage.get(),
             device_busy_seconds: self.device_busy.get(),
             preemptions: self.num_preemptions.get(),
-            prompt_tokens: self.prompt_tokens.get(),
-            generation_tokens: self.generation_tokens.get(),
-            requests: self.request_success.each_ref().map(Counter::get),
-            latency: LATENCIES.map(|l| self.latency_histogram(l).counts()),
+            prompt_tokens: self.tenants_made().map(|t| t.prompt_tokens.get()).sum(),
+            generation_tokens: self.tenants_made().map(|t| t.generation_tokens.get()).sum(),
+            requests: std::array::from_fn(|i| {
+                self.tenants_made()
+                    .map(|t| t.request_success[i].get())
+                    .sum()
+            }),
+            latency: LATENCIES.map(|l| self.latency_counts(l)),
         }
     }
 
@@ -209,7 +347,8 @@ impl EngineMetrics {
     pub(crate) fn record_frontend(&self, stats: &FrontendStats, request: Option<&RequestRef>) {
         match stats {
             FrontendStats::FirstToken { ttft } => {
-                observe(&self.ttft, ttft.as_secs_f64(), request);
+                let t = self.tenant(request.map_or(0, |r| r.tenant));
+                observe(&t.ttft, ttft.as_secs_f64(), request);
             }
             FrontendStats::NextToken { itl } => observe(&self.itl, itl.as_secs_f64(), request),
             FrontendStats::Finished(finished) => self.record_frontend_finished(finished, request),
@@ -221,7 +360,8 @@ impl EngineMetrics {
                 self.num_running.dec();
             }
             FrontendStats::GenerationTokens(tokens) => {
-                self.generation_tokens.inc_by(*tokens);
+                let t = self.tenant(request.map_or(0, |r| r.tenant));
+                t.generation_tokens.inc_by(*tokens);
             }
         }
     }
@@ -229,7 +369,8 @@ impl EngineMetrics {
     /// A finished request as the front end saw it: e2e latency and TPOT.
     /// TTFT is not observed here (it is recorded when it happens).
     fn record_frontend_finished(&self, stats: &FrontendRequestStats, request: Option<&RequestRef>) {
-        observe(&self.e2e, stats.e2e.as_secs_f64(), request);
+        let t = self.tenant(request.map_or(0, |r| r.tenant));
+        observe(&t.e2e, stats.e2e.as_secs_f64(), request);
         observe(&self.tpot, time_per_output_token(stats), request);
     }
 
@@ -240,18 +381,19 @@ impl EngineMetrics {
     /// as they happen.
     fn record_observed(&self, req: &ObservedRequest, request: Option<&RequestRef>) {
         let reason = req.finish_reason.index();
-        if let Some(c) = self.request_success.get(reason) {
+        let t = self.tenant(request.map_or(0, |r| r.tenant));
+        if let Some(c) = t.request_success.get(reason) {
             c.inc();
         }
-        if let (Some(slot), Some(r)) = (self.request_success_exemplars.get(reason), request) {
+        if let (Some(slot), Some(r)) = (t.request_success_exemplars.get(reason), request) {
             slot.set(r, 1.0);
         }
         if let Some(p) = req.prompt_tokens {
-            self.prompt_tokens.inc_by(p);
+            t.prompt_tokens.inc_by(p);
             self.request_prompt_tokens.observe(p as f64);
         }
         if let Some(g) = req.generation_tokens {
-            self.generation_tokens.inc_by(g);
+            t.generation_tokens.inc_by(g);
             self.request_generation_tokens.observe(g as f64);
             self.request_max_num_generation_tokens.observe(g as f64);
         }
@@ -270,7 +412,7 @@ impl EngineMetrics {
                 },
                 request,
             ),
-            _ => observe(&self.e2e, req.e2e.as_secs_f64(), request),
+            _ => observe(&t.e2e, req.e2e.as_secs_f64(), request),
         }
     }
 
@@ -288,10 +430,11 @@ impl EngineMetrics {
     /// the latency ones and the counter with the request as exemplar.
     pub fn record_finished(&self, req: &FinishedRequestStats) {
         let reason = req.finish_reason.index();
-        if let Some(c) = self.request_success.get(reason) {
+        let t = self.tenant(req.request.tenant);
+        if let Some(c) = t.request_success.get(reason) {
             c.inc();
         }
-        if let Some(slot) = self.request_success_exemplars.get(reason) {
+        if let Some(slot) = t.request_success_exemplars.get(reason) {
             slot.set(&req.request, 1.0);
         }
         let r = &req.request;
@@ -325,10 +468,28 @@ impl EngineMetrics {
         self.prefix_cache_queries.inc_by(sched.prefix_cache_queries);
         self.prefix_cache_hits.inc_by(sched.prefix_cache_hits);
         self.num_preemptions.inc_by(sched.num_preemptions);
-        self.prompt_tokens.inc_by(iter.num_prompt_tokens);
-        self.generation_tokens.inc_by(iter.num_generation_tokens);
-        self.prompt_tokens_cached
-            .inc_by(iter.num_prompt_tokens_cached);
+        let mut rest = [
+            iter.num_prompt_tokens,
+            iter.num_generation_tokens,
+            iter.num_prompt_tokens_cached,
+        ];
+        for tokens in &iter.tenant_tokens {
+            let t = self.tenant(tokens.tenant);
+            t.prompt_tokens.inc_by(tokens.prompt);
+            t.generation_tokens.inc_by(tokens.generation);
+            t.prompt_tokens_cached.inc_by(tokens.prompt_cached);
+            rest[0] = rest[0].saturating_sub(tokens.prompt);
+            rest[1] = rest[1].saturating_sub(tokens.generation);
+            rest[2] = rest[2].saturating_sub(tokens.prompt_cached);
+        }
+        // Tokens the step did not split by tenant are anonymous, so the
+        // tenants always sum to the step's totals.
+        if rest != [0; 3] {
+            let t = self.tenant(0);
+            t.prompt_tokens.inc_by(rest[0]);
+            t.generation_tokens.inc_by(rest[1]);
+            t.prompt_tokens_cached.inc_by(rest[2]);
+        }
         let [compute, cache_hit] = &self.prompt_tokens_by_source;
         compute.inc_by(
             iter.num_prompt_tokens
@@ -411,7 +572,9 @@ pub struct PrometheusLogger {
     engines: Vec<Arc<EngineMetrics>>,
     rejections: Family<RejectionLabels, Counter>,
     request_log_dropped: Counter,
-    exemplars: ExemplarIndex,
+    tenant_labels: Arc<TenantLabels>,
+    // Grows when a tenant's series are first made on an engine.
+    exemplars: Arc<RwLock<ExemplarIndex>>,
 }
 
 /// Which schema metrics a registry exposes: `true` registers the family.
@@ -515,6 +678,7 @@ impl PrometheusLogger {
         overrides: &BucketOverrides,
         cache_configs: &[(usize, CacheConfig)],
         optional: OptionalMetrics,
+        max_tenant_labels: usize,
     ) -> Self {
         use schema as s;
         let (registry, keep) = match registry {
@@ -539,13 +703,13 @@ impl PrometheusLogger {
         let kv: Family<EngineLabels, F64Gauge> = r.add(&s::KV_CACHE_USAGE_PERC, Family::default());
         let cache_info: Family<CacheConfigLabels, Gauge> =
             r.add(&s::CACHE_CONFIG_INFO, Family::default());
-        let prompt_tokens = r.family::<EngineLabels>(&s::PROMPT_TOKENS);
-        let generation_tokens = r.family::<EngineLabels>(&s::GENERATION_TOKENS);
+        let prompt_tokens = r.family::<TenantLabelSet>(&s::PROMPT_TOKENS);
+        let generation_tokens = r.family::<TenantLabelSet>(&s::GENERATION_TOKENS);
         let num_preemptions = r.family::<EngineLabels>(&s::NUM_PREEMPTIONS);
-        let success = r.family::<FinishedLabels>(&s::REQUEST_SUCCESS);
+        let success = r.family::<FinishedTenantLabels>(&s::REQUEST_SUCCESS);
         let pc_queries = r.family::<EngineLabels>(&s::PREFIX_CACHE_QUERIES);
         let pc_hits = r.family::<EngineLabels>(&s::PREFIX_CACHE_HITS);
-        let cached = r.family::<EngineLabels>(&s::PROMPT_TOKENS_CACHED);
+        let cached = r.family::<TenantLabelSet>(&s::PROMPT_TOKENS_CACHED);
         let by_source = r.family::<SourceLabels>(&s::PROMPT_TOKENS_BY_SOURCE);
         let rejections = r.family::<RejectionLabels>(&s::ADMISSION_REJECTIONS);
         let request_log_dropped = r
@@ -553,10 +717,16 @@ impl PrometheusLogger {
             .get_or_create_owned(&ModelLabels {
                 model_name: model_name.to_owned(),
             });
-        let ttft = r.hist::<EngineLabels>(&s::TIME_TO_FIRST_TOKEN);
+        let folded: Gauge = r
+            .add::<Family<ModelLabels, Gauge>>(&s::TENANT_LABELS_FOLDED, Family::default())
+            .get_or_create_owned(&ModelLabels {
+                model_name: model_name.to_owned(),
+            });
+        let tenant_labels = Arc::new(TenantLabels::new(max_tenant_labels, folded));
+        let ttft = r.hist::<TenantLabelSet>(&s::TIME_TO_FIRST_TOKEN);
         let itl = r.hist::<EngineLabels>(&s::INTER_TOKEN_LATENCY);
         let tpot = r.hist::<EngineLabels>(&s::TIME_PER_OUTPUT_TOKEN);
-        let e2e = r.hist::<EngineLabels>(&s::E2E_REQUEST_LATENCY);
+        let e2e = r.hist::<TenantLabelSet>(&s::E2E_REQUEST_LATENCY);
         let queue = r.hist::<EngineLabels>(&s::REQUEST_QUEUE_TIME);
         let inference = r.hist::<EngineLabels>(&s::REQUEST_INFERENCE_TIME);
         let prefill = r.hist::<EngineLabels>(&s::REQUEST_PREFILL_TIME);
@@ -584,6 +754,22 @@ impl PrometheusLogger {
         let read_bytes = r.family::<EngineLabels>(&s::ESTIMATED_READ_BYTES);
         let write_bytes = r.family::<EngineLabels>(&s::ESTIMATED_WRITE_BYTES);
         let kv_dropped = r.family::<EngineLabels>(&s::KV_EVENTS_DROPPED_BATCHES);
+        let exemplars = Arc::new(RwLock::new(ExemplarIndex::default()));
+        let tenant_families = Arc::new(TenantFamilies {
+            labels: Arc::clone(&tenant_labels),
+            success,
+            prompt_tokens,
+            generation_tokens,
+            prompt_tokens_cached: cached,
+            ttft,
+            e2e,
+            exemplar_names: [
+                r.registered_name(&s::TIME_TO_FIRST_TOKEN),
+                r.registered_name(&s::E2E_REQUEST_LATENCY),
+                r.registered_name(&s::REQUEST_SUCCESS),
+            ],
+            exemplars: Arc::clone(&exemplars),
+        });
 
         // The first model's handles come first, so `engine(index)` finds them.
         let models: Vec<&str> = std::iter::once(model_name)
@@ -597,13 +783,6 @@ impl PrometheusLogger {
                 let l = EngineLabels {
                     model_name: model_name.to_owned(),
                     engine: engine.clone(),
-                };
-                let finished = |reason: FinishReason| {
-                    success.get_or_create_owned(&FinishedLabels {
-                        model_name: model_name.to_owned(),
-                        engine: engine.clone(),
-                        finished_reason: reason.as_str().to_owned(),
-                    })
                 };
                 // Both causes exist from the start at 0, so an alert on
                 // `increase()` sees the first failure.
@@ -658,20 +837,16 @@ impl PrometheusLogger {
                     num_waiting: waiting.get_or_create_owned(&l),
                     num_waiting_by_reason: [0, 1].map(reason),
                     kv_usage: kv.get_or_create_owned(&l),
-                    prompt_tokens: prompt_tokens.get_or_create_owned(&l),
-                    generation_tokens: generation_tokens.get_or_create_owned(&l),
                     num_preemptions: num_preemptions.get_or_create_owned(&l),
-                    request_success: FinishReason::ALL.map(finished),
-                    request_success_exemplars: FinishReason::ALL
-                        .map(|_| Arc::new(ExemplarSlot::default())),
+                    tenants: (0..tenant_labels.num_slots())
+                        .map(|_| OnceLock::new())
+                        .collect(),
+                    tenant_families: Arc::clone(&tenant_families),
                     prefix_cache_queries: pc_queries.get_or_create_owned(&l),
                     prefix_cache_hits: pc_hits.get_or_create_owned(&l),
-                    prompt_tokens_cached: cached.get_or_create_owned(&l),
                     prompt_tokens_by_source: [0, 1].map(source),
-                    ttft: ttft.get_or_create_owned(&l),
                     itl: itl.get_or_create_owned(&l),
                     tpot: tpot.get_or_create_owned(&l),
-                    e2e: e2e.get_or_create_owned(&l),
                     queue_time: queue.get_or_create_owned(&l),
                     inference_time: inference.get_or_create_owned(&l),
                     prefill_time: prefill.get_or_create_owned(&l),
@@ -700,39 +875,36 @@ impl PrometheusLogger {
                 })
             })
             .collect::<Vec<Arc<EngineMetrics>>>();
+        // The anonymous tenant's series exist from the start, at zero, as
+        // vLLM's do: a rate() or an alert sees the first request.
+        for e in &engines {
+            e.tenant(0);
+        }
 
         // The latency histograms and the finished-request counter carry
         // exemplars (OpenMetrics only); the token-count ones do not: a request
         // id on "prompt length" answers no latency question.
         type Get = fn(&EngineMetrics) -> &AtomicHistogram;
-        let with_exemplars: [(&MetricDef, Get); 8] = [
-            (&s::TIME_TO_FIRST_TOKEN, |e| &e.ttft),
+        // (TTFT, e2e and the success counter are per tenant: their
+        // exemplars are added as each tenant's series are made.)
+        let with_exemplars: [(&MetricDef, Get); 6] = [
             (&s::INTER_TOKEN_LATENCY, |e| &e.itl),
             (&s::TIME_PER_OUTPUT_TOKEN, |e| &e.tpot),
-            (&s::E2E_REQUEST_LATENCY, |e| &e.e2e),
             (&s::REQUEST_QUEUE_TIME, |e| &e.queue_time),
             (&s::REQUEST_INFERENCE_TIME, |e| &e.inference_time),
             (&s::REQUEST_PREFILL_TIME, |e| &e.prefill_time),
             (&s::REQUEST_DECODE_TIME, |e| &e.decode_time),
         ];
-        let mut exemplars = ExemplarIndex::default();
-        for e in &engines {
-            let engine = e.index.to_string();
-            let model_name = &*e.model;
-            let labels = [("model_name", model_name), ("engine", engine.as_str())];
-            for (def, get) in &with_exemplars {
-                if let Some(name) = r.registered_name(def) {
-                    exemplars.add_histogram(&name, &labels, get(e));
-                }
-            }
-            if let Some(name) = r.registered_name(&s::REQUEST_SUCCESS) {
-                for (reason, slot) in FinishReason::ALL.iter().zip(&e.request_success_exemplars) {
-                    let labels = [
-                        ("model_name", model_name),
-                        ("engine", engine.as_str()),
-                        ("finished_reason", reason.as_str()),
-                    ];
-                    exemplars.add_counter(&name, &labels, slot);
+        {
+            let mut exemplars = exemplars.write().unwrap_or_else(|e| e.into_inner());
+            for e in &engines {
+                let engine = e.index.to_string();
+                let model_name = &*e.model;
+                let labels = [("model_name", model_name), ("engine", engine.as_str())];
+                for (def, get) in &with_exemplars {
+                    if let Some(name) = r.registered_name(def) {
+                        exemplars.add_histogram(&name, &labels, get(e));
+                    }
                 }
             }
         }
@@ -742,6 +914,7 @@ impl PrometheusLogger {
             engines,
             rejections,
             request_log_dropped,
+            tenant_labels,
             exemplars,
         }
     }
@@ -772,8 +945,13 @@ impl PrometheusLogger {
     }
 
     /// The registered series that carry exemplars.
-    pub fn exemplars(&self) -> &ExemplarIndex {
-        &self.exemplars
+    pub fn exemplars(&self) -> RwLockReadGuard<'_, ExemplarIndex> {
+        self.exemplars.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The bounded `tenant` label values.
+    pub fn tenant_labels(&self) -> &Arc<TenantLabels> {
+        &self.tenant_labels
     }
 
     /// Counts one request refused at admission.
@@ -818,6 +996,7 @@ mod tests {
             &Default::default(),
             &[],
             OptionalMetrics::default(),
+            2,
         );
         p.engine(0).unwrap().record_frontend(
             &FrontendStats::FirstToken {
@@ -846,6 +1025,7 @@ mod tests {
             &Default::default(),
             &[],
             OptionalMetrics::default(),
+            2,
         );
         let e = p.engine(0).unwrap();
         let observed =
@@ -860,14 +1040,15 @@ mod tests {
             e2e: Duration::from_secs(3),
         };
         observed(&req);
-        assert_eq!(e.request_success[FinishReason::Length.index()].get(), 1);
-        assert_eq!((e.prompt_tokens.get(), e.generation_tokens.get()), (7, 5));
+        let t = e.tenant(0);
+        assert_eq!(t.request_success[FinishReason::Length.index()].get(), 1);
+        assert_eq!((t.prompt_tokens.get(), t.generation_tokens.get()), (7, 5));
         assert_eq!(
             e.request_params_max_tokens.count(),
             0,
             "unknown: not a zero"
         );
-        assert_eq!((e.e2e.count(), e.tpot.count()), (1, 1));
+        assert_eq!((t.e2e.count(), e.tpot.count()), (1, 1));
         req.generation_tokens = None;
         req.ttft = None;
         observed(&req);
@@ -878,7 +1059,74 @@ mod tests {
         e.record_frontend(&FrontendStats::Ended, None);
         assert_eq!(e.num_running.get(), 1);
         e.record_frontend(&FrontendStats::GenerationTokens(4), None);
-        assert_eq!(e.generation_tokens.get(), 5 + 4);
+        assert_eq!(t.generation_tokens.get(), 5 + 4);
+    }
+
+    #[test]
+    fn tenants_get_their_own_series_up_to_the_bound() {
+        let mut registry = Registry::default();
+        let p = PrometheusLogger::new(
+            Some((&mut registry, every_metric)),
+            "vllm",
+            "m",
+            &[],
+            &[0],
+            100,
+            &Default::default(),
+            &[],
+            OptionalMetrics::default(),
+            2,
+        );
+        let labels = p.tenant_labels();
+        let a = labels.slot(Some("team-a"));
+        let b = labels.slot(Some("team-b"));
+        let c = labels.slot(Some("team-c"));
+        assert_eq!(
+            (a, b, c),
+            (1, 2, 2),
+            "a bound of 2: anonymous, team-a, then other"
+        );
+        let e = p.engine(0).unwrap();
+        let mut iter = IterationStats {
+            num_prompt_tokens: 10,
+            num_generation_tokens: 6,
+            ..IterationStats::default()
+        };
+        iter.tenant_entry(a).prompt += 10;
+        iter.tenant_entry(a).generation += 1;
+        iter.tenant_entry(b).generation += 2;
+        iter.tenant_entry(c).generation += 3;
+        e.record_step(&SchedulerStats::default(), &iter);
+        e.record_frontend(
+            &FrontendStats::FirstToken {
+                ttft: Duration::from_millis(5),
+            },
+            Some(&RequestRef::new("r", None).with_tenant(a)),
+        );
+        let (_, text) = crate::exposition::render(&registry, crate::Format::Prometheus);
+        let line = |l: &str| text.lines().any(|x| x == l);
+        assert!(
+            line(r#"vllm:prompt_tokens_total{model_name="m",engine="0",tenant="team-a"} 10"#),
+            "{text}"
+        );
+        assert!(
+            line(r#"vllm:generation_tokens_total{model_name="m",engine="0",tenant="other"} 5"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"vllm:time_to_first_token_seconds_count{model_name="m",engine="0",tenant="team-a"} 1"#),
+            "{text}"
+        );
+        assert!(
+            line(r#"vllm:tenant_labels_folded{model_name="m"} 2"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("team-b") && !text.contains("team-c"),
+            "{text}"
+        );
+        // The console's reading sums the tenants.
+        assert_eq!(e.read().generation_tokens, 6);
     }
 
     #[test]
@@ -893,6 +1141,7 @@ mod tests {
             &Default::default(),
             &[],
             OptionalMetrics::default(),
+            2,
         );
         let e = p.engine(3).unwrap();
         e.record_frontend(

@@ -27,5 +27,5 @@ pub use schema::{BucketGroup, BucketOverrides, BucketsError, names, parse_bucket
 pub use stats::{
     EngineFailure, FinishReason, FinishedRequestStats, FrontendRequestStats, FrontendStats,
     IterationStats, KvBlockResidency, NoopRecorder, ObservedRequest, RequestRef, SchedulerStats,
-    StatsRecorder,
+    StatsRecorder, TenantLabel, TenantTokens,
 };

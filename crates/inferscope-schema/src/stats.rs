@@ -96,15 +96,30 @@ pub struct RequestRef {
     pub request_id: Arc<str>,
     /// W3C trace id when the request is traced.
     pub trace_id: Option<[u8; 16]>,
+    /// Its tenant's label slot (see [`TenantLabel`]).
+    pub tenant: TenantLabel,
 }
 
+/// A tenant's slot among the bounded `tenant` label values, assigned by the
+/// metrics side once per request; the engine only carries it, so attributing
+/// a token is an index, never a name lookup. Slot 0 is `anonymous`.
+pub type TenantLabel = u32;
+
 impl RequestRef {
-    /// A reference to request `request_id`, traced under `trace_id` if set.
+    /// A reference to request `request_id`, traced under `trace_id` if set,
+    /// of the anonymous tenant.
     pub fn new(request_id: &str, trace_id: Option<[u8; 16]>) -> Self {
         Self {
             request_id: Arc::from(request_id),
             trace_id,
+            tenant: 0,
         }
+    }
+
+    /// The same reference, attributed to tenant label slot `tenant`.
+    pub fn with_tenant(mut self, tenant: TenantLabel) -> Self {
+        self.tenant = tenant;
+        self
     }
 
     /// The trace id as 32 lowercase hex digits, when traced.
@@ -176,6 +191,40 @@ pub struct IterationStats {
     pub device_time: Duration,
     /// Requests that finished during this step (reused buffer: cleared each step).
     pub finished_requests: Vec<FinishedRequestStats>,
+    /// The step's prompt, cached and generation tokens by tenant: one entry
+    /// per tenant label in the step (reused buffer), summing to the totals.
+    pub tenant_tokens: Vec<TenantTokens>,
+}
+
+/// One tenant's share of a step's token counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantTokens {
+    /// The tenant's label slot.
+    pub tenant: TenantLabel,
+    /// Its part of [`IterationStats::num_prompt_tokens`].
+    pub prompt: u64,
+    /// Its part of [`IterationStats::num_prompt_tokens_cached`].
+    pub prompt_cached: u64,
+    /// Its part of [`IterationStats::num_generation_tokens`].
+    pub generation: u64,
+}
+
+impl IterationStats {
+    /// The entry of `tenant` in [`Self::tenant_tokens`], added when absent
+    /// (a scan: a step holds few tenants, and the buffer is reused).
+    pub fn tenant_entry(&mut self, tenant: TenantLabel) -> &mut TenantTokens {
+        let i = match self.tenant_tokens.iter().position(|t| t.tenant == tenant) {
+            Some(i) => i,
+            None => {
+                self.tenant_tokens.push(TenantTokens {
+                    tenant,
+                    ..TenantTokens::default()
+                });
+                self.tenant_tokens.len() - 1
+            }
+        };
+        &mut self.tenant_tokens[i]
+    }
 }
 
 impl IterationStats {
@@ -183,8 +232,11 @@ impl IterationStats {
     pub fn clear(&mut self) {
         let mut finished = std::mem::take(&mut self.finished_requests);
         finished.clear();
+        let mut tenants = std::mem::take(&mut self.tenant_tokens);
+        tenants.clear();
         *self = IterationStats {
             finished_requests: finished,
+            tenant_tokens: tenants,
             ..Default::default()
         };
     }

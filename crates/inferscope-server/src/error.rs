@@ -20,6 +20,8 @@ pub struct ApiError {
     pub kind: &'static str,
     /// The offending request field, if one.
     pub param: Option<&'static str>,
+    /// Seconds for the `Retry-After` header of a 429 (a tenant's limit).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
             message: message.into(),
             kind: "invalid_request_error",
             param,
+            retry_after: None,
         }
     }
 
@@ -40,6 +43,7 @@ impl ApiError {
             message: format!("The model `{model}` does not exist."),
             kind: "not_found_error",
             param: Some("model"),
+            retry_after: None,
         }
     }
 
@@ -50,6 +54,7 @@ impl ApiError {
             message: message.into(),
             kind: "not_found_error",
             param: None,
+            retry_after: None,
         }
     }
 
@@ -60,6 +65,7 @@ impl ApiError {
             message: "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
             kind: "authentication_error",
             param: None,
+            retry_after: None,
         }
     }
 
@@ -70,6 +76,15 @@ impl ApiError {
             message: message.into(),
             kind: "rate_limit_error",
             param: None,
+            retry_after: None,
+        }
+    }
+
+    /// 429 with `Retry-After: seconds`: a tenant's own limit refused it.
+    pub fn rate_limited(message: impl Into<String>, retry_after: u64) -> Self {
+        Self {
+            retry_after: Some(retry_after.max(1)),
+            ..Self::overloaded(message)
         }
     }
 
@@ -80,6 +95,7 @@ impl ApiError {
             message: message.into(),
             kind: "service_unavailable",
             param: None,
+            retry_after: None,
         }
     }
 
@@ -90,6 +106,7 @@ impl ApiError {
             message: message.into(),
             kind: "internal_server_error",
             param: None,
+            retry_after: None,
         }
     }
 
@@ -108,7 +125,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut r = (self.status, Json(self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 

@@ -246,8 +246,11 @@ async fn respond(
             p.top_p,
             p.n,
         );
+        span.set_tenant(tenant.as_ref().map_or_else(
+            || Arc::from(inferscope_schema::schema::TENANT_ANONYMOUS),
+            |t| Arc::clone(&t.name),
+        ));
     }
-    let tenant = tenant.map(|t| Arc::clone(&t.name));
     let generated = s
         .infer()
         .generate(&request_id, &plan, arrival, trace_id, tenant);
@@ -286,6 +289,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
         message: rejection.body_text(),
         kind: "invalid_request_error",
         param: None,
+        retry_after: None,
     })
 }
 

@@ -52,6 +52,7 @@ pub async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
                     .into(),
             kind: "conflict_error",
             param: None,
+            retry_after: None,
         }
         .into_response(),
         Err(_) => ApiError::internal("the engine query failed").into_response(),

@@ -55,7 +55,13 @@ impl RunningServer {
 async fn bind(
     host: &str,
     port: u16,
-) -> Result<(impl axum::serve::Listener<Addr = SocketAddr>, SocketAddr), ServerError> {
+) -> Result<
+    (
+        axum::serve::TapIo<TcpListener, fn(&mut tokio::net::TcpStream)>,
+        SocketAddr,
+    ),
+    ServerError,
+> {
     let addr = format!("{host}:{port}");
     let listener = TcpListener::bind(&addr)
         .await
@@ -67,9 +73,11 @@ async fn bind(
         .local_addr()
         .map_err(|source| ServerError::Listen { addr, source })?;
     // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
-    let listener = listener.tap_io(|tcp| {
+    // A named type (not `impl Listener`), so axum knows each connection's peer address.
+    fn nodelay(tcp: &mut tokio::net::TcpStream) {
         let _ = tcp.set_nodelay(true);
-    });
+    }
+    let listener = listener.tap_io(nodelay as fn(&mut tokio::net::TcpStream));
     Ok((listener, local))
 }
 
@@ -138,6 +146,8 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
         })
     });
     let task = tokio::spawn(async move {
+        // The peer address is what --trusted-proxy is checked against.
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stopped.wait_for(|s| *s).await;
         });

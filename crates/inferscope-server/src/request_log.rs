@@ -53,6 +53,8 @@ impl Destination {
 pub struct RequestLogEntry {
     /// The engine request.
     pub request: RequestRef,
+    /// Who sent it (`None`: anonymous).
+    pub tenant: Option<Arc<str>>,
     /// Engine index that served it.
     pub engine: usize,
     /// Why it finished.
@@ -74,6 +76,7 @@ pub struct Line<'a> {
     timestamp: f64,
     request_id: &'a str,
     trace_id: Option<String>,
+    tenant: &'a str,
     engine: usize,
     finish_reason: &'static str,
     prompt_tokens: usize,
@@ -103,6 +106,10 @@ impl RequestLogEntry {
             timestamp,
             request_id: &self.request.request_id,
             trace_id: self.request.trace_id_hex(),
+            tenant: self
+                .tenant
+                .as_deref()
+                .unwrap_or(inferscope_schema::schema::TENANT_ANONYMOUS),
             engine: self.engine,
             finish_reason: self.finish_reason.as_str(),
             prompt_tokens: self.prompt_tokens,
@@ -308,6 +315,7 @@ mod tests {
     fn entry(i: usize) -> RequestLogEntry {
         RequestLogEntry {
             request: RequestRef::new(&format!("r{i}"), Some([7; 16])),
+            tenant: Some("team-a".into()),
             engine: 1,
             finish_reason: FinishReason::Length,
             prompt_tokens: 5,
@@ -394,6 +402,7 @@ mod tests {
                 assert_eq!(first["request_id"], "r0");
                 assert_eq!(first["trace_id"], "07".repeat(16));
                 assert_eq!(first["engine"], 1);
+                assert_eq!(first["tenant"], "team-a");
                 assert_eq!(first["finish_reason"], "length");
                 assert_eq!(first["num_preemptions"], 2);
                 assert_eq!(first["time_to_first_token_ms"], 3.0);

@@ -17,6 +17,7 @@ use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
 use crate::state::AppState;
+use crate::tenants::Tenant;
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
 /// `/metrics` and the console's routes when `serve_metrics` (else they answer 404:
@@ -88,6 +89,26 @@ pub async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
+    if let Some(header) = &s.tenant_header {
+        let peer = req
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0.ip());
+        match header.tenant(peer, req.headers()) {
+            Ok(Some(name)) => {
+                // The gateway authenticated the caller: no key is asked for.
+                let tenant = s
+                    .tenant_keys
+                    .as_ref()
+                    .and_then(|k| k.by_name(name))
+                    .unwrap_or_else(|| Arc::new(Tenant::unlimited(name)));
+                req.extensions_mut().insert(tenant);
+                return next.run(req).await;
+            }
+            Ok(None) => {}
+            Err(message) => return ApiError::invalid(message, None).into_response(),
+        }
+    }
     if let Some(keys) = &s.tenant_keys {
         match keys.authenticate(req.headers()) {
             Some(tenant) => {

@@ -29,7 +29,7 @@ use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
-use crate::tenants::{DEFAULT_TENANT, Tenant, TenantKeys};
+use crate::tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
 use crate::validation_workers::ValidationWorkers;
 
 /// Everything a handler needs.
@@ -52,6 +52,8 @@ pub struct AppState {
     pub api_key: Option<String>,
     /// `--api-key-file`: the tenants' keys (every /v1/* request needs one).
     pub tenant_keys: Option<TenantKeys>,
+    /// `--tenant-header` and its `--trusted-proxy` peers.
+    pub tenant_header: Option<TenantHeader>,
     /// The tenant of requests authenticated by `--api-key`.
     pub default_tenant: Arc<Tenant>,
     /// Start time, unix seconds (`created` of the model card).
@@ -301,6 +303,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         .map(TenantKeys::from_file)
         .transpose()
         .map_err(config_err)?;
+    let tenant_header = args
+        .tenant_header
+        .as_deref()
+        .map(|h| TenantHeader::new(h, &args.trusted_proxy))
+        .transpose()
+        .map_err(config_err)?;
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens(),
         max_num_seqs: args.max_num_seqs,
@@ -364,8 +372,18 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             kv_cache_metrics: args.kv_cache_metrics,
             mfu_metrics,
         },
+        max_tenant_labels: args.max_tenant_labels,
     })?);
     forward.set(metrics.clone());
+    // The key file's tenants (by name) and `default` take their labels
+    // first, so the ones that fold into `other` are the later header-named.
+    let labels = metrics.tenant_labels();
+    if args.api_key.is_some() {
+        labels.slot(Some(DEFAULT_TENANT));
+    }
+    for name in tenant_keys.iter().flat_map(|k| k.weights().into_keys()) {
+        labels.slot(Some(&name));
+    }
 
     let traces = match &trace_config {
         Some(config) => {
@@ -414,10 +432,8 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         limits,
         api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         tenant_keys,
-        default_tenant: Arc::new(Tenant {
-            name: DEFAULT_TENANT.into(),
-            weight: 1.0,
-        }),
+        tenant_header,
+        default_tenant: Arc::new(Tenant::unlimited(DEFAULT_TENANT)),
         created: unix_now(),
         admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
         request_ids: RequestIds::default(),

@@ -234,6 +234,7 @@ fn run_workload(
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                tenant_label: 0,
             },
             tx,
         );
@@ -474,6 +475,7 @@ fn shared_prefixes_hit_the_cache() {
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                tenant_label: 0,
             },
             tx,
         );

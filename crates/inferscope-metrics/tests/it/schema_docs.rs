@@ -34,6 +34,7 @@ const VLLM_FAMILIES: &[&str] = &[
     "vllm:prompt_tokens_by_source_total",
     "vllm:admission_rejections_total",
     "vllm:request_log_dropped_total",
+    "vllm:tenant_labels_folded",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",
     "vllm:request_time_per_output_token_seconds",

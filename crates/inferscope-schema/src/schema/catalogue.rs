@@ -73,6 +73,8 @@ pub enum Unit {
     Spans,
     /// Floating-point operations.
     Flops,
+    /// Tenants (distinct callers).
+    Tenants,
 }
 
 impl Unit {
@@ -91,6 +93,7 @@ impl Unit {
             Self::Info => "info",
             Self::Spans => "spans",
             Self::Flops => "flops",
+            Self::Tenants => "tenants",
         }
     }
 }
@@ -153,6 +156,8 @@ impl MetricDef {
 
 /// The labels an engine-level series starts with.
 const ENGINE: &[&str] = &["model_name", "engine"];
+/// An engine-level series attributed to a tenant (bounded: [`TENANT_OTHER`]).
+const ENGINE_TENANT: &[&str] = &["model_name", "engine", "tenant"];
 
 /// Declares, per entry, a name constant in [`names`] and a `pub const`
 /// [`MetricDef`] that uses it; brace-delimited so rustfmt keeps one compact
@@ -207,19 +212,19 @@ metrics! {
         "Information of the engine's cache configuration; value 1, labels carry the configuration";
 
     // Engine counters.
-    PROMPT_TOKENS = PROMPT_TOKENS: Counter "prompt_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PROMPT_TOKENS = PROMPT_TOKENS: Counter "prompt_tokens", unit Tokens, scope Engine, labels ENGINE_TENANT, buckets NB,
         "Number of prefill tokens processed";
-    GENERATION_TOKENS = GENERATION_TOKENS: Counter "generation_tokens", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    GENERATION_TOKENS = GENERATION_TOKENS: Counter "generation_tokens", unit Tokens, scope Engine, labels ENGINE_TENANT, buckets NB,
         "Number of generation tokens processed";
     NUM_PREEMPTIONS = NUM_PREEMPTIONS: Counter "num_preemptions", unit Preemptions, scope Engine, labels ENGINE, buckets NB,
         "Cumulative number of preemptions from the engine";
-    REQUEST_SUCCESS = REQUEST_SUCCESS: Counter "request_success", unit Requests, scope Engine, labels &["model_name", "engine", "finished_reason"], buckets NB,
+    REQUEST_SUCCESS = REQUEST_SUCCESS: Counter "request_success", unit Requests, scope Engine, labels &["model_name", "engine", "finished_reason", "tenant"], buckets NB,
         "Count of finished requests by finished_reason (stop, length, abort, error)";
     PREFIX_CACHE_QUERIES = PREFIX_CACHE_QUERIES: Counter "prefix_cache_queries", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Prefix cache queries, in terms of number of queried tokens";
     PREFIX_CACHE_HITS = PREFIX_CACHE_HITS: Counter "prefix_cache_hits", unit Tokens, scope Engine, labels ENGINE, buckets NB,
         "Prefix cache hits, in terms of number of cached tokens";
-    PROMPT_TOKENS_CACHED = PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE, buckets NB,
+    PROMPT_TOKENS_CACHED = PROMPT_TOKENS_CACHED: Counter "prompt_tokens_cached", unit Tokens, scope Engine, labels ENGINE_TENANT, buckets NB,
         "Number of prompt tokens served from the prefix cache, counted when the request gets its first token (prompt_tokens_by_source with source local_cache_hit)";
     PROMPT_TOKENS_BY_SOURCE = PROMPT_TOKENS_BY_SOURCE: Counter "prompt_tokens_by_source", unit Tokens, scope Engine, labels &["model_name", "engine", "source"], buckets NB,
         "Prompt tokens of requests that got their first token, by source: local_compute (run through the model) or local_cache_hit (taken from the prefix cache); the sources sum to prompt_tokens";
@@ -227,15 +232,17 @@ metrics! {
         "Requests refused at admission, by reason";
     REQUEST_LOG_DROPPED = REQUEST_LOG_DROPPED: Counter "request_log_dropped", unit Requests, scope Model, labels &["model_name"], buckets NB,
         "Finished requests left out of the request log (--enable-request-log) because its writer fell behind";
+    TENANT_LABELS_FOLDED = TENANT_LABELS_FOLDED: Gauge "tenant_labels_folded", unit Tenants, scope Model, labels &["model_name"], buckets NB,
+        "Tenants counted under tenant=\"other\" because --max-tenant-labels distinct tenants already had their own label";
 
     // Engine histograms (seconds).
-    TIME_TO_FIRST_TOKEN = TIME_TO_FIRST_TOKEN_SECONDS: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::TimeToFirstToken),
+    TIME_TO_FIRST_TOKEN = TIME_TO_FIRST_TOKEN_SECONDS: Histogram "time_to_first_token_seconds", unit Seconds, scope Engine, labels ENGINE_TENANT, buckets Group(BucketGroup::TimeToFirstToken),
         "Histogram of time to first token in seconds";
     INTER_TOKEN_LATENCY = INTER_TOKEN_LATENCY_SECONDS: Histogram "inter_token_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
         "Histogram of inter-token latency in seconds, one sample per output delta";
     TIME_PER_OUTPUT_TOKEN = REQUEST_TIME_PER_OUTPUT_TOKEN_SECONDS: Histogram "request_time_per_output_token_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::InterTokenLatency),
         "Histogram of time per output token in seconds per request: (e2e - TTFT) / (tokens - 1)";
-    E2E_REQUEST_LATENCY = E2E_REQUEST_LATENCY_SECONDS: Histogram "e2e_request_latency_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
+    E2E_REQUEST_LATENCY = E2E_REQUEST_LATENCY_SECONDS: Histogram "e2e_request_latency_seconds", unit Seconds, scope Engine, labels ENGINE_TENANT, buckets Group(BucketGroup::RequestLatency),
         "Histogram of end to end request latency in seconds";
     REQUEST_QUEUE_TIME = REQUEST_QUEUE_TIME_SECONDS: Histogram "request_queue_time_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Group(BucketGroup::RequestLatency),
         "Histogram of time spent in WAITING phase for request";
@@ -331,6 +338,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     PROMPT_TOKENS_BY_SOURCE,
     ADMISSION_REJECTIONS,
     REQUEST_LOG_DROPPED,
+    TENANT_LABELS_FOLDED,
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     TIME_PER_OUTPUT_TOKEN,
@@ -395,6 +403,16 @@ pub const WAITING_REASONS: [&str; 2] = ["capacity", "deferred"];
 /// The `source` label values of `prompt_tokens_by_source` (vLLM's third,
 /// `external_kv_transfer`, needs a KV connector, which inferscope has not).
 pub const PROMPT_TOKEN_SOURCES: [&str; 2] = ["local_compute", "local_cache_hit"];
+
+/// The `tenant` label of requests no key or trusted header named.
+pub const TENANT_ANONYMOUS: &str = "anonymous";
+/// The `tenant` label of every tenant past the `--max-tenant-labels` bound.
+pub const TENANT_OTHER: &str = "other";
+/// The default of `--max-tenant-labels`: distinct `tenant` label values
+/// (`anonymous` included, `other` not) before the rest fold into `other`.
+pub const DEFAULT_MAX_TENANT_LABELS: usize = 32;
+/// The server flag that bounds the `tenant` label.
+pub const MAX_TENANT_LABELS_FLAG: &str = "--max-tenant-labels";
 
 /// Every HTTP metric, in exposition order.
 pub const HTTP_METRICS: &[MetricDef] = &[

@@ -6,7 +6,8 @@ use std::fmt::Display;
 
 use super::buckets::{BucketGroup, Buckets};
 use super::catalogue::{
-    ENGINE_METRICS, HTTP_METRICS, MetricDef, PROMPT_TOKEN_SOURCES, STEP_PHASES, WAITING_REASONS,
+    DEFAULT_MAX_TENANT_LABELS, ENGINE_METRICS, HTTP_METRICS, MAX_TENANT_LABELS_FLAG, MetricDef,
+    PROMPT_TOKEN_SOURCES, STEP_PHASES, TENANT_ANONYMOUS, TENANT_OTHER, WAITING_REASONS,
     enabling_flag,
 };
 use super::naming::{LEGACY_DEFAULT_NAMESPACE, VLLM_NAMESPACE, name_prefix};
@@ -49,6 +50,16 @@ pub fn render_markdown(namespace: &str) -> String {
         format!(
             "`reason` (`num_requests_waiting_by_reason`): {}.",
             code_list(WAITING_REASONS)
+        ),
+        format!(
+            "`tenant`: the tenant's name from `--api-key-file` (or the trusted `--tenant-header`), \
+             `default` under `--api-key`, `{anon}` when nothing named one; at most \
+             `{flag}` (default {max}) distinct values, every later tenant counted as `{other}` \
+             (how many: `tenant_labels_folded`).",
+            anon = TENANT_ANONYMOUS,
+            flag = MAX_TENANT_LABELS_FLAG,
+            max = DEFAULT_MAX_TENANT_LABELS,
+            other = TENANT_OTHER,
         ),
         format!(
             "`source` (`prompt_tokens_by_source`): {}.",

@@ -20,6 +20,7 @@ use crate::error::ApiError;
 use crate::openai::validation::Plan;
 use crate::request_ids::RequestIds;
 use crate::request_log::{RequestLog, RequestLogEntry};
+use crate::tenants::{REASON_TENANT_LIMIT, Tenant, TenantChoice};
 use crate::timings::ChoiceTimings;
 
 /// What generation needs of the server: borrowed from its state per request.
@@ -61,7 +62,7 @@ impl Infer<'_> {
         plan: &Plan,
         arrival: Instant,
         trace_id: Option<[u8; 16]>,
-        tenant: Option<Arc<str>>,
+        tenant: Option<Arc<Tenant>>,
     ) -> Result<Generation, ApiError> {
         let n = plan.params.n;
         let total = plan.prompts.len() * n;
@@ -70,6 +71,16 @@ impl Infer<'_> {
             .iter()
             .flat_map(|p| std::iter::repeat_n(p.len(), n))
             .collect();
+        // The tenant's own limits first: its 429 names the tenant's limit,
+        // not the server's.
+        let permit = match tenant.as_ref().map(|t| t.admit(total)).transpose() {
+            Ok(p) => p,
+            Err(rejection) => {
+                self.metrics.record_admission_rejection(REASON_TENANT_LIMIT);
+                let name = tenant.as_ref().map_or("", |t| &*t.name);
+                return Err(rejection.to_api_error(name));
+            }
+        };
         let mut reservations = match self
             .admission
             .admit(&per_choice, self.coordinator.num_waiting())
@@ -80,6 +91,16 @@ impl Infer<'_> {
                 return Err(rejection.to_api_error());
             }
         };
+        let mut tenant_choices = match permit {
+            Some(p) => {
+                p.charge(plan.prompts.iter().map(Vec::len).sum::<usize>());
+                p.into_choices().into_iter()
+            }
+            None => Vec::new().into_iter(),
+        };
+        let tenant = tenant.map(|t| Arc::clone(&t.name));
+        // Once per request: every choice's stats carry the slot, not the name.
+        let tenant_label = self.metrics.tenant_labels().slot(tenant.as_deref());
         let stop: Arc<[String]> = plan.stop.clone().into();
         let mut choices = Vec::with_capacity(total);
         for (p, prompt) in plan.prompts.iter().enumerate() {
@@ -89,7 +110,7 @@ impl Infer<'_> {
                 // `choices` is dropped.
                 let engine_id = self.ids.engine_id(request_id);
                 // Built once per choice: every exemplar and log line shares it.
-                let request = RequestRef::new(&engine_id, trace_id);
+                let request = RequestRef::new(&engine_id, trace_id).with_tenant(tenant_label);
                 let handle = self
                     .coordinator
                     .add_request(EngineRequest {
@@ -102,6 +123,7 @@ impl Infer<'_> {
                         arrival,
                         trace_id,
                         tenant: tenant.clone(),
+                        tenant_label,
                     })
                     .map_err(|e| match e {
                         // Engine ids are unique by construction: this is a bug.
@@ -134,6 +156,10 @@ impl Infer<'_> {
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
+                if let Some(t) = tenant_choices.next() {
+                    choice.tenant = Some(t);
+                }
+                choice.tenant_name = tenant.clone();
                 choices.push(choice);
             }
         }
@@ -223,6 +249,10 @@ pub struct ChoiceStream {
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
+    /// The choice's hold on its tenant's limits (with an API key file).
+    tenant: Option<TenantChoice>,
+    /// Its tenant's name, for the request log (`None`: anonymous).
+    tenant_name: Option<Arc<str>>,
     /// `include_stop_str_in_output`: the stop string or stop token that
     /// ended the choice stays in its text.
     include_stop: bool,
@@ -257,6 +287,8 @@ impl ChoiceStream {
             request,
             request_log: None,
             reservation: None,
+            tenant: None,
+            tenant_name: None,
             include_stop: false,
             echo: None,
             done: false,
@@ -331,6 +363,9 @@ impl ChoiceStream {
             // The first output (a token or the finish) means the prompt is no
             // longer queued.
             self.reservation = None;
+            if let Some(t) = &mut self.tenant {
+                t.started();
+            }
             let Some(out) = out else {
                 // The engine dropped the request without a finish.
                 return self.finish(
@@ -478,6 +513,9 @@ impl ChoiceStream {
         engine: Option<(RequestTimeline, u64)>,
     ) -> ChoiceDelta {
         self.done = true;
+        if let Some(t) = &mut self.tenant {
+            t.finished(completion_tokens);
+        }
         if reason != FinishReason::Abort && reason != FinishReason::Error {
             self.observe_delta();
         }
@@ -501,6 +539,7 @@ impl ChoiceStream {
         if let Some(log) = &self.request_log {
             log.record(RequestLogEntry {
                 request: self.request.clone(),
+                tenant: self.tenant_name.clone(),
                 engine: self.handle.engine,
                 finish_reason: reason,
                 prompt_tokens,
@@ -569,6 +608,7 @@ mod tests {
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                tenant_label: 0,
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();

@@ -56,6 +56,8 @@ pub(super) struct SpanRecord {
     start: SpanStart,
     request_id: Option<String>,
     params: Option<Params>,
+    /// Who sent it (`inferscope.tenant`): the tenant's name, never its key.
+    tenant: Option<Arc<str>>,
     choices: Vec<Choice>,
     usage: Option<(usize, usize)>,
     status_code: Option<u16>,
@@ -80,6 +82,7 @@ impl RequestSpan {
                 arrival_wall,
                 start,
                 request_id: None,
+                tenant: None,
                 params: None,
                 choices: Vec::new(),
                 usage: None,
@@ -114,6 +117,11 @@ impl RequestSpan {
             top_p,
             n,
         });
+    }
+
+    /// The request's tenant (its name; `anonymous` when none).
+    pub fn set_tenant(&mut self, tenant: Arc<str>) {
+        self.rec().tenant = Some(tenant);
     }
 
     /// The HTTP status of the response.
@@ -235,6 +243,9 @@ impl SpanRecord {
         }
         if let Some(id) = &self.request_id {
             attrs.push(KeyValue::new("gen_ai.request.id", id.clone()));
+        }
+        if let Some(t) = &self.tenant {
+            attrs.push(KeyValue::new("inferscope.tenant", t.to_string()));
         }
         if let Some(p) = &self.params {
             attrs.push(KeyValue::new("gen_ai.request.model", p.model.clone()));

@@ -212,6 +212,7 @@ async fn a_finished_request_becomes_a_span_tree() {
     let arrival = Instant::now() - Duration::from_millis(100);
     let mut span = t.start_span(&cx, arrival, start()).expect("sampled");
     span.set_request("req-1", "m", 16, 0.5, 0.9, 1);
+    span.set_tenant("team-a".into());
     span.set_status_code(200);
     span.choice_finished(0, FinishReason::Length, 3, Some(timeline(arrival)));
     span.set_usage(40, 3);
@@ -252,6 +253,7 @@ async fn a_finished_request_becomes_a_span_tree() {
         assert_eq!(attr(req, k), Some(&Value::I64(v)), "{k}");
     }
     assert_eq!(attr(req, "gen_ai.request.id"), Some(&Value::from("req-1")));
+    assert_eq!(attr(req, "inferscope.tenant"), Some(&Value::from("team-a")));
     assert_eq!(
         attr(req, "gen_ai.operation.name"),
         Some(&Value::from("chat"))
