@@ -13,7 +13,10 @@ use inferscope_engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::openai::infer::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
-use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::openai::protocol::{
+    ChatChoice, ChatDelta, ChatMessageOut, CompletionChoice, ResponseBody, Usage,
+};
+use crate::openai::tool_parsers::{ParsedDelta, ToolCallParser, ToolCalls};
 use crate::otel::RequestSpan;
 use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 
@@ -32,6 +35,8 @@ pub struct Shape {
     id: String,
     model: String,
     created: u64,
+    /// Chat: how the output is read into `tool_calls`.
+    tool_calls: Option<ToolCalls>,
 }
 
 impl Shape {
@@ -47,7 +52,14 @@ impl Shape {
             id,
             model,
             created,
+            tool_calls: None,
         }
+    }
+
+    /// Reads each choice's output into `tool_calls` (chat).
+    pub fn with_tool_calls(mut self, tool_calls: Option<ToolCalls>) -> Self {
+        self.tool_calls = tool_calls;
+        self
     }
 
     /// The envelope around `choices`.
@@ -79,10 +91,9 @@ impl Shape {
     /// One SSE event carrying `delta` (the first of its choice when `first`).
     fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
-        let object = self.chunk_object();
         match self.api {
             Api::Completions => sse_event(&self.body(
-                object,
+                self.chunk_object(),
                 &[CompletionChoice {
                     index: d.index,
                     text: &d.text,
@@ -91,21 +102,43 @@ impl Shape {
                 }],
                 None,
             )),
-            Api::Chat => sse_event(&self.body(
-                object,
-                &[ChatChoice {
-                    index: d.index,
-                    message: None,
-                    delta: Some(ChatDelta {
-                        role: first.then_some("assistant"),
-                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
-                    }),
-                    logprobs: None,
-                    finish_reason,
-                }],
-                None,
-            )),
+            Api::Chat => self.chat_chunk(
+                d.index,
+                first,
+                &ParsedDelta {
+                    content: d.text.clone(),
+                    calls: Vec::new(),
+                },
+                finish_reason,
+            ),
         }
+    }
+
+    /// One chat SSE event: content and tool-call deltas of choice `index`.
+    fn chat_chunk(
+        &self,
+        index: usize,
+        first: bool,
+        parsed: &ParsedDelta,
+        finish_reason: Option<&str>,
+    ) -> Bytes {
+        let tool_calls =
+            (!parsed.calls.is_empty()).then(|| parsed.calls.iter().map(|c| c.chunk()).collect());
+        sse_event(&self.body(
+            self.chunk_object(),
+            &[ChatChoice {
+                index,
+                message: None,
+                delta: Some(ChatDelta {
+                    role: first.then_some("assistant"),
+                    content: (!parsed.content.is_empty()).then_some(parsed.content.as_str()),
+                    tool_calls,
+                }),
+                logprobs: None,
+                finish_reason,
+            }],
+            None,
+        ))
     }
 
     /// The final chunk with usage and/or metrics: empty `choices` (the same
@@ -149,7 +182,12 @@ pub fn stream(
     }
     let num_choices = generation.choices.len();
     let prompt_tokens = generation.prompt_tokens;
+    let parsers = match &shape.tool_calls {
+        Some(t) if shape.api == Api::Chat => (0..num_choices).map(|_| Some(t.parser())).collect(),
+        _ => Vec::new(),
+    };
     let events = SseEvents {
+        parsers,
         shape,
         events: generation.events(),
         include_usage,
@@ -178,6 +216,8 @@ enum Queued {
 /// The SSE events of a streamed response, made as the choices' deltas come.
 struct SseEvents<S> {
     shape: Shape,
+    /// Chat with tool parsing: each choice's parser, by index.
+    parsers: Vec<Option<ToolCallParser>>,
     /// The choices' deltas; dropping them aborts the engine requests.
     events: S,
     include_usage: bool,
@@ -194,9 +234,10 @@ struct SseEvents<S> {
 }
 
 impl<S> SseEvents<S> {
-    /// The event for delta `d`; queues the error event that follows a server
-    /// abort.
-    fn on_delta(&mut self, mut d: ChoiceDelta) -> Bytes {
+    /// The event for delta `d` (`None` when it carries nothing to send:
+    /// text a tool parser holds back); queues the error event that follows
+    /// a server abort.
+    fn on_delta(&mut self, mut d: ChoiceDelta) -> Option<Bytes> {
         if let (Some(span), Some(f)) = (&mut self.span, &mut d.finish) {
             span.choice_finished(d.index, f.reason, f.completion_tokens, f.timeline.take());
         }
@@ -211,7 +252,7 @@ impl<S> SseEvents<S> {
                 span.set_error("engine_error", message.clone());
             }
             self.completion_tokens += f.completion_tokens;
-            return sse_event(&ApiError::internal(message).body());
+            return Some(sse_event(&ApiError::internal(message).body()));
         }
         let slot = d.index % self.started.len().max(1);
         let first = match self.started.get_mut(slot) {
@@ -224,7 +265,30 @@ impl<S> SseEvents<S> {
                 self.timings.push(f.timings.clone());
             }
         }
-        let chunk = self.shape.chunk(&d, first);
+        let chunk = match self.parsers.get_mut(d.index).and_then(Option::as_mut) {
+            None => self.shape.chunk(&d, first),
+            Some(parser) => {
+                let mut parsed = parser.push(&d.text);
+                let finish_reason = d.finish.as_ref().map(|f| {
+                    let rest = parser.finish();
+                    parsed.content.push_str(&rest.content);
+                    parsed.calls.extend(rest.calls);
+                    // As vLLM: a choice that called a tool ends with `tool_calls`.
+                    if parser.called()
+                        && matches!(f.reason, FinishReason::Stop | FinishReason::Length)
+                    {
+                        "tool_calls"
+                    } else {
+                        f.reason.as_str()
+                    }
+                });
+                if parsed.is_empty() && !first && finish_reason.is_none() {
+                    return None;
+                }
+                self.shape
+                    .chat_chunk(d.index, first, &parsed, finish_reason)
+            }
+        };
         // A client still reading did not abort this choice: the server did
         // (shutdown). Say why, so the stream does not just stop.
         if let Some(f) = &d.finish
@@ -237,7 +301,7 @@ impl<S> SseEvents<S> {
             let err = ApiError::unavailable(message);
             self.queued = Some(Queued::Event(sse_event(&err.body())));
         }
-        chunk
+        Some(chunk)
     }
 
     /// The final chunk (usage and/or metrics) when asked for, then `[DONE]`.
@@ -282,11 +346,16 @@ impl<S: Stream<Item = ChoiceDelta> + Unpin> Stream for SseEvents<S> {
         if this.ended {
             return Poll::Ready(None);
         }
-        let event = match ready!(this.events.poll_next_unpin(cx)) {
-            Some(d) => this.on_delta(d),
-            None => this.on_end(),
-        };
-        Poll::Ready(Some(Ok(event)))
+        loop {
+            let event = match ready!(this.events.poll_next_unpin(cx)) {
+                Some(d) => match this.on_delta(d) {
+                    Some(event) => event,
+                    None => continue,
+                },
+                None => this.on_end(),
+            };
+            return Poll::Ready(Some(Ok(event)));
+        }
     }
 }
 
@@ -392,17 +461,36 @@ fn full_body(
             json_bytes(&body)
         }
         Api::Chat => {
+            // Each choice's content and calls, when the output is parsed.
+            let parsed: Vec<_> = results
+                .iter()
+                .map(|c| shape.tool_calls.as_ref().map(|t| t.parse(&c.text)))
+                .collect();
             let choices: Vec<_> = results
                 .iter()
-                .map(|c| ChatChoice {
-                    index: c.index,
-                    message: Some(ChatDelta {
-                        role: Some("assistant"),
-                        content: Some(&c.text),
-                    }),
-                    delta: None,
-                    logprobs: None,
-                    finish_reason: Some(c.finish.reason.as_str()),
+                .zip(&parsed)
+                .map(|(c, p)| {
+                    let (content, calls) = match p {
+                        Some((content, calls)) => (content.as_deref(), calls.as_slice()),
+                        None => (Some(c.text.as_str()), &[][..]),
+                    };
+                    let finish_reason = match c.finish.reason {
+                        FinishReason::Stop | FinishReason::Length if !calls.is_empty() => {
+                            "tool_calls"
+                        }
+                        reason => reason.as_str(),
+                    };
+                    ChatChoice {
+                        index: c.index,
+                        message: Some(ChatMessageOut {
+                            role: "assistant",
+                            content,
+                            tool_calls: calls,
+                        }),
+                        delta: None,
+                        logprobs: None,
+                        finish_reason: Some(finish_reason),
+                    }
                 })
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
