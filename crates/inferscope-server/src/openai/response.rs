@@ -520,3 +520,239 @@ fn json_bytes(body: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
     serde_json::to_writer(&mut out, body)?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use inferscope_engine::{
+        Coordinator, EngineConfig, EngineRequest, Executor, ExecutorError, SamplingParams,
+        ScheduledBatch, StepOutput,
+    };
+    use inferscope_model::{ByteTokenizer, IncrementalDecoder, Tokenizer};
+    use inferscope_schema::{NoopRecorder, RequestRef};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::openai::infer::ChoiceStream;
+    use crate::openai::tool_parsers::{Format, ParserName};
+
+    /// An executor that writes `text`, a byte per step, then EOS (each
+    /// sequence's position counted here).
+    struct Script(Vec<u8>, std::collections::HashMap<u64, usize>);
+
+    impl Executor for Script {
+        fn name(&self) -> String {
+            "script".into()
+        }
+        fn init_kv_cache(&mut self, _block_size: usize) -> Result<usize, ExecutorError> {
+            Ok(4096)
+        }
+        fn eos_token_ids(&self) -> Vec<u32> {
+            vec![ByteTokenizer::EOS]
+        }
+        fn execute(
+            &mut self,
+            batch: &ScheduledBatch,
+            out: &mut StepOutput,
+        ) -> Result<(), ExecutorError> {
+            out.sampled.clear();
+            for seq in &batch.seqs {
+                if !seq.sample {
+                    out.sampled.push(None);
+                    continue;
+                }
+                let n = self.1.entry(seq.seq_id).or_default();
+                let token = self.0.get(*n).map_or(ByteTokenizer::EOS, |&b| u32::from(b));
+                *n += 1;
+                out.sampled.push(Some(token));
+            }
+            Ok(())
+        }
+    }
+
+    /// A generation of one choice whose model writes `text`.
+    fn generation(c: &Coordinator, text: &str) -> Generation {
+        let tok: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let prompt = tok.encode("hi", false).expect("encode");
+        let handle = c
+            .add_request(EngineRequest {
+                request_id: format!("r{}", text.len()),
+                prompt_token_ids: prompt.clone(),
+                params: Arc::new(SamplingParams {
+                    max_tokens: 1000,
+                    ..Default::default()
+                }),
+                seed_offset: 0,
+                arrival: Instant::now(),
+                trace_id: None,
+                tenant: None,
+            })
+            .expect("add");
+        let choice = ChoiceStream::new(
+            0,
+            handle,
+            IncrementalDecoder::new(tok, &prompt),
+            Arc::new([]),
+            Instant::now(),
+            None,
+            RequestRef::new("r", None),
+        );
+        Generation {
+            choices: vec![choice],
+            prompt_tokens: prompt.len(),
+        }
+    }
+
+    fn coordinator(text: &str) -> Coordinator {
+        let bytes = text.as_bytes().to_vec();
+        Coordinator::start(
+            EngineConfig::default(),
+            1,
+            0,
+            move |_| Ok(Box::new(Script(bytes.clone(), Default::default())) as Box<dyn Executor>),
+            Arc::new(NoopRecorder),
+        )
+        .expect("coordinator")
+    }
+
+    fn shape() -> Shape {
+        Shape::new(Api::Chat, "t", "m".into(), 0).with_tool_calls(Some(ToolCalls {
+            format: Format::Parser(ParserName::Hermes),
+            single_call: false,
+        }))
+    }
+
+    async fn body(r: Response) -> String {
+        let bytes = tokio::time::timeout(
+            Duration::from_secs(10),
+            axum::body::to_bytes(r.into_body(), usize::MAX),
+        )
+        .await
+        .expect("not stuck")
+        .expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// The stream accumulated as the openai client does: content
+    /// concatenated, each call's id, type and name from its first delta,
+    /// its arguments concatenated. Also checks that every chunk has a delta.
+    fn accumulate(sse: &str) -> (Value, Value) {
+        let mut content = String::new();
+        let mut calls: Vec<Value> = Vec::new();
+        let mut finish = Value::Null;
+        for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                break;
+            }
+            let chunk: Value = serde_json::from_str(line).expect("chunk");
+            let choice = &chunk["choices"][0];
+            let delta = &choice["delta"];
+            assert!(delta.is_object(), "{line}");
+            if let Some(t) = delta["content"].as_str() {
+                content.push_str(t);
+            }
+            for c in delta["tool_calls"].as_array().into_iter().flatten() {
+                let i = c["index"].as_u64().expect("index") as usize;
+                if i == calls.len() {
+                    assert!(
+                        c["id"].is_string() && c["function"]["name"].is_string(),
+                        "{line}"
+                    );
+                    assert_eq!(c["type"], "function");
+                    calls.push(json!({"id": c["id"], "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": ""}}));
+                }
+                let args = calls[i]["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+                    + c["function"]["arguments"].as_str().unwrap_or_default();
+                calls[i]["function"]["arguments"] = json!(args);
+            }
+            if !choice["finish_reason"].is_null() {
+                finish = choice["finish_reason"].clone();
+            }
+        }
+        let message = json!({"content": if content.is_empty() { Value::Null } else { json!(content) },
+                             "tool_calls": calls});
+        (message, finish)
+    }
+
+    const CALL: &str = "I'll look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>";
+
+    /// A call the model wrote comes back as `tool_calls` with the text
+    /// around it as content and `finish_reason: "tool_calls"`; streamed a
+    /// byte at a time, it accumulates to the same message.
+    #[tokio::test]
+    async fn a_written_call_is_returned_full_and_streamed() {
+        let c = coordinator(CALL);
+        let full_body: Value = serde_json::from_str(
+            &body(full(shape(), generation(&c, CALL), false, None).await).await,
+        )
+        .expect("json");
+        let choice = &full_body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{full_body}");
+        let message = &choice["message"];
+        assert_eq!(message["content"], "I'll look.");
+        let call = &message["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert!(
+            call["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("chatcmpl-tool-"))
+        );
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(
+            call["function"]["arguments"],
+            r#"{"city": "Paris", "days": [1, 2]}"#
+        );
+
+        let sse = body(stream(shape(), generation(&c, CALL), false, false, None)).await;
+        let (streamed, finish) = accumulate(&sse);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(streamed["content"], message["content"]);
+        let mut want = message["tool_calls"].clone();
+        want[0]["id"] = streamed["tool_calls"][0]["id"].clone();
+        assert_eq!(streamed["tool_calls"], want, "{sse}");
+        // The arguments came in fragments, not in one piece.
+        let fragments = sse.matches("\"arguments\":").count();
+        assert!(fragments > 5, "{sse}");
+    }
+
+    /// A call cut short by EOS (no `</tool_call>`, no arguments) is closed
+    /// when the choice ends: the last delta carries its `{}`.
+    #[tokio::test]
+    async fn a_call_ended_by_eos_is_closed_in_the_last_chunk() {
+        let text = "<tool_call>{\"name\": \"now\"}";
+        let c = coordinator(text);
+        let (streamed, finish) =
+            accumulate(&body(stream(shape(), generation(&c, text), false, false, None)).await);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(streamed["content"], Value::Null);
+        assert_eq!(streamed["tool_calls"][0]["function"]["name"], "now");
+        assert_eq!(streamed["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
+    /// Without a call the answer is the text, as without tools.
+    #[tokio::test]
+    async fn text_without_a_call_is_content() {
+        let text = "No tools <tool needed.\n";
+        let c = coordinator(text);
+        let full_body: Value = serde_json::from_str(
+            &body(full(shape(), generation(&c, text), false, None).await).await,
+        )
+        .expect("json");
+        let choice = &full_body["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(choice["message"]["content"], text);
+        assert!(choice["message"].get("tool_calls").is_none(), "{full_body}");
+        let (streamed, finish) =
+            accumulate(&body(stream(shape(), generation(&c, text), false, false, None)).await);
+        assert_eq!(
+            (streamed["content"].as_str(), finish.as_str()),
+            (Some(text), Some("stop"))
+        );
+    }
+}
