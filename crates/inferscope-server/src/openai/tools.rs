@@ -57,9 +57,8 @@ pub fn plan_tools(
             ));
         }
     };
-    let template_tools = (!tools.is_empty()
-        && !(choice == ToolChoice::None && settings.exclude_tools_when_none))
-        .then(|| tools.clone());
+    let hidden = choice == ToolChoice::None && settings.exclude_tools_when_none;
+    let template_tools = (!tools.is_empty() && !hidden).then(|| tools.clone());
     let format = match &choice {
         ToolChoice::None => None,
         ToolChoice::Auto => match (settings.auto_tool_choice, settings.parser) {
@@ -71,7 +70,20 @@ pub fn plan_tools(
                 ));
             }
         },
-        ToolChoice::Required | ToolChoice::Named(_) => Some(constrained(&tools, &choice)?),
+        ToolChoice::Required | ToolChoice::Named(_) => {
+            // THE HOOK for `required` and named functions: vLLM constrains
+            // the output with `schema` and reads it with `format`. To wire
+            // it: carry `schema` in `ToolPlan` for validation.rs to set as
+            // the request's JSON-schema constraint (the structured-outputs
+            // machinery), and make this arm `Some(format)`; the response
+            // side needs nothing more. Until then the request is refused
+            // rather than answered with unconstrained text.
+            let (_format, _schema) = constrained(&tools, &choice)?;
+            return Err(ApiError::invalid(
+                "`tool_choice` \"required\" or a named function needs structured outputs (decoding constrained by a JSON schema), which this server does not have yet",
+                Some("tool_choice"),
+            ));
+        }
     };
     let keep_special_tokens =
         matches!(&format, Some(Format::Parser(p)) if p.keeps_special_tokens());
@@ -83,29 +95,25 @@ pub fn plan_tools(
     })
 }
 
-/// THE HOOK for `tool_choice: "required"` and a named function. vLLM
-/// constrains the output with [`tool_choice_schema`] and reads the JSON
-/// it produces with [`Format::Required`] / [`Format::Named`] (both built
-/// and tested). Wiring it is: put `schema` on the request as a JSON-schema
-/// constraint (the structured-outputs machinery) and return `format`.
-/// Until that machinery is here, the request is refused rather than
-/// answered with unconstrained text.
-fn constrained(tools: &[Value], choice: &ToolChoice) -> Result<Format, ApiError> {
+/// What `tool_choice` `required` or a named function needs: the format
+/// that reads the constrained output into calls, and the JSON schema
+/// ([`tool_choice_schema`]) that constrains it.
+pub fn constrained(
+    tools: &[Value],
+    choice: &ToolChoice,
+) -> Result<(Format, serde_json::Value), ApiError> {
     let json_tools: Vec<serde_json::Value> = tools
         .iter()
         .map(|t| serde_json::to_value(t).unwrap_or_default())
         .collect();
-    let schema =
-        tool_choice_schema(&json_tools, choice).map_err(|e| ApiError::invalid(e, Some("tools")))?;
-    let _format = match choice {
+    let schema = tool_choice_schema(&json_tools, choice)
+        .map_err(|e| ApiError::invalid(e, Some("tools")))?
+        .unwrap_or_default();
+    let format = match choice {
         ToolChoice::Named(name) => Format::Named(name.clone()),
         _ => Format::Required,
     };
-    let _ = schema;
-    Err(ApiError::invalid(
-        "`tool_choice` \"required\" or a named function needs structured outputs (decoding constrained by a JSON schema), which this server does not have yet",
-        Some("tool_choice"),
-    ))
+    Ok((format, schema))
 }
 
 /// A field of a map-like value, `None` when absent or none.
@@ -461,6 +469,22 @@ mod tests {
         )
         .expect("single");
         assert!(p.single_call);
+    }
+
+    /// The hook's inputs: the format and the schema, from the checked tools.
+    #[test]
+    fn required_and_named_have_their_schema_and_format() {
+        let tools = check_tools(&v(TOOLS)).expect("tools");
+        let (format, schema) = constrained(&tools, &ToolChoice::Required).expect("required");
+        assert_eq!(format, Format::Required);
+        assert_eq!(
+            schema["items"]["anyOf"][0]["properties"]["name"]["enum"][0],
+            "get_weather"
+        );
+        let named = ToolChoice::Named("get_weather".into());
+        let (format, schema) = constrained(&tools, &named).expect("named");
+        assert_eq!(format, Format::Named("get_weather".into()));
+        assert_eq!(schema["properties"]["city"]["type"], "string");
     }
 
     #[test]

@@ -238,3 +238,71 @@ fn required_streams_like_the_rest() {
         (None, vec![("a", r#"{"q": "x,y"}"#), ("b", "{}")]),
     );
 }
+
+/// Texts stitched from markers, JSON pieces, escapes and multi-byte
+/// characters: no parser panics, and every chunking accumulates to the
+/// whole text's answer.
+#[test]
+fn any_text_streams_as_it_parses_whole() {
+    const PIECES: &[&str] = &[
+        "<tool_call>",
+        "</tool_call>",
+        "<tool_",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "<|python_tag|>",
+        "{",
+        "}",
+        "[",
+        "]",
+        "\"name\"",
+        ": ",
+        ",",
+        ";",
+        "\"f\"",
+        "\"arguments\"",
+        "\"parameters\"",
+        "\"a\\\"b\"",
+        "\\u00e9",
+        "\\ud83d\\ude00",
+        "\\",
+        "é",
+        "😀",
+        " ",
+        "\n",
+        "12",
+        "true",
+        "x",
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for format in [
+        HERMES,
+        LLAMA3,
+        MISTRAL,
+        Format::Required,
+        Format::Named("f".into()),
+    ] {
+        for _ in 0..300 {
+            let len = (next() % 24) as usize;
+            let text: String = (0..len)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect();
+            let (content, calls) = parse_complete(format.clone(), &text);
+            let want = summary(content, &calls);
+            for size in [1, 2, 3, 5] {
+                let (content, calls) = stream(&format, &chunks_of(&text, size));
+                assert_eq!(
+                    summary(content, &calls),
+                    want,
+                    "{format:?} chunks of {size}: {text:?}"
+                );
+            }
+        }
+    }
+}
