@@ -5,6 +5,8 @@
 #![no_main]
 
 use inferscope_model::{ByteTokenizer, Tokenizer};
+use inferscope_server::openai::tool_parsers::ParserName;
+use inferscope_server::openai::tools::ToolSettings;
 use inferscope_server::openai::validation::{
     Limits, Validated, Validator, parse_and_validate_chat, parse_and_validate_completion,
 };
@@ -44,6 +46,12 @@ fuzz_target!(|data: &[u8]| {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        // Tool calling on, so `tools` and `tool_choice` reach their checks.
+        tools: ToolSettings {
+            auto_tool_choice: true,
+            parser: Some(ParserName::Hermes),
+            exclude_tools_when_none: false,
+        },
     };
     check(parse_and_validate_completion(data, &v), &limits);
     check(parse_and_validate_chat(data, &v), &limits);

@@ -54,6 +54,24 @@ pub struct ServeArgs {
     #[arg(long)]
     pub chat_template: Option<String>,
 
+    /// Serve `tool_choice: "auto"` (vLLM's flag): the model's output is read into
+    /// `tool_calls` by --tool-call-parser. Without it, a request with `tools` and `tool_choice`
+    /// `auto` (the default when `tools` is given) gets 400.
+    #[arg(long, requires = "tool_call_parser")]
+    pub enable_auto_tool_choice: bool,
+
+    /// How the model writes tool calls (vLLM's parser names): `hermes` (Hermes 2 Pro, Qwen 2.5
+    /// and 3: `<tool_call>{"name", "arguments"}</tool_call>`), `llama3_json` (Llama 3.1/3.2:
+    /// `{"name", "parameters"}`, optionally after `<|python_tag|>`, several separated by `;`),
+    /// `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]` or `[TOOL_CALLS]name[ARGS]{...}`).
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<crate::openai::tool_parsers::ParserName>,
+
+    /// With `tool_choice: "none"`, leave the tools out of the chat template (vLLM's flag; by
+    /// default the template sees them, and nothing is parsed).
+    #[arg(long)]
+    pub exclude_tools_when_tool_choice_none: bool,
+
     /// Engine cores in this process (data parallelism).
     #[arg(long, default_value_t = 1)]
     pub data_parallel_size: usize,

@@ -25,6 +25,7 @@ use crate::admission::Admission;
 use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
 use crate::openai::infer::Infer;
+use crate::openai::tools::ToolSettings;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
@@ -73,6 +74,8 @@ pub struct AppState {
     pub request_log: Option<RequestLog>,
     /// Whether KV-cache events are published (and their debug routes served).
     pub kv_events: bool,
+    /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`.
+    pub tool_settings: ToolSettings,
 }
 
 impl AppState {
@@ -82,6 +85,7 @@ impl AppState {
             served_model_names: &self.served_model_names,
             limits: &self.limits,
             tokenizer: self.tokenizer.as_ref(),
+            tools: self.tool_settings,
         }
     }
 
@@ -445,6 +449,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         per_request_metrics: args.enable_per_request_metrics,
         request_log,
         kv_events,
+        tool_settings: ToolSettings {
+            auto_tool_choice: args.enable_auto_tool_choice,
+            parser: args.tool_call_parser,
+            exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
+        },
     }))
 }
 

@@ -8,4 +8,6 @@ pub mod infer;
 pub mod protocol;
 pub mod refusals;
 pub mod response;
+pub mod tool_parsers;
+pub mod tools;
 pub mod validation;

@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::openai::tool_parsers::{ToolCall, ToolCallChunk};
+
 /// `prompt` of a completion request.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -107,7 +109,7 @@ pub struct SamplingFields {
     pub metadata: Option<serde_json::Value>,
     /// OpenAI's stored completions: accepted, nothing is stored.
     pub store: Option<serde_json::Value>,
-    /// Tool calls in parallel: accepted; tools themselves are refused.
+    /// `false`: at most one tool call is returned.
     pub parallel_tool_calls: Option<serde_json::Value>,
     /// Return the request's timings as `metrics` (vLLM extension; needs
     /// `--enable-per-request-metrics`).
@@ -156,6 +158,13 @@ pub struct ChatMessageIn {
     pub role: String,
     /// The content (may be null for assistant tool calls).
     pub content: Option<ChatContent>,
+    /// The participant's name (passed to the template).
+    pub name: Option<String>,
+    /// `tool` messages: the call this answers.
+    pub tool_call_id: Option<String>,
+    /// `assistant` messages: the calls made (read as template values,
+    /// so that keys keep their order).
+    pub tool_calls: Option<inferscope_model::chat_template::Value>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -174,6 +183,10 @@ pub struct ChatRequest {
     /// Add the tokenizer's special tokens to the rendered text (vLLM
     /// extension; default true here, false in vLLM).
     pub add_special_tokens: Option<bool>,
+    /// Functions the model may call (passed to the chat template).
+    pub tools: Option<inferscope_model::chat_template::Value>,
+    /// `none`, `auto`, `required` or a named function.
+    pub tool_choice: Option<inferscope_model::chat_template::Value>,
 }
 
 /// Token counts of a response.
@@ -222,15 +235,30 @@ pub struct ResponseBody<'a, C> {
     pub metrics: Option<crate::timings::ResponseMetrics>,
 }
 
-/// An assistant message or a stream delta.
+/// A stream delta.
 #[derive(Debug, Clone, Serialize)]
 pub struct ChatDelta<'a> {
-    /// `assistant` on the full message and the first delta.
+    /// `assistant` on the first delta.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
     /// Text, when there is some.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<&'a str>,
+    /// Tool-call deltas, when there are some.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallChunk<'a>>>,
+}
+
+/// The assistant message of a full response.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatMessageOut<'a> {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The text (null when the model only called tools).
+    pub content: Option<&'a str>,
+    /// The calls the model made.
+    #[serde(skip_serializing_if = "<[ToolCall]>::is_empty")]
+    pub tool_calls: &'a [ToolCall],
 }
 
 /// A chat choice: `message` in a full response, `delta` in a stream.
@@ -240,7 +268,7 @@ pub struct ChatChoice<'a> {
     pub index: usize,
     /// Full response: the message.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<ChatDelta<'a>>,
+    pub message: Option<ChatMessageOut<'a>>,
     /// Stream: the delta (always present in chunks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<ChatDelta<'a>>,

@@ -89,7 +89,8 @@ fn no_tool(v: &Value) -> bool {
 const LOGPROBS: &str = "log-probabilities are not produced";
 const STRUCTURED: &str =
     "structured output (JSON schema, regex, choice, grammar) is not implemented";
-const TOOLS: &str = "tool calling is not implemented";
+const TOOLS: &str =
+    "the legacy function-calling fields are not read; send `tools` and `tool_choice`";
 
 /// Refused on both `/v1/completions` and `/v1/chat/completions`.
 pub const COMMON: &[Refusal] = &[
@@ -163,8 +164,6 @@ pub const COMPLETIONS: &[Refusal] = &[
 
 /// Refused on `/v1/chat/completions` only.
 pub const CHAT: &[Refusal] = &[
-    refuse("tools", empty, TOOLS),
-    refuse("tool_choice", no_tool, TOOLS),
     refuse("functions", empty, TOOLS),
     refuse("function_call", no_tool, TOOLS),
     refuse("echo", off, "echoing the last message is not implemented"),
@@ -301,8 +300,8 @@ mod tests {
                 r#"{"response_format": {"type": "json_object"}}"#,
                 "response_format",
             ),
-            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"tool_choice": "auto"}"#, "tool_choice"),
+            (r#"{"functions": [{"name": "f"}]}"#, "functions"),
+            (r#"{"function_call": "auto"}"#, "function_call"),
             (
                 r#"{"n": 1, "guided_choice": ["a", "b"], "tools": [1]}"#,
                 "guided_choice",

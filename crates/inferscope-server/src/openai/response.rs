@@ -13,7 +13,10 @@ use inferscope_engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::openai::infer::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
-use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::openai::protocol::{
+    ChatChoice, ChatDelta, ChatMessageOut, CompletionChoice, ResponseBody, Usage,
+};
+use crate::openai::tool_parsers::{ParsedDelta, ToolCallParser, ToolCalls};
 use crate::otel::RequestSpan;
 use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 
@@ -32,6 +35,8 @@ pub struct Shape {
     id: String,
     model: String,
     created: u64,
+    /// Chat: how the output is read into `tool_calls`.
+    tool_calls: Option<ToolCalls>,
 }
 
 impl Shape {
@@ -47,7 +52,14 @@ impl Shape {
             id,
             model,
             created,
+            tool_calls: None,
         }
+    }
+
+    /// Reads each choice's output into `tool_calls` (chat).
+    pub fn with_tool_calls(mut self, tool_calls: Option<ToolCalls>) -> Self {
+        self.tool_calls = tool_calls;
+        self
     }
 
     /// The envelope around `choices`.
@@ -79,10 +91,9 @@ impl Shape {
     /// One SSE event carrying `delta` (the first of its choice when `first`).
     fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
-        let object = self.chunk_object();
         match self.api {
             Api::Completions => sse_event(&self.body(
-                object,
+                self.chunk_object(),
                 &[CompletionChoice {
                     index: d.index,
                     text: &d.text,
@@ -91,21 +102,43 @@ impl Shape {
                 }],
                 None,
             )),
-            Api::Chat => sse_event(&self.body(
-                object,
-                &[ChatChoice {
-                    index: d.index,
-                    message: None,
-                    delta: Some(ChatDelta {
-                        role: first.then_some("assistant"),
-                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
-                    }),
-                    logprobs: None,
-                    finish_reason,
-                }],
-                None,
-            )),
+            Api::Chat => self.chat_chunk(
+                d.index,
+                first,
+                &ParsedDelta {
+                    content: d.text.clone(),
+                    calls: Vec::new(),
+                },
+                finish_reason,
+            ),
         }
+    }
+
+    /// One chat SSE event: content and tool-call deltas of choice `index`.
+    fn chat_chunk(
+        &self,
+        index: usize,
+        first: bool,
+        parsed: &ParsedDelta,
+        finish_reason: Option<&str>,
+    ) -> Bytes {
+        let tool_calls =
+            (!parsed.calls.is_empty()).then(|| parsed.calls.iter().map(|c| c.chunk()).collect());
+        sse_event(&self.body(
+            self.chunk_object(),
+            &[ChatChoice {
+                index,
+                message: None,
+                delta: Some(ChatDelta {
+                    role: first.then_some("assistant"),
+                    content: (!parsed.content.is_empty()).then_some(parsed.content.as_str()),
+                    tool_calls,
+                }),
+                logprobs: None,
+                finish_reason,
+            }],
+            None,
+        ))
     }
 
     /// The final chunk with usage and/or metrics: empty `choices` (the same
@@ -149,7 +182,12 @@ pub fn stream(
     }
     let num_choices = generation.choices.len();
     let prompt_tokens = generation.prompt_tokens;
+    let parsers = match &shape.tool_calls {
+        Some(t) if shape.api == Api::Chat => (0..num_choices).map(|_| Some(t.parser())).collect(),
+        _ => Vec::new(),
+    };
     let events = SseEvents {
+        parsers,
         shape,
         events: generation.events(),
         include_usage,
@@ -178,6 +216,8 @@ enum Queued {
 /// The SSE events of a streamed response, made as the choices' deltas come.
 struct SseEvents<S> {
     shape: Shape,
+    /// Chat with tool parsing: each choice's parser, by index.
+    parsers: Vec<Option<ToolCallParser>>,
     /// The choices' deltas; dropping them aborts the engine requests.
     events: S,
     include_usage: bool,
@@ -194,9 +234,10 @@ struct SseEvents<S> {
 }
 
 impl<S> SseEvents<S> {
-    /// The event for delta `d`; queues the error event that follows a server
-    /// abort.
-    fn on_delta(&mut self, mut d: ChoiceDelta) -> Bytes {
+    /// The event for delta `d` (`None` when it carries nothing to send:
+    /// text a tool parser holds back); queues the error event that follows
+    /// a server abort.
+    fn on_delta(&mut self, mut d: ChoiceDelta) -> Option<Bytes> {
         if let (Some(span), Some(f)) = (&mut self.span, &mut d.finish) {
             span.choice_finished(d.index, f.reason, f.completion_tokens, f.timeline.take());
         }
@@ -211,7 +252,7 @@ impl<S> SseEvents<S> {
                 span.set_error("engine_error", message.clone());
             }
             self.completion_tokens += f.completion_tokens;
-            return sse_event(&ApiError::internal(message).body());
+            return Some(sse_event(&ApiError::internal(message).body()));
         }
         let slot = d.index % self.started.len().max(1);
         let first = match self.started.get_mut(slot) {
@@ -224,7 +265,30 @@ impl<S> SseEvents<S> {
                 self.timings.push(f.timings.clone());
             }
         }
-        let chunk = self.shape.chunk(&d, first);
+        let chunk = match self.parsers.get_mut(d.index).and_then(Option::as_mut) {
+            None => self.shape.chunk(&d, first),
+            Some(parser) => {
+                let mut parsed = parser.push(&d.text);
+                let finish_reason = d.finish.as_ref().map(|f| {
+                    let rest = parser.finish();
+                    parsed.content.push_str(&rest.content);
+                    parsed.calls.extend(rest.calls);
+                    // As vLLM: a choice that called a tool ends with `tool_calls`.
+                    if parser.called()
+                        && matches!(f.reason, FinishReason::Stop | FinishReason::Length)
+                    {
+                        "tool_calls"
+                    } else {
+                        f.reason.as_str()
+                    }
+                });
+                if parsed.is_empty() && !first && finish_reason.is_none() {
+                    return None;
+                }
+                self.shape
+                    .chat_chunk(d.index, first, &parsed, finish_reason)
+            }
+        };
         // A client still reading did not abort this choice: the server did
         // (shutdown). Say why, so the stream does not just stop.
         if let Some(f) = &d.finish
@@ -237,7 +301,7 @@ impl<S> SseEvents<S> {
             let err = ApiError::unavailable(message);
             self.queued = Some(Queued::Event(sse_event(&err.body())));
         }
-        chunk
+        Some(chunk)
     }
 
     /// The final chunk (usage and/or metrics) when asked for, then `[DONE]`.
@@ -282,11 +346,16 @@ impl<S: Stream<Item = ChoiceDelta> + Unpin> Stream for SseEvents<S> {
         if this.ended {
             return Poll::Ready(None);
         }
-        let event = match ready!(this.events.poll_next_unpin(cx)) {
-            Some(d) => this.on_delta(d),
-            None => this.on_end(),
-        };
-        Poll::Ready(Some(Ok(event)))
+        loop {
+            let event = match ready!(this.events.poll_next_unpin(cx)) {
+                Some(d) => match this.on_delta(d) {
+                    Some(event) => event,
+                    None => continue,
+                },
+                None => this.on_end(),
+            };
+            return Poll::Ready(Some(Ok(event)));
+        }
     }
 }
 
@@ -392,17 +461,36 @@ fn full_body(
             json_bytes(&body)
         }
         Api::Chat => {
+            // Each choice's content and calls, when the output is parsed.
+            let parsed: Vec<_> = results
+                .iter()
+                .map(|c| shape.tool_calls.as_ref().map(|t| t.parse(&c.text)))
+                .collect();
             let choices: Vec<_> = results
                 .iter()
-                .map(|c| ChatChoice {
-                    index: c.index,
-                    message: Some(ChatDelta {
-                        role: Some("assistant"),
-                        content: Some(&c.text),
-                    }),
-                    delta: None,
-                    logprobs: None,
-                    finish_reason: Some(c.finish.reason.as_str()),
+                .zip(&parsed)
+                .map(|(c, p)| {
+                    let (content, calls) = match p {
+                        Some((content, calls)) => (content.as_deref(), calls.as_slice()),
+                        None => (Some(c.text.as_str()), &[][..]),
+                    };
+                    let finish_reason = match c.finish.reason {
+                        FinishReason::Stop | FinishReason::Length if !calls.is_empty() => {
+                            "tool_calls"
+                        }
+                        reason => reason.as_str(),
+                    };
+                    ChatChoice {
+                        index: c.index,
+                        message: Some(ChatMessageOut {
+                            role: "assistant",
+                            content,
+                            tool_calls: calls,
+                        }),
+                        delta: None,
+                        logprobs: None,
+                        finish_reason: Some(finish_reason),
+                    }
                 })
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
@@ -431,4 +519,240 @@ fn json_bytes(body: &impl serde::Serialize) -> serde_json::Result<Vec<u8>> {
     let mut out = Vec::with_capacity(512);
     serde_json::to_writer(&mut out, body)?;
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use inferscope_engine::{
+        Coordinator, EngineConfig, EngineRequest, Executor, ExecutorError, SamplingParams,
+        ScheduledBatch, StepOutput,
+    };
+    use inferscope_model::{ByteTokenizer, IncrementalDecoder, Tokenizer};
+    use inferscope_schema::{NoopRecorder, RequestRef};
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::openai::infer::ChoiceStream;
+    use crate::openai::tool_parsers::{Format, ParserName};
+
+    /// An executor that writes `text`, a byte per step, then EOS (each
+    /// sequence's position counted here).
+    struct Script(Vec<u8>, std::collections::HashMap<u64, usize>);
+
+    impl Executor for Script {
+        fn name(&self) -> String {
+            "script".into()
+        }
+        fn init_kv_cache(&mut self, _block_size: usize) -> Result<usize, ExecutorError> {
+            Ok(4096)
+        }
+        fn eos_token_ids(&self) -> Vec<u32> {
+            vec![ByteTokenizer::EOS]
+        }
+        fn execute(
+            &mut self,
+            batch: &ScheduledBatch,
+            out: &mut StepOutput,
+        ) -> Result<(), ExecutorError> {
+            out.sampled.clear();
+            for seq in &batch.seqs {
+                if !seq.sample {
+                    out.sampled.push(None);
+                    continue;
+                }
+                let n = self.1.entry(seq.seq_id).or_default();
+                let token = self.0.get(*n).map_or(ByteTokenizer::EOS, |&b| u32::from(b));
+                *n += 1;
+                out.sampled.push(Some(token));
+            }
+            Ok(())
+        }
+    }
+
+    /// A generation of one choice whose model writes `text`.
+    fn generation(c: &Coordinator, text: &str) -> Generation {
+        let tok: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let prompt = tok.encode("hi", false).expect("encode");
+        let handle = c
+            .add_request(EngineRequest {
+                request_id: format!("r{}", text.len()),
+                prompt_token_ids: prompt.clone(),
+                params: Arc::new(SamplingParams {
+                    max_tokens: 1000,
+                    ..Default::default()
+                }),
+                seed_offset: 0,
+                arrival: Instant::now(),
+                trace_id: None,
+                tenant: None,
+            })
+            .expect("add");
+        let choice = ChoiceStream::new(
+            0,
+            handle,
+            IncrementalDecoder::new(tok, &prompt),
+            Arc::new([]),
+            Instant::now(),
+            None,
+            RequestRef::new("r", None),
+        );
+        Generation {
+            choices: vec![choice],
+            prompt_tokens: prompt.len(),
+        }
+    }
+
+    fn coordinator(text: &str) -> Coordinator {
+        let bytes = text.as_bytes().to_vec();
+        Coordinator::start(
+            EngineConfig::default(),
+            1,
+            0,
+            move |_| Ok(Box::new(Script(bytes.clone(), Default::default())) as Box<dyn Executor>),
+            Arc::new(NoopRecorder),
+        )
+        .expect("coordinator")
+    }
+
+    fn shape() -> Shape {
+        Shape::new(Api::Chat, "t", "m".into(), 0).with_tool_calls(Some(ToolCalls {
+            format: Format::Parser(ParserName::Hermes),
+            single_call: false,
+        }))
+    }
+
+    async fn body(r: Response) -> String {
+        let bytes = tokio::time::timeout(
+            Duration::from_secs(10),
+            axum::body::to_bytes(r.into_body(), usize::MAX),
+        )
+        .await
+        .expect("not stuck")
+        .expect("body");
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    /// The stream accumulated as the openai client does: content
+    /// concatenated, each call's id, type and name from its first delta,
+    /// its arguments concatenated. Also checks that every chunk has a delta.
+    fn accumulate(sse: &str) -> (Value, Value) {
+        let mut content = String::new();
+        let mut calls: Vec<Value> = Vec::new();
+        let mut finish = Value::Null;
+        for line in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                break;
+            }
+            let chunk: Value = serde_json::from_str(line).expect("chunk");
+            let choice = &chunk["choices"][0];
+            let delta = &choice["delta"];
+            assert!(delta.is_object(), "{line}");
+            if let Some(t) = delta["content"].as_str() {
+                content.push_str(t);
+            }
+            for c in delta["tool_calls"].as_array().into_iter().flatten() {
+                let i = c["index"].as_u64().expect("index") as usize;
+                if i == calls.len() {
+                    assert!(
+                        c["id"].is_string() && c["function"]["name"].is_string(),
+                        "{line}"
+                    );
+                    assert_eq!(c["type"], "function");
+                    calls.push(json!({"id": c["id"], "type": "function",
+                        "function": {"name": c["function"]["name"], "arguments": ""}}));
+                }
+                let args = calls[i]["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+                    + c["function"]["arguments"].as_str().unwrap_or_default();
+                calls[i]["function"]["arguments"] = json!(args);
+            }
+            if !choice["finish_reason"].is_null() {
+                finish = choice["finish_reason"].clone();
+            }
+        }
+        let message = json!({"content": if content.is_empty() { Value::Null } else { json!(content) },
+                             "tool_calls": calls});
+        (message, finish)
+    }
+
+    const CALL: &str = "I'll look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>";
+
+    /// A call the model wrote comes back as `tool_calls` with the text
+    /// around it as content and `finish_reason: "tool_calls"`; streamed a
+    /// byte at a time, it accumulates to the same message.
+    #[tokio::test]
+    async fn a_written_call_is_returned_full_and_streamed() {
+        let c = coordinator(CALL);
+        let full_body: Value = serde_json::from_str(
+            &body(full(shape(), generation(&c, CALL), false, None).await).await,
+        )
+        .expect("json");
+        let choice = &full_body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{full_body}");
+        let message = &choice["message"];
+        assert_eq!(message["content"], "I'll look.");
+        let call = &message["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert!(
+            call["id"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("chatcmpl-tool-"))
+        );
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(
+            call["function"]["arguments"],
+            r#"{"city": "Paris", "days": [1, 2]}"#
+        );
+
+        let sse = body(stream(shape(), generation(&c, CALL), false, false, None)).await;
+        let (streamed, finish) = accumulate(&sse);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(streamed["content"], message["content"]);
+        let mut want = message["tool_calls"].clone();
+        want[0]["id"] = streamed["tool_calls"][0]["id"].clone();
+        assert_eq!(streamed["tool_calls"], want, "{sse}");
+        // The arguments came in fragments, not in one piece.
+        let fragments = sse.matches("\"arguments\":").count();
+        assert!(fragments > 5, "{sse}");
+    }
+
+    /// A call cut short by EOS (no `</tool_call>`, no arguments) is closed
+    /// when the choice ends: the last delta carries its `{}`.
+    #[tokio::test]
+    async fn a_call_ended_by_eos_is_closed_in_the_last_chunk() {
+        let text = "<tool_call>{\"name\": \"now\"}";
+        let c = coordinator(text);
+        let (streamed, finish) =
+            accumulate(&body(stream(shape(), generation(&c, text), false, false, None)).await);
+        assert_eq!(finish, "tool_calls");
+        assert_eq!(streamed["content"], Value::Null);
+        assert_eq!(streamed["tool_calls"][0]["function"]["name"], "now");
+        assert_eq!(streamed["tool_calls"][0]["function"]["arguments"], "{}");
+    }
+
+    /// Without a call the answer is the text, as without tools.
+    #[tokio::test]
+    async fn text_without_a_call_is_content() {
+        let text = "No tools <tool needed.\n";
+        let c = coordinator(text);
+        let full_body: Value = serde_json::from_str(
+            &body(full(shape(), generation(&c, text), false, None).await).await,
+        )
+        .expect("json");
+        let choice = &full_body["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(choice["message"]["content"], text);
+        assert!(choice["message"].get("tool_calls").is_none(), "{full_body}");
+        let (streamed, finish) =
+            accumulate(&body(stream(shape(), generation(&c, text), false, false, None)).await);
+        assert_eq!(
+            (streamed["content"].as_str(), finish.as_str()),
+            (Some(text), Some("stop"))
+        );
+    }
 }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use inferscope_engine::{SamplingParams, StopTokenIds};
-use inferscope_model::{ChatMessage, GenerationDefaults, Tokenizer};
+use inferscope_model::chat_template::Value;
+use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
 
 use crate::error::ApiError;
 use crate::openai::protocol::{
@@ -12,6 +13,8 @@ use crate::openai::protocol::{
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
 use crate::openai::refusals::{self, CHAT, COMMON, COMPLETIONS};
+use crate::openai::tool_parsers::ToolCalls;
+use crate::openai::tools::{self, ToolSettings};
 
 /// Limits the server validates against.
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +51,8 @@ pub struct Validator<'a> {
     pub limits: &'a Limits,
     /// Text to tokens.
     pub tokenizer: &'a dyn Tokenizer,
+    /// Tool calling (`--enable-auto-tool-choice`, `--tool-call-parser`).
+    pub tools: ToolSettings,
 }
 
 /// A request that passed every check: the served name it asked for and the plan.
@@ -119,21 +124,27 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
     let sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     refusals::check(body, &[COMMON, CHAT])?;
-    let messages = chat_messages(req.messages)?;
+    let tools = tools::plan_tools(
+        req.tools,
+        req.tool_choice,
+        sampling.parallel_tool_calls.as_ref(),
+        &v.tools,
+    )?;
+    let input = ChatInput {
+        messages: chat_messages(req.messages)?,
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        tools: tools.template_tools,
+        ..ChatInput::default()
+    };
     // The template writes the special tokens (BOS included) itself: by
     // default add none on top, as vLLM encodes a rendered chat.
-    let prompt = render_chat(
-        v.tokenizer,
-        &messages,
-        req.add_generation_prompt.unwrap_or(true),
-        req.add_special_tokens.unwrap_or(false),
-    )?;
+    let prompt = render_chat(v.tokenizer, &input, req.add_special_tokens.unwrap_or(false))?;
     let (max_tokens, param) = match (req.max_completion_tokens, req.max_tokens) {
         (Some(v), _) => (Some(v), "max_completion_tokens"),
         (None, v) => (v, "max_tokens"),
     };
     let max_len = v.limits.max_model_len;
-    let plan = plan(
+    let mut plan = plan(
         vec![prompt],
         max_tokens,
         |prompt_len| max_len.saturating_sub(prompt_len),
@@ -141,12 +152,21 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         v.limits,
         param,
     )?;
+    if tools.keep_special_tokens {
+        plan.skip_special_tokens = false;
+    }
+    plan.tool_calls = tools.format.map(|format| ToolCalls {
+        format,
+        single_call: tools.single_call,
+    });
     Ok(Validated { model, plan })
 }
 
-/// The request's chat messages as the template sees them (text parts joined);
-/// a missing or empty list, or a non-text part, is a 400 naming `messages`.
-fn chat_messages(messages: Option<Vec<ChatMessageIn>>) -> Result<Vec<ChatMessage>, ApiError> {
+/// The request's chat messages as the template sees them: `role`, the
+/// text (parts joined), and `name`, `tool_call_id` and `tool_calls` when
+/// given (each call's arguments as a mapping). A missing or empty list, a
+/// non-text part or a malformed call is a 400 naming `messages`.
+fn chat_messages(messages: Option<Vec<ChatMessageIn>>) -> Result<Vec<Value>, ApiError> {
     let messages =
         messages.ok_or_else(|| ApiError::invalid("`messages` is required", Some("messages")))?;
     if messages.is_empty() {
@@ -157,7 +177,8 @@ fn chat_messages(messages: Option<Vec<ChatMessageIn>>) -> Result<Vec<ChatMessage
     }
     messages
         .into_iter()
-        .map(|m| {
+        .enumerate()
+        .map(|(i, m)| {
             let content = match m.content {
                 None => String::new(),
                 Some(ChatContent::Text(t)) => t,
@@ -180,23 +201,32 @@ fn chat_messages(messages: Option<Vec<ChatMessageIn>>) -> Result<Vec<ChatMessage
                     text
                 }
             };
-            Ok(ChatMessage {
-                role: m.role,
-                content,
-            })
+            let mut fields = vec![
+                ("role", Value::from(m.role)),
+                ("content", Value::from(content)),
+            ];
+            if let Some(name) = m.name {
+                fields.push(("name", Value::from(name)));
+            }
+            if let Some(id) = m.tool_call_id {
+                fields.push(("tool_call_id", Value::from(id)));
+            }
+            if let Some(calls) = m.tool_calls.filter(|c| !c.is_none()) {
+                fields.push(("tool_calls", tools::template_tool_calls(&calls, i)?));
+            }
+            Ok(Value::from_iter(fields))
         })
         .collect()
 }
 
-/// Renders `messages` with the chat template and tokenizes the text.
+/// Renders a conversation with the chat template and tokenizes the text.
 fn render_chat(
     tokenizer: &dyn Tokenizer,
-    messages: &[ChatMessage],
-    add_generation_prompt: bool,
+    input: &ChatInput,
     add_special_tokens: bool,
 ) -> Result<Vec<u32>, ApiError> {
     tokenizer
-        .apply_chat_template(messages, add_generation_prompt)
+        .render_chat(input)
         .and_then(|text| tokenizer.encode(&text, add_special_tokens))
         .map_err(|e| {
             ApiError::invalid(
@@ -225,14 +255,12 @@ pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse
             ));
         }
         (Some(messages), None) => {
-            let messages = chat_messages(Some(messages))?;
-            let add_generation_prompt = req.add_generation_prompt.unwrap_or(true);
-            let tokens = render_chat(
-                v.tokenizer,
-                &messages,
-                add_generation_prompt,
-                add_special_tokens,
-            )?;
+            let input = ChatInput {
+                messages: chat_messages(Some(messages))?,
+                add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                ..ChatInput::default()
+            };
+            let tokens = render_chat(v.tokenizer, &input, add_special_tokens)?;
             (tokens, "messages")
         }
         (None, Some(prompt)) => {
@@ -353,6 +381,8 @@ pub struct Plan {
     pub include_stop_str_in_output: bool,
     /// `echo`: the text put before the completion of each prompt's choices.
     pub echo: Option<Vec<String>>,
+    /// Chat: how the output is read into `tool_calls` (`None`: it is not).
+    pub tool_calls: Option<ToolCalls>,
 }
 
 /// Tokenizes a completion prompt.
@@ -600,6 +630,7 @@ pub fn plan(
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         echo: None,
+        tool_calls: None,
     })
 }
 

@@ -10,6 +10,8 @@ use crate::common;
 use std::time::Duration;
 
 use inferscope_model::{ByteTokenizer, GenerationDefaults, Tokenizer};
+use inferscope_server::openai::tool_parsers::ParserName;
+use inferscope_server::openai::tools::ToolSettings;
 use inferscope_server::openai::validation::{
     Limits, Validated, Validator, parse_and_detokenize, parse_and_tokenize,
     parse_and_validate_chat, parse_and_validate_completion,
@@ -195,6 +197,12 @@ fn validation_never_panics_and_refuses_with_4xx() {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        // Tool calling on, so `tools` and `tool_choice` reach their checks.
+        tools: ToolSettings {
+            auto_tool_choice: true,
+            parser: Some(ParserName::Hermes),
+            exclude_tools_when_none: false,
+        },
     };
     let accepted = std::cell::Cell::new(0usize);
     let mut runner = TestRunner::new(config());
@@ -222,6 +230,12 @@ fn tokenizer_routes_never_panic_and_refuse_with_4xx() {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        // Tool calling on, so `tools` and `tool_choice` reach their checks.
+        tools: ToolSettings {
+            auto_tool_choice: true,
+            parser: Some(ParserName::Hermes),
+            exclude_tools_when_none: false,
+        },
     };
     let refused = |e: inferscope_server::ApiError| {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.message);

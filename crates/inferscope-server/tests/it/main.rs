@@ -14,3 +14,4 @@ mod request_fields;
 mod server_contract;
 mod tenants;
 mod tokenize;
+mod tools;

@@ -1,0 +1,161 @@
+"""A tiny Llama GGUF that writes a Hermes tool call: a model whose greedy
+output is fixed by its weights, so that a test sees the server parse a
+`<tool_call>` block the model itself wrote (the demo model never writes one).
+
+The layers add nothing (their output projections are zero), so the logits
+depend only on the last token: a bigram table in the embeddings and the
+head. After the prompt's last token (`\\n`, which ends the chat template's
+`<|im_start|>assistant\\n`) the most likely token opens the call; the next
+most likely one starts a plain answer, which a client gets by banning the
+call's opening token with `logit_bias`. The file is otherwise tiny_gguf.py's:
+llama's tensor names and metadata, its SentencePiece vocabulary plus the
+pieces written here, and a Qwen 2.5-style chat template with tools.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+import tiny_gguf
+from tiny_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, vocabulary
+
+# What the model writes: a call to get_weather for Paris, in pieces (spaces
+# as SentencePiece's ▁), and the answer it gives instead when the call is banned.
+CALL_PIECES = ["<tool_call>", '{"name":\u2581"get_weather",', '\u2581"arguments":\u2581{"city":',
+               '\u2581"Par', 'is"}}', "</tool_call>"]
+ANSWER_PIECES = ["It\u2581is\u2581sunny", "\u2581in\u2581Paris."]
+CALL_TEXT = "".join(CALL_PIECES).replace("\u2581", " ")
+ANSWER_TEXT = "".join(ANSWER_PIECES).replace("\u2581", " ")
+
+CHAT_TEMPLATE = """{%- if tools %}<|im_start|>system
+# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{"name": <function-name>, "arguments": <args-json-object>}
+</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == "assistant" and message.tool_calls %}<|im_start|>assistant
+{%- if message.content %}
+{{ message.content }}
+{%- endif %}
+{%- for tc in message.tool_calls %}
+<tool_call>
+{"name": "{{ tc.function.name }}", "arguments": {{ tc.function.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif message.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def toolcaller_vocabulary() -> tuple[list[str], list[float], list[int]]:
+    """tiny_gguf's vocabulary with the call's and the answer's pieces added."""
+    tokens, scores, types = vocabulary()
+    for p in CALL_PIECES + ANSWER_PIECES:
+        assert p not in tokens, p
+        tokens.append(p)
+        scores.append(-1000.0)
+        types.append(int(gguf.TokenType.NORMAL))
+    return tokens, scores, types
+
+
+def write_toolcaller(path: Path) -> tuple[Path, dict[str, int]]:
+    """Writes the model; returns its path and the ids of its pieces."""
+    tokens, scores, types = toolcaller_vocabulary()
+    ids = {t: i for i, t in enumerate(tokens)}
+    vocab = len(tokens)
+    head_dim = HIDDEN // HEADS
+    newline, eos = ids["<0x0A>"], 2
+    # The bigram table: token -> [(next token, logit)].
+    chain = [newline, *(ids[p] for p in CALL_PIECES), eos]
+    answer = [newline, *(ids[p] for p in ANSWER_PIECES), eos]
+    table: dict[int, list[tuple[int, float]]] = {}
+    for seq, logit in ((chain, 20.0), (answer, 10.0)):
+        for a, b in zip(seq, seq[1:]):
+            table.setdefault(a, []).append((b, logit))
+    # One embedding dimension per token that has a successor; RMSNorm turns
+    # the one-hot 1 into sqrt(HIDDEN).
+    dim = {t: d for d, t in enumerate(sorted(table))}
+    assert len(dim) <= HIDDEN
+    embd = np.zeros((vocab, HIDDEN), dtype=np.float32)
+    head = np.zeros((vocab, HIDDEN), dtype=np.float32)
+    scale = np.sqrt(HIDDEN)
+    for t, d in dim.items():
+        embd[t, d] = 1.0
+        for nxt, logit in table[t]:
+            head[nxt, d] = logit / scale
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("inferscope-tiny-toolcaller")
+    writer.add_context_length(tiny_gguf.CONTEXT)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(eos)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+
+    rng = np.random.default_rng(0)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    def zero(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    writer.add_tensor("token_embd.weight", embd)
+    for layer in range(LAYERS):
+        p = f"blk.{layer}"
+        writer.add_tensor(f"{p}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        writer.add_tensor(f"{p}.attn_q.weight", w(HEADS * head_dim, HIDDEN))
+        writer.add_tensor(f"{p}.attn_k.weight", w(KV_HEADS * head_dim, HIDDEN))
+        writer.add_tensor(f"{p}.attn_v.weight", w(KV_HEADS * head_dim, HIDDEN))
+        # Zero output projections: the layers leave the residual stream as it is.
+        writer.add_tensor(f"{p}.attn_output.weight", zero(HIDDEN, HEADS * head_dim))
+        writer.add_tensor(f"{p}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        writer.add_tensor(f"{p}.ffn_gate.weight", w(FFN, HIDDEN))
+        writer.add_tensor(f"{p}.ffn_up.weight", w(FFN, HIDDEN))
+        writer.add_tensor(f"{p}.ffn_down.weight", zero(HIDDEN, FFN))
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    writer.add_tensor("output.weight", head)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, ids
