@@ -44,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        grammar: None,
     };
     check(parse_and_validate_completion(data, &v), &limits);
     check(parse_and_validate_chat(data, &v), &limits);

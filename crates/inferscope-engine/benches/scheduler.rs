@@ -130,6 +130,7 @@ impl Fixture {
                     arrival: now,
                     trace_id: None,
                     tenant: None,
+                    grammar: None,
                 },
                 tx,
             );

@@ -191,6 +191,7 @@ async fn slot(
             arrival: Instant::now(),
             trace_id: None,
             tenant: None,
+            grammar: None,
         };
         k += 1;
         let Ok(mut handle) = coordinator.add_request(req) else {

@@ -177,6 +177,9 @@ pub struct EngineRequest {
     /// Who sent it (an authenticated tenant); `None`: anonymous. Fair
     /// admission shares the engine across tenants.
     pub tenant: Option<Arc<str>>,
+    /// The constraint the output must match (structured outputs), compiled
+    /// by the server; `None`: free text.
+    pub grammar: Option<crate::structured::CompiledGrammar>,
 }
 
 /// Monotonic timestamps of one request's life, from which latencies derive.

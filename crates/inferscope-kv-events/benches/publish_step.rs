@@ -96,6 +96,7 @@ impl Fixture {
                     arrival: now,
                     trace_id: None,
                     tenant: None,
+                    grammar: None,
                 },
                 tx,
             );

@@ -117,6 +117,7 @@ fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
         arrival: Instant::now(),
         trace_id: None,
         tenant: None,
+        grammar: None,
     }
 }
 

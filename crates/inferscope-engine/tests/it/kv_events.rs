@@ -88,6 +88,7 @@ async fn workload(c: &Coordinator, round: u32) {
             arrival: Instant::now(),
             trace_id: None,
             tenant: None,
+            grammar: None,
         };
         handles.push(c.add_request(req).expect("admitted"));
     }

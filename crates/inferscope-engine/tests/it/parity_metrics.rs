@@ -24,6 +24,7 @@ fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
         arrival: Instant::now(),
         trace_id: None,
         tenant: None,
+        grammar: None,
     }
 }
 

@@ -234,6 +234,7 @@ fn run_workload(
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                grammar: None,
             },
             tx,
         );
@@ -474,6 +475,7 @@ fn shared_prefixes_hit_the_cache() {
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                grammar: None,
             },
             tx,
         );

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::{SamplingParams, StopTokenIds};
+use inferscope_engine::{CompiledGrammar, GrammarCompiler, SamplingParams, StopTokenIds};
 use inferscope_model::{ChatMessage, Tokenizer};
 
 use crate::error::ApiError;
@@ -12,6 +12,7 @@ use crate::openai::protocol::{
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
 use crate::openai::refusals::{self, CHAT, COMMON, COMPLETIONS};
+use crate::openai::structured::{self, StructuredFields};
 
 /// Limits the server validates against.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +46,9 @@ pub struct Validator<'a> {
     pub limits: &'a Limits,
     /// Text to tokens.
     pub tokenizer: &'a dyn Tokenizer,
+    /// Compiles structured-output constraints over the tokenizer's
+    /// vocabulary; `None` when it could not be read (those fields are 400s).
+    pub grammar: Option<&'a GrammarCompiler>,
 }
 
 /// A request that passed every check: the served name it asked for and the plan.
@@ -84,6 +88,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
     if echo {
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
+    plan.grammar = compile_structured(body, v)?;
     Ok(Validated { model, plan })
 }
 
@@ -130,7 +135,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         (None, v) => (v, "max_tokens"),
     };
     let max_len = v.limits.max_model_len;
-    let plan = plan(
+    let mut plan = plan(
         vec![prompt],
         max_tokens,
         |prompt_len| max_len.saturating_sub(prompt_len),
@@ -138,7 +143,15 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         v.limits,
         param,
     )?;
+    plan.grammar = compile_structured(body, v)?;
     Ok(Validated { model, plan })
+}
+
+/// The request's structured-output constraint, compiled; last of the
+/// checks because it is the costliest (a large schema takes milliseconds).
+fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGrammar>, ApiError> {
+    let fields: StructuredFields = parse_json(body)?;
+    structured::compile(&fields, v.grammar)
 }
 
 /// The request's chat messages as the template sees them (text parts joined);
@@ -350,6 +363,9 @@ pub struct Plan {
     pub include_stop_str_in_output: bool,
     /// `echo`: the text put before the completion of each prompt's choices.
     pub echo: Option<Vec<String>>,
+    /// The compiled structured-output constraint, shared by every choice
+    /// (each starts its own matcher).
+    pub grammar: Option<CompiledGrammar>,
 }
 
 /// Tokenizes a completion prompt.
@@ -583,6 +599,7 @@ pub fn plan(
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         echo: None,
+        grammar: None,
     })
 }
 
