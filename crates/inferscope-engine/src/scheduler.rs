@@ -534,7 +534,9 @@ impl Scheduler {
         if self.grammar_worker.is_none() {
             match GrammarWorker::spawn("engine-grammar".into()) {
                 Ok(w) => self.grammar_worker = Some(w),
-                Err(e) => tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline")
+                }
             }
         }
         self.batch.masks = Some(match &self.grammar_worker {

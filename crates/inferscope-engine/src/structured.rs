@@ -107,7 +107,9 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
 /// lines are kept as they are.
 fn gbnf_to_lark(g: &str) -> String {
     let mut out = String::with_capacity(g.len() + 16);
-    if g.lines().any(|l| l.trim_start().starts_with("root") && l.contains("::=")) {
+    if g.lines()
+        .any(|l| l.trim_start().starts_with("root") && l.contains("::="))
+    {
         out.push_str("start: root\n");
     }
     for line in g.lines() {
@@ -516,7 +518,10 @@ mod tests {
             .compile(StructuredOutput::Choice(vec!["a.b".into()]))
             .expect("compiles")
             .start();
-        assert!(matches!(run(&g2, "axb"), Advance::Error(_)), "`.` is literal");
+        assert!(
+            matches!(run(&g2, "axb"), Advance::Error(_)),
+            "`.` is literal"
+        );
     }
 
     #[test]
@@ -528,7 +533,10 @@ mod tests {
             c.compile(StructuredOutput::Json(serde_json::json!({"type": "nope"})))
                 .is_err()
         );
-        assert!(c.compile(StructuredOutput::Grammar("start: undefined_rule".into())).is_err());
+        assert!(
+            c.compile(StructuredOutput::Grammar("start: undefined_rule".into()))
+                .is_err()
+        );
     }
 
     #[test]
@@ -546,7 +554,10 @@ mod tests {
     #[test]
     fn json_object_starts_with_a_brace() {
         let c = byte_compiler();
-        let g = c.compile(StructuredOutput::JsonObject).expect("compiles").start();
+        let g = c
+            .compile(StructuredOutput::JsonObject)
+            .expect("compiles")
+            .start();
         let m = TokenMask(g.compute_mask().expect("mask"));
         assert_eq!(m.nth_allowed(0), Some(u32::from(b'{')));
         assert_eq!(m.num_allowed(), 1);

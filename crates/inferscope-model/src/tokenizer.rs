@@ -230,11 +230,12 @@ impl Tokenizer for HfTokenizer {
             .map_err(|e| ModelError::Tokenizer(format!("cannot read the tokenizer: {e}")))?;
         // llguidance asserts on vocabularies it does not expect: a panic
         // there means this tokenizer gets no structured outputs, not a crash.
-        let words = std::panic::catch_unwind(|| {
-            llguidance::token_bytes_from_tokenizer_json(&value)
-        })
-        .map_err(|_| ModelError::Tokenizer("llguidance cannot read this vocabulary".into()))?
-        .map_err(|e| ModelError::Tokenizer(format!("the vocabulary's bytes: {e}")))?;
+        let words =
+            std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&value))
+                .map_err(|_| {
+                    ModelError::Tokenizer("llguidance cannot read this vocabulary".into())
+                })?
+                .map_err(|e| ModelError::Tokenizer(format!("the vocabulary's bytes: {e}")))?;
         let mut words = words;
         words.resize(words.len().max(self.vocab_size()), Vec::new());
         Ok(words)

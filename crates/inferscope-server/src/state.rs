@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, GrammarCompiler, KvEventSink, SchedulingPolicy, SimExecutor,
-    SimProfile,
+    Coordinator, EngineConfig, Executor, ExecutorError, GrammarCompiler, KvEventSink,
+    SchedulingPolicy, SimExecutor, SimProfile,
     sim::{SimFaults, SimTokens},
 };
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};

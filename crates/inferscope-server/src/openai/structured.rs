@@ -46,8 +46,14 @@ pub fn read(f: &StructuredFields) -> Result<Option<(StructuredOutput, &'static s
         found = Some((c, field));
         Ok(())
     };
-    take(response_format(f.response_format.as_ref())?, "response_format")?;
-    take(structured_outputs(f.structured_outputs.as_ref())?, "structured_outputs")?;
+    take(
+        response_format(f.response_format.as_ref())?,
+        "response_format",
+    )?;
+    take(
+        structured_outputs(f.structured_outputs.as_ref())?,
+        "structured_outputs",
+    )?;
     take(
         non_null(&f.guided_json)
             .map(|v| json_schema(v, "guided_json"))
@@ -134,10 +140,7 @@ fn choices(v: &Value, field: &'static str) -> Result<StructuredOutput, ApiError>
 fn json_schema(v: &Value, field: &'static str) -> Result<StructuredOutput, ApiError> {
     let schema = match v {
         Value::String(text) => serde_json::from_str(text).map_err(|e| {
-            ApiError::invalid(
-                format!("`{field}` is not valid JSON: {e}"),
-                Some(field),
-            )
+            ApiError::invalid(format!("`{field}` is not valid JSON: {e}"), Some(field))
         })?,
         other => other.clone(),
     };
@@ -168,12 +171,15 @@ fn response_format(v: Option<&Value>) -> Result<Option<StructuredOutput>, ApiErr
         "text" => Ok(None),
         "json_object" => Ok(Some(StructuredOutput::JsonObject)),
         "json_schema" => {
-            let js = v.get("json_schema").filter(|j| j.is_object()).ok_or_else(|| {
-                ApiError::invalid(
-                    "`response_format.json_schema` is required with type `json_schema`",
-                    Some(F),
-                )
-            })?;
+            let js = v
+                .get("json_schema")
+                .filter(|j| j.is_object())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "`response_format.json_schema` is required with type `json_schema`",
+                        Some(F),
+                    )
+                })?;
             if let Some(strict) = js.get("strict")
                 && !(strict.is_null() || strict.is_boolean())
             {
@@ -258,23 +264,50 @@ mod tests {
     #[test]
     fn each_field_reads_into_its_constraint() {
         for (body, kind, field) in [
-            (r#"{"response_format": {"type": "json_object"}}"#, "json_object", "response_format"),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                "json_object",
+                "response_format",
+            ),
             (
                 r#"{"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": true}}}"#,
                 "json",
                 "response_format",
             ),
-            (r#"{"structured_outputs": {"regex": "a+"}}"#, "regex", "structured_outputs"),
-            (r#"{"structured_outputs": {"choice": ["a"]}}"#, "choice", "structured_outputs"),
-            (r#"{"guided_json": "{\"type\": \"string\"}"}"#, "json", "guided_json"),
+            (
+                r#"{"structured_outputs": {"regex": "a+"}}"#,
+                "regex",
+                "structured_outputs",
+            ),
+            (
+                r#"{"structured_outputs": {"choice": ["a"]}}"#,
+                "choice",
+                "structured_outputs",
+            ),
+            (
+                r#"{"guided_json": "{\"type\": \"string\"}"}"#,
+                "json",
+                "guided_json",
+            ),
             (r#"{"guided_regex": "a+"}"#, "regex", "guided_regex"),
-            (r#"{"guided_choice": ["a", "b"]}"#, "choice", "guided_choice"),
-            (r#"{"guided_grammar": "start: \"a\""}"#, "grammar", "guided_grammar"),
+            (
+                r#"{"guided_choice": ["a", "b"]}"#,
+                "choice",
+                "guided_choice",
+            ),
+            (
+                r#"{"guided_grammar": "start: \"a\""}"#,
+                "grammar",
+                "guided_grammar",
+            ),
         ] {
             let (c, f) = read(&fields(body)).expect(body).expect(body);
             assert_eq!((c.kind(), f), (kind, field), "{body}");
         }
-        for none in [r#"{}"#, r#"{"response_format": {"type": "text"}, "guided_json": null}"#] {
+        for none in [
+            r#"{}"#,
+            r#"{"response_format": {"type": "text"}, "guided_json": null}"#,
+        ] {
             assert!(read(&fields(none)).expect(none).is_none());
         }
     }
@@ -283,13 +316,25 @@ mod tests {
     fn mistakes_are_400s_naming_the_field() {
         for (body, field) in [
             (r#"{"response_format": {"type": "xml"}}"#, "response_format"),
-            (r#"{"response_format": {"type": "json_schema"}}"#, "response_format"),
+            (
+                r#"{"response_format": {"type": "json_schema"}}"#,
+                "response_format",
+            ),
             (r#"{"guided_choice": []}"#, "guided_choice"),
             (r#"{"guided_regex": 3}"#, "guided_regex"),
             (r#"{"guided_json": "{not json"}"#, "guided_json"),
-            (r#"{"structured_outputs": {"structural_tag": "x"}}"#, "structured_outputs"),
-            (r#"{"structured_outputs": {"regex": "a", "choice": ["b"]}}"#, "structured_outputs"),
-            (r#"{"guided_regex": "a", "guided_choice": ["b"]}"#, "guided_choice"),
+            (
+                r#"{"structured_outputs": {"structural_tag": "x"}}"#,
+                "structured_outputs",
+            ),
+            (
+                r#"{"structured_outputs": {"regex": "a", "choice": ["b"]}}"#,
+                "structured_outputs",
+            ),
+            (
+                r#"{"guided_regex": "a", "guided_choice": ["b"]}"#,
+                "guided_choice",
+            ),
         ] {
             let e = read(&fields(body)).expect_err(body);
             assert_eq!(e.status.as_u16(), 400, "{body}");
