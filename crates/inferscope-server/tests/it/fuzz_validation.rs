@@ -194,6 +194,7 @@ fn validation_never_panics_and_refuses_with_4xx() {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        grammar: None,
     };
     let accepted = std::cell::Cell::new(0usize);
     let mut runner = TestRunner::new(config());
@@ -221,6 +222,7 @@ fn tokenizer_routes_never_panic_and_refuse_with_4xx() {
         served_model_names: &served,
         limits: &limits,
         tokenizer: &tok,
+        grammar: None,
     };
     let refused = |e: inferscope_server::ApiError| {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.message);
