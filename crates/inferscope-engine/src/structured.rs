@@ -282,7 +282,11 @@ impl SeqGrammar {
     pub fn advance(&self, token: u32) -> Advance {
         let mut m = self.0.lock();
         if let Err(e) = m.consume_token(token) {
-            return Advance::Error(format!("structured output: {e}"));
+            // The first line says what failed; the rest is the parser's
+            // state dump, not for the client.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            return Advance::Error(format!("structured output: {first}"));
         }
         if m.is_stopped() {
             Advance::Finished
