@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
             parser: Some(ParserName::Hermes),
             exclude_tools_when_none: false,
         },
+        grammar: None,
     };
     check(parse_and_validate_completion(data, &v), &limits);
     check(parse_and_validate_chat(data, &v), &limits);

@@ -186,10 +186,10 @@ _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "o
     ({"logprobs": True}, "logprobs"),
     ({"tools": [_TOOL]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
     ({"logit_bias": {"99999": 5}}, "logit_bias"),
-    ({"extra_body": {"guided_choice": ["a", "b"]}}, "guided_choice"),
+    ({"extra_body": {"guided_regex": "a("}}, "guided_regex"),
 ])
 def test_chat_fields_not_honoured_are_bad_requests(client, kwargs, param):
     # What the client sends for each is refused by name, never silently ignored (docs/api.md).

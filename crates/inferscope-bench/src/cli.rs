@@ -142,6 +142,10 @@ pub struct BenchServeArgs {
     /// min_p sent with each request (default: the server's).
     #[arg(long)]
     pub min_p: Option<f64>,
+    /// A JSON object merged into every request body, last (vLLM's
+    /// `--extra-body`), e.g. `'{"guided_choice": ["yes", "no"]}'`.
+    #[arg(long, value_name = "JSON", value_parser = parse_json_object)]
+    pub extra_body: Option<serde_json::Map<String, serde_json::Value>>,
     /// Warm-up requests before the run (not measured).
     #[arg(long, default_value_t = 0)]
     pub num_warmups: usize,
@@ -223,4 +227,13 @@ pub struct SweepArgs {
     /// Where to write the table JSON and plots (default: --result-dir or .).
     #[arg(long)]
     pub plot_dir: Option<PathBuf>,
+}
+
+/// A JSON object (`--extra-body`).
+fn parse_json_object(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("expected a JSON object".into()),
+        Err(e) => Err(format!("invalid JSON: {e}")),
+    }
 }

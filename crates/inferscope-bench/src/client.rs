@@ -186,6 +186,9 @@ pub struct Sampling {
     pub top_k: Option<i64>,
     /// `min_p`.
     pub min_p: Option<f64>,
+    /// Fields merged into every request body last (`--extra-body`), e.g.
+    /// a structured-output constraint.
+    pub extra: Option<serde_json::Map<String, Value>>,
 }
 
 impl Sampling {
@@ -200,6 +203,9 @@ impl Sampling {
         }
         if let Some(p) = self.min_p {
             body["min_p"] = json!(p);
+        }
+        for (k, v) in self.extra.iter().flatten() {
+            body[k] = v.clone();
         }
     }
 }
@@ -672,11 +678,13 @@ mod tests {
             top_p: Some(0.9),
             top_k: Some(40),
             min_p: Some(0.05),
+            extra: serde_json::from_str(r#"{"guided_choice": ["a"], "top_k": 3}"#).ok(),
         })
         .body("p", 4);
+        assert_eq!(b["guided_choice"], json!(["a"]));
         assert_eq!(b["temperature"], 0.7);
         assert_eq!(b["top_p"], 0.9);
-        assert_eq!(b["top_k"], 40);
+        assert_eq!(b["top_k"], 3, "--extra-body is merged last");
         assert_eq!(b["min_p"], 0.05);
         assert_eq!(b["max_tokens"], 4);
     }

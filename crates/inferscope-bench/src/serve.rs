@@ -335,6 +335,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
             top_p: args.top_p,
             top_k: args.top_k,
             min_p: args.min_p,
+            extra: args.extra_body.clone(),
         },
         read_timeout,
         api_key,

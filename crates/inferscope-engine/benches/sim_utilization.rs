@@ -192,6 +192,7 @@ async fn slot(
             trace_id: None,
             tenant: None,
             tenant_label: 0,
+            grammar: None,
         };
         k += 1;
         let Ok(mut handle) = coordinator.add_request(req) else {

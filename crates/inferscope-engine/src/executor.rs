@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::request::SamplingParams;
+use crate::structured::StepMasks;
 
 /// Estimated work of one step (`--enable-mfu-metrics`), from an executor's
 /// cost model ([`crate::cost::ModelCost`]).
@@ -52,6 +53,9 @@ pub struct ScheduledSeq {
     /// What an executor that keeps per-sequence token counts needs beyond
     /// the new tokens (only filled when `params` use them).
     pub history: SeqHistory,
+    /// Where this sequence's grammar mask is in [`ScheduledBatch::masks`]
+    /// (structured outputs); `None`: it samples unconstrained.
+    pub mask_slot: Option<u32>,
 }
 
 /// The token history a sequence's step carries for executors that keep
@@ -89,6 +93,7 @@ impl ScheduledSeq {
             seed: 0,
             params: Arc::new(SamplingParams::default()),
             history: SeqHistory::default(),
+            mask_slot: None,
         }
     }
 
@@ -116,6 +121,10 @@ pub struct ScheduledBatch {
     /// Tokens before a sequence's `start_pos` that no earlier batch carried
     /// (see [`SeqHistory`]), flattened.
     pub history_token_ids: Vec<u32>,
+    /// The grammar masks of the sequences with a
+    /// [`ScheduledSeq::mask_slot`], computed while the step runs: an
+    /// executor calls [`StepMasks::wait`] only when it samples.
+    pub masks: Option<Arc<StepMasks>>,
 }
 
 impl ScheduledBatch {
@@ -152,6 +161,7 @@ impl ScheduledBatch {
         self.block_tables.clear();
         self.finished_seq_ids.clear();
         self.history_token_ids.clear();
+        self.masks = None;
     }
 }
 

@@ -13,6 +13,7 @@ pub mod kv_residency;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+pub mod structured;
 mod waiting_queue;
 
 pub use config::EngineConfig;
@@ -28,4 +29,5 @@ pub use request::{
     StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};
+pub use structured::{CompiledGrammar, GrammarCompiler, GrammarError, StructuredOutput, TokenMask};
 pub use waiting_queue::SchedulingPolicy;

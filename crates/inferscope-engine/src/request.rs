@@ -180,6 +180,9 @@ pub struct EngineRequest {
     /// The tenant's metrics label slot (0: `anonymous`), carried into the
     /// stats so a token is attributed by index, not by name.
     pub tenant_label: inferscope_schema::TenantLabel,
+    /// The constraint the output must match (structured outputs), compiled
+    /// by the server; `None`: free text.
+    pub grammar: Option<crate::structured::CompiledGrammar>,
 }
 
 /// Monotonic timestamps of one request's life, from which latencies derive.

@@ -24,6 +24,7 @@ use crate::executor::{ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
     EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
 };
+use crate::structured::{Advance, CompiledGrammar, GrammarWorker, SeqGrammar};
 use crate::waiting_queue::WaitingQueue;
 
 /// Where a request's outputs go.
@@ -59,6 +60,8 @@ struct Sequence {
     sink: OutputSink,
     /// Its tenant's slot in the waiting queue.
     tenant_slot: usize,
+    /// Its matcher, when the output is constrained (structured outputs).
+    grammar: Option<SeqGrammar>,
 }
 
 impl Sequence {
@@ -121,6 +124,11 @@ pub struct Scheduler {
     /// When set, outputs are collected here instead of sent (see
     /// [`Scheduler::defer_outputs`]).
     outbox: Option<Vec<(OutputSink, RequestOutput)>>,
+    /// Computes grammar masks while a step runs; started at the first
+    /// constrained request.
+    grammar_worker: Option<GrammarWorker>,
+    /// Sequences of this update whose token broke their grammar, and why.
+    grammar_errors: Vec<(usize, String)>,
 }
 
 impl Scheduler {
@@ -153,6 +161,8 @@ impl Scheduler {
             stats: IterationStats::default(),
             ended_seq_ids: Vec::new(),
             outbox: None,
+            grammar_worker: None,
+            grammar_errors: Vec::new(),
         }
     }
 
@@ -266,6 +276,7 @@ impl Scheduler {
             timeline: RequestTimeline::new(req.arrival),
             sink,
             tenant_slot,
+            grammar: req.grammar.as_ref().map(CompiledGrammar::start),
         };
         // A request that could never fit, even alone, would be preempted
         // forever: refuse it now.
@@ -449,6 +460,7 @@ impl Scheduler {
                 budget -= num_new;
             }
         }
+        self.submit_masks();
         self.admission_deferred = preempted && !self.waiting.is_empty();
         self.stats.batch_size = self.batch.seqs.len();
         self.stats.num_scheduled_tokens = self.batch.token_ids.len() as u64;
@@ -496,8 +508,41 @@ impl Scheduler {
             seed: seq.seed,
             params: Arc::clone(&seq.params),
             history,
+            mask_slot: None,
         });
         self.batch_running_idx.push(running_idx);
+    }
+
+    /// Hands the matchers of the constrained sequences that sample this
+    /// step to the grammar worker, which computes their masks while the
+    /// executor runs the forward pass. Nothing happens (no allocation) in a
+    /// batch without constrained sequences.
+    fn submit_masks(&mut self) {
+        let mut grammars = Vec::new();
+        for (k, sseq) in self.batch.seqs.iter_mut().enumerate() {
+            if !sseq.sample {
+                continue;
+            }
+            if let Some(g) = &self.running[self.batch_running_idx[k]].grammar {
+                sseq.mask_slot = Some(grammars.len() as u32);
+                grammars.push(g.clone());
+            }
+        }
+        if grammars.is_empty() {
+            return;
+        }
+        if self.grammar_worker.is_none() {
+            match GrammarWorker::spawn("engine-grammar".into()) {
+                Ok(w) => self.grammar_worker = Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline")
+                }
+            }
+        }
+        self.batch.masks = Some(match &self.grammar_worker {
+            Some(w) => w.submit(grammars),
+            None => GrammarWorker::compute_now(grammars),
+        });
     }
 
     fn preempt(&mut self, mut seq: Sequence) {
@@ -518,6 +563,10 @@ impl Scheduler {
         let bs = self.config.block_size;
         let caching = self.pool.prefix_caching();
         self.finishing.clear();
+        self.grammar_errors.clear();
+        if let Some(masks) = &self.batch.masks {
+            self.stats.grammar_mask_time = Some(masks.compute_time());
+        }
         for (k, sseq) in self.batch.seqs.iter().enumerate() {
             let idx = self.batch_running_idx[k];
             let seq = &mut self.running[idx];
@@ -551,9 +600,28 @@ impl Scheduler {
                 seq.timeline.last_token = Some(now);
                 self.stats.num_generation_tokens += 1;
                 self.stats.tenant_entry(seq.request.tenant).generation += 1;
-                if let Some((reason, stop)) =
-                    check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len)
-                {
+                let mut stopped =
+                    check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len);
+                if let Some(g) = &seq.grammar {
+                    match g.advance(token) {
+                        Advance::Continue => {}
+                        // A complete grammar ends the output, as EOS would.
+                        Advance::Finished => {
+                            if stopped.is_none_or(|(r, _)| r == FinishReason::Length) {
+                                stopped = Some((FinishReason::Stop, None));
+                            }
+                        }
+                        Advance::Error(e) => {
+                            // Not a token of the grammar: only a stop
+                            // (EOS under ignore_eos, a stop id) gets here.
+                            if stopped.is_none() {
+                                self.grammar_errors.push((idx, e));
+                                stopped = Some((FinishReason::Error, None));
+                            }
+                        }
+                    }
+                }
+                if let Some((reason, stop)) = stopped {
                     // The token goes out with the finish.
                     self.finishing.push((idx, reason, stop));
                 } else {
@@ -595,7 +663,10 @@ impl Scheduler {
         for &(idx, reason, stop) in &finishing {
             let seq = self.running.remove(idx);
             if reason == FinishReason::Error {
-                let error = Some("the executor returned no token".to_owned());
+                let error = match self.grammar_errors.iter().position(|e| e.0 == idx) {
+                    Some(i) => Some(self.grammar_errors.swap_remove(i).1),
+                    None => Some("the executor returned no token".to_owned()),
+                };
                 self.end(seq, reason, None, None, error, now);
             } else {
                 // Finished by the token just sampled: it travels with the finish.

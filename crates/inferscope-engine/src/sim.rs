@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::cost::ModelCost;
 use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
+use crate::structured::TokenMask;
 
 /// Cost-model parameters of a simulated device and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -374,6 +375,35 @@ fn sample(tokens: &SimTokens, seed: u64, index: usize, mask_eos: bool) -> u32 {
     tokens.lo + (splitmix64(x) % span) as u32
 }
 
+/// Token `index` of a constrained sequence: EOS where the grammar allows it
+/// with the profile's EOS chance (never when `mask_eos`), otherwise an
+/// allowed token drawn uniformly; an empty mask leaves the unconstrained draw.
+fn sample_masked(
+    tokens: &SimTokens,
+    seed: u64,
+    index: usize,
+    mask_eos: bool,
+    mask: &TokenMask,
+) -> u32 {
+    let x = splitmix64(seed ^ (index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+    let eos = tokens.eos_token_id;
+    if !mask_eos && mask.is_allowed(eos) && u < tokens.eos_probability {
+        return eos;
+    }
+    let n = mask.num_allowed();
+    if n == 0 {
+        return sample(tokens, seed, index, mask_eos);
+    }
+    let pick = |k: u64| mask.nth_allowed((k % n as u64) as usize);
+    let mut t = pick(splitmix64(x));
+    // Under min_tokens EOS is not drawn while another token is allowed.
+    if mask_eos && t == Some(eos) && n > 1 {
+        t = pick(splitmix64(x) + 1);
+    }
+    t.unwrap_or(eos)
+}
+
 /// SplitMix64: a small, well-mixed generator step.
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -468,6 +498,25 @@ impl Executor for SimExecutor {
             out.sampled.push(Some(t));
         }
         wait_until(start + t);
+        // The grammar masks were computed while the device "ran": wait for
+        // them only now, as a real executor does before sampling, and draw
+        // the constrained sequences' tokens inside their masks.
+        if let Some(masks) = &batch.masks {
+            let ready = masks.wait();
+            for (s, sampled) in batch.seqs.iter().zip(out.sampled.iter_mut()) {
+                if let (Some(slot), Some(tok)) = (s.mask_slot, sampled.as_mut())
+                    && let Some(mask) = ready.get(slot as usize)
+                {
+                    *tok = sample_masked(
+                        &self.tokens,
+                        s.seed,
+                        s.num_generated,
+                        s.mask_stop_tokens(),
+                        mask,
+                    );
+                }
+            }
+        }
         out.device_time = t;
         Ok(())
     }

@@ -97,6 +97,7 @@ impl Fixture {
                     trace_id: None,
                     tenant: None,
                     tenant_label: 0,
+                    grammar: None,
                 },
                 tx,
             );

@@ -161,6 +161,7 @@ pub struct EngineMetrics {
     step_duration: [AtomicHistogram; 3],
     idle: F64Counter,
     batch_size: AtomicHistogram,
+    grammar_mask: AtomicHistogram,
     core_failures: [Counter; 2],
     kv_block_lifetime: AtomicHistogram,
     kv_block_idle_before_evict: AtomicHistogram,
@@ -504,6 +505,9 @@ impl EngineMetrics {
             .observe(iter.num_scheduled_tokens as f64);
         self.engine_steps.inc();
         self.batch_size.observe(iter.batch_size as f64);
+        if let Some(t) = iter.grammar_mask_time {
+            self.grammar_mask.observe(t.as_secs_f64());
+        }
         self.device_busy.inc_by(iter.device_time.as_secs_f64());
         let [schedule, execute, postprocess] = &self.step_duration;
         schedule.observe(iter.schedule_time.as_secs_f64());
@@ -746,6 +750,7 @@ impl PrometheusLogger {
         let idle: Family<EngineLabels, F64Counter> =
             r.add(&s::ENGINE_IDLE_SECONDS, Family::default());
         let batch = r.hist::<EngineLabels>(&s::BATCH_SIZE);
+        let grammar_mask = r.hist::<EngineLabels>(&s::GRAMMAR_MASK_DURATION);
         let failures = r.family::<FailureLabels>(&s::ENGINE_CORE_FAILURES);
         let lifetime = r.hist::<EngineLabels>(&s::KV_BLOCK_LIFETIME);
         let idle_evict = r.hist::<EngineLabels>(&s::KV_BLOCK_IDLE_BEFORE_EVICT);
@@ -864,6 +869,7 @@ impl PrometheusLogger {
                     step_duration: [0, 1, 2].map(phase),
                     idle: idle.get_or_create_owned(&l),
                     batch_size: batch.get_or_create_owned(&l),
+                    grammar_mask: grammar_mask.get_or_create_owned(&l),
                     core_failures: EngineFailure::ALL.map(failure),
                     kv_block_lifetime: lifetime.get_or_create_owned(&l),
                     kv_block_idle_before_evict: idle_evict.get_or_create_owned(&l),

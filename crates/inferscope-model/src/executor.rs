@@ -440,6 +440,9 @@ impl Executor for CpuExecutor {
         let vocab = self.model.cfg.vocab_size;
         let mut rows = self.scratch.logits.chunks_exact_mut(vocab);
         let masked = &mut self.masked;
+        // Computed on the grammar thread during the forward pass: waiting
+        // here, not before it, is what overlaps the two.
+        let grammar = batch.masks.as_ref().map(|m| m.wait());
         for s in &batch.seqs {
             if !s.sample {
                 out.sampled.push(None);
@@ -452,6 +455,11 @@ impl Executor for CpuExecutor {
             if s.mask_stop_tokens() {
                 masked.extend_from_slice(&self.eos);
                 masked.extend(s.params.stop_token_ids.iter());
+            }
+            if let (Some(slot), Some(ready)) = (s.mask_slot, &grammar)
+                && let Some(mask) = ready.get(slot as usize)
+            {
+                mask.apply(l);
             }
             let mut rng = token_rng(s.seed, s.num_generated);
             let counts = self.counts.get(&s.seq_id);
@@ -502,6 +510,7 @@ mod tests {
                 seed: 7,
                 params: Arc::new(SamplingParams::default()),
                 history: Default::default(),
+                mask_slot: None,
             }],
             ..ScheduledBatch::default()
         };

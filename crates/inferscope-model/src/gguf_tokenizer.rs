@@ -822,6 +822,24 @@ impl Tokenizer for GgufTokenizer {
         self.texts.len()
     }
 
+    /// The pieces `decode` writes; control and unknown tokens marked special.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError> {
+        Ok((0..self.texts.len())
+            .map(|i| {
+                let start = if i == 0 { 0 } else { self.decoded_ends[i - 1] };
+                let piece = &self.decoded[start..self.decoded_ends[i]];
+                if self.attrs[i] & (attr::CONTROL | attr::UNKNOWN) != 0 {
+                    let mut w = Vec::with_capacity(piece.len() + 1);
+                    w.push(0xFF);
+                    w.extend_from_slice(piece);
+                    w
+                } else {
+                    piece.to_vec()
+                }
+            })
+            .collect())
+    }
+
     /// llama.cpp's end-of-generation set.
     fn eos_token_ids(&self) -> Vec<u32> {
         self.eog.clone()

@@ -16,6 +16,11 @@ pub trait Tokenizer: Send + Sync {
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError>;
     /// Number of token ids, specials included.
     fn vocab_size(&self) -> usize;
+    /// What each token id decodes to, as bytes, for grammar masks
+    /// (structured outputs): special tokens start with `0xFF`
+    /// (llguidance's marker), so no grammar matches them as text; ids
+    /// without text are empty.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError>;
     /// Token ids that end generation.
     fn eos_token_ids(&self) -> Vec<u32>;
     /// The beginning-of-sequence token, if the vocabulary has one.
@@ -101,6 +106,13 @@ impl Tokenizer for ByteTokenizer {
 
     fn vocab_size(&self) -> usize {
         Self::VOCAB_SIZE
+    }
+
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError> {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"\xFF<s>".to_vec());
+        words.push(b"\xFF</s>".to_vec());
+        Ok(words)
     }
 
     fn eos_token_ids(&self) -> Vec<u32> {
@@ -206,6 +218,29 @@ impl Tokenizer for HfTokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// Read from the tokenizer's JSON by llguidance (byte-level BPE and
+    /// byte-fallback models), so the bytes are exactly the ones llguidance
+    /// expects.
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError> {
+        let json = self
+            .inner
+            .to_string(false)
+            .map_err(|e| ModelError::Tokenizer(format!("cannot serialise the tokenizer: {e}")))?;
+        let value: serde_json::Value = serde_json::from_str(&json)
+            .map_err(|e| ModelError::Tokenizer(format!("cannot read the tokenizer: {e}")))?;
+        // llguidance asserts on vocabularies it does not expect: a panic
+        // there means this tokenizer gets no structured outputs, not a crash.
+        let words =
+            std::panic::catch_unwind(|| llguidance::token_bytes_from_tokenizer_json(&value))
+                .map_err(|_| {
+                    ModelError::Tokenizer("llguidance cannot read this vocabulary".into())
+                })?
+                .map_err(|e| ModelError::Tokenizer(format!("the vocabulary's bytes: {e}")))?;
+        let mut words = words;
+        words.resize(words.len().max(self.vocab_size()), Vec::new());
+        Ok(words)
+    }
+
     fn eos_token_ids(&self) -> Vec<u32> {
         self.eos.clone()
     }
@@ -255,6 +290,9 @@ impl Tokenizer for WithChatTemplate {
     }
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
+    }
+    fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError> {
+        self.inner.token_bytes()
     }
     fn eos_token_ids(&self) -> Vec<u32> {
         self.inner.eos_token_ids()

@@ -189,6 +189,10 @@ pub struct IterationStats {
     pub postprocess_time: Duration,
     /// Time the device reports as busy for this step.
     pub device_time: Duration,
+    /// Host time spent computing the step's grammar masks (structured
+    /// outputs), on the grammar thread while the step ran; `None` when no
+    /// sequence of the step was constrained.
+    pub grammar_mask_time: Option<Duration>,
     /// Requests that finished during this step (reused buffer: cleared each step).
     pub finished_requests: Vec<FinishedRequestStats>,
     /// The step's prompt, cached and generation tokens by tenant: one entry

@@ -19,7 +19,7 @@ use crate::openai::validation::{self, Validated};
 use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
 use crate::tenants::Tenant;
-use crate::validation_workers::REASON_VALIDATION_QUEUE;
+use crate::validation_workers::{INLINE_MAX_BYTES, REASON_VALIDATION_QUEUE};
 
 type AppStateRef = State<Arc<AppState>>;
 
@@ -203,9 +203,16 @@ async fn validate<T: Send + 'static>(
 ) -> Result<T, ApiError> {
     let body = body_bytes(body)?;
     let state = s.clone();
+    // Compiling a grammar takes milliseconds: a small body that may ask for
+    // one goes to the workers too, never inline on the runtime.
+    let cost = if may_constrain(&body) {
+        body.len().max(INLINE_MAX_BYTES + 1)
+    } else {
+        body.len()
+    };
     let result = s
         .validation_workers
-        .run(body.len(), move || check(&body, &state))
+        .run(cost, move || check(&body, &state))
         .await;
     // Validation itself never answers 429: a 429 here is the pool's full queue.
     if let Err(e) = &result
@@ -215,6 +222,21 @@ async fn validate<T: Send + 'static>(
             .record_admission_rejection(REASON_VALIDATION_QUEUE);
     }
     result
+}
+
+/// Whether `body` may hold a structured-output field, or a `tool_choice`
+/// that is one (a cheap scan of a small body; a false positive only moves it
+/// to a worker).
+fn may_constrain(body: &[u8]) -> bool {
+    body.len() <= INLINE_MAX_BYTES
+        && [
+            &b"response_format"[..],
+            b"structured_outputs",
+            b"guided_",
+            b"tool_choice",
+        ]
+            .iter()
+            .any(|k| body.windows(k.len()).any(|w| w == *k))
 }
 
 /// Generates a validated request and shapes the answer; every answer past

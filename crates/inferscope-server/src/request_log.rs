@@ -65,6 +65,9 @@ pub struct RequestLogEntry {
     pub completion_tokens: usize,
     /// Its timings.
     pub timings: ChoiceTimings,
+    /// The kind of structured output it was held to (`json`,
+    /// `json_object`, `regex`, `choice`, `grammar`), if any.
+    pub structured_output: Option<&'static str>,
 }
 
 /// The JSON line (and the console's recent request): every field but the
@@ -84,6 +87,9 @@ pub struct Line<'a> {
     #[serde(flatten)]
     metrics: ResponseMetrics,
     inference_time_ms: f64,
+    /// Present only when the output was constrained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_output: Option<&'static str>,
 }
 
 /// Unix time now, in seconds.
@@ -116,6 +122,7 @@ impl RequestLogEntry {
             completion_tokens: self.completion_tokens,
             metrics: self.timings.response_metrics(),
             inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
+            structured_output: self.structured_output,
         }
     }
 }
@@ -327,6 +334,7 @@ mod tests {
                 2,
                 i,
             ),
+            structured_output: None,
         }
     }
 

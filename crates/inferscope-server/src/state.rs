@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::{
-    Coordinator, EngineConfig, Executor, ExecutorError, KvEventSink, SchedulingPolicy, SimExecutor,
-    SimProfile,
+    Coordinator, EngineConfig, Executor, ExecutorError, GrammarCompiler, KvEventSink,
+    SchedulingPolicy, SimExecutor, SimProfile,
     sim::{SimFaults, SimTokens},
 };
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
@@ -39,6 +39,9 @@ pub struct AppState {
     pub coordinator: Coordinator,
     /// Text to tokens and back.
     pub tokenizer: Arc<dyn Tokenizer>,
+    /// Compiles structured-output constraints over the tokenizer's
+    /// vocabulary; `None` when it cannot be read (such requests get a 400).
+    pub grammar: Option<GrammarCompiler>,
     /// The metrics system.
     pub metrics: Arc<StatLoggerManager>,
     /// Whether request-level metrics are recorded and `/metrics` served.
@@ -86,6 +89,7 @@ impl AppState {
             limits: &self.limits,
             tokenizer: self.tokenizer.as_ref(),
             tools: self.tool_settings,
+            grammar: self.grammar.as_ref(),
         }
     }
 
@@ -426,9 +430,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         (None, Some(recent)) => Some(RequestLog::recent_only(recent)),
         (None, None) => None,
     };
+    let grammar = grammar_compiler(tokenizer.as_ref());
     Ok(Arc::new(AppState {
         coordinator,
         tokenizer,
+        grammar,
         metrics,
         metrics_enabled: !args.disable_metrics,
         served_model_names,
@@ -455,6 +461,31 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
     }))
+}
+
+/// The structured-output compiler over `tokenizer`'s vocabulary, built once
+/// at start-up (a trie of every token: tens of milliseconds for a 128k
+/// vocabulary). A vocabulary llguidance cannot read costs only structured
+/// outputs, with a warning now and a 400 per request that asks for them.
+fn grammar_compiler(tokenizer: &dyn Tokenizer) -> Option<GrammarCompiler> {
+    let built = tokenizer
+        .token_bytes()
+        .map_err(|e| e.to_string())
+        .and_then(|words| {
+            let eos = tokenizer
+                .eos_token_ids()
+                .first()
+                .copied()
+                .ok_or_else(|| "the tokenizer has no EOS token".to_owned())?;
+            GrammarCompiler::new(words, eos).map_err(|e| e.to_string())
+        });
+    match built {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::warn!(error = %e, "structured outputs are unavailable for this tokenizer");
+            None
+        }
+    }
 }
 
 /// A `tokenizer.json`, or a directory with one (and maybe a chat template in

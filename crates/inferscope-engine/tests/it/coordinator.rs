@@ -118,6 +118,7 @@ fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
         trace_id: None,
         tenant: None,
         tenant_label: 0,
+        grammar: None,
     }
 }
 

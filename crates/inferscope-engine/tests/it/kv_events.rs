@@ -89,6 +89,7 @@ async fn workload(c: &Coordinator, round: u32) {
             trace_id: None,
             tenant: None,
             tenant_label: 0,
+            grammar: None,
         };
         handles.push(c.add_request(req).expect("admitted"));
     }

@@ -25,6 +25,7 @@ fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
         trace_id: None,
         tenant: None,
         tenant_label: 0,
+        grammar: None,
     }
 }
 

@@ -235,6 +235,7 @@ fn run_workload(
                 trace_id: None,
                 tenant: None,
                 tenant_label: 0,
+                grammar: None,
             },
             tx,
         );
@@ -476,6 +477,7 @@ fn shared_prefixes_hit_the_cache() {
                 trace_id: None,
                 tenant: None,
                 tenant_label: 0,
+                grammar: None,
             },
             tx,
         );

@@ -124,6 +124,8 @@ impl Infer<'_> {
                         trace_id,
                         tenant: tenant.clone(),
                         tenant_label,
+                        // Each choice starts its own matcher from it.
+                        grammar: plan.grammar.clone(),
                     })
                     .map_err(|e| match e {
                         // Engine ids are unique by construction: this is a bug.
@@ -149,7 +151,8 @@ impl Infer<'_> {
                     request,
                 )
                 .with_request_log(self.request_log.cloned())
-                .with_stop_output(plan.include_stop_str_in_output);
+                .with_stop_output(plan.include_stop_str_in_output)
+                .with_structured_output(plan.grammar.as_ref().map(|g| g.constraint().kind()));
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
                 }
@@ -258,6 +261,8 @@ pub struct ChoiceStream {
     include_stop: bool,
     /// `echo`: text sent before the first generated one.
     echo: Option<String>,
+    /// The kind of structured output the choice is held to (request log).
+    structured_output: Option<&'static str>,
     done: bool,
 }
 
@@ -291,6 +296,7 @@ impl ChoiceStream {
             tenant_name: None,
             include_stop: false,
             echo: None,
+            structured_output: None,
             done: false,
         }
     }
@@ -311,6 +317,12 @@ impl ChoiceStream {
     /// Logs the choice to `log` when it ends.
     pub fn with_request_log(mut self, log: Option<RequestLog>) -> Self {
         self.request_log = log;
+        self
+    }
+
+    /// Notes in the request log that the choice was constrained (`kind`).
+    pub fn with_structured_output(mut self, kind: Option<&'static str>) -> Self {
+        self.structured_output = kind;
         self
     }
 
@@ -545,6 +557,7 @@ impl ChoiceStream {
                 prompt_tokens,
                 completion_tokens,
                 timings: timings.clone(),
+                structured_output: self.structured_output,
             });
         }
         let timeline = engine.map(|(t, _)| t);
@@ -609,6 +622,7 @@ mod tests {
                 trace_id: None,
                 tenant: None,
                 tenant_label: 0,
+                grammar: None,
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();

@@ -74,11 +74,9 @@ fn one(v: &Value) -> bool {
     v.is_null() || v.as_f64() == Some(1.0)
 }
 
-/// `null` or `{"type": "text"}`: plain text is what every request gets.
-fn text_format(v: &Value) -> bool {
-    v.is_null()
-        || (v.get("type") == Some(&Value::from("text"))
-            && v.as_object().map(|o| o.len()) == Some(1))
+/// `null`, empty, or a name of the one structured-output backend.
+fn guidance(v: &Value) -> bool {
+    empty(v) || matches!(v.as_str(), Some("auto" | "guidance" | "llguidance"))
 }
 
 /// `null` or `"none"`: no tool is called.
@@ -87,8 +85,6 @@ fn no_tool(v: &Value) -> bool {
 }
 
 const LOGPROBS: &str = "log-probabilities are not produced";
-const STRUCTURED: &str =
-    "structured output (JSON schema, regex, choice, grammar) is not implemented";
 const TOOLS: &str =
     "the legacy function-calling fields are not read; send `tools` and `tool_choice`";
 
@@ -98,14 +94,16 @@ pub const COMMON: &[Refusal] = &[
     refuse("top_logprobs", zero, LOGPROBS),
     refuse("prompt_logprobs", off, LOGPROBS),
     refuse("return_tokens_as_token_ids", off, LOGPROBS),
-    refuse("response_format", text_format, STRUCTURED),
-    refuse("structured_outputs", empty, STRUCTURED),
-    refuse("guided_json", empty, STRUCTURED),
-    refuse("guided_regex", empty, STRUCTURED),
-    refuse("guided_choice", empty, STRUCTURED),
-    refuse("guided_grammar", empty, STRUCTURED),
-    refuse("guided_decoding_backend", empty, STRUCTURED),
-    refuse("guided_whitespace_pattern", empty, STRUCTURED),
+    refuse(
+        "guided_decoding_backend",
+        guidance,
+        "the structured-output backend is llguidance (`guidance`)",
+    ),
+    refuse(
+        "guided_whitespace_pattern",
+        empty,
+        "JSON is written without free whitespace; no other pattern is read",
+    ),
     refuse("bad_words", empty, "banning words is not implemented"),
     refuse(
         "allowed_token_ids",
@@ -289,7 +287,7 @@ mod tests {
         let tables: &[&[Refusal]] = &[COMMON, CHAT];
         for ok in [
             r#"{"logprobs": false, "top_logprobs": 0, "tools": [], "tool_choice": "none"}"#,
-            r#"{"response_format": {"type": "text"}, "guided_json": null, "priority": 0}"#,
+            r#"{"response_format": {"type": "json_object"}, "guided_json": {}, "priority": 0}"#,
             r#"{"unknown_field": {"tools": [1]}, "suffix": "x", "chat_template_kwargs": {}}"#,
         ] {
             assert!(check(ok.as_bytes(), tables).is_ok(), "{ok}");
@@ -297,14 +295,14 @@ mod tests {
         for (bad, field) in [
             (r#"{"top_logprobs": 2}"#, "top_logprobs"),
             (
-                r#"{"response_format": {"type": "json_object"}}"#,
-                "response_format",
+                r#"{"guided_decoding_backend": "xgrammar"}"#,
+                "guided_decoding_backend",
             ),
             (r#"{"functions": [{"name": "f"}]}"#, "functions"),
             (r#"{"function_call": "auto"}"#, "function_call"),
             (
-                r#"{"n": 1, "guided_choice": ["a", "b"], "tools": [1]}"#,
-                "guided_choice",
+                r#"{"n": 1, "guided_whitespace_pattern": " ", "tools": [1]}"#,
+                "guided_whitespace_pattern",
             ),
             (
                 r#"{"chat_template_kwargs": {"enable_thinking": false}}"#,

@@ -32,6 +32,9 @@ pub struct ToolPlan {
     pub single_call: bool,
     /// The tool markers are special tokens: keep them in the text.
     pub keep_special_tokens: bool,
+    /// `required` or a named function: the JSON schema the output is
+    /// constrained to, as vLLM constrains it.
+    pub schema: Option<serde_json::Value>,
 }
 
 /// Checks `tools` and `tool_choice` against the server's settings and
@@ -59,6 +62,7 @@ pub fn plan_tools(
     };
     let hidden = choice == ToolChoice::None && settings.exclude_tools_when_none;
     let template_tools = (!tools.is_empty() && !hidden).then(|| tools.clone());
+    let mut schema = None;
     let format = match &choice {
         ToolChoice::None => None,
         ToolChoice::Auto => match (settings.auto_tool_choice, settings.parser) {
@@ -70,19 +74,12 @@ pub fn plan_tools(
                 ));
             }
         },
+        // vLLM constrains the output with the schema and reads it with the
+        // format; the request's constraint is compiled in validation.rs.
         ToolChoice::Required | ToolChoice::Named(_) => {
-            // THE HOOK for `required` and named functions: vLLM constrains
-            // the output with `schema` and reads it with `format`. To wire
-            // it: carry `schema` in `ToolPlan` for validation.rs to set as
-            // the request's JSON-schema constraint (the structured-outputs
-            // machinery), and make this arm `Some(format)`; the response
-            // side needs nothing more. Until then the request is refused
-            // rather than answered with unconstrained text.
-            let (_format, _schema) = constrained(&tools, &choice)?;
-            return Err(ApiError::invalid(
-                "`tool_choice` \"required\" or a named function needs structured outputs (decoding constrained by a JSON schema), which this server does not have yet",
-                Some("tool_choice"),
-            ));
+            let (format, s) = constrained(&tools, &choice)?;
+            schema = Some(s);
+            Some(format)
         }
     };
     let keep_special_tokens =
@@ -92,6 +89,7 @@ pub fn plan_tools(
         format,
         single_call,
         keep_special_tokens,
+        schema,
     })
 }
 

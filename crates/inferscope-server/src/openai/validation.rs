@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use inferscope_engine::{SamplingParams, StopTokenIds};
+use inferscope_engine::{
+    CompiledGrammar, GrammarCompiler, SamplingParams, StopTokenIds, StructuredOutput,
+};
 use inferscope_model::chat_template::Value;
 use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
 
@@ -13,6 +15,7 @@ use crate::openai::protocol::{
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
 use crate::openai::refusals::{self, CHAT, COMMON, COMPLETIONS};
+use crate::openai::structured::{self, StructuredFields};
 use crate::openai::tool_parsers::ToolCalls;
 use crate::openai::tools::{self, ToolSettings};
 
@@ -53,6 +56,9 @@ pub struct Validator<'a> {
     pub tokenizer: &'a dyn Tokenizer,
     /// Tool calling (`--enable-auto-tool-choice`, `--tool-call-parser`).
     pub tools: ToolSettings,
+    /// Compiles structured-output constraints over the tokenizer's
+    /// vocabulary; `None` when it could not be read (those fields are 400s).
+    pub grammar: Option<&'a GrammarCompiler>,
 }
 
 /// A request that passed every check: the served name it asked for and the plan.
@@ -92,6 +98,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
     if echo {
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
+    plan.grammar = compile_structured(body, v)?;
     Ok(Validated { model, plan })
 }
 
@@ -159,7 +166,29 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         format,
         single_call: tools.single_call,
     });
+    let constraint = compile_structured(body, v)?;
+    plan.grammar = match tools.schema {
+        Some(_) if constraint.is_some() => {
+            return Err(ApiError::invalid(
+                "`tool_choice` \"required\" or a named function constrains the output already: it cannot be combined with `response_format` or another structured-output field",
+                Some("tool_choice"),
+            ));
+        }
+        Some(schema) => Some(structured::compile_constraint(
+            StructuredOutput::Json(schema),
+            "tool_choice",
+            v.grammar,
+        )?),
+        None => constraint,
+    };
     Ok(Validated { model, plan })
+}
+
+/// The request's structured-output constraint, compiled; last of the
+/// checks because it is the costliest (a large schema takes milliseconds).
+fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGrammar>, ApiError> {
+    let fields: StructuredFields = parse_json(body)?;
+    structured::compile(&fields, v.grammar)
 }
 
 /// The request's chat messages as the template sees them: `role`, the
@@ -383,6 +412,9 @@ pub struct Plan {
     pub echo: Option<Vec<String>>,
     /// Chat: how the output is read into `tool_calls` (`None`: it is not).
     pub tool_calls: Option<ToolCalls>,
+    /// The compiled structured-output constraint, shared by every choice
+    /// (each starts its own matcher).
+    pub grammar: Option<CompiledGrammar>,
 }
 
 /// Tokenizes a completion prompt.
@@ -631,6 +663,7 @@ pub fn plan(
         include_stop_str_in_output: f.include_stop_str_in_output.unwrap_or(false),
         echo: None,
         tool_calls: None,
+        grammar: None,
     })
 }
 

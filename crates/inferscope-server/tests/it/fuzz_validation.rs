@@ -203,6 +203,7 @@ fn validation_never_panics_and_refuses_with_4xx() {
             parser: Some(ParserName::Hermes),
             exclude_tools_when_none: false,
         },
+        grammar: None,
     };
     let accepted = std::cell::Cell::new(0usize);
     let mut runner = TestRunner::new(config());
@@ -236,6 +237,7 @@ fn tokenizer_routes_never_panic_and_refuse_with_4xx() {
             parser: Some(ParserName::Hermes),
             exclude_tools_when_none: false,
         },
+        grammar: None,
     };
     let refused = |e: inferscope_server::ApiError| {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.message);

@@ -12,6 +12,7 @@ mod per_request;
 mod reliability;
 mod request_fields;
 mod server_contract;
+mod structured;
 mod tenants;
 mod tokenize;
 mod tools;

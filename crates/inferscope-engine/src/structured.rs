@@ -1,0 +1,594 @@
+//! Structured outputs: constrained decoding through `llguidance`.
+//!
+//! The pieces, in the order a request meets them:
+//!
+//! - [`StructuredOutput`] says what the output must match (a JSON schema,
+//!   any JSON object, a regex, one of a list of strings, a Lark grammar). It
+//!   is the internal API: the OpenAI front end builds one from
+//!   `response_format` / `structured_outputs` / `guided_*`, and tool-call code
+//!   can build one from a function's parameter schema.
+//! - [`GrammarCompiler`] (one per served tokenizer) compiles it against the
+//!   vocabulary into a [`CompiledGrammar`]; the server does this during
+//!   validation, on a validation worker, so a bad schema is a 400 and no
+//!   compilation ever runs on the async runtime or the engine thread.
+//! - The engine gives each sequence its own matcher ([`SeqGrammar`]); each
+//!   step the scheduler hands the matchers of the sequences that will sample
+//!   to the [`GrammarWorker`] thread, which computes their token masks while
+//!   the executor runs the forward pass ([`StepMasks`]); the executor waits
+//!   for them only at sampling and applies them to the logits
+//!   ([`TokenMask::apply`]). After the step the scheduler advances each
+//!   matcher with its sampled token and ends a sequence whose grammar has
+//!   finished (`finish_reason` stop).
+//!
+//! A request without a constraint pays one `Option` check per sequence and
+//! step: no allocation, no lock.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Sender, channel};
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory, TokenParser};
+use parking_lot::{Condvar, Mutex};
+
+/// What a request's output must match: the one internal description of a
+/// constraint, whichever API field asked for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StructuredOutput {
+    /// JSON matching this JSON schema (`response_format: json_schema`,
+    /// `structured_outputs.json`, `guided_json`, a tool's parameters).
+    Json(serde_json::Value),
+    /// Any JSON object (`response_format: json_object`).
+    JsonObject,
+    /// Text matching this regular expression (whole output).
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax (which also reads GBNF rules).
+    Grammar(String),
+}
+
+impl StructuredOutput {
+    /// A short name for logs and the request log: `json`, `json_object`,
+    /// `regex`, `choice` or `grammar`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Json(_) => "json",
+            Self::JsonObject => "json_object",
+            Self::Regex(_) => "regex",
+            Self::Choice(_) => "choice",
+            Self::Grammar(_) => "grammar",
+        }
+    }
+
+    fn to_grammar(&self) -> Result<TopLevelGrammar, GrammarError> {
+        Ok(match self {
+            // Compact separators: llguidance's default allows any whitespace
+            // between tokens, and a small model then spends its budget on
+            // blanks (vLLM sets the same option by default).
+            Self::Json(schema) => TopLevelGrammar::from_json_schema(compact(schema.clone())),
+            Self::JsonObject => {
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"})))
+            }
+            Self::Regex(rx) => TopLevelGrammar::from_regex(rx),
+            Self::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err(GrammarError("the list of choices is empty".into()));
+                }
+                let alts: Vec<String> = choices.iter().map(|c| escape_regex(c)).collect();
+                TopLevelGrammar::from_regex(&format!("(?:{})", alts.join("|")))
+            }
+            Self::Grammar(g) if g.contains("::=") => TopLevelGrammar::from_lark(gbnf_to_lark(g)),
+            Self::Grammar(g) => TopLevelGrammar::from_lark(g.clone()),
+        })
+    }
+}
+
+/// Adds llguidance's `x-guidance` option for compact JSON (no free
+/// whitespace) to a schema object, unless the schema sets its own.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let Some(obj) = schema.as_object_mut()
+        && !obj.contains_key("x-guidance")
+    {
+        obj.insert(
+            "x-guidance".into(),
+            serde_json::json!({"whitespace_flexible": false}),
+        );
+    }
+    schema
+}
+
+/// A GBNF grammar (llama.cpp's, which vLLM also reads) in llguidance's Lark
+/// dialect, which already takes most of GBNF's expressions (`x{2,3}`,
+/// quoted strings): `name ::= body` becomes `name: body`, character
+/// classes become regexes (`/[a-z]/`), hyphens in rule names become
+/// underscores, and `root` is the start rule. Continuation
+/// lines are kept as they are.
+fn gbnf_to_lark(g: &str) -> String {
+    let mut out = String::with_capacity(g.len() + 16);
+    if g.lines()
+        .any(|l| l.trim_start().starts_with("root") && l.contains("::="))
+    {
+        out.push_str("start: root\n");
+    }
+    for line in g.lines() {
+        let line = line.replacen("::=", ":", 1);
+        // Hyphens outside quotes and brackets are in rule names.
+        let (mut quote, mut bracket, mut escaped) = (false, false, false);
+        for c in line.chars() {
+            match c {
+                '-' if !quote && !bracket => out.push('_'),
+                // A character class is a regex in Lark: `/[a-z]/`.
+                '[' if !quote && !bracket && !escaped => {
+                    bracket = true;
+                    out.push_str("/[");
+                }
+                ']' if bracket && !escaped => {
+                    bracket = false;
+                    out.push_str("]/");
+                }
+                '/' if bracket => out.push_str("\\/"),
+                '"' if !bracket && !escaped => {
+                    quote = !quote;
+                    out.push(c);
+                }
+                _ => out.push(c),
+            }
+            escaped = c == '\\' && !escaped;
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `s` with every regex metacharacter escaped.
+fn escape_regex(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$#&-~".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A constraint that cannot be compiled or followed; the message says why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct GrammarError(pub String);
+
+/// Compiles constraints against one tokenizer's vocabulary.
+#[derive(Clone)]
+pub struct GrammarCompiler {
+    factory: Arc<ParserFactory>,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler")
+            .field("vocab_size", &self.vocab_size)
+            .finish()
+    }
+}
+
+impl GrammarCompiler {
+    /// A compiler over a vocabulary: `token_bytes[id]` is what token `id`
+    /// decodes to, special tokens prefixed with `0xFF` (llguidance's marker)
+    /// so a grammar never matches them as text; `eos` ends a finished grammar.
+    pub fn new(token_bytes: Vec<Vec<u8>>, eos: u32) -> Result<Self, GrammarError> {
+        let vocab_size = token_bytes.len();
+        if (eos as usize) >= vocab_size {
+            return Err(GrammarError(format!(
+                "the EOS token {eos} is outside the vocabulary (0..{vocab_size})"
+            )));
+        }
+        let info = TokRxInfo::new(vocab_size as u32, eos);
+        let trie = TokTrie::from(&info, &token_bytes);
+        let env: llguidance::toktrie::TokEnv = Arc::new(ApproximateTokEnv::new(trie));
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| GrammarError(format!("cannot build the token trie: {e}")))?;
+        factory.quiet();
+        Ok(Self {
+            factory: Arc::new(factory),
+            vocab_size,
+        })
+    }
+
+    /// Tokens in the vocabulary the masks cover.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Compiles `constraint`; an invalid schema, regex or grammar is an
+    /// error saying what is wrong. CPU work (milliseconds for a large
+    /// schema): call it off the async runtime.
+    pub fn compile(&self, constraint: StructuredOutput) -> Result<CompiledGrammar, GrammarError> {
+        let grammar = constraint.to_grammar()?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| GrammarError(e.to_string()))?;
+        // The first mask builds the lexer: an error there (a regex no token
+        // sequence can match, a grammar past the size limits) is the
+        // client's, reported now rather than as a failed generation.
+        let mut probe = Matcher::new(Ok(parser.deep_clone()));
+        probe
+            .compute_mask()
+            .map_err(|e| GrammarError(e.to_string()))?;
+        Ok(CompiledGrammar {
+            parser: Arc::new(Mutex::new(parser)),
+            constraint: Arc::new(constraint),
+        })
+    }
+}
+
+/// A compiled constraint, shared by the choices of one request: each
+/// sequence starts its own matcher from it ([`CompiledGrammar::start`]).
+#[derive(Clone)]
+pub struct CompiledGrammar {
+    parser: Arc<Mutex<TokenParser>>,
+    constraint: Arc<StructuredOutput>,
+}
+
+impl std::fmt::Debug for CompiledGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledGrammar")
+            .field("kind", &self.constraint.kind())
+            .finish()
+    }
+}
+
+impl CompiledGrammar {
+    /// What was compiled.
+    pub fn constraint(&self) -> &StructuredOutput {
+        &self.constraint
+    }
+
+    /// A fresh matcher at the start of the output.
+    pub fn start(&self) -> SeqGrammar {
+        let parser = self.parser.lock().deep_clone();
+        SeqGrammar(Arc::new(Mutex::new(Matcher::new(Ok(parser)))))
+    }
+}
+
+/// One sequence's matcher: advanced by the engine thread after each step,
+/// read by the grammar worker while the next step runs (never both at once:
+/// the step waits for its masks before its tokens come back).
+#[derive(Clone)]
+pub struct SeqGrammar(Arc<Mutex<Matcher>>);
+
+impl std::fmt::Debug for SeqGrammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SeqGrammar")
+    }
+}
+
+/// What advancing a matcher by one token gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Advance {
+    /// The grammar goes on.
+    Continue,
+    /// The grammar is complete: the sequence ends (`stop`).
+    Finished,
+    /// The token was not allowed or the matcher failed.
+    Error(String),
+}
+
+impl SeqGrammar {
+    /// Advances the matcher past the sampled `token`.
+    pub fn advance(&self, token: u32) -> Advance {
+        let mut m = self.0.lock();
+        if let Err(e) = m.consume_token(token) {
+            // The first line says what failed; the rest is the parser's
+            // state dump, not for the client.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            return Advance::Error(format!("structured output: {first}"));
+        }
+        if m.is_stopped() {
+            Advance::Finished
+        } else {
+            Advance::Continue
+        }
+    }
+
+    fn compute_mask(&self) -> Result<SimpleVob, String> {
+        self.0.lock().compute_mask().map_err(|e| e.to_string())
+    }
+}
+
+/// The tokens one sequence may sample next.
+#[derive(Debug, Clone)]
+pub struct TokenMask(SimpleVob);
+
+impl TokenMask {
+    /// A mask that allows exactly `tokens` out of `vocab_size` (tests, benches).
+    pub fn from_allowed(vocab_size: usize, tokens: &[u32]) -> Self {
+        let mut v = SimpleVob::alloc(vocab_size);
+        for &t in tokens {
+            if (t as usize) < vocab_size {
+                v.allow_token(t);
+            }
+        }
+        Self(v)
+    }
+
+    /// Whether `token` may be sampled.
+    pub fn is_allowed(&self, token: u32) -> bool {
+        (token as usize) < self.0.len() && self.0.is_allowed(token)
+    }
+
+    /// Allowed tokens.
+    pub fn num_allowed(&self) -> usize {
+        self.0.num_set()
+    }
+
+    /// The `k`-th allowed token in id order (`k < num_allowed()`).
+    pub fn nth_allowed(&self, mut k: usize) -> Option<u32> {
+        for (w, &word) in self.0.as_slice().iter().enumerate() {
+            let n = word.count_ones() as usize;
+            if k >= n {
+                k -= n;
+                continue;
+            }
+            let mut word = word;
+            for _ in 0..k {
+                word &= word - 1;
+            }
+            return Some((w * 32) as u32 + word.trailing_zeros());
+        }
+        None
+    }
+
+    /// Sets the logit of every token the mask does not allow to -inf
+    /// (logits past the mask's vocabulary too: padding rows of the
+    /// embedding are never text).
+    pub fn apply(&self, logits: &mut [f32]) {
+        let words = self.0.as_slice();
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let word = words.get(w).copied().unwrap_or(0);
+            if word == u32::MAX && chunk.len() == 32 {
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if word & (1 << b) == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
+/// The masks of one step, filled by the grammar worker while the step runs.
+#[derive(Debug, Default)]
+pub struct StepMasks {
+    state: Mutex<MaskState>,
+    ready: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct MaskState {
+    done: bool,
+    /// One per slot ([`crate::ScheduledSeq::mask_slot`]); `None` where the
+    /// matcher failed (the sequence then samples unconstrained and the
+    /// scheduler ends it with the error when the token does not match).
+    masks: Vec<Option<TokenMask>>,
+    /// Host time the worker spent computing them.
+    compute_time: Duration,
+}
+
+/// The masks of a step, once computed ([`StepMasks::wait`]).
+pub struct ReadyMasks<'a>(parking_lot::MutexGuard<'a, MaskState>);
+
+impl ReadyMasks<'_> {
+    /// The mask of `slot`, if it was computed.
+    pub fn get(&self, slot: usize) -> Option<&TokenMask> {
+        self.0.masks.get(slot).and_then(Option::as_ref)
+    }
+}
+
+impl StepMasks {
+    /// Blocks until the worker has computed every mask of the step.
+    pub fn wait(&self) -> ReadyMasks<'_> {
+        let mut st = self.state.lock();
+        while !st.done {
+            self.ready.wait(&mut st);
+        }
+        ReadyMasks(st)
+    }
+
+    /// Host time spent computing the masks (after [`Self::wait`]).
+    pub fn compute_time(&self) -> Duration {
+        self.wait().0.compute_time
+    }
+
+    /// Masks already computed, published at once (tests and benches that
+    /// drive an executor without a scheduler).
+    pub fn ready(masks: Vec<Option<TokenMask>>) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(MaskState {
+                done: true,
+                masks,
+                compute_time: Duration::ZERO,
+            }),
+            ready: Condvar::new(),
+        })
+    }
+
+    fn finish(&self, masks: Vec<Option<TokenMask>>, compute_time: Duration) {
+        let mut st = self.state.lock();
+        st.masks = masks;
+        st.compute_time = compute_time;
+        st.done = true;
+        self.ready.notify_all();
+    }
+}
+
+type Job = (Arc<StepMasks>, Vec<SeqGrammar>);
+
+/// A thread that computes a step's masks while the step runs (one per
+/// engine core, started at its first constrained request).
+#[derive(Debug)]
+pub struct GrammarWorker {
+    tx: Sender<Job>,
+}
+
+impl GrammarWorker {
+    /// Starts the thread.
+    pub fn spawn(name: String) -> std::io::Result<Self> {
+        let (tx, rx) = channel::<Job>();
+        std::thread::Builder::new().name(name).spawn(move || {
+            for (step, grammars) in rx {
+                compute_into(&step, &grammars);
+            }
+        })?;
+        Ok(Self { tx })
+    }
+
+    /// Computes the masks of `grammars` (in slot order) into a new
+    /// [`StepMasks`], in the background.
+    pub fn submit(&self, grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
+        let step = Arc::new(StepMasks::default());
+        if let Err(err) = self.tx.send((Arc::clone(&step), grammars)) {
+            // The thread is gone (it panicked): compute here rather than
+            // leave the executor waiting forever.
+            let (step, grammars) = err.0;
+            compute_into(&step, &grammars);
+            return step;
+        }
+        step
+    }
+
+    /// Computes the masks of `grammars` on this thread (when no worker
+    /// thread could be started).
+    pub fn compute_now(grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
+        let step = Arc::new(StepMasks::default());
+        compute_into(&step, &grammars);
+        step
+    }
+}
+
+/// Computes the masks of `grammars` into `step` and publishes them.
+fn compute_into(step: &StepMasks, grammars: &[SeqGrammar]) {
+    let t0 = Instant::now();
+    let masks = grammars
+        .iter()
+        .map(|g| g.compute_mask().ok().map(TokenMask))
+        .collect();
+    step.finish(masks, t0.elapsed());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes 0..=255, then EOS.
+    fn byte_compiler() -> GrammarCompiler {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"\xFF</s>".to_vec());
+        GrammarCompiler::new(words, 256).expect("compiler")
+    }
+
+    fn run(g: &SeqGrammar, text: &str) -> Advance {
+        let mut last = Advance::Continue;
+        for b in text.bytes() {
+            last = g.advance(u32::from(b));
+            if last != Advance::Continue {
+                return last;
+            }
+        }
+        last
+    }
+
+    #[test]
+    fn choice_allows_only_its_strings_and_finishes() {
+        let c = byte_compiler();
+        let g = c
+            .compile(StructuredOutput::Choice(vec!["yes".into(), "no".into()]))
+            .expect("compiles")
+            .start();
+        let m = TokenMask(g.compute_mask().expect("mask"));
+        assert!(m.is_allowed(u32::from(b'y')) && m.is_allowed(u32::from(b'n')));
+        assert_eq!(m.num_allowed(), 2);
+        assert_eq!(m.nth_allowed(0), Some(u32::from(b'n')));
+        assert_eq!(m.nth_allowed(1), Some(u32::from(b'y')));
+        assert_eq!(run(&g, "ye"), Advance::Continue);
+        // Nothing can follow `yes`: the grammar stops without waiting for EOS.
+        assert_eq!(g.advance(u32::from(b's')), Advance::Finished);
+        let g2 = c
+            .compile(StructuredOutput::Choice(vec!["a.b".into()]))
+            .expect("compiles")
+            .start();
+        assert!(
+            matches!(run(&g2, "axb"), Advance::Error(_)),
+            "`.` is literal"
+        );
+    }
+
+    #[test]
+    fn invalid_constraints_are_errors() {
+        let c = byte_compiler();
+        assert!(c.compile(StructuredOutput::Regex("a(b".into())).is_err());
+        assert!(c.compile(StructuredOutput::Choice(vec![])).is_err());
+        assert!(
+            c.compile(StructuredOutput::Json(serde_json::json!({"type": "nope"})))
+                .is_err()
+        );
+        assert!(
+            c.compile(StructuredOutput::Grammar("start: undefined_rule".into()))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn gbnf_grammars_are_read() {
+        let c = byte_compiler();
+        let gbnf = "root ::= word-pair\nword-pair ::= [a-b]{2} \"-\" (\"x\" | \"y\")";
+        let g = c
+            .compile(StructuredOutput::Grammar(gbnf.into()))
+            .expect("compiles")
+            .start();
+        assert_eq!(run(&g, "ab-"), Advance::Continue);
+        assert_eq!(g.advance(u32::from(b'y')), Advance::Finished);
+    }
+
+    #[test]
+    fn json_object_starts_with_a_brace() {
+        let c = byte_compiler();
+        let g = c
+            .compile(StructuredOutput::JsonObject)
+            .expect("compiles")
+            .start();
+        let m = TokenMask(g.compute_mask().expect("mask"));
+        assert_eq!(m.nth_allowed(0), Some(u32::from(b'{')));
+        assert_eq!(m.num_allowed(), 1);
+        assert_eq!(run(&g, r#"{"a":[1,2]"#), Advance::Continue);
+        assert_eq!(g.advance(u32::from(b'}')), Advance::Finished);
+    }
+
+    #[test]
+    fn apply_masks_logits_past_the_vocabulary_too() {
+        let m = TokenMask::from_allowed(40, &[3, 33]);
+        let mut logits = vec![1.0f32; 70];
+        m.apply(&mut logits);
+        let kept: Vec<usize> = (0..70).filter(|&i| logits[i].is_finite()).collect();
+        assert_eq!(kept, vec![3, 33]);
+    }
+
+    #[test]
+    fn worker_computes_masks_in_slot_order() {
+        let c = byte_compiler();
+        let w = GrammarWorker::spawn("grammar-test".into()).expect("thread");
+        let a = c.compile(StructuredOutput::Regex("x+".into())).expect("ok");
+        let b = c.compile(StructuredOutput::Regex("y".into())).expect("ok");
+        let step = w.submit(vec![a.start(), b.start()]);
+        let ready = step.wait();
+        assert!(ready.get(0).expect("mask").is_allowed(u32::from(b'x')));
+        assert!(!ready.get(0).expect("mask").is_allowed(u32::from(b'y')));
+        assert!(ready.get(1).expect("mask").is_allowed(u32::from(b'y')));
+        assert!(ready.get(2).is_none());
+    }
+}
