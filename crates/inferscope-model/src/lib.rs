@@ -33,5 +33,6 @@ pub use config::ModelConfig;
 pub use error::ModelError;
 pub use executor::{CpuCost, CpuExecutor, KvBudget};
 pub use gguf_tokenizer::GgufTokenizer;
+pub use kv_storage::KvDtype;
 pub use model::{LoadedModel, ModelOptions};
 pub use tokenizer::{ByteTokenizer, ChatMessage, HfTokenizer, IncrementalDecoder, Tokenizer};

@@ -325,7 +325,7 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     let expected = cfg.num_layers * per_layer.into_iter().map(q8_bytes).sum::<usize>()
         + q8_bytes((cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected);
-    let cost = inferscope_model::CpuCost::of(m.model());
+    let cost = inferscope_model::CpuCost::of(m.model(), inferscope_model::KvDtype::F32);
     assert_eq!(cost.weight_bytes, expected as f64);
 
     let deq: HashMap<String, Tensor> = w
@@ -423,7 +423,7 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
         + bytes(down, (h, ffn));
     let expected = cfg.num_layers * per_layer + bytes(lin, (cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected, "{name}");
-    let cost = inferscope_model::CpuCost::of(m.model());
+    let cost = inferscope_model::CpuCost::of(m.model(), inferscope_model::KvDtype::F32);
     assert_eq!(cost.weight_bytes, expected as f64);
 
     let deq: HashMap<String, Tensor> = w
