@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod config;
 pub mod demo;
 mod elementwise;
+pub mod embedding;
 pub mod error;
 pub mod executor;
 pub mod gguf;
