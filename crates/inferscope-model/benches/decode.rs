@@ -1,7 +1,8 @@
 //! Decode throughput of the cpu executor (demo model and a generated ~110M
 //! Llama) at batch 1 and 32, next to `candle-transformers`' Llama at batch 1
-//! on the same weights (and with bf16 and f16 weight storage), plus the
-//! machine's streaming read bandwidth for the
+//! on the same weights (and with bf16 and f16 weight storage); decode over
+//! a long context with an f16 KV cache against an f32 one
+//! (`decode_kv/...`); plus the machine's streaming read bandwidth for the
 //! roofline estimate. Run: `cargo bench -p inferscope-model --bench decode`.
 
 use std::hint::black_box;
@@ -15,9 +16,10 @@ use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_m
 use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
 use inferscope_model::config::ModelConfig;
 use inferscope_model::demo::{demo_config, random_weights};
+use inferscope_model::llama::LlamaModel;
 use inferscope_model::loader::model_from_tensors;
 use inferscope_model::packed::WeightDtype;
-use inferscope_model::{CpuExecutor, KvBudget};
+use inferscope_model::{CpuExecutor, KvBudget, KvDtype};
 use rayon::prelude::*;
 
 /// Tokens already in the cache when the measured decode step runs.
@@ -51,7 +53,12 @@ fn model_100m() -> ModelConfig {
 /// One decode step of `batch` sequences, each at position `CONTEXT`. The
 /// step rewrites the same KV slot every iteration, so the context stays fixed.
 fn decode_batch(batch: usize) -> ScheduledBatch {
-    let blocks_per_seq = (CONTEXT + 1).div_ceil(BLOCK_SIZE);
+    decode_batch_at(batch, CONTEXT)
+}
+
+/// [`decode_batch`] at position `context`.
+fn decode_batch_at(batch: usize, context: usize) -> ScheduledBatch {
+    let blocks_per_seq = (context + 1).div_ceil(BLOCK_SIZE);
     let params = Arc::new(SamplingParams {
         temperature: 0.0,
         ..SamplingParams::default()
@@ -65,7 +72,7 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
             seq_id: i as u64,
             token_offset: i,
             num_tokens: 1,
-            start_pos: CONTEXT,
+            start_pos: context,
             block_table_offset: i * blocks_per_seq,
             block_table_len: blocks_per_seq,
             is_prefill: false,
@@ -83,18 +90,33 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
     b
 }
 
-/// The executor for `cfg` with dense weights stored as `dtype`.
+/// The executor for `cfg` with dense weights stored as `dtype` and an f32
+/// KV cache (as the reference's), room for 64 sequences of `CONTEXT`.
 fn executor(name: &str, cfg: &ModelConfig, weights: &Weights, dtype: WeightDtype) -> CpuExecutor {
     let model = model_from_tensors(cfg.clone(), weights.clone()).expect("model");
     let model = Arc::new(model.with_weight_dtype(dtype));
+    kv_executor(name, model, KvDtype::F32, 64, CONTEXT)
+}
+
+/// An executor over `model` with a KV cache of `kv`, room for `seqs`
+/// sequences of `context` tokens.
+fn kv_executor(
+    name: &str,
+    model: Arc<LlamaModel>,
+    kv: KvDtype,
+    seqs: usize,
+    context: usize,
+) -> CpuExecutor {
+    let per_token = model.cfg.kv_bytes_per_token(kv);
     let mut exec = CpuExecutor::new(
         format!("cpu:{name}"),
         model,
-        KvBudget::Bytes(64 * ((CONTEXT + BLOCK_SIZE) * cfg.kv_bytes_per_token()) as u64),
+        KvBudget::Bytes((seqs * (context + BLOCK_SIZE) * per_token) as u64),
         vec![2],
         None,
     )
-    .expect("executor");
+    .expect("executor")
+    .with_kv_dtype(kv);
     exec.init_kv_cache(BLOCK_SIZE).expect("kv");
     exec
 }
@@ -184,9 +206,54 @@ fn bench_model(c: &mut Criterion, name: &str, cfg: &ModelConfig) {
     g.finish();
 }
 
+/// Decode with an f16 KV cache against an f32 one (`--kv-cache-dtype`), at
+/// batch 1 and 8 over a `context`-token context, measured alternately
+/// (A/B interleaving) so that load from other processes hits both alike.
+/// The caches are filled with random K/V (a prefill's worth of writes,
+/// without its cost): untouched zero pages would read as the one shared
+/// zero page, from cache.
+fn bench_kv_dtype(c: &mut Criterion, name: &str, cfg: &ModelConfig, context: usize) {
+    let weights = random_weights(cfg, 7).expect("weights");
+    let model = Arc::new(model_from_tensors(cfg.clone(), weights).expect("model"));
+    let mut g = c.benchmark_group(format!("decode_kv/{name}/ctx{context}"));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    for batch in [1usize, 8] {
+        let mut execs = [KvDtype::F32, KvDtype::F16].map(|kv| {
+            let mut e = kv_executor(name, model.clone(), kv, batch, context);
+            e.fill_kv_cache(11).expect("fill");
+            e
+        });
+        let step = decode_batch_at(batch, context);
+        let mut out = StepOutput::default();
+        g.throughput(Throughput::Elements(batch as u64));
+        for (i, label) in ["kv-f32", "kv-f16"].into_iter().enumerate() {
+            g.bench_function(BenchmarkId::new(label, batch), |bench| {
+                bench.iter_custom(|iters| {
+                    let mut t = Duration::ZERO;
+                    for _ in 0..iters {
+                        for (j, e) in execs.iter_mut().enumerate() {
+                            let start = Instant::now();
+                            e.execute(black_box(&step), &mut out).expect("step");
+                            if j == i {
+                                t += start.elapsed();
+                            }
+                        }
+                    }
+                    t
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 fn decode(c: &mut Criterion) {
     bench_model(c, "demo", &demo_config());
     bench_model(c, "llama-110m", &model_100m());
+    bench_kv_dtype(c, "demo", &demo_config(), 2048);
+    bench_kv_dtype(c, "llama-110m", &model_100m(), 1024);
 }
 
 /// Streaming read of 1 GiB (beyond the L3 cache) on all cores: what decode at batch 1 is bound by.

@@ -78,7 +78,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (model, _) = load_gguf(file.as_ref()).map_err(|e| format!("{file}: {e}"))?;
         let model = Arc::new(model);
         let blocks = (context + 1).div_ceil(BLOCK_SIZE);
-        let kv = (blocks * BLOCK_SIZE * model.cfg.kv_bytes_per_token()) as u64;
+        let kv = (blocks
+            * BLOCK_SIZE
+            * model
+                .cfg
+                .kv_bytes_per_token(inferscope_model::KvDtype::default())) as u64;
         let mut exec = executor(model.clone(), kv, BLOCK_SIZE)?;
         let mut out = StepOutput::default();
         exec.execute(&step(0, context, blocks), &mut out)?;

@@ -5,7 +5,7 @@ use rayon::prelude::*;
 use crate::elementwise::exp_in_place;
 #[cfg(target_arch = "x86_64")]
 use crate::isa::{Isa, IsaKind};
-use crate::kv_storage::KvStorage;
+use crate::kv_storage::{KvData, KvElem, KvStorage, KvView};
 
 /// Where one token of the step attends.
 #[derive(Debug, Clone, Copy)]
@@ -52,6 +52,27 @@ pub(crate) fn paged_attention(
     layer: usize,
     shape: AttnShape,
 ) {
+    // One dispatch per layer on the element type; the kernels widen each
+    // row of keys or values to f32 as they load it (no pass over the cache).
+    match pool.data() {
+        KvData::F32(a) => attention_typed(q, out, tokens, block_tables, pool.view(a), layer, shape),
+        KvData::F16(a) => attention_typed(q, out, tokens, block_tables, pool.view(a), layer, shape),
+        KvData::Bf16(a) => {
+            attention_typed(q, out, tokens, block_tables, pool.view(a), layer, shape)
+        }
+    }
+}
+
+/// [`paged_attention`] over a store of `T` elements.
+fn attention_typed<T: KvElem>(
+    q: Queries<'_>,
+    out: &mut [f32],
+    tokens: &[TokenCtx],
+    block_tables: &[u32],
+    pool: KvView<'_, T>,
+    layer: usize,
+    shape: AttnShape,
+) {
     let AttnShape {
         num_heads,
         num_kv_heads,
@@ -84,7 +105,7 @@ pub(crate) fn paged_attention(
             unsafe { attend_avx2(&g, scores, o) };
             return;
         }
-        attend::<false>(&g, scores, o);
+        attend::<false, T>(&g, scores, o);
     };
     // Small steps run on one thread: a parallel section's synchronisation
     // costs more than the work, and far more when other processes hold the
@@ -94,7 +115,7 @@ pub(crate) fn paged_attention(
     let seen = |t: &TokenCtx| window.map_or(t.pos + 1, |w| w.min(t.pos + 1));
     let positions: usize = tokens.iter().map(seen).sum();
     let macs = positions * num_heads * d;
-    let kv_bytes = positions * num_kv_heads * d * 2 * std::mem::size_of::<f32>();
+    let kv_bytes = positions * num_kv_heads * d * 2 * T::DTYPE.size_bytes();
     let unit = group * d;
     if !parallel_attention(macs, kv_bytes, tokens.len() * num_kv_heads) {
         let mut scores = Vec::new();
@@ -121,7 +142,7 @@ fn parallel_attention(macs: usize, kv_bytes: usize, units: usize) -> bool {
 }
 
 /// One token's KV head and the query heads that share it.
-struct Group<'a> {
+struct Group<'a, T> {
     /// `[heads][head_dim]`.
     q: &'a [f32],
     heads: usize,
@@ -129,18 +150,18 @@ struct Group<'a> {
     ctx: TokenCtx,
     window: Option<usize>,
     block_tables: &'a [u32],
-    pool: &'a KvStorage,
+    pool: KvView<'a, T>,
     layer: usize,
     scale: f32,
     softcap: Option<f32>,
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attend_avx2<T: KvElem>(g: &Group<'_, T>, scores: &mut Vec<f32>, o: &mut [f32]) {
     // The same code, compiled so that the loops along the slots and along
     // `head_dim` vectorise 8-wide with fused multiply-adds.
-    attend::<true>(g, scores, o)
+    attend::<true, T>(g, scores, o)
 }
 
 /// `a · b + c`: one instruction where FMA is enabled; where it is not,
@@ -175,14 +196,14 @@ fn scale_and_max(s: &mut [f32], scale: f32) -> f32 {
 
 /// `s[j] = Σ_i q[i] · kt[i][j]` for one block of transposed keys.
 #[inline(always)]
-fn score_block<const FMA: bool>(q: &[f32], kt: &[f32], s: &mut [f32]) {
+fn score_block<const FMA: bool, T: KvElem>(q: &[f32], kt: &[T], s: &mut [f32]) {
     let bs = s.len();
     if bs == 16 {
         // The default block size: the accumulators stay in registers.
         let mut acc = [0f32; 16];
         for (qi, row) in q.iter().zip(kt.chunks_exact(16)) {
             for (a, k) in acc.iter_mut().zip(row) {
-                *a = fmadd::<FMA>(*qi, *k, *a);
+                *a = fmadd::<FMA>(*qi, k.to_f32(), *a);
             }
         }
         s.copy_from_slice(&acc);
@@ -191,7 +212,7 @@ fn score_block<const FMA: bool>(q: &[f32], kt: &[f32], s: &mut [f32]) {
     s.fill(0.0);
     for (qi, row) in q.iter().zip(kt.chunks_exact(bs)) {
         for (a, k) in s.iter_mut().zip(row) {
-            *a = fmadd::<FMA>(*qi, *k, *a);
+            *a = fmadd::<FMA>(*qi, k.to_f32(), *a);
         }
     }
 }
@@ -210,8 +231,13 @@ const HEADS_BLOCK: usize = 16;
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn score_block_heads_avx2<const R: usize>(q: &[f32], kt: &[f32], s: &mut [f32], stride: usize) {
+#[target_feature(enable = "avx2,fma,f16c")]
+fn score_block_heads_avx2<const R: usize, T: KvElem>(
+    q: &[f32],
+    kt: &[T],
+    s: &mut [f32],
+    stride: usize,
+) {
     use std::arch::x86_64::*;
     let d = q.len() / R;
     assert!(kt.len() >= d * HEADS_BLOCK && s.len() >= (R - 1) * stride + HEADS_BLOCK);
@@ -221,8 +247,8 @@ fn score_block_heads_avx2<const R: usize>(q: &[f32], kt: &[f32], s: &mut [f32], 
         // SAFETY: i < d: the key row `i` (16 floats) is inside `kt`, and
         // each head's element `i` inside `q` (checked above).
         unsafe {
-            let k0 = _mm256_loadu_ps(kp.add(i * HEADS_BLOCK));
-            let k1 = _mm256_loadu_ps(kp.add(i * HEADS_BLOCK + 8));
+            let k0 = load8(kp.add(i * HEADS_BLOCK));
+            let k1 = load8(kp.add(i * HEADS_BLOCK + 8));
             for (r, a) in acc.iter_mut().enumerate() {
                 let qv = _mm256_broadcast_ss(&*qp.add(r * d + i));
                 a[0] = _mm256_fmadd_ps(qv, k0, a[0]);
@@ -240,7 +266,7 @@ fn score_block_heads_avx2<const R: usize>(q: &[f32], kt: &[f32], s: &mut [f32], 
 }
 
 #[inline(always)]
-fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) {
+fn attend<const FMA: bool, T: KvElem>(g: &Group<'_, T>, scores: &mut Vec<f32>, o: &mut [f32]) {
     let d = g.q.len() / g.heads;
     let bs = g.pool.block_size();
     let n = g.ctx.pos + 1;
@@ -271,10 +297,10 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
                 // caller checked that the CPU has AVX2 and FMA.
                 unsafe {
                     match r {
-                        4 => score_block_heads_avx2::<4>(q, kt, s, stride),
-                        3 => score_block_heads_avx2::<3>(q, kt, s, stride),
-                        2 => score_block_heads_avx2::<2>(q, kt, s, stride),
-                        _ => score_block_heads_avx2::<1>(q, kt, s, stride),
+                        4 => score_block_heads_avx2::<4, T>(q, kt, s, stride),
+                        3 => score_block_heads_avx2::<3, T>(q, kt, s, stride),
+                        2 => score_block_heads_avx2::<2, T>(q, kt, s, stride),
+                        _ => score_block_heads_avx2::<1, T>(q, kt, s, stride),
                     }
                 }
                 h += r;
@@ -282,7 +308,7 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
             continue;
         }
         for (h, q) in g.q.chunks_exact(d).enumerate() {
-            score_block::<FMA>(q, kt, &mut scores[h * stride + bi * bs..][..bs]);
+            score_block::<FMA, T>(q, kt, &mut scores[h * stride + bi * bs..][..bs]);
         }
     }
     for h in 0..g.heads {
@@ -307,16 +333,16 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
         let p = &scores[h * stride..h * stride + len];
         match d {
             // Common head sizes: the output row stays in registers.
-            32 => weighted_sum::<32, FMA>(p, g, table, oh),
-            64 => weighted_sum::<64, FMA>(p, g, table, oh),
-            128 => weighted_sum::<128, FMA>(p, g, table, oh),
+            32 => weighted_sum::<32, FMA, T>(p, g, table, oh),
+            64 => weighted_sum::<64, FMA, T>(p, g, table, oh),
+            128 => weighted_sum::<128, FMA, T>(p, g, table, oh),
             _ => {
                 oh.fill(0.0);
                 for (bi, &block) in table.iter().enumerate() {
                     let vals = g.pool.values(g.layer, block as usize, g.kv_head);
                     for (&pj, val) in p[bi * bs..].iter().zip(vals.chunks_exact(d)) {
                         for (oi, vi) in oh.iter_mut().zip(val) {
-                            *oi = fmadd::<FMA>(pj, *vi, *oi);
+                            *oi = fmadd::<FMA>(pj, vi.to_f32(), *oi);
                         }
                     }
                 }
@@ -327,29 +353,99 @@ fn attend<const FMA: bool>(g: &Group<'_>, scores: &mut Vec<f32>, o: &mut [f32]) 
 
 /// `o = Σ_j p[j] · V[j]` over the sequence's value rows of `D` floats.
 #[inline(always)]
-fn weighted_sum<const D: usize, const FMA: bool>(
+fn weighted_sum<const D: usize, const FMA: bool, T: KvElem>(
     p: &[f32],
-    g: &Group<'_>,
+    g: &Group<'_, T>,
     table: &[u32],
     o: &mut [f32],
 ) {
     let bs = g.pool.block_size();
+    #[cfg(target_arch = "x86_64")]
+    if FMA && T::DTYPE != crate::kv_storage::KvDtype::F32 {
+        // SAFETY: `FMA` is only set by `attend_avx2`, whose caller checked
+        // that the CPU has AVX2, FMA and F16C.
+        unsafe { weighted_sum_avx2::<D, T>(p, g, table, o) };
+        return;
+    }
     let mut acc = [0f32; D];
     for (bi, &block) in table.iter().enumerate() {
         let vals = g.pool.values(g.layer, block as usize, g.kv_head);
         for (&pj, val) in p[bi * bs..].iter().zip(vals.chunks_exact(D)) {
             for (a, v) in acc.iter_mut().zip(val) {
-                *a = fmadd::<FMA>(pj, *v, *a);
+                *a = fmadd::<FMA>(pj, v.to_f32(), *a);
             }
         }
     }
     o.copy_from_slice(&acc);
 }
 
+/// 8 elements from `p` widened to f32: a load for f32, one conversion
+/// instruction for f16 (F16C), a zero-extend and shift for bf16 (its bits
+/// are the upper half of an f32's).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; 8 elements from `p` are readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load8<T: KvElem>(p: *const T) -> std::arch::x86_64::__m256 {
+    use crate::kv_storage::KvDtype;
+    use std::arch::x86_64::*;
+    // SAFETY: the caller guarantees 8 readable elements: 32 bytes for
+    // f32, 16 for the 16-bit types.
+    unsafe {
+        match T::DTYPE {
+            KvDtype::F32 => _mm256_loadu_ps(p.cast()),
+            KvDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+            KvDtype::Bf16 => _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                _mm_loadu_si128(p.cast()),
+            ))),
+        }
+    }
+}
+
+/// [`weighted_sum`] for 16-bit values: each value row is widened 8 lanes
+/// at a time in registers as it is read (the compiler does not vectorise
+/// the scalar conversions). Each output is summed in the same order, with
+/// the same fused multiply-adds, as the f32 path's.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn weighted_sum_avx2<const D: usize, T: KvElem>(
+    p: &[f32],
+    g: &Group<'_, T>,
+    table: &[u32],
+    o: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    const { assert!(D.is_multiple_of(8)) };
+    assert!(o.len() == D);
+    let bs = g.pool.block_size();
+    let mut acc = [_mm256_setzero_ps(); 16];
+    let acc = &mut acc[..D / 8];
+    for (bi, &block) in table.iter().enumerate() {
+        let vals = g.pool.values(g.layer, block as usize, g.kv_head);
+        for (&pj, val) in p[bi * bs..].iter().zip(vals.chunks_exact(D)) {
+            let pv = _mm256_set1_ps(pj);
+            for (c, a) in acc.iter_mut().enumerate() {
+                // SAFETY: `val` holds D elements and c * 8 + 8 <= D.
+                *a = _mm256_fmadd_ps(pv, unsafe { load8(val.as_ptr().add(c * 8)) }, *a);
+            }
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        // SAFETY: `o` holds D floats (checked above).
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(c * 8), *a) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::demo::SplitMix64;
+    use crate::kv_storage::KvDtype;
 
     /// Softmax attention written out, over K/V rows `[pos][kv_heads * d]`.
     fn reference(
@@ -388,11 +484,18 @@ mod tests {
     /// (blocks in reverse order, so the block table matters), against the
     /// reference.
     fn check_decode(pos: usize, shape: AttnShape, expect_parallel: bool) {
+        check_decode_as(KvDtype::F32, pos, shape, expect_parallel);
+    }
+
+    /// [`check_decode`] over a pool of `dtype`, against the reference fed
+    /// the K/V rounded to `dtype`: the kernels' widening is exact, so the
+    /// tolerance is the f32 one.
+    fn check_decode_as(dtype: KvDtype, pos: usize, shape: AttnShape, expect_parallel: bool) {
         let (nh, nkv, d) = (shape.num_heads, shape.num_kv_heads, shape.head_dim);
         let bs = 16;
         let n = pos + 1;
         let blocks = n.div_ceil(bs);
-        let mut pool = KvStorage::new(2, blocks + 1, bs, nkv, d);
+        let mut pool = KvStorage::with_dtype(dtype, 2, blocks + 1, bs, nkv, d);
         let table: Vec<u32> = (0..blocks as u32).rev().collect();
         let mut rng = SplitMix64::new(pos as u64);
         let mut rand = |len: usize| -> Vec<f32> {
@@ -405,8 +508,19 @@ mod tests {
         for p in 0..n {
             pool.write(1, table[p / bs] as usize, p % bs, &k[p], &v[p]);
         }
+        let round = |x: &Vec<f32>| -> Vec<f32> {
+            x.iter()
+                .map(|&x| match dtype {
+                    KvDtype::F32 => x,
+                    KvDtype::F16 => half::f16::from_f32(x).to_f32(),
+                    KvDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+                })
+                .collect()
+        };
+        let (k, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) =
+            (k.iter().map(round).collect(), v.iter().map(round).collect());
         let q = rand(nh * d);
-        let kv_bytes = n * nkv * d * 8;
+        let kv_bytes = n * nkv * d * 2 * dtype.size_bytes();
         assert_eq!(
             parallel_attention(n * nh * d, kv_bytes, nkv),
             expect_parallel,
@@ -424,7 +538,46 @@ mod tests {
         paged_attention(queries, &mut out, &ctx, &table, &pool, 1, shape);
         let want = reference(&q, &k, &v, shape, n);
         for (i, (a, b)) in out.iter().zip(&want).enumerate() {
-            assert!((a - b).abs() < 1e-5, "pos {pos}, output {i}: {a} vs {b}");
+            assert!(
+                (a - b).abs() < 1e-5,
+                "{dtype:?} pos {pos}, output {i}: {a} vs {b}"
+            );
+        }
+    }
+
+    /// 16-bit caches: every kernel path (16-slot blocks scored 4, 2 and 1
+    /// heads at a time; the register-held value sums of 32, 64 and 128
+    /// dims; the generic loops of a 48-dim head; soft-capping; one thread
+    /// and split) attends to exactly the rounded keys and values.
+    #[test]
+    fn sixteen_bit_caches_attend_to_their_rounded_keys_and_values() {
+        for dtype in [KvDtype::F16, KvDtype::Bf16] {
+            for (num_heads, num_kv_heads, head_dim, softcap) in [
+                (6, 2, 64, None),
+                (12, 2, 32, None),
+                (5, 1, 128, None),
+                (4, 4, 48, None),
+                (4, 2, 32, Some(1.5)),
+            ] {
+                let shape = AttnShape {
+                    num_heads,
+                    num_kv_heads,
+                    head_dim,
+                    window: None,
+                    scale: 1.0 / (head_dim as f32).sqrt(),
+                    softcap,
+                };
+                check_decode_as(dtype, 40, shape, false);
+            }
+            let shape = AttnShape {
+                num_heads: 6,
+                num_kv_heads: 2,
+                head_dim: 64,
+                window: None,
+                scale: 0.125,
+                softcap: None,
+            };
+            check_decode_as(dtype, 700, shape, true);
         }
     }
 

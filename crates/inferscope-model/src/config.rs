@@ -581,9 +581,9 @@ impl ModelConfig {
             .collect()
     }
 
-    /// Bytes of K and V for one token across all layers (f32).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_layers * self.num_kv_heads * self.head_dim * std::mem::size_of::<f32>()
+    /// Bytes of K and V for one token across all layers, in a cache of `dtype`.
+    pub fn kv_bytes_per_token(&self, dtype: crate::kv_storage::KvDtype) -> usize {
+        2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype.size_bytes()
     }
 
     /// Number of parameters.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
 
 use crate::attention::TokenCtx;
-use crate::kv_storage::KvStorage;
+use crate::kv_storage::{KvDtype, KvStorage};
 use crate::llama::{LlamaModel, Part, Scratch, StepProfile, StepTokens};
 use crate::sampler::{Sampler, token_rng};
 use crate::token_counts::TokenCounts;
@@ -36,17 +36,17 @@ pub struct CpuCost {
     /// Bytes of the projection and LM-head weights as stored (f32, bf16 or
     /// quantized blocks, panel padding included), read once per step.
     pub weight_bytes: f64,
-    /// Key and value bytes of one token over all layers (the pool is f32).
+    /// Key and value bytes of one token over all layers, in the pool's type.
     pub kv_bytes_per_token: f64,
     /// Positions a token attends to, itself included (sliding window).
     pub window: Option<usize>,
 }
 
 impl CpuCost {
-    /// The cost terms of `model`. A quantized weight costs the same FLOPs
-    /// as a dense one (the kernels widen it to f32) and reads its stored
-    /// bytes.
-    pub fn of(model: &LlamaModel) -> Self {
+    /// The cost terms of `model` over a KV cache of `kv_dtype`. A quantized
+    /// weight costs the same FLOPs as a dense one (the kernels widen it to
+    /// f32) and reads its stored bytes.
+    pub fn of(model: &LlamaModel, kv_dtype: KvDtype) -> Self {
         let c = &model.cfg;
         let (h, q, kv) = (
             c.hidden_size as f64,
@@ -59,7 +59,7 @@ impl CpuCost {
             linear_flops_per_token: 2.0 * linear,
             attn_flops_per_pair: 4.0 * c.num_layers as f64 * q,
             weight_bytes: model.weight_bytes() as f64,
-            kv_bytes_per_token: c.kv_bytes_per_token() as f64,
+            kv_bytes_per_token: c.kv_bytes_per_token(kv_dtype) as f64,
             // Gemma's global layers attend to everything: only a window on
             // every layer (Mistral's) bounds the attention cost.
             window: c
@@ -126,6 +126,7 @@ pub struct CpuExecutor {
     name: String,
     model: Arc<LlamaModel>,
     budget: KvBudget,
+    kv_dtype: KvDtype,
     eos: Vec<u32>,
     pool: Option<KvStorage>,
     threads: Option<rayon::ThreadPool>,
@@ -157,7 +158,9 @@ pub fn available_memory() -> Option<u64> {
 }
 
 impl CpuExecutor {
-    /// An executor sharing `model`; the pool is allocated by `init_kv_cache`.
+    /// An executor sharing `model` with a KV cache of the default type
+    /// (f16; [`CpuExecutor::with_kv_dtype`] changes it); the pool is
+    /// allocated by `init_kv_cache`.
     pub fn new(
         name: String,
         model: Arc<LlamaModel>,
@@ -174,11 +177,13 @@ impl CpuExecutor {
             ),
             None => None,
         };
-        let cost = CpuCost::of(&model);
+        let kv_dtype = KvDtype::default();
+        let cost = CpuCost::of(&model, kv_dtype);
         Ok(Self {
             name,
             model,
             budget,
+            kv_dtype,
             eos,
             pool: None,
             threads,
@@ -195,6 +200,18 @@ impl CpuExecutor {
         })
     }
 
+    /// The same executor with a KV cache of `dtype` (before `init_kv_cache`).
+    pub fn with_kv_dtype(mut self, dtype: KvDtype) -> Self {
+        self.kv_dtype = dtype;
+        self.cost = CpuCost::of(&self.model, dtype);
+        self
+    }
+
+    /// The KV cache's element type.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.kv_dtype
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<LlamaModel> {
         &self.model
@@ -202,7 +219,7 @@ impl CpuExecutor {
 
     /// Bytes of one KV block of `block_size` tokens.
     pub fn block_bytes(&self, block_size: usize) -> u64 {
-        (self.model.cfg.kv_bytes_per_token() * block_size) as u64
+        (self.model.cfg.kv_bytes_per_token(self.kv_dtype) * block_size) as u64
     }
 
     fn check(&self, batch: &ScheduledBatch, pool: &KvStorage) -> Result<(), ExecutorError> {
@@ -268,6 +285,34 @@ impl CpuExecutor {
     /// The token counts kept for a live sequence whose parameters use them.
     pub fn token_counts(&self, seq_id: u64) -> Option<&TokenCounts> {
         self.counts.get(&seq_id)
+    }
+
+    /// Writes pseudo-random K/V in [-1, 1] into every slot of the pool, as a
+    /// prefill of every block would (benches: the cost of attention over a
+    /// long context without the cost of computing it).
+    #[doc(hidden)]
+    pub fn fill_kv_cache(&mut self, seed: u64) -> Result<(), ExecutorError> {
+        let pool = self
+            .pool
+            .as_mut()
+            .ok_or_else(|| ExecutorError::Fatal("fill before init_kv_cache".into()))?;
+        let cfg = &self.model.cfg;
+        let dim = cfg.num_kv_heads * cfg.head_dim;
+        let mut rng = crate::demo::SplitMix64::new(seed);
+        let mut row = || -> Vec<f32> {
+            (0..dim)
+                .map(|_| (rng.next_u64() % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        for layer in 0..cfg.num_layers {
+            for block in 0..pool.num_blocks() {
+                for slot in 0..pool.block_size() {
+                    let (k, v) = (row(), row());
+                    pool.write(layer, block, slot, &k, &v);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Turns the per-part step profile on (cleared) or off.
@@ -397,7 +442,8 @@ impl Executor for CpuExecutor {
             )));
         }
         let cfg = &self.model.cfg;
-        self.pool = Some(KvStorage::new(
+        self.pool = Some(KvStorage::with_dtype(
+            self.kv_dtype,
             cfg.num_layers,
             num_blocks,
             block_size,
@@ -408,6 +454,8 @@ impl Executor for CpuExecutor {
             executor = %self.name,
             num_blocks,
             block_size,
+            kv_cache_dtype = self.kv_dtype.name(),
+            kv_cache_tokens = num_blocks * block_size,
             kv_cache_bytes = num_blocks as u64 * per_block,
             "allocated KV cache"
         );
@@ -557,7 +605,7 @@ mod tests {
         // 3 · 32·48 = 7680 weights; 2 layers + LM head 64·32 = 17408.
         let linear = 17_408.0;
         let model = small_model(None);
-        let c = CpuCost::of(&model);
+        let c = CpuCost::of(&model, KvDtype::F32);
         assert_eq!(c.linear_flops_per_token, 2.0 * linear);
         // QKᵀ and PV: 2 · 2 · 2 layers · 32 query dims.
         assert_eq!(c.attn_flops_per_pair, 256.0);
@@ -580,14 +628,16 @@ mod tests {
         assert_eq!(c.step_cost(&ScheduledBatch::default()), StepCost::default());
 
         // bf16 storage halves the weight bytes and nothing else.
-        let bf16 =
-            CpuCost::of(&small_model(None).with_weight_dtype(crate::packed::WeightDtype::Bf16));
+        let bf16 = CpuCost::of(
+            &small_model(None).with_weight_dtype(crate::packed::WeightDtype::Bf16),
+            KvDtype::F32,
+        );
         assert_eq!(bf16.weight_bytes, 2.0 * linear);
         assert_eq!(bf16.step_cost(&batch).flops, cost.flops);
 
         // A 4-position window: the chunk's tokens see 4 each, the decode 4;
         // the chunk reads positions 0..7, the decode 6..10.
-        let w = CpuCost::of(&small_model(Some(4)));
+        let w = CpuCost::of(&small_model(Some(4)), KvDtype::F32);
         let cost = w.step_cost(&batch);
         assert_eq!(cost.flops, 5.0 * 34_816.0 + 20.0 * 256.0);
         assert_eq!(cost.read_bytes, 69_632.0 + 11.0 * 256.0);
@@ -604,7 +654,7 @@ mod tests {
             ..ScheduledBatch::default()
         };
         let cost = e.step_cost(&batch).expect("a cost for a dense model");
-        let expected = CpuCost::of(m.model()).step_cost(&batch);
+        let expected = CpuCost::of(m.model(), e.kv_dtype()).step_cost(&batch);
         assert_eq!(cost, expected);
         assert!(cost.flops > 0.0 && cost.read_bytes >= m.model().weight_bytes() as f64);
     }

@@ -1,13 +1,25 @@
 //! GGUF files: Llama-family weights (quantized ones stay quantized, F16 and
 //! BF16 stay 16-bit) and the tokenizer from the metadata.
+//!
+//! The file is mapped, not read: the embedding table is used in place from
+//! the map (rows dequantized per looked-up token), and the weights the
+//! packed kernels read are repacked from the map, after which their pages
+//! are dropped from the process (`MADV_DONTNEED`: they stay in the page
+//! cache, so a restart reads no disk, but not in this process's RSS).
 
 use std::fs::File;
+use std::io::Cursor;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 use candle_core::Device;
-use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::Content;
+use candle_core::quantized::{GgmlDType, QTensor};
+use memmap2::{Mmap, UncheckedAdvice};
+
+use crate::embedding::{Embedding, SharedBytes};
 
 use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
 use crate::error::ModelError;
@@ -16,11 +28,13 @@ use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
 use crate::tokenizer::{HfTokenizer, Tokenizer};
 
-/// Reads tensors from the file, checking names and shapes.
+/// Tensors of the mapped file, checked for names, shapes and extent.
 struct Tensors<'a> {
     content: &'a Content,
-    file: File,
+    map: &'a Arc<Mmap>,
     path: &'a Path,
+    /// Bytes of the file repacked into the process's own memory.
+    repacked: usize,
 }
 
 impl Tensors<'_> {
@@ -28,29 +42,86 @@ impl Tensors<'_> {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn get(&mut self, name: &str, shape: &[usize]) -> Result<QTensor, ModelError> {
-        if !self.has(name) {
-            return Err(ModelError::MissingTensor(name.to_string()));
-        }
-        let t = self
+    /// The type of tensor `name` and where its bytes are in the map.
+    fn locate(&self, name: &str, shape: &[usize]) -> Result<(GgmlDType, Range<usize>), ModelError> {
+        let info = self
             .content
-            .tensor(&mut self.file, name, &Device::Cpu)
-            .map_err(|e| {
-                ModelError::Config(format!("{}: tensor {name}: {e}", self.path.display()))
-            })?;
-        if t.shape().dims() != shape {
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        if info.shape.dims() != shape {
             return Err(ModelError::ShapeMismatch {
                 name: name.to_string(),
                 expected: shape.to_vec(),
-                actual: t.shape().dims().to_vec(),
+                actual: info.shape.dims().to_vec(),
             });
         }
+        let dtype = info.ggml_dtype;
+        let elems = info.shape.elem_count();
+        let bad =
+            |m: String| ModelError::Config(format!("{}: tensor {name}: {m}", self.path.display()));
+        if elems % dtype.block_size() != 0 {
+            return Err(bad(format!(
+                "{elems} elements are not whole {dtype:?} blocks"
+            )));
+        }
+        let len = elems / dtype.block_size() * dtype.type_size();
+        let start = usize::try_from(self.content.tensor_data_offset + info.offset)
+            .map_err(|_| bad("offset overflows".into()))?;
+        match start.checked_add(len) {
+            Some(end) if end <= self.map.len() => Ok((dtype, start..end)),
+            _ => Err(bad(format!(
+                "{len} bytes at {start} pass the end of the file ({} bytes): truncated?",
+                self.map.len()
+            ))),
+        }
+    }
+
+    /// Drops the pages of `range` from this process once their contents
+    /// were copied (repacked): they stay in the page cache.
+    fn release(&self, range: Range<usize>) {
+        // SAFETY: the map is read-only and shared: MADV_DONTNEED only
+        // unmaps its pages from this process, and a later read faults
+        // them back in from the file, unchanged (nothing was written).
+        // memmap2 widens the range to whole pages: a neighbour's page
+        // dropped too is read back the same way.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(UncheckedAdvice::DontNeed, range.start, range.len())
+        };
+    }
+
+    fn get(&self, name: &str, shape: &[usize]) -> Result<QTensor, ModelError> {
+        let (dtype, range) = self.locate(name, shape)?;
+        let t = candle_core::quantized::ggml_file::qtensor_from_ggml(
+            dtype,
+            &self.map[range.clone()],
+            shape.to_vec(),
+            &Device::Cpu,
+        )?;
+        self.release(range);
         Ok(t)
     }
 
-    fn vec(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let t = self.get(name, &[len])?.dequantize(&Device::Cpu)?;
         Ok(t.to_vec1::<f32>()?)
+    }
+
+    /// A product's weight, repacked from the map.
+    fn stored_linear(
+        &mut self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        b: Option<Vec<f32>>,
+    ) -> Result<Linear, ModelError> {
+        let (dtype, range) = self.locate(name, &[out, inp])?;
+        let l = Linear::from_stored(dtype, &self.map[range.clone()], out, inp, b)
+            .map_err(|e| ModelError::Config(format!("tensor {name}: {e}")))?;
+        self.repacked += range.len();
+        self.release(range);
+        Ok(l)
     }
 
     fn linear(
@@ -60,13 +131,12 @@ impl Tensors<'_> {
         inp: usize,
         bias: bool,
     ) -> Result<Linear, ModelError> {
-        let w = self.get(&format!("{name}.weight"), &[out, inp])?;
         let b = if bias {
             Some(self.vec(&format!("{name}.bias"), out)?)
         } else {
             None
         };
-        Linear::from_qtensor(w, b)
+        self.stored_linear(&format!("{name}.weight"), out, inp, b)
     }
 }
 
@@ -80,8 +150,14 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         path: path.to_path_buf(),
         source,
     };
-    let mut file = File::open(path).map_err(io)?;
-    let content = Content::read(&mut file).map_err(|e| {
+    let started = Instant::now();
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only. As for llama.cpp's maps, another
+    // process truncating the file while the server runs would make later
+    // reads of the lost pages fault; rewriting it in place would change
+    // the weights. Model files are not modified while served.
+    let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
+    let content = Content::read(&mut Cursor::new(&map[..])).map_err(|e| {
         ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
     })?;
     let meta = Meta(&content.metadata);
@@ -180,8 +256,9 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     let tokens_meta = TokenizerMeta::read(&meta);
     let mut tensors = Tensors {
         content: &content,
-        file,
+        map: &map,
         path,
+        repacked: 0,
     };
     let cfg = ModelConfig {
         architecture: architecture.to_string(),
@@ -219,11 +296,15 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     let (h, v, i) = (cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size);
     let (d, q_dim) = (cfg.head_dim, cfg.num_heads * cfg.head_dim);
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
-    let embd = tensors.get("token_embd.weight", &[v, h])?;
-    let embed = embd
-        .dequantize(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
+    // The table stays in the map, in its stored type.
+    let (embd_dtype, embd_range) = tensors.locate("token_embd.weight", &[v, h])?;
+    let embed = Embedding::stored(
+        map.clone() as SharedBytes,
+        embd_range.start,
+        embd_dtype,
+        v,
+        h,
+    )?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for l in 0..cfg.num_layers {
         let p = format!("blk.{l}");
@@ -237,7 +318,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
             None
         };
         let post = cfg.arch.post_norms;
-        let mut post_norm = |name: &str| {
+        let post_norm = |name: &str| {
             post.then(|| tensors.vec(&format!("{p}.{name}.weight"), h))
                 .transpose()
         };
@@ -276,7 +357,9 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     }
     let norm = tensors.vec("output_norm.weight", h)?;
     let lm_head = if cfg.tie_word_embeddings {
-        Linear::from_qtensor(embd, None)?
+        // The packed kernels on the table's stored type; lookups still
+        // read the map.
+        tensors.stored_linear("token_embd.weight", v, h, None)?
     } else {
         tensors.linear("output", v, h, false)?
     };
@@ -285,6 +368,16 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         let factors = tensors.vec("rope_freqs.weight", cfg.head_dim / 2)?;
         model = model.with_rope_freq_factors(&factors)?;
     }
+    tracing::info!(
+        file = %path.display(),
+        file_bytes = map.len(),
+        embedding_in_place_bytes = model.embed.stored_bytes(),
+        embedding_dtype = ?embd_dtype,
+        repacked_file_bytes = tensors.repacked,
+        packed_bytes = model.weight_bytes(),
+        load_seconds = started.elapsed().as_secs_f64(),
+        "mapped GGUF file: embeddings read in place, products repacked"
+    );
 
     let sibling = path.with_file_name("tokenizer.json");
     let tokenizer: Arc<dyn Tokenizer> = if sibling.is_file() {

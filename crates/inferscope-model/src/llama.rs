@@ -9,6 +9,7 @@ use half::f16;
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
 use crate::config::ModelConfig;
 use crate::elementwise::{gated_rows, rms_norm, rms_norm_in_place};
+use crate::embedding::Embedding;
 use crate::error::ModelError;
 use crate::kv_storage::KvStorage;
 use crate::packed::tiling::PARALLEL_MIN_MACS;
@@ -59,30 +60,75 @@ impl Linear {
         Ok(Self { w, b, out_dim })
     }
 
-    /// A layer from a GGUF tensor (`[out, in]`): F16 and BF16 stay 16-bit,
-    /// packed from the file's bits as they are (candle's `QMatMul` would
-    /// widen them to f32); every other type goes through [`Linear::new`].
+    /// A layer from a GGUF tensor (`[out, in]`); see [`Linear::from_stored`].
     pub fn from_qtensor(w: QTensor, b: Option<Vec<f32>>) -> Result<Self, ModelError> {
-        let dims = w.shape().dims().to_vec();
-        if let (&[out, inp], GgmlDType::F16 | GgmlDType::BF16) = (dims.as_slice(), w.dtype()) {
-            let data = w.data()?;
-            let halves = data
-                .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]));
-            let packed = if w.dtype() == GgmlDType::F16 {
-                let h: Vec<f16> = halves.map(f16::from_bits).collect();
-                PackedWeight::pack_f16(&h, out, inp)
-            } else {
-                PackedWeight::pack_bf16(&halves.collect::<Vec<u16>>(), out, inp)
-            };
-            return Ok(Self {
-                w: Weight::Packed(packed),
-                b,
-                out_dim: out,
-            });
+        match *w.shape().dims() {
+            [out, inp] => Self::from_stored(w.dtype(), &w.data()?, out, inp, b),
+            _ => {
+                let out = w.shape().dims().first().copied().unwrap_or(0);
+                Self::new(QMatMul::from_qtensor(w)?, b, out)
+            }
         }
-        let out = dims.first().copied().unwrap_or(0);
-        Self::new(QMatMul::from_qtensor(w)?, b, out)
+    }
+
+    /// A layer from a weight's bytes as a GGUF file stores them (`[out, in]`
+    /// of `dtype`), read in place (from the file's map): F16 and BF16 stay
+    /// 16-bit, packed from the file's bits as they are (candle's `QMatMul`
+    /// would widen them to f32); F32, Q8_0, Q4_K, Q5_K and Q6_K are
+    /// repacked straight from the bytes for the packed kernels; every other
+    /// type is copied once into candle's quantized matmul, which reads the
+    /// stored block layout.
+    pub fn from_stored(
+        dtype: GgmlDType,
+        bytes: &[u8],
+        out: usize,
+        inp: usize,
+        b: Option<Vec<f32>>,
+    ) -> Result<Self, ModelError> {
+        let halves = || {
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        let expected = (out * inp) / dtype.block_size() * dtype.type_size();
+        if bytes.len() != expected || !inp.is_multiple_of(dtype.block_size()) {
+            return Err(ModelError::Config(format!(
+                "a [{out}, {inp}] {dtype:?} weight has {} bytes (want {expected})",
+                bytes.len()
+            )));
+        }
+        let w = match dtype {
+            GgmlDType::F16 => {
+                let h: Vec<f16> = halves().map(f16::from_bits).collect();
+                Weight::Packed(PackedWeight::pack_f16(&h, out, inp))
+            }
+            GgmlDType::BF16 => Weight::Packed(PackedWeight::pack_bf16(
+                &halves().collect::<Vec<u16>>(),
+                out,
+                inp,
+            )),
+            GgmlDType::F32 => {
+                let data: Vec<f32> = bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                Weight::Packed(PackedWeight::pack(&data, out, inp))
+            }
+            GgmlDType::Q8_0 => Weight::Q8(PackedQ8::from_blocks(bytes, out, inp)?),
+            t => match kquant(t) {
+                Some(kind) => Weight::KQuant(PackedKQuant::from_blocks(kind, bytes, out, inp)?),
+                None => {
+                    let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                        t,
+                        bytes,
+                        vec![out, inp],
+                        &Device::Cpu,
+                    )?;
+                    Weight::Quantized(QMatMul::from_qtensor(q)?)
+                }
+            },
+        };
+        Ok(Self { w, b, out_dim: out })
     }
 
     /// The same layer with its dense weight stored as `dtype`.
@@ -339,8 +385,9 @@ pub struct Layer {
 pub struct LlamaModel {
     /// Hyper-parameters.
     pub cfg: ModelConfig,
-    /// Token embeddings, `[vocab][hidden]`.
-    pub embed: Vec<f32>,
+    /// Token embeddings, `[vocab][hidden]`: f32, or a GGUF file's rows in
+    /// their stored type, dequantized per looked-up token.
+    pub embed: Embedding,
     layers: Vec<Block>,
     /// Final RMSNorm weight.
     pub norm: Vec<f32>,
@@ -525,10 +572,10 @@ impl LlamaModel {
     /// q/k/v and gate/up projections where the weights are dense, and
     /// resolving the family's options per layer (window, RoPE base) once.
     /// `embed` is the table as stored; Gemma's `√hidden` scale is applied
-    /// to it here (the tied LM head keeps its own, unscaled, copy).
+    /// to each looked-up row (the tied LM head keeps its own, unscaled, copy).
     pub fn new(
         cfg: ModelConfig,
-        mut embed: Vec<f32>,
+        mut embed: Embedding,
         layers: Vec<Layer>,
         norm: Vec<f32>,
         lm_head: Linear,
@@ -565,10 +612,15 @@ impl LlamaModel {
                 cfg.architecture
             )));
         }
+        if embed.vocab() != cfg.vocab_size {
+            return Err(ModelError::Config(format!(
+                "{} embedding rows for vocab_size {}",
+                embed.vocab(),
+                cfg.vocab_size
+            )));
+        }
         if cfg.arch.embed_scale {
-            // In f32, as the reference implementations multiply.
-            let scale = (cfg.hidden_size as f32).sqrt();
-            embed.iter_mut().for_each(|x| *x *= scale);
+            embed = embed.with_scale((cfg.hidden_size as f32).sqrt());
         }
         let mut inv_freq: Vec<Vec<f32>> = Vec::new();
         let layers = layers
@@ -714,11 +766,8 @@ impl LlamaModel {
         let bs = pool.block_size();
         let sc = scratch;
 
-        sc.x.clear();
-        for &id in step.ids {
-            let id = id as usize;
-            sc.x.extend_from_slice(&self.embed[id * h..(id + 1) * h]);
-        }
+        // One row per token, dequantized from the stored type if need be.
+        self.embed.lookup(step.ids, &mut sc.x);
         // The angles depend on the position (and the layer's base) only:
         // computed once per step.
         if sc.angles.len() < self.inv_freq.len() {

@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
+use crate::embedding::Embedding;
 use crate::error::ModelError;
 use crate::llama::{Layer, Linear, LlamaModel};
 use crate::tokenizer::HfTokenizer;
@@ -229,7 +230,7 @@ pub fn model_from_tensors(
     let (d, q_dim) = (cfg.head_dim, cfg.num_heads * cfg.head_dim);
     let kv_dim = cfg.num_kv_heads * cfg.head_dim;
     let embed_t = src.take(&format!("{root}embed_tokens.weight"), &[v, h])?;
-    let embed = embed_t.flatten_all()?.to_vec1::<f32>()?;
+    let embed = Embedding::dense(embed_t.flatten_all()?.to_vec1::<f32>()?, v, h)?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     // Gemma 2 and 3 norm the attention output with what Llama calls the
     // pre-MLP norm, and have a pre- and a post-feedforward norm.

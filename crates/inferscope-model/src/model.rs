@@ -8,6 +8,7 @@ use inferscope_engine::Executor;
 
 use crate::error::ModelError;
 use crate::executor::{CpuExecutor, KvBudget};
+use crate::kv_storage::KvDtype;
 use crate::llama::LlamaModel;
 use crate::packed::WeightDtype;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
@@ -19,6 +20,8 @@ pub struct ModelOptions {
     pub kv_cache_memory: Option<u64>,
     /// Fraction of available memory for each executor's KV pool.
     pub kv_cache_fraction: f64,
+    /// Element type of the KV pool (`--kv-cache-dtype`; f16 by default).
+    pub kv_cache_dtype: KvDtype,
     /// How dense weights are stored: `auto` (a Hugging Face checkpoint's
     /// 16-bit type, else f32), `f32` (`float32`), `bf16` (`bfloat16`) or
     /// `f16` (`float16`); 16 bits halve the memory, computation stays f32.
@@ -32,6 +35,7 @@ impl Default for ModelOptions {
         Self {
             kv_cache_memory: None,
             kv_cache_fraction: 0.2,
+            kv_cache_dtype: KvDtype::default(),
             dtype: "f32".into(),
             num_threads: None,
         }
@@ -193,6 +197,7 @@ impl LoadedModel {
             eos,
             self.opts.num_threads,
         )
+        .map(|e| e.with_kv_dtype(self.opts.kv_cache_dtype))
         .map_err(|e| ModelError::Config(e.to_string()))
     }
 }

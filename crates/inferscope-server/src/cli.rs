@@ -133,6 +133,11 @@ pub struct ServeArgs {
     /// generation_config.json's names: '{"temperature": 0.5, "max_new_tokens": 256}'.
     #[arg(long, value_name = "JSON")]
     pub override_generation_config: Option<String>,
+    /// KV-cache element type of the cpu executor (vLLM's flag): auto (= float16), float16,
+    /// bfloat16 or float32. 16-bit halves the bytes per token, so `--kv-cache-memory` holds
+    /// twice the tokens of float32; attention converts each row as it reads it.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "float16", "fp16", "bfloat16", "bf16", "float32", "fp32"])]
+    pub kv_cache_dtype: String,
 
     /// Require `Authorization: Bearer KEY` on /v1/* routes.
     #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]

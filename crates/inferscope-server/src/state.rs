@@ -13,8 +13,9 @@ use inferscope_engine::{
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
-    ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, LoadedModel, ModelError,
-    ModelOptions, Tokenizer, chat_template::load_template_arg, tokenizer::WithChatTemplate,
+    ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, KvDtype, LoadedModel,
+    ModelError, ModelOptions, Tokenizer, chat_template::load_template_arg,
+    tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
@@ -139,10 +140,6 @@ fn generation_defaults(args: &ServeArgs) -> Result<GenerationDefaults, ServerErr
 /// (2 bytes per element, as in the profiles' KV sizes).
 pub const SIM_CACHE_DTYPE: &str = "bfloat16";
 
-/// `cache_dtype` of the cpu executor: its KV pool stores f32 whatever
-/// `--dtype` says (that flag picks the weight storage only).
-pub const CPU_CACHE_DTYPE: &str = "float32";
-
 /// Unix time in seconds.
 pub fn unix_now() -> u64 {
     SystemTime::now()
@@ -205,7 +202,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         usize,
         Factory,
         String,
-        &str,
+        &'static str,
     ) = match args.executor {
         ExecutorKind::Sim => {
             let profile: SimProfile = args
@@ -246,10 +243,15 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             )
         }
         ExecutorKind::Cpu => {
+            // `--kv-cache-dtype` picks the KV pool's type whatever
+            // `--dtype` says (that flag picks the weight storage only).
+            let kv_cache_dtype = KvDtype::parse(&args.kv_cache_dtype)
+                .map_err(|e| config_err(format!("--kv-cache-dtype: {e}")))?;
             let opts = ModelOptions {
                 kv_cache_memory: args.kv_cache_memory,
                 dtype: args.dtype.clone(),
                 num_threads: args.threads,
+                kv_cache_dtype,
                 ..ModelOptions::default()
             };
             let model =
@@ -270,7 +272,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                     .executor()
                     .map_err(|e| ExecutorError::Init(e.to_string()))
             });
-            (tokenizer, max_len, factory, name, CPU_CACHE_DTYPE)
+            (tokenizer, max_len, factory, name, kv_cache_dtype.name())
         }
     };
     // `--chat-template` replaces the model's template (vLLM's flag).
@@ -544,13 +546,20 @@ impl StatsRecorder for ForwardingRecorder {
 mod tests {
     use super::*;
 
-    /// The cpu executor's KV pool holds 4-byte elements: if it changes, so
-    /// must `CPU_CACHE_DTYPE`.
+    /// The `cache_dtype` label names the KV pool's element type, whose
+    /// size is what the pool holds per element.
     #[test]
     fn cpu_cache_dtype_matches_the_kv_pool() {
-        let pool = inferscope_model::kv_storage::KvStorage::new(1, 1, 1, 1, 1);
-        // One key and one value element.
-        assert_eq!(pool.size_bytes() / 2, 4);
-        assert_eq!(CPU_CACHE_DTYPE, "float32");
+        for (flag, name, bytes) in [
+            ("auto", "float16", 2),
+            ("bfloat16", "bfloat16", 2),
+            ("float32", "float32", 4),
+        ] {
+            let dtype = KvDtype::parse(flag).expect("a dtype");
+            assert_eq!(dtype.name(), name);
+            let pool = inferscope_model::kv_storage::KvStorage::with_dtype(dtype, 1, 1, 1, 1, 1);
+            // One key and one value element.
+            assert_eq!(pool.size_bytes() / 2, bytes, "{flag}");
+        }
     }
 }

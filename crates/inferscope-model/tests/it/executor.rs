@@ -14,8 +14,9 @@ fn demo() -> (LoadedModel, CpuExecutor) {
     let m = LoadedModel::load("demo-random", &opts).unwrap();
     let mut e = m.cpu_executor().unwrap();
     let blocks = e.init_kv_cache(BLOCK_SIZE).unwrap();
-    // 64 MiB over (2 · 4 layers · 4 heads · 32 dims · 4 B) per token.
-    assert_eq!(blocks, (64 << 20) / (4 * 4096));
+    // 64 MiB over (2 · 4 layers · 4 heads · 32 dims · 2 B) per token: the
+    // default cache is f16.
+    assert_eq!(blocks, (64 << 20) / (2 * 4096));
     (m, e)
 }
 

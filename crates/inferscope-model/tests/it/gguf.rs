@@ -151,7 +151,9 @@ fn write_gguf_with(
         w["model.norm.weight"].clone(),
         GgmlDType::F32,
     );
-    put("output.weight".into(), w["lm_head.weight"].clone(), lin);
+    if !cfg.tie_word_embeddings {
+        put("output.weight".into(), w["lm_head.weight"].clone(), lin);
+    }
     for l in 0..cfg.num_layers {
         let hf = |n: &str| w[&format!("model.layers.{l}.{n}.weight")].clone();
         let g = |n: &str| format!("blk.{l}.{n}.weight");
@@ -325,7 +327,7 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     let expected = cfg.num_layers * per_layer.into_iter().map(q8_bytes).sum::<usize>()
         + q8_bytes((cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected);
-    let cost = inferscope_model::CpuCost::of(m.model());
+    let cost = inferscope_model::CpuCost::of(m.model(), inferscope_model::KvDtype::F32);
     assert_eq!(cost.weight_bytes, expected as f64);
 
     let deq: HashMap<String, Tensor> = w
@@ -423,7 +425,7 @@ fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
         + bytes(down, (h, ffn));
     let expected = cfg.num_layers * per_layer + bytes(lin, (cfg.vocab_size, h));
     assert_eq!(m.model().weight_bytes(), expected, "{name}");
-    let cost = inferscope_model::CpuCost::of(m.model());
+    let cost = inferscope_model::CpuCost::of(m.model(), inferscope_model::KvDtype::F32);
     assert_eq!(cost.weight_bytes, expected as f64);
 
     let deq: HashMap<String, Tensor> = w
@@ -486,6 +488,83 @@ fn gguf_q6_k_and_q4_k_m_like_run_the_dequantized_model() {
     check_kquant_model(GgmlDType::Q5K, GgmlDType::Q6K, "q5km");
 }
 
+/// A mapped file's embedding table stays in its stored type (Q4_K, Q6_K,
+/// Q8_0), every looked-up row is candle's dequantization of it, and a tied
+/// head runs the packed kernels on the stored table (not on f32 rows).
+#[test]
+fn gguf_embeddings_stay_in_their_stored_type() {
+    let (tokens, _, _) = vocab();
+    for (embd, tied, name) in [
+        (GgmlDType::Q4K, false, "emb-q4k"),
+        (GgmlDType::Q6K, true, "emb-q6k-tied"),
+        (GgmlDType::Q8_0, true, "emb-q8-tied"),
+    ] {
+        // K-quant super-blocks are 256 weights along a row.
+        let cfg = ModelConfig {
+            hidden_size: 256,
+            intermediate_size: 512,
+            num_heads: 4,
+            num_kv_heads: 2,
+            head_dim: 64,
+            tie_word_embeddings: tied,
+            ..config(tokens.len())
+        };
+        let w = random_weights(&cfg, 5).unwrap();
+        let f32_ = GgmlDType::F32;
+        let path = write_gguf_with(&cfg, &w, (f32_, f32_, embd), name, spm_metadata(), vec![]);
+        let opts = ModelOptions {
+            kv_cache_memory: Some(4 << 20),
+            ..ModelOptions::default()
+        };
+        let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+        // The map outlives the file's name.
+        let _ = std::fs::remove_file(&path);
+        let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+        let e = &m.model().embed;
+        assert_eq!(e.dtype(), embd, "{name}");
+        let row_bytes = h / embd.block_size() * embd.type_size();
+        assert_eq!(e.stored_bytes(), v * row_bytes, "{name}");
+        let head = m.model().weight_bytes_by_part()[4].1;
+        if tied {
+            // Packed in 16-row panels of the stored blocks: about the
+            // table's size, under a third of f32 rows.
+            assert!(
+                head >= v * row_bytes && head < v.div_ceil(16) * 16 * h * 4 / 3,
+                "{name}: {head}"
+            );
+        } else {
+            assert_eq!(head, v.div_ceil(16) * 16 * h * 4, "{name}: f32 head");
+        }
+
+        // The same model with the table dequantized by candle.
+        let deq: HashMap<String, Tensor> = w
+            .iter()
+            .map(|(n, t)| {
+                let t = if n == "model.embed_tokens.weight" {
+                    let q = QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), embd).unwrap();
+                    q.dequantize(&candle_core::Device::Cpu).unwrap()
+                } else {
+                    t.clone()
+                };
+                (n.clone(), t)
+            })
+            .collect();
+        let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), deq).unwrap());
+        let mut hf_exec =
+            CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+        hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+        let mut exec = m.cpu_executor().unwrap();
+        exec.init_kv_cache(BLOCK_SIZE).unwrap();
+        let prompt: Vec<u32> = (0..17).map(|i| 3 + (i * 29) % 260).collect();
+        let diff = max_rel_diff(&logits(&mut exec, &prompt), &logits(&mut hf_exec, &prompt));
+        // Untied: the looked-up rows are exact and the products f32, so
+        // only the rotation's order of operations differs. Tied: the head's
+        // quantized product rounds the activations to 8 bits (Q8_K / Q8_0).
+        let bound = if tied { 3e-2 } else { 1e-4 };
+        assert!(diff < bound, "{name}: relative difference {diff}");
+    }
+}
+
 #[test]
 fn gguf_errors_are_clear() {
     let opts = ModelOptions::default();
@@ -527,6 +606,27 @@ fn gguf_errors_are_clear() {
         .to_string();
     assert!(e.contains("not a valid GGUF file"), "{e}");
     let _ = std::fs::remove_file(&named);
+
+    // A truncated file: its tensors pass the end of the map.
+    let (tokens, _, _) = vocab();
+    let cfg = config(tokens.len());
+    let w = random_weights(&cfg, 3).unwrap();
+    let path = write_gguf(&cfg, &w, false, "truncated");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    let e = LoadedModel::load(path.to_str().unwrap(), &opts)
+        .unwrap_err()
+        .to_string();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        e.contains("pass the end of the file") && e.contains("truncated"),
+        "{e}"
+    );
 }
 
 #[test]

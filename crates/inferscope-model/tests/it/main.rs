@@ -6,5 +6,6 @@ mod common;
 mod demo_model;
 mod executor;
 mod gguf;
+mod kv_cache;
 mod llama_cpp_vocab;
 mod reference;

@@ -16,7 +16,7 @@ use inferscope_model::config::{
     Activation, ArchOptions, Llama3RopeScaling, ModelConfig, RopeScaling,
 };
 use inferscope_model::demo::random_weights;
-use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
+use inferscope_model::{CpuExecutor, KvDtype, LoadedModel, ModelOptions};
 
 const TOLERANCE: f32 = 1e-4;
 
@@ -260,6 +260,8 @@ fn setup(name: &str, cfg: ModelConfig, shards: usize, block_size: usize) -> Setu
     let dir = write_checkpoint(name, &cfg, &weights, shards);
     let opts = ModelOptions {
         kv_cache_memory: Some(8 << 20),
+        // The reference's cache is f32: the parity holds to 1e-4 on an f32 pool.
+        kv_cache_dtype: KvDtype::F32,
         ..ModelOptions::default()
     };
     let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
@@ -424,6 +426,8 @@ fn bf16_and_f16_weights_match_the_reference_on_the_same_rounded_weights() {
         let opts = ModelOptions {
             kv_cache_memory: Some(8 << 20),
             dtype: dtype.into(),
+            // The reference's cache is f32: the parity holds to 1e-4 on an f32 pool.
+            kv_cache_dtype: KvDtype::F32,
             ..ModelOptions::default()
         };
         LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap()
@@ -636,6 +640,8 @@ fn shipped_demo_model_matches_candle_transformers() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
     let opts = ModelOptions {
         kv_cache_memory: Some(64 << 20),
+        // The reference's cache is f32: the parity holds to 1e-4 on an f32 pool.
+        kv_cache_dtype: KvDtype::F32,
         ..ModelOptions::default()
     };
     let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();
@@ -727,6 +733,8 @@ fn gemma3_conditional_generation_loads_its_text_model() {
     candle_core::safetensors::save(&mm, dir.join("model.safetensors")).unwrap();
     let opts = ModelOptions {
         kv_cache_memory: Some(8 << 20),
+        // The reference's cache is f32: the parity holds to 1e-4 on an f32 pool.
+        kv_cache_dtype: KvDtype::F32,
         ..ModelOptions::default()
     };
     let model = LoadedModel::load(dir.to_str().unwrap(), &opts).unwrap();

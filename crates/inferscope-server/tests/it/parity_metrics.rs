@@ -231,7 +231,8 @@ async fn cpu_executor_serves_its_estimated_flops_and_bytes() {
     let counter = |name: &str| sum(&s, &m(&format!("{name}_total")), &[]);
 
     let model = inferscope_model::LoadedModel::load("demo-random", &Default::default()).unwrap();
-    let cost = inferscope_model::CpuCost::of(model.model());
+    // The server's default KV cache is f16.
+    let cost = inferscope_model::CpuCost::of(model.model(), inferscope_model::KvDtype::F16);
     let (mut flops, mut read, mut write) = (0u64, 0u64, 0u64);
     for (start, n) in [(0, 5), (5, 1), (6, 1)] {
         let c = cost.step_cost(&one_seq_batch(start, n));
@@ -242,8 +243,8 @@ async fn cpu_executor_serves_its_estimated_flops_and_bytes() {
     assert_eq!(counter(names::ESTIMATED_FLOPS_PER_GPU), flops as f64);
     assert_eq!(counter(names::ESTIMATED_READ_BYTES_PER_GPU), read as f64);
     assert_eq!(counter(names::ESTIMATED_WRITE_BYTES_PER_GPU), write as f64);
-    // 7 tokens of f32 K and V: 2 · 4 layers · 4 KV heads · 32 dims · 4 bytes each.
-    assert_eq!(write, 7 * 4096);
+    // 7 tokens of f16 K and V: 2 · 4 layers · 4 KV heads · 32 dims · 2 bytes each.
+    assert_eq!(write, 7 * 2048);
     server.shutdown(std::time::Duration::from_secs(5)).await;
 }
 

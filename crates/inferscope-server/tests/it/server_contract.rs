@@ -74,7 +74,7 @@ async fn cache_config_info_names_the_real_kv_dtype() {
     let sim = start(&[]).await;
     assert_eq!(cache_dtype(sim.addr).await.as_deref(), Some("bfloat16"));
     sim.shutdown(Duration::from_secs(5)).await;
-    // The cpu executor's KV pool is f32 even with bf16 weights.
+    // The cpu executor's KV pool is f16 by default, even with bf16 weights.
     let args = ServeArgs::try_parse_flags([
         "--host",
         "127.0.0.1",
@@ -94,7 +94,7 @@ async fn cache_config_info_names_the_real_kv_dtype() {
     let cpu = inferscope_server::start(&args)
         .await
         .expect("cpu server starts");
-    assert_eq!(cache_dtype(cpu.addr).await.as_deref(), Some("float32"));
+    assert_eq!(cache_dtype(cpu.addr).await.as_deref(), Some("float16"));
     cpu.shutdown(Duration::from_secs(5)).await;
 }
 
