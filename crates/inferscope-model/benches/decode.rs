@@ -74,6 +74,7 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
             seed: i as u64,
             params: params.clone(),
             history: Default::default(),
+            prompt_rows: None,
         });
         b.token_ids.push((i * 7 + 3) as u32 % 200);
         b.block_tables

@@ -52,6 +52,7 @@ fn step(start: usize, n: usize, blocks: usize) -> ScheduledBatch {
                 ..SamplingParams::default()
             }),
             history: Default::default(),
+            prompt_rows: None,
         }],
         ..ScheduledBatch::default()
     }

@@ -51,6 +51,7 @@ fn prefill(seqs: usize, n: usize, blocks: usize) -> ScheduledBatch {
                 seed: 1,
                 params: params.clone(),
                 history: Default::default(),
+                prompt_rows: None,
             })
             .collect(),
         ..ScheduledBatch::default()

@@ -24,6 +24,8 @@ pub struct ModelOptions {
     pub dtype: String,
     /// Threads per executor; `None` uses the global pool (all cores).
     pub num_threads: Option<usize>,
+    /// Which logits reported log-probabilities come from (`--logprobs-mode`).
+    pub logprobs_mode: crate::LogprobsMode,
 }
 
 impl Default for ModelOptions {
@@ -33,6 +35,7 @@ impl Default for ModelOptions {
             kv_cache_fraction: 0.2,
             dtype: "f32".into(),
             num_threads: None,
+            logprobs_mode: crate::LogprobsMode::default(),
         }
     }
 }
@@ -166,6 +169,7 @@ impl LoadedModel {
             eos,
             self.opts.num_threads,
         )
+        .map(|e| e.with_logprobs_mode(self.opts.logprobs_mode))
         .map_err(|e| ModelError::Config(e.to_string()))
     }
 }

@@ -253,7 +253,8 @@ async fn respond(
         .generate(&request_id, &plan, arrival, trace_id, tenant);
     let response = match generated {
         Ok(generation) => {
-            let shape = Shape::new(api, &request_id, model, unix_now());
+            let shape =
+                Shape::new(api, &request_id, model, unix_now()).with_logprobs(plan.logprobs);
             // Without `--enable-per-request-metrics` the field is ignored,
             // as an unknown field would be.
             let include_metrics = plan.include_metrics && s.per_request_metrics;

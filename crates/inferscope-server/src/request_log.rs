@@ -63,6 +63,12 @@ pub struct RequestLogEntry {
     pub completion_tokens: usize,
     /// Its timings.
     pub timings: ChoiceTimings,
+    /// Most likely tokens reported per generated token, when the request
+    /// asked for log-probabilities (`logprobs`, `top_logprobs`).
+    pub logprobs: Option<usize>,
+    /// Most likely tokens reported per prompt position, when it asked for
+    /// the prompt's (`prompt_logprobs`, or `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// The JSON line (and the console's recent request): every field but the
@@ -81,6 +87,10 @@ pub struct Line<'a> {
     #[serde(flatten)]
     metrics: ResponseMetrics,
     inference_time_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<usize>,
 }
 
 /// Unix time now, in seconds.
@@ -109,6 +119,8 @@ impl RequestLogEntry {
             completion_tokens: self.completion_tokens,
             metrics: self.timings.response_metrics(),
             inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
+            logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
         }
     }
 }
@@ -319,6 +331,8 @@ mod tests {
                 2,
                 i,
             ),
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 

@@ -86,16 +86,13 @@ fn no_tool(v: &Value) -> bool {
     v.is_null() || v.as_str() == Some("none")
 }
 
-const LOGPROBS: &str = "log-probabilities are not produced";
+const LOGPROBS: &str = "tokens in log-probabilities are always their text";
 const STRUCTURED: &str =
     "structured output (JSON schema, regex, choice, grammar) is not implemented";
 const TOOLS: &str = "tool calling is not implemented";
 
 /// Refused on both `/v1/completions` and `/v1/chat/completions`.
 pub const COMMON: &[Refusal] = &[
-    refuse("logprobs", off, LOGPROBS),
-    refuse("top_logprobs", zero, LOGPROBS),
-    refuse("prompt_logprobs", off, LOGPROBS),
     refuse("return_tokens_as_token_ids", off, LOGPROBS),
     refuse("response_format", text_format, STRUCTURED),
     refuse("structured_outputs", empty, STRUCTURED),
@@ -296,7 +293,10 @@ mod tests {
             assert!(check(ok.as_bytes(), tables).is_ok(), "{ok}");
         }
         for (bad, field) in [
-            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (
+                r#"{"return_tokens_as_token_ids": true}"#,
+                "return_tokens_as_token_ids",
+            ),
             (
                 r#"{"response_format": {"type": "json_object"}}"#,
                 "response_format",

@@ -13,7 +13,11 @@ use inferscope_engine::FinishReason;
 
 use crate::error::ApiError;
 use crate::openai::infer::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
-use crate::openai::protocol::{ChatChoice, ChatDelta, CompletionChoice, ResponseBody, Usage};
+use crate::openai::protocol::{
+    ChatChoice, ChatDelta, ChatLogprobs, CompletionChoice, CompletionLogprobs, PromptLogprobsJson,
+    ResponseBody, Usage,
+};
+use crate::openai::validation::LogprobsPlan;
 use crate::otel::RequestSpan;
 use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 
@@ -32,6 +36,7 @@ pub struct Shape {
     id: String,
     model: String,
     created: u64,
+    logprobs: LogprobsPlan,
 }
 
 impl Shape {
@@ -47,7 +52,35 @@ impl Shape {
             id,
             model,
             created,
+            logprobs: LogprobsPlan::default(),
         }
+    }
+
+    /// Reports log-probabilities as `plan` says.
+    pub fn with_logprobs(mut self, plan: LogprobsPlan) -> Self {
+        self.logprobs = plan;
+        self
+    }
+
+    /// A completion choice's `logprobs` over `tokens`, the first at `offset`.
+    fn completion_logprobs<'a>(
+        &self,
+        tokens: &'a [crate::openai::infer::TokenLogprob],
+        offset: usize,
+    ) -> Option<CompletionLogprobs<'a>> {
+        self.logprobs.tokens.map(|top| CompletionLogprobs {
+            tokens,
+            top,
+            first_offset: offset,
+        })
+    }
+
+    /// A chat choice's `logprobs` over `tokens`.
+    fn chat_logprobs<'a>(
+        &self,
+        tokens: &'a [crate::openai::infer::TokenLogprob],
+    ) -> Option<ChatLogprobs<'a>> {
+        self.logprobs.tokens.map(|top| ChatLogprobs { tokens, top })
     }
 
     /// The envelope around `choices`.
@@ -65,6 +98,7 @@ impl Shape {
             choices,
             usage,
             metrics: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -76,18 +110,22 @@ impl Shape {
         }
     }
 
-    /// One SSE event carrying `delta` (the first of its choice when `first`).
-    fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
+    /// One SSE event carrying `delta` (the first of its choice when `first`;
+    /// `offset`: characters of the choice's text already sent).
+    fn chunk(&self, d: &ChoiceDelta, first: bool, offset: usize) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
         let object = self.chunk_object();
+        // A chunk without tokens (the final one, often) has null logprobs.
+        let tokens = (!d.logprobs.is_empty()).then_some(d.logprobs.as_slice());
         match self.api {
             Api::Completions => sse_event(&self.body(
                 object,
                 &[CompletionChoice {
                     index: d.index,
                     text: &d.text,
-                    logprobs: None,
+                    logprobs: tokens.and_then(|t| self.completion_logprobs(t, offset)),
                     finish_reason,
+                    prompt_logprobs: None,
                 }],
                 None,
             )),
@@ -100,7 +138,7 @@ impl Shape {
                         role: first.then_some("assistant"),
                         content: (!d.text.is_empty()).then_some(d.text.as_str()),
                     }),
-                    logprobs: None,
+                    logprobs: tokens.and_then(|t| self.chat_logprobs(t)),
                     finish_reason,
                 }],
                 None,
@@ -157,6 +195,7 @@ pub fn stream(
         span,
         prompt_tokens,
         started: vec![false; num_choices],
+        sent_chars: vec![0; num_choices],
         completion_tokens: 0,
         timings: Vec::new(),
         queued: None,
@@ -186,6 +225,8 @@ struct SseEvents<S> {
     prompt_tokens: usize,
     /// Per choice: whether its first chunk went out.
     started: Vec<bool>,
+    /// Per choice: characters of text sent (completions' `text_offset`).
+    sent_chars: Vec<usize>,
     completion_tokens: usize,
     timings: Vec<ChoiceTimings>,
     queued: Option<Queued>,
@@ -224,7 +265,16 @@ impl<S> SseEvents<S> {
                 self.timings.push(f.timings.clone());
             }
         }
-        let chunk = self.shape.chunk(&d, first);
+        let offset = match self.sent_chars.get_mut(slot) {
+            // Counted only when reported: no scan of every delta otherwise.
+            Some(n) if !d.logprobs.is_empty() => {
+                let before = *n;
+                *n += d.text.chars().count();
+                before
+            }
+            _ => 0,
+        };
+        let chunk = self.shape.chunk(&d, first, offset);
         // A client still reading did not abort this choice: the server did
         // (shutdown). Say why, so the stream does not just stop.
         if let Some(f) = &d.finish
@@ -383,8 +433,9 @@ fn full_body(
                 .map(|c| CompletionChoice {
                     index: c.index,
                     text: &c.text,
-                    logprobs: None,
+                    logprobs: shape.completion_logprobs(&c.logprobs, 0),
                     finish_reason: Some(c.finish.reason.as_str()),
+                    prompt_logprobs: c.prompt_logprobs.as_deref().map(PromptLogprobsJson),
                 })
                 .collect();
             let mut body = shape.body("text_completion", &choices, Some(usage));
@@ -401,12 +452,17 @@ fn full_body(
                         content: Some(&c.text),
                     }),
                     delta: None,
-                    logprobs: None,
+                    logprobs: shape.chat_logprobs(&c.logprobs),
                     finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
             body.metrics = metrics;
+            // One prompt per chat request: its values are at the top level.
+            body.prompt_logprobs = results
+                .first()
+                .and_then(|c| c.prompt_logprobs.as_deref())
+                .map(PromptLogprobsJson);
             json_bytes(&body)
         }
     };

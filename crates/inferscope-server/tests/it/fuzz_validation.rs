@@ -148,6 +148,7 @@ fn limits(tok: &dyn Tokenizer) -> Limits {
         max_stop_sequences: 16,
         max_stop_sequence_bytes: 256,
         max_stop_token_ids: 256,
+        max_logprobs: 20,
     }
 }
 

@@ -103,6 +103,7 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
                 num_prompt_tokens: s.prompt_len,
                 ..SeqHistory::default()
             },
+            prompt_rows: None,
         });
         b.token_ids.extend_from_slice(&s.tokens[s.cached..end]);
         b.block_tables.extend_from_slice(&s.blocks);
