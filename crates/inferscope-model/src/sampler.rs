@@ -496,4 +496,49 @@ mod tests {
         assert_eq!(direct(1.0, 0.3), [true, true, false, false]);
         assert_eq!(direct(2.0, 0.3), [true, true, true, false]);
     }
+
+    /// `processed_logprobs`: a drawn request's values are its weights after
+    /// temperature and top-k, renormalised over the tokens kept (the rest
+    /// -inf), computed directly; a greedy one's the log-softmax of the
+    /// processed (biased) logits.
+    #[test]
+    fn processed_logprobs_follow_the_draw() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, 3.0];
+        let p = SamplingParams {
+            temperature: 0.5,
+            top_k: 3,
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::default();
+        let mut l = logits.to_vec();
+        let t = sampler.sample(&mut l, &p, &[], None, &mut token_rng(9, 0));
+        let lp = sampler.processed_logprobs(&l, t, 4);
+        // Direct: the top 3 (ids 4, 0, 1) at temperature 0.5.
+        let kept = [4usize, 0, 1];
+        let z: f64 = kept
+            .iter()
+            .map(|&i| (f64::from(logits[i]) / 0.5).exp())
+            .sum();
+        let direct = |i: usize| (f64::from(logits[i]) / 0.5 - z.ln()) as f32;
+        assert!(kept.contains(&(t as usize)));
+        assert!((lp.logprob - direct(t as usize)).abs() < 1e-5, "{lp:?}");
+        for (k, &i) in kept.iter().enumerate() {
+            assert_eq!(lp.top[k].0 as usize, i);
+            assert!((lp.top[k].1 - direct(i)).abs() < 1e-5, "{lp:?}");
+        }
+        assert_eq!(lp.top[3].1, f32::NEG_INFINITY, "outside top-k");
+        // Greedy: log-softmax of the biased logits, no temperature.
+        let g = SamplingParams {
+            temperature: 0.0,
+            logit_bias: vec![(3, 10.0)],
+            ..SamplingParams::default()
+        };
+        let mut l = logits.to_vec();
+        let t = sampler.sample(&mut l, &g, &[], None, &mut token_rng(9, 0));
+        assert_eq!(t, 3);
+        let lp = sampler.processed_logprobs(&l, t, 1);
+        let biased = [2.0f32, 1.0, 0.5, 9.0, 3.0];
+        let z: f64 = biased.iter().map(|&x| f64::from(x).exp()).sum();
+        assert!((f64::from(lp.logprob) - (9.0 - z.ln())).abs() < 1e-5);
+    }
 }

@@ -31,10 +31,7 @@ async fn unhonoured_fields_are_refused_by_name() {
     let addr = server.addr;
     let both = [COMPLETIONS, CHAT];
     let refused: &[(&[&str], &str, Value)] = &[
-        (&both, "logprobs", json!(true)),
-        (&[COMPLETIONS], "logprobs", json!(2)),
-        (&both, "top_logprobs", json!(3)),
-        (&both, "prompt_logprobs", json!(1)),
+        (&both, "return_tokens_as_token_ids", json!(true)),
         (&both, "response_format", json!({"type": "json_object"})),
         (
             &both,
