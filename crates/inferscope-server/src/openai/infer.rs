@@ -262,6 +262,18 @@ impl ChoiceLogprobs {
     /// Takes what an engine output carries: the prompt's values (on the
     /// first output) and the generated token's, unless `drop_token`.
     fn take(&mut self, out: &mut RequestOutput, drop_token: bool) {
+        self.take_prompt(out);
+        if let Some(lp) = out.logprobs.take()
+            && !drop_token
+            && let Some(n) = self.plan.tokens
+        {
+            let t = self.token(&lp, n);
+            self.pending.push(t);
+        }
+    }
+
+    /// Takes the prompt's values, when `out` (the first output) has them.
+    fn take_prompt(&mut self, out: &mut RequestOutput) {
         if let Some(prompt) = out.prompt_logprobs.take() {
             if self.plan.echo {
                 let n = self.plan.tokens.unwrap_or(0);
@@ -281,13 +293,6 @@ impl ChoiceLogprobs {
                 field.extend(prompt.iter().map(|p| Some(self.ranked(p, n))));
                 self.prompt = Some(field);
             }
-        }
-        if let Some(lp) = out.logprobs.take()
-            && !drop_token
-            && let Some(n) = self.plan.tokens
-        {
-            let t = self.token(&lp, n);
-            self.pending.push(t);
         }
     }
 }
@@ -499,18 +504,8 @@ impl ChoiceStream {
             if self.logprobs.as_ref().is_some_and(|l| l.plan.echo) {
                 let mut out = self.handle.recv().await;
                 self.reservation = None;
-                let drop_token = self.prefill_only();
                 if let (Some(o), Some(lp)) = (&mut out, &mut self.logprobs) {
-                    lp.take(o, drop_token);
-                    // The token's own values go with its text, later.
-                    if let Some(t) = (!drop_token).then(|| lp.pending.pop()).flatten() {
-                        self.early = Some(out);
-                        let d = self.delta(echo, None);
-                        if let Some(lp) = &mut self.logprobs {
-                            lp.pending.push(t);
-                        }
-                        return d;
-                    }
+                    lp.take_prompt(o);
                 }
                 self.early = Some(out);
                 return self.delta(echo, None);

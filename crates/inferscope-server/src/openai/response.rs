@@ -267,7 +267,7 @@ impl<S> SseEvents<S> {
         }
         let offset = match self.sent_chars.get_mut(slot) {
             // Counted only when reported: no scan of every delta otherwise.
-            Some(n) if !d.logprobs.is_empty() => {
+            Some(n) if self.shape.logprobs.tokens.is_some() => {
                 let before = *n;
                 *n += d.text.chars().count();
                 before

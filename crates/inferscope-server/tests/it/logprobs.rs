@@ -372,3 +372,38 @@ async fn the_request_log_names_logprob_requests() {
     );
     let _ = std::fs::remove_file(&path);
 }
+
+/// A prompt split over several prefill chunks (a 16-token step budget)
+/// still gets one `prompt_logprobs` entry per position, each naming the
+/// prompt's own next token (the chunk's last row names the next chunk's
+/// first token), with the prefix cache on and a repeated prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_across_prefill_chunks() {
+    let server = start(&["--max-num-batched-tokens", "16", "--enable-prefix-caching"]).await;
+    let addr = server.addr;
+    let prompt = "The quick brown fox jumps over the lazy dog, twice over.";
+    for _ in 0..2 {
+        let r = post(
+            addr,
+            COMPLETIONS,
+            &json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let p = r.json()["choices"][0]["prompt_logprobs"].clone();
+        let p = p.as_array().unwrap();
+        // BOS, then one byte per token.
+        assert_eq!(p.len(), prompt.len() + 1);
+        assert!(p[0].is_null());
+        for (i, b) in prompt.bytes().enumerate() {
+            let entry = p[i + 1].as_object().unwrap();
+            assert_eq!(entry.len(), 1, "{entry:?}");
+            assert!(
+                entry.contains_key(&b.to_string()),
+                "position {}: {entry:?}",
+                i + 1
+            );
+        }
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+}
