@@ -294,7 +294,9 @@ pub struct RequestOutput {
     /// The log-probabilities of `token_id`, when the request asked for them.
     pub logprobs: Option<Box<PositionLogprobs>>,
     /// The prompt's log-probabilities, positions 1.. (position 0 has none),
-    /// on the first token's output when the request asked for them.
+    /// on the first token's output when the request asked for them (boxed:
+    /// the per-token message stays one pointer wide for the rest).
+    #[allow(clippy::box_collection)]
     pub prompt_logprobs: Option<Box<Vec<PositionLogprobs>>>,
 }
 

@@ -72,7 +72,7 @@ struct Sequence {
 impl Sequence {
     /// The sampled token's log-probabilities, and the prompt's with the
     /// first token: what the output carrying that token takes along.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::box_collection)]
     fn take_logprobs(
         &mut self,
     ) -> (

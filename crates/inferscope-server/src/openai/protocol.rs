@@ -131,8 +131,9 @@ pub struct CompletionRequest {
     pub max_tokens: Option<i64>,
     /// Put the prompt text before each choice's completion.
     pub echo: Option<bool>,
-    /// Log-probabilities of each token plus this many most likely.
-    pub logprobs: Option<i64>,
+    /// Log-probabilities of each token plus this many most likely (a
+    /// number; `false` and `null` ask for none).
+    pub logprobs: Option<serde_json::Value>,
     /// Add the tokenizer's special tokens (BOS) to a text prompt (default true).
     pub add_special_tokens: Option<bool>,
 }
@@ -370,7 +371,7 @@ impl Serialize for PromptLogprobsJson<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(self.0.len()))?;
         for p in self.0 {
-            seq.serialize_element(&p.as_deref().map(|e| PromptPosition(e)))?;
+            seq.serialize_element(&p.as_deref().map(PromptPosition))?;
         }
         seq.end()
     }

@@ -92,10 +92,18 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         v.limits,
         "max_tokens",
     )?;
-    let tokens = req
-        .logprobs
-        .map(|n| logprob_count(n, "logprobs", v.limits))
-        .transpose()?;
+    let tokens = match req.logprobs {
+        None | Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => None,
+        Some(n) => match n.as_i64() {
+            Some(n) => Some(logprob_count(n, "logprobs", v.limits)?),
+            None => {
+                return Err(ApiError::invalid(
+                    format!("`logprobs` must be an integer, got {n}"),
+                    Some("logprobs"),
+                ));
+            }
+        },
+    };
     apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, echo, v.limits)?;
     plan.logprobs.prefill_only = prefill_only;
     if echo {

@@ -300,6 +300,7 @@ async fn logprob_limits_are_400s_naming_the_field() {
         (COMPLETIONS, cmpl(json!({"logprobs": 21})), "logprobs"),
         (COMPLETIONS, cmpl(json!({"logprobs": -1})), "logprobs"),
         (COMPLETIONS, cmpl(json!({"logprobs": -2})), "logprobs"),
+        (COMPLETIONS, cmpl(json!({"logprobs": true})), "logprobs"),
         (
             CHAT,
             chat(json!({"logprobs": true, "top_logprobs": 21})),
