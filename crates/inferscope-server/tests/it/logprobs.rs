@@ -380,7 +380,14 @@ async fn the_request_log_names_logprob_requests() {
 /// first token), with the prefix cache on and a repeated prompt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompt_logprobs_across_prefill_chunks() {
-    let server = start(&["--max-num-batched-tokens", "16", "--enable-prefix-caching"]).await;
+    let server = start(&[
+        "--max-num-batched-tokens",
+        "16",
+        "--max-num-seqs",
+        "4",
+        "--enable-prefix-caching",
+    ])
+    .await;
     let addr = server.addr;
     let prompt = "The quick brown fox jumps over the lazy dog, twice over.";
     for _ in 0..2 {
