@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::request::SamplingParams;
 use crate::structured::StepMasks;
+use crate::request::{PositionLogprobs, SamplingParams};
 
 /// Estimated work of one step (`--enable-mfu-metrics`), from an executor's
 /// cost model ([`crate::cost::ModelCost`]).
@@ -56,6 +57,39 @@ pub struct ScheduledSeq {
     /// Where this sequence's grammar mask is in [`ScheduledBatch::masks`]
     /// (structured outputs); `None`: it samples unconstrained.
     pub mask_slot: Option<u32>,
+    /// The positions of this step whose rows give prompt log-probabilities
+    /// (only for requests with `prompt_logprobs`).
+    pub prompt_rows: Option<PromptRows>,
+}
+
+/// Positions `start..end` of a prefill chunk whose logits give the
+/// log-probability of the next prompt token (`prompt_logprobs`). The target
+/// of the row at position `p` is the batch's token at `p + 1`, or
+/// `next_token` for the chunk's last position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptRows {
+    /// First position.
+    pub start: usize,
+    /// One past the last position.
+    pub end: usize,
+    /// The prompt token after the chunk's last new token.
+    pub next_token: u32,
+}
+
+impl ScheduledSeq {
+    /// The prompt token whose log-probability the row at `pos` gives.
+    pub fn prompt_target(&self, batch: &ScheduledBatch, pos: usize) -> Option<u32> {
+        let rows = self.prompt_rows?;
+        if pos < rows.start || pos >= rows.end {
+            return None;
+        }
+        let next = pos + 1 - self.start_pos;
+        if next < self.num_tokens {
+            batch.tokens(self).get(next).copied()
+        } else {
+            Some(rows.next_token)
+        }
+    }
 }
 
 /// The token history a sequence's step carries for executors that keep
@@ -94,6 +128,7 @@ impl ScheduledSeq {
             params: Arc::new(SamplingParams::default()),
             history: SeqHistory::default(),
             mask_slot: None,
+            prompt_rows: None,
         }
     }
 
@@ -173,6 +208,24 @@ pub struct StepOutput {
     pub sampled: Vec<Option<u32>>,
     /// Time the device was busy with the step.
     pub device_time: Duration,
+    /// Log-probabilities, only for sequences whose parameters ask for them,
+    /// in batch order (a sequence's prompt rows, then its sampled token's);
+    /// empty (no allocation) otherwise.
+    pub logprobs: Vec<LogprobRow>,
+}
+
+/// One position's log-probabilities in a step's output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogprobRow {
+    /// Index of the sequence in the batch.
+    pub seq_index: usize,
+    /// The position in the sequence whose logits these are; for a prompt
+    /// row the chosen token is the prompt token at `position + 1`.
+    pub position: usize,
+    /// A prompt row (`prompt_logprobs`) or the sampled token's.
+    pub prompt: bool,
+    /// The values.
+    pub logprobs: PositionLogprobs,
 }
 
 /// A device failure while executing a step.

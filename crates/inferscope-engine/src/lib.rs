@@ -20,13 +20,14 @@ pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use cost::ModelCost;
 pub use executor::{
-    Executor, ExecutorError, ScheduledBatch, ScheduledSeq, SeqHistory, StepCost, StepOutput,
+    Executor, ExecutorError, LogprobRow, PromptRows, ScheduledBatch, ScheduledSeq, SeqHistory,
+    StepCost, StepOutput,
 };
 pub use inferscope_schema::FinishReason;
 pub use kv_events::{KvEvent, KvEventBatch, KvEventSink};
 pub use request::{
-    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
-    StopTokenIds,
+    EngineRequest, FinishedOutput, PositionLogprobs, PrefillChunk, RequestOutput, RequestTimeline,
+    SamplingParams, StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};
 pub use structured::{CompiledGrammar, GrammarCompiler, GrammarError, StructuredOutput, TokenMask};

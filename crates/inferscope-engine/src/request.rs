@@ -46,6 +46,13 @@ pub struct SamplingParams {
     /// Added to the logits of these token ids before anything else changes
     /// them (`logit_bias`): ids checked against the vocabulary, each once.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Log-probabilities of each sampled token plus this many of the most
+    /// likely ones (`logprobs`, `top_logprobs`); `None`: none computed.
+    pub logprobs: Option<usize>,
+    /// Log-probabilities of each prompt token (but the first) plus this many
+    /// of the most likely at its position (vLLM's `prompt_logprobs`, and
+    /// `echo` with `logprobs`); `None`: none computed.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -65,6 +72,8 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -93,6 +102,21 @@ impl SamplingParams {
             .map(|seed| seed.wrapping_add(offset))
             .unwrap_or_else(|| fnv1a(request_id.bytes()))
     }
+}
+
+/// The log-probabilities at one position: the chosen token's (sampled, or
+/// the prompt's next token) and the most likely tokens'.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PositionLogprobs {
+    /// The chosen token.
+    pub token_id: u32,
+    /// Its log-probability.
+    pub logprob: f32,
+    /// Its rank: 1 for the most likely token, plus one per token more likely.
+    pub rank: u32,
+    /// The most likely tokens, most likely first (ties: lower id first);
+    /// may include the chosen one.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// A request's stop token ids, deduplicated, with O(1) lookup.
@@ -273,6 +297,13 @@ pub struct RequestOutput {
     pub at: Instant,
     /// Set on the final output; nothing follows it.
     pub finished: Option<Box<FinishedOutput>>,
+    /// The log-probabilities of `token_id`, when the request asked for them.
+    pub logprobs: Option<Box<PositionLogprobs>>,
+    /// The prompt's log-probabilities, positions 1.. (position 0 has none),
+    /// on the first token's output when the request asked for them (boxed:
+    /// the per-token message stays one pointer wide for the rest).
+    #[allow(clippy::box_collection)]
+    pub prompt_logprobs: Option<Box<Vec<PositionLogprobs>>>,
 }
 
 /// How a request ended.

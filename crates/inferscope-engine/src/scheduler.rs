@@ -20,9 +20,10 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
-use crate::executor::{ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
+use crate::executor::{PromptRows, ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
-    EngineRequest, FinishedOutput, PrefillChunk, RequestOutput, RequestTimeline, SamplingParams,
+    EngineRequest, FinishedOutput, PositionLogprobs, PrefillChunk, RequestOutput, RequestTimeline,
+    SamplingParams,
 };
 use crate::structured::{Advance, CompiledGrammar, GrammarWorker, SeqGrammar};
 use crate::waiting_queue::WaitingQueue;
@@ -62,9 +63,30 @@ struct Sequence {
     tenant_slot: usize,
     /// Its matcher, when the output is constrained (structured outputs).
     grammar: Option<SeqGrammar>,
+    /// `prompt_logprobs`: positions whose row has been received (a
+    /// recompute after preemption does not send them again) and the values,
+    /// handed over with the first token. Empty without `prompt_logprobs`.
+    prompt_rows_done: usize,
+    prompt_logprobs: Vec<PositionLogprobs>,
+    /// The log-probabilities of the token just sampled, until it is sent.
+    token_logprobs: Option<Box<PositionLogprobs>>,
 }
 
 impl Sequence {
+    /// The sampled token's log-probabilities, and the prompt's with the
+    /// first token: what the output carrying that token takes along.
+    #[allow(clippy::type_complexity, clippy::box_collection)]
+    fn take_logprobs(
+        &mut self,
+    ) -> (
+        Option<Box<PositionLogprobs>>,
+        Option<Box<Vec<PositionLogprobs>>>,
+    ) {
+        let prompt = (self.params.prompt_logprobs.is_some() && self.num_generated() == 1)
+            .then(|| Box::new(std::mem::take(&mut self.prompt_logprobs)));
+        (self.token_logprobs.take(), prompt)
+    }
+
     fn num_generated(&self) -> usize {
         self.tokens.len() - self.num_prompt_tokens
     }
@@ -277,6 +299,9 @@ impl Scheduler {
             sink,
             tenant_slot,
             grammar: req.grammar.as_ref().map(CompiledGrammar::start),
+            prompt_rows_done: 0,
+            prompt_logprobs: Vec::new(),
+            token_logprobs: None,
         };
         // A request that could never fit, even alone, would be preempted
         // forever: refuse it now.
@@ -425,7 +450,12 @@ impl Scheduler {
                 break;
             };
             let mut hit_tokens = 0;
-            if seq.blocks.is_empty() && self.pool.prefix_caching() {
+            // A prompt served from the cache has no logits: requests that
+            // want the prompt's log-probabilities compute it all (as vLLM).
+            if seq.blocks.is_empty()
+                && self.pool.prefix_caching()
+                && seq.params.prompt_logprobs.is_none()
+            {
                 // Leave at least one token to compute so a token is sampled.
                 let max_hit_blocks = (seq.tokens.len() - 1) / bs;
                 let n = seq.block_hashes.len().min(max_hit_blocks);
@@ -485,6 +515,16 @@ impl Scheduler {
         }
         seq.num_delivered = seq.num_delivered.max(end);
         let sample = end == seq.tokens.len();
+        // Rows of positions whose next token is a prompt token, once each.
+        let prompt_rows = seq.params.prompt_logprobs.and_then(|_| {
+            let lo = start.max(seq.prompt_rows_done);
+            let hi = end.min(seq.num_prompt_tokens.saturating_sub(1));
+            (lo < hi).then(|| PromptRows {
+                start: lo,
+                end: hi,
+                next_token: seq.tokens[hi],
+            })
+        });
         let token_offset = self.batch.token_ids.len();
         self.batch
             .token_ids
@@ -509,6 +549,7 @@ impl Scheduler {
             params: Arc::clone(&seq.params),
             history,
             mask_slot: None,
+            prompt_rows,
         });
         self.batch_running_idx.push(running_idx);
     }
@@ -567,10 +608,25 @@ impl Scheduler {
         if let Some(masks) = &self.batch.masks {
             self.stats.grammar_mask_time = Some(masks.compute_time());
         }
+        // Rows are in batch order: one cursor walks them beside the batch.
+        let mut rows = out.logprobs.iter().peekable();
         for (k, sseq) in self.batch.seqs.iter().enumerate() {
             let idx = self.batch_running_idx[k];
             let seq = &mut self.running[idx];
             seq.num_computed += sseq.num_tokens;
+            while let Some(row) = rows.next_if(|r| r.seq_index <= k) {
+                if row.seq_index < k {
+                    continue;
+                }
+                if row.prompt {
+                    if row.position >= seq.prompt_rows_done {
+                        seq.prompt_rows_done = row.position + 1;
+                        seq.prompt_logprobs.push(row.logprobs.clone());
+                    }
+                } else {
+                    seq.token_logprobs = Some(Box::new(row.logprobs.clone()));
+                }
+            }
             if sseq.is_prefill {
                 seq.timeline.prefill_chunks.push(PrefillChunk {
                     start: self.batch_scheduled_at,
@@ -625,10 +681,13 @@ impl Scheduler {
                     // The token goes out with the finish.
                     self.finishing.push((idx, reason, stop));
                 } else {
+                    let (logprobs, prompt_logprobs) = seq.take_logprobs();
                     let out = RequestOutput {
                         token_id: Some(token),
                         at: now,
                         finished: None,
+                        logprobs,
+                        prompt_logprobs,
                     };
                     match &mut self.outbox {
                         // The sink is cloned (two uncontended atomics) so the
@@ -739,9 +798,16 @@ impl Scheduler {
             inference_time: t.inference_time(),
         });
         let num_generation_tokens = seq.num_generated();
+        let (logprobs, prompt_logprobs) = if token.is_some() {
+            seq.take_logprobs()
+        } else {
+            (None, None)
+        };
         let out = RequestOutput {
             token_id: token,
             at: now,
+            logprobs,
+            prompt_logprobs,
             finished: Some(Box::new(FinishedOutput {
                 reason,
                 stop_token_id,

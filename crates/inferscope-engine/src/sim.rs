@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 use crate::cost::ModelCost;
 use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
 use crate::structured::TokenMask;
+use crate::executor::{Executor, ExecutorError, LogprobRow, ScheduledBatch, StepCost, StepOutput};
+use crate::request::PositionLogprobs;
 
 /// Cost-model parameters of a simulated device and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -318,6 +320,36 @@ impl Default for SimTokens {
     }
 }
 
+impl SimTokens {
+    /// Token ids the simulated model knows: `0..vocab_size()`.
+    pub fn vocab_size(&self) -> u32 {
+        self.hi.max(self.eos_token_id + 1).max(1)
+    }
+
+    /// The sim's synthetic distribution at a position whose chosen token is
+    /// `token`: a geometric one over a rotation of the vocabulary, with
+    /// `token` the most likely, then `token + 1`, `token + 2`, … (mod the
+    /// vocabulary), each half as likely as the one before. Deterministic and
+    /// normalised (the log-probabilities of all tokens sum to 1 in
+    /// probability), but not what the sim's draw follows.
+    pub fn synthetic_logprobs(&self, token: u32, top: usize) -> PositionLogprobs {
+        let v = self.vocab_size();
+        // ln P(rank i) = ln(1 - q) + i ln q - ln(1 - q^V), q = 1/2.
+        let ln_q = 0.5f64.ln();
+        let norm = (1.0 - 0.5f64.powi(v.min(1 << 20) as i32)).ln();
+        let lp = |rank: u32| ((1.0 - 0.5f64).ln() + f64::from(rank) * ln_q - norm) as f32;
+        let top = (0..(top as u32).min(v))
+            .map(|i| ((token % v + i) % v, lp(i)))
+            .collect();
+        PositionLogprobs {
+            token_id: token,
+            logprob: lp(0),
+            rank: 1,
+            top,
+        }
+    }
+}
+
 /// Injected failures, for testing the engine's fault handling.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SimFaults {
@@ -474,7 +506,20 @@ impl Executor for SimExecutor {
         }
         let t = self.profile.step_time(batch);
         out.sampled.clear();
-        for s in &batch.seqs {
+        out.logprobs.clear();
+        for (k, s) in batch.seqs.iter().enumerate() {
+            if let (Some(n), Some(rows)) = (s.params.prompt_logprobs, s.prompt_rows) {
+                for pos in rows.start..rows.end {
+                    if let Some(target) = s.prompt_target(batch, pos) {
+                        out.logprobs.push(LogprobRow {
+                            seq_index: k,
+                            position: pos,
+                            prompt: true,
+                            logprobs: self.tokens.synthetic_logprobs(target, n),
+                        });
+                    }
+                }
+            }
             if !s.sample {
                 out.sampled.push(None);
                 continue;
@@ -496,6 +541,14 @@ impl Executor for SimExecutor {
                 }
             }
             out.sampled.push(Some(t));
+            if let Some(n) = s.params.logprobs {
+                out.logprobs.push(LogprobRow {
+                    seq_index: k,
+                    position: s.start_pos + s.num_tokens - 1,
+                    prompt: false,
+                    logprobs: self.tokens.synthetic_logprobs(t, n),
+                });
+            }
         }
         wait_until(start + t);
         // The grammar masks were computed while the device "ran": wait for

@@ -82,6 +82,7 @@ fn decode_batch_at(batch: usize, context: usize) -> ScheduledBatch {
             params: params.clone(),
             history: Default::default(),
             mask_slot: None,
+            prompt_rows: None,
         });
         b.token_ids.push((i * 7 + 3) as u32 % 200);
         b.block_tables

@@ -53,6 +53,7 @@ fn step(start: usize, n: usize, blocks: usize) -> ScheduledBatch {
             }),
             history: Default::default(),
             mask_slot: None,
+            prompt_rows: None,
         }],
         ..ScheduledBatch::default()
     }

@@ -52,6 +52,7 @@ fn prefill(seqs: usize, n: usize, blocks: usize) -> ScheduledBatch {
                 params: params.clone(),
                 history: Default::default(),
                 mask_slot: None,
+                prompt_rows: None,
             })
             .collect(),
         ..ScheduledBatch::default()

@@ -5,11 +5,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use inferscope_engine::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
+use inferscope_engine::{
+    Executor, ExecutorError, LogprobRow, ScheduledBatch, StepCost, StepOutput,
+};
 
 use crate::attention::TokenCtx;
 use crate::kv_storage::{KvDtype, KvStorage};
 use crate::llama::{LlamaModel, Part, Scratch, StepProfile, StepTokens};
+use crate::logprobs::{LogprobsMode, position_logprobs};
 use crate::sampler::{Sampler, token_rng};
 use crate::token_counts::TokenCounts;
 
@@ -136,6 +139,11 @@ pub struct CpuExecutor {
     scratch: Scratch,
     masked: Vec<u32>,
     sampler: Sampler,
+    // `--logprobs-mode`.
+    logprobs_mode: LogprobsMode,
+    // The raw logits of a row whose log-probabilities are asked for, kept
+    // while sampling changes the row in place (reused, never per token).
+    raw_row: Vec<f32>,
     // Token counts of the live sequences whose parameters use them
     // (penalties), kept as their tokens pass through the batches.
     counts: HashMap<u64, TokenCounts>,
@@ -192,6 +200,8 @@ impl CpuExecutor {
             scratch: Scratch::default(),
             masked: Vec::new(),
             sampler: Sampler::default(),
+            logprobs_mode: LogprobsMode::default(),
+            raw_row: Vec::new(),
             counts: HashMap::new(),
             cost,
             last_forward: Duration::ZERO,
@@ -210,6 +220,12 @@ impl CpuExecutor {
     /// The KV cache's element type.
     pub fn kv_dtype(&self) -> KvDtype {
         self.kv_dtype
+    }
+
+    /// Reports log-probabilities from `mode`'s logits (`--logprobs-mode`).
+    pub fn with_logprobs_mode(mut self, mode: LogprobsMode) -> Self {
+        self.logprobs_mode = mode;
+        self
     }
 
     /// The model.
@@ -327,8 +343,9 @@ impl CpuExecutor {
         self.scratch.laps.profile()
     }
 
-    /// Runs the step and returns the logits (`[vocab]`) of each sequence that
-    /// samples, in batch order. `execute` is this plus sampling; tests compare
+    /// Runs the step and returns the logits (`[vocab]`) of each row the
+    /// step computes, in batch order: per sequence its prompt rows
+    /// (`prompt_logprobs`), then its sampling row. `execute` is this plus sampling; tests compare
     /// these logits with a reference implementation.
     pub fn forward_logits(
         &mut self,
@@ -372,6 +389,13 @@ impl CpuExecutor {
                     pos: s.start_pos + j,
                     table_offset: s.block_table_offset,
                 });
+            }
+            // Prompt rows before the sampling row, as `execute` reads them.
+            if let Some(r) = s.prompt_rows {
+                let first = s.token_offset + r.start.saturating_sub(s.start_pos);
+                let last = s.token_offset + r.end.saturating_sub(s.start_pos);
+                self.rows
+                    .extend(first..last.min(s.token_offset + s.num_tokens));
             }
             if s.sample {
                 self.rows.push(s.token_offset + s.num_tokens - 1);
@@ -486,19 +510,35 @@ impl Executor for CpuExecutor {
         #[cfg(test)]
         std::thread::sleep(self.host_pause);
         let vocab = self.model.cfg.vocab_size;
+        out.logprobs.clear();
         let mut rows = self.scratch.logits.chunks_exact_mut(vocab);
         let masked = &mut self.masked;
         // Computed on the grammar thread during the forward pass: waiting
         // here, not before it, is what overlaps the two.
         let grammar = batch.masks.as_ref().map(|m| m.wait());
-        for s in &batch.seqs {
+        let missing = || ExecutorError::Step("missing logits row".into());
+        for (k, s) in batch.seqs.iter().enumerate() {
+            if let Some(r) = s.prompt_rows {
+                let n = s.params.prompt_logprobs.unwrap_or(0);
+                let last = r.end.min(s.start_pos + s.num_tokens);
+                for pos in r.start.max(s.start_pos)..last {
+                    let l = rows.next().ok_or_else(missing)?;
+                    let target = s.prompt_target(batch, pos).ok_or_else(missing)?;
+                    // Prompt rows are never sampled: raw and processed agree
+                    // (vLLM's prompt log-probabilities are raw in both modes).
+                    out.logprobs.push(LogprobRow {
+                        seq_index: k,
+                        position: pos,
+                        prompt: true,
+                        logprobs: position_logprobs(l, target, n),
+                    });
+                }
+            }
             if !s.sample {
                 out.sampled.push(None);
                 continue;
             }
-            let Some(l) = rows.next() else {
-                return Err(ExecutorError::Step("missing logits row".into()));
-            };
+            let l = rows.next().ok_or_else(missing)?;
             masked.clear();
             if s.mask_stop_tokens() {
                 masked.extend_from_slice(&self.eos);
@@ -511,9 +551,28 @@ impl Executor for CpuExecutor {
             }
             let mut rng = token_rng(s.seed, s.num_generated);
             let counts = self.counts.get(&s.seq_id);
-            out.sampled.push(Some(
-                self.sampler.sample(l, &s.params, masked, counts, &mut rng),
-            ));
+            let raw =
+                s.params.logprobs.is_some() && self.logprobs_mode == LogprobsMode::RawLogprobs;
+            if raw {
+                // Sampling changes the row in place: keep the raw logits.
+                self.raw_row.clear();
+                self.raw_row.extend_from_slice(l);
+            }
+            let token = self.sampler.sample(l, &s.params, masked, counts, &mut rng);
+            out.sampled.push(Some(token));
+            if let Some(n) = s.params.logprobs {
+                let logprobs = if raw {
+                    position_logprobs(&self.raw_row, token, n)
+                } else {
+                    self.sampler.processed_logprobs(l, token, n)
+                };
+                out.logprobs.push(LogprobRow {
+                    seq_index: k,
+                    position: s.start_pos + s.num_tokens - 1,
+                    prompt: false,
+                    logprobs,
+                });
+            }
         }
         out.device_time = self.last_forward;
         self.scratch.laps.lap(Part::Sample);
@@ -559,6 +618,7 @@ mod tests {
                 params: Arc::new(SamplingParams::default()),
                 history: Default::default(),
                 mask_slot: None,
+                prompt_rows: None,
             }],
             ..ScheduledBatch::default()
         };

@@ -28,6 +28,8 @@ pub struct ModelOptions {
     pub dtype: String,
     /// Threads per executor; `None` uses the global pool (all cores).
     pub num_threads: Option<usize>,
+    /// Which logits reported log-probabilities come from (`--logprobs-mode`).
+    pub logprobs_mode: crate::LogprobsMode,
 }
 
 impl Default for ModelOptions {
@@ -38,6 +40,7 @@ impl Default for ModelOptions {
             kv_cache_dtype: KvDtype::default(),
             dtype: "f32".into(),
             num_threads: None,
+            logprobs_mode: crate::LogprobsMode::default(),
         }
     }
 }
@@ -198,6 +201,7 @@ impl LoadedModel {
             self.opts.num_threads,
         )
         .map(|e| e.with_kv_dtype(self.opts.kv_cache_dtype))
+        .map(|e| e.with_logprobs_mode(self.opts.logprobs_mode))
         .map_err(|e| ModelError::Config(e.to_string()))
     }
 }

@@ -94,6 +94,9 @@ fn argmax_lanes(logits: &[f32]) -> u32 {
 pub struct Sampler {
     /// (token, logit then weight) of the tokens still in the running.
     cand: Vec<(u32, f32)>,
+    /// The last token came from a draw (not the argmax): `cand` holds the
+    /// tokens the draw kept and their weights.
+    drew: bool,
 }
 
 impl Sampler {
@@ -110,10 +113,57 @@ impl Sampler {
     ) -> u32 {
         // `logits` are raw up to here.
         process_logits(logits, params, masked, counts);
+        self.drew = false;
         if params.temperature < GREEDY_BELOW || params.top_k == 1 {
             return argmax(logits);
         }
+        self.drew = true;
         self.draw(logits, params, rng)
+    }
+
+    /// After [`Sampler::sample`] on `logits`: the log-probabilities the
+    /// draw used (`--logprobs-mode processed_logprobs`), `token`'s and the
+    /// `n` most likely. A greedy request's are the log-softmax of the
+    /// processed logits (no temperature, as vLLM); a drawn one's are its
+    /// weights after temperature, `min_p`, top-k and top-p, normalised over
+    /// the tokens kept (the others are -inf).
+    pub fn processed_logprobs(
+        &self,
+        logits: &[f32],
+        token: u32,
+        n: usize,
+    ) -> inferscope_engine::PositionLogprobs {
+        if !self.drew || self.cand.is_empty() {
+            return crate::logprobs::position_logprobs(logits, token, n);
+        }
+        // `cand` is sorted by logit, so by weight: its head is the top.
+        let ln_total = f64::from(self.cand.iter().map(|c| c.1).sum::<f32>()).ln();
+        let lp = |w: f32| (f64::from(w).ln() - ln_total) as f32;
+        let (logprob, rank) = match self.cand.iter().position(|c| c.0 == token) {
+            // Sorted by weight: ties before it count as more likely only
+            // when strictly heavier.
+            Some(i) => {
+                let w = self.cand[i].1;
+                let above = self.cand.iter().filter(|c| c.1 > w).count();
+                (lp(w), 1 + above as u32)
+            }
+            None => (f32::NEG_INFINITY, 1 + self.cand.len() as u32),
+        };
+        let mut top: Vec<(u32, f32)> = self.cand.iter().take(n).map(|c| (c.0, lp(c.1))).collect();
+        // Fewer kept than asked for: the rest are -inf, lowest ids first.
+        let mut id = 0u32;
+        while top.len() < n && (id as usize) < logits.len() {
+            if !self.cand.iter().any(|c| c.0 == id) {
+                top.push((id, f32::NEG_INFINITY));
+            }
+            id += 1;
+        }
+        inferscope_engine::PositionLogprobs {
+            token_id: token,
+            logprob,
+            rank,
+            top,
+        }
     }
 
     /// Temperature, `min_p`, top-k and top-p over the processed logits, then
@@ -445,5 +495,50 @@ mod tests {
         // The cases above differ from each other, so the check has teeth.
         assert_eq!(direct(1.0, 0.3), [true, true, false, false]);
         assert_eq!(direct(2.0, 0.3), [true, true, true, false]);
+    }
+
+    /// `processed_logprobs`: a drawn request's values are its weights after
+    /// temperature and top-k, renormalised over the tokens kept (the rest
+    /// -inf), computed directly; a greedy one's the log-softmax of the
+    /// processed (biased) logits.
+    #[test]
+    fn processed_logprobs_follow_the_draw() {
+        let logits = [2.0f32, 1.0, 0.5, -1.0, 3.0];
+        let p = SamplingParams {
+            temperature: 0.5,
+            top_k: 3,
+            ..SamplingParams::default()
+        };
+        let mut sampler = Sampler::default();
+        let mut l = logits.to_vec();
+        let t = sampler.sample(&mut l, &p, &[], None, &mut token_rng(9, 0));
+        let lp = sampler.processed_logprobs(&l, t, 4);
+        // Direct: the top 3 (ids 4, 0, 1) at temperature 0.5.
+        let kept = [4usize, 0, 1];
+        let z: f64 = kept
+            .iter()
+            .map(|&i| (f64::from(logits[i]) / 0.5).exp())
+            .sum();
+        let direct = |i: usize| (f64::from(logits[i]) / 0.5 - z.ln()) as f32;
+        assert!(kept.contains(&(t as usize)));
+        assert!((lp.logprob - direct(t as usize)).abs() < 1e-5, "{lp:?}");
+        for (k, &i) in kept.iter().enumerate() {
+            assert_eq!(lp.top[k].0 as usize, i);
+            assert!((lp.top[k].1 - direct(i)).abs() < 1e-5, "{lp:?}");
+        }
+        assert_eq!(lp.top[3].1, f32::NEG_INFINITY, "outside top-k");
+        // Greedy: log-softmax of the biased logits, no temperature.
+        let g = SamplingParams {
+            temperature: 0.0,
+            logit_bias: vec![(3, 10.0)],
+            ..SamplingParams::default()
+        };
+        let mut l = logits.to_vec();
+        let t = sampler.sample(&mut l, &g, &[], None, &mut token_rng(9, 0));
+        assert_eq!(t, 3);
+        let lp = sampler.processed_logprobs(&l, t, 1);
+        let biased = [2.0f32, 1.0, 0.5, 9.0, 3.0];
+        let z: f64 = biased.iter().map(|&x| f64::from(x).exp()).sum();
+        assert!((f64::from(lp.logprob) - (9.0 - z.ln())).abs() < 1e-5);
     }
 }

@@ -275,6 +275,18 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 256)]
     pub max_stop_token_ids: usize,
 
+    /// Most log-probabilities per position a request may ask for
+    /// (`logprobs`, `top_logprobs`, `prompt_logprobs`); more get 400 (vLLM's flag).
+    #[arg(long, default_value_t = 20)]
+    pub max_logprobs: usize,
+
+    /// Which logits reported log-probabilities come from: the model's raw
+    /// ones (`raw_logprobs`, vLLM's default) or those the draw uses, after
+    /// penalties, `logit_bias`, temperature and top-k/top-p/min-p
+    /// (`processed_logprobs`).
+    #[arg(long, default_value = "raw_logprobs", value_parser = ["raw_logprobs", "processed_logprobs"])]
+    pub logprobs_mode: String,
+
     /// Largest request body (larger ones get 413): bytes or a size such as 16MiB.
     #[arg(long, default_value = "16MiB", value_name = "SIZE", value_parser = parse_bytes_usize)]
     pub max_request_body_bytes: usize,

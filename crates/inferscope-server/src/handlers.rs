@@ -279,7 +279,8 @@ async fn respond(
     let response = match generated {
         Ok(generation) => {
             let shape = Shape::new(api, &request_id, model, unix_now())
-                .with_tool_calls(plan.tool_calls.clone());
+                .with_tool_calls(plan.tool_calls.clone())
+                .with_logprobs(plan.logprobs);
             // Without `--enable-per-request-metrics` the field is ignored,
             // as an unknown field would be.
             let include_metrics = plan.include_metrics && s.per_request_metrics;

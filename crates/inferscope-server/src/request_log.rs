@@ -68,6 +68,12 @@ pub struct RequestLogEntry {
     /// The kind of structured output it was held to (`json`,
     /// `json_object`, `regex`, `choice`, `grammar`), if any.
     pub structured_output: Option<&'static str>,
+    /// Most likely tokens reported per generated token, when the request
+    /// asked for log-probabilities (`logprobs`, `top_logprobs`).
+    pub logprobs: Option<usize>,
+    /// Most likely tokens reported per prompt position, when it asked for
+    /// the prompt's (`prompt_logprobs`, or `echo` with `logprobs`).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// The JSON line (and the console's recent request): every field but the
@@ -90,6 +96,10 @@ pub struct Line<'a> {
     /// Present only when the output was constrained.
     #[serde(skip_serializing_if = "Option::is_none")]
     structured_output: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_logprobs: Option<usize>,
 }
 
 /// Unix time now, in seconds.
@@ -123,6 +133,8 @@ impl RequestLogEntry {
             metrics: self.timings.response_metrics(),
             inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
             structured_output: self.structured_output,
+            logprobs: self.logprobs,
+            prompt_logprobs: self.prompt_logprobs,
         }
     }
 }
@@ -335,6 +347,8 @@ mod tests {
                 i,
             ),
             structured_output: None,
+            logprobs: None,
+            prompt_logprobs: None,
         }
     }
 

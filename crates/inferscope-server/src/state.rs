@@ -252,6 +252,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 dtype: args.dtype.clone(),
                 num_threads: args.threads,
                 kv_cache_dtype,
+                logprobs_mode: if args.logprobs_mode == "processed_logprobs" {
+                    inferscope_model::LogprobsMode::ProcessedLogprobs
+                } else {
+                    inferscope_model::LogprobsMode::RawLogprobs
+                },
                 ..ModelOptions::default()
             };
             let model =
@@ -420,6 +425,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_stop_sequences: args.max_stop_sequences,
         max_stop_sequence_bytes: args.max_stop_sequence_bytes,
         max_stop_token_ids: args.max_stop_token_ids,
+        max_logprobs: args.max_logprobs,
     };
     // The console's recent requests are the request log kept in memory.
     let recent = (!args.disable_console).then(|| Arc::new(RecentRequests::new(RECENT_CAPACITY)));

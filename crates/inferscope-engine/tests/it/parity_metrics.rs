@@ -40,6 +40,7 @@ fn step(sched: &mut Scheduler) -> (SchedulerStats, IterationStats) {
             .map(|s| s.sample.then_some(7))
             .collect(),
         device_time: Duration::ZERO,
+        logprobs: Vec::new(),
     };
     sched.update(&out);
     let snap = sched.snapshot();

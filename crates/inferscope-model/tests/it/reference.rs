@@ -871,3 +871,115 @@ fn gemma2_local_layer_sees_only_its_window() {
         );
     }
 }
+
+/// Log-softmax of `l`, in f64, from the definition.
+fn log_softmax(l: &[f32]) -> Vec<f64> {
+    let z: f64 = l.iter().map(|&x| f64::from(x).exp()).sum();
+    l.iter().map(|&x| f64::from(x) - z.ln()).collect()
+}
+
+/// Absolute tolerance on a log-probability: the logits agree within
+/// `TOLERANCE` × their largest magnitude, and a log-softmax moves by at
+/// most twice the largest logit error.
+fn logprob_tolerance(reference: &[f32]) -> f64 {
+    let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs()));
+    2.0 * f64::from(TOLERANCE * scale) + 1e-6
+}
+
+/// The executor's log-probabilities (`--logprobs-mode raw_logprobs`) are
+/// the log-softmax of the reference forward pass's logits: every prompt
+/// position's (`prompt_logprobs`: the next prompt token's value and the top
+/// 3) and each greedy token's (its value and the top 5), over a prefill and
+/// 6 decode steps, with `logit_bias` and a temperature that must not change
+/// them.
+#[test]
+fn logprobs_are_the_log_softmax_of_the_reference_logits() {
+    use inferscope_engine::{PromptRows, SamplingParams, StepOutput};
+    let mut s = setup("llama-lp", config("LlamaForCausalLM", false), 1, BLOCK_SIZE);
+    let mut alloc = Alloc::new(0).with_block_size(s.block_size);
+    let params = SamplingParams {
+        temperature: 0.0,
+        logprobs: Some(5),
+        prompt_logprobs: Some(3),
+        // Raw values: the bias steers the sample, not the reported values.
+        logit_bias: vec![(7, 3.0)],
+        ..SamplingParams::default()
+    };
+    let tokens = prompt(9, 4);
+    let mut seq = Seq::new(1, &tokens, params);
+    let mut reference = Reference::new(&s.cfg, &s.weights);
+    // The reference one position at a time: the logits of every position.
+    let per_pos: Vec<Vec<f32>> = (0..tokens.len())
+        .map(|p| reference.feed(&tokens[p..p + 1], p))
+        .collect();
+    let mut batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+    batch.seqs[0].prompt_rows = Some(PromptRows {
+        start: 0,
+        end: tokens.len() - 1,
+        next_token: tokens[tokens.len() - 1],
+    });
+    let mut out = StepOutput::default();
+    s.exec.execute(&batch, &mut out).unwrap();
+    let (prompt_rows, sampled): (Vec<_>, Vec<_>) = out.logprobs.iter().partition(|r| r.prompt);
+    assert_eq!(prompt_rows.len(), tokens.len() - 1);
+    assert_eq!(sampled.len(), 1);
+    let check =
+        |row: &inferscope_engine::PositionLogprobs, logits: &[f32], n: usize, what: &str| {
+            let want = log_softmax(logits);
+            let tol = logprob_tolerance(logits);
+            let got = f64::from(row.logprob);
+            let exp = want[row.token_id as usize];
+            assert!(
+                (got - exp).abs() <= tol,
+                "{what}: {got} vs {exp} (tolerance {tol})"
+            );
+            let mut order: Vec<usize> = (0..want.len()).collect();
+            order.sort_by(|&a, &b| want[b].total_cmp(&want[a]));
+            assert_eq!(row.top.len(), n, "{what}");
+            for (k, &(id, v)) in row.top.iter().enumerate() {
+                assert_eq!(id as usize, order[k], "{what}: rank {k}");
+                assert!(
+                    (f64::from(v) - want[id as usize]).abs() <= tol,
+                    "{what}: top {k}"
+                );
+            }
+            let rank = 1 + want.iter().filter(|&&w| w > exp).count() as u32;
+            assert_eq!(row.rank, rank, "{what}: rank");
+        };
+    for r in &prompt_rows {
+        assert_eq!(r.logprobs.token_id, tokens[r.position + 1], "target");
+        check(
+            &r.logprobs,
+            &per_pos[r.position],
+            3,
+            &format!("prompt {}", r.position),
+        );
+    }
+    let mut expected = per_pos[tokens.len() - 1].clone();
+    let mut token = out.sampled[0].unwrap();
+    check(&sampled[0].logprobs, &expected, 5, "prefill sample");
+    for step in 0..6 {
+        // The biased token is the sample whenever it wins with +3.
+        let mut biased = expected.clone();
+        biased[7] += 3.0;
+        assert_eq!(
+            token,
+            argmax(&biased),
+            "step {step}: greedy over the biased logits"
+        );
+        seq.tokens.push(token);
+        seq.num_generated += 1;
+        let pos = seq.tokens.len() - 1;
+        let batch = build_batch(&mut [&mut seq], &mut alloc, 512);
+        s.exec.execute(&batch, &mut out).unwrap();
+        expected = reference.feed(&seq.tokens[pos..], pos);
+        assert_eq!(out.logprobs.len(), 1, "no prompt rows after the prefill");
+        check(
+            &out.logprobs[0].logprobs,
+            &expected,
+            5,
+            &format!("decode {step}"),
+        );
+        token = out.sampled[0].unwrap();
+    }
+}

@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use futures::Stream;
 use inferscope_engine::{
-    Coordinator, EngineError, EngineRequest, FinishReason, RequestHandle, RequestTimeline,
+    Coordinator, EngineError, EngineRequest, FinishReason, PositionLogprobs, RequestHandle,
+    RequestOutput, RequestTimeline,
 };
 use inferscope_metrics::{FrontendRecorder, StatLoggerManager};
 use inferscope_model::{IncrementalDecoder, Tokenizer};
@@ -17,7 +18,7 @@ use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
-use crate::openai::validation::Plan;
+use crate::openai::validation::{LogprobsPlan, Plan};
 use crate::request_ids::RequestIds;
 use crate::request_log::{RequestLog, RequestLogEntry};
 use crate::tenants::{REASON_TENANT_LIMIT, Tenant, TenantChoice};
@@ -156,6 +157,9 @@ impl Infer<'_> {
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
                 }
+                if plan.logprobs != LogprobsPlan::default() {
+                    choice = choice.with_logprobs(plan.logprobs, self.tokenizer.clone(), prompt[0]);
+                }
                 if let Some(r) = reservations.next() {
                     choice = choice.with_reservation(r);
                 }
@@ -198,8 +202,128 @@ pub struct CompletedChoice {
     pub index: usize,
     /// All its text.
     pub text: String,
+    /// The log-probabilities of its tokens (echoed prompt first), when asked.
+    pub logprobs: Vec<TokenLogprob>,
+    /// vLLM's `prompt_logprobs`, when asked.
+    pub prompt_logprobs: Option<PromptLogprobs>,
     /// How it ended.
     pub finish: ChoiceFinish,
+}
+
+/// One token's log-probability with the most likely alternatives, as a
+/// response reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text, decoded alone.
+    pub token: String,
+    /// `None` for the prompt's first token (nothing precedes it).
+    pub logprob: Option<f32>,
+    /// vLLM's order: the token itself, then the most likely others.
+    pub top: Vec<RankedLogprob>,
+}
+
+/// A token's log-probability and rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankedLogprob {
+    /// The token id.
+    pub token_id: u32,
+    /// Its text, decoded alone.
+    pub text: String,
+    /// The value.
+    pub logprob: f32,
+    /// 1 for the most likely token.
+    pub rank: u32,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position (the first has none) the
+/// prompt token and the most likely tokens.
+pub type PromptLogprobs = Vec<Option<Vec<RankedLogprob>>>;
+
+/// A choice's log-probability state: what to report and the tokenizer that
+/// names the tokens.
+struct ChoiceLogprobs {
+    plan: LogprobsPlan,
+    tokenizer: Arc<dyn Tokenizer>,
+    /// The prompt's first token (`echo`: reported without a value).
+    first_prompt_token: u32,
+    /// Tokens whose text has not gone out yet.
+    pending: Vec<TokenLogprob>,
+    /// vLLM's `prompt_logprobs`, once the engine sent them.
+    prompt: Option<PromptLogprobs>,
+}
+
+impl ChoiceLogprobs {
+    fn text(&self, id: u32) -> String {
+        // Special tokens keep their text (EOS is reported as such, as vLLM).
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+
+    /// The token and up to `n` most likely others, in vLLM's order.
+    fn ranked(&self, lp: &PositionLogprobs, n: usize) -> Vec<RankedLogprob> {
+        let mut top = Vec::with_capacity(n + 1);
+        top.push(RankedLogprob {
+            token_id: lp.token_id,
+            text: self.text(lp.token_id),
+            logprob: lp.logprob,
+            rank: lp.rank,
+        });
+        for (i, &(id, logprob)) in lp.top.iter().take(n).enumerate() {
+            if id != lp.token_id {
+                top.push(RankedLogprob {
+                    token_id: id,
+                    text: self.text(id),
+                    logprob,
+                    rank: i as u32 + 1,
+                });
+            }
+        }
+        top
+    }
+
+    fn token(&self, lp: &PositionLogprobs, n: usize) -> TokenLogprob {
+        TokenLogprob {
+            token: self.text(lp.token_id),
+            logprob: Some(lp.logprob),
+            top: self.ranked(lp, n),
+        }
+    }
+
+    /// Takes what an engine output carries: the prompt's values (on the
+    /// first output) and the generated token's, unless `drop_token`.
+    fn take(&mut self, out: &mut RequestOutput, drop_token: bool) {
+        self.take_prompt(out);
+        if let Some(lp) = out.logprobs.take()
+            && !drop_token
+            && let Some(n) = self.plan.tokens
+        {
+            let t = self.token(&lp, n);
+            self.pending.push(t);
+        }
+    }
+
+    /// Takes the prompt's values, when `out` (the first output) has them.
+    fn take_prompt(&mut self, out: &mut RequestOutput) {
+        if let Some(prompt) = out.prompt_logprobs.take() {
+            if self.plan.echo {
+                let n = self.plan.tokens.unwrap_or(0);
+                let first = TokenLogprob {
+                    token: self.text(self.first_prompt_token),
+                    logprob: None,
+                    top: Vec::new(),
+                };
+                let rest: Vec<TokenLogprob> = prompt.iter().map(|p| self.token(p, n)).collect();
+                // The prompt's tokens come before any generated one.
+                self.pending
+                    .splice(0..0, std::iter::once(first).chain(rest));
+            }
+            if let Some(n) = self.plan.prompt {
+                let mut field = Vec::with_capacity(prompt.len() + 1);
+                field.push(None);
+                field.extend(prompt.iter().map(|p| Some(self.ranked(p, n))));
+                self.prompt = Some(field);
+            }
+        }
+    }
 }
 
 /// One piece of a choice's output.
@@ -209,6 +333,10 @@ pub struct ChoiceDelta {
     pub index: usize,
     /// New text (may be empty on the final delta).
     pub text: String,
+    /// The log-probabilities of the tokens behind `text`, when asked.
+    pub logprobs: Vec<TokenLogprob>,
+    /// vLLM's `prompt_logprobs`, on the delta after they arrived, when asked.
+    pub prompt_logprobs: Option<PromptLogprobs>,
     /// Set on the final delta.
     pub finish: Option<ChoiceFinish>,
 }
@@ -263,6 +391,11 @@ pub struct ChoiceStream {
     echo: Option<String>,
     /// The kind of structured output the choice is held to (request log).
     structured_output: Option<&'static str>,
+    /// Log-probabilities, when the request asked for any.
+    logprobs: Option<Box<ChoiceLogprobs>>,
+    /// An output received early (`echo` with log-probabilities waits for
+    /// the prompt's), handled next.
+    early: Option<Option<RequestOutput>>,
     done: bool,
 }
 
@@ -297,8 +430,48 @@ impl ChoiceStream {
             include_stop: false,
             echo: None,
             structured_output: None,
+            logprobs: None,
+            early: None,
             done: false,
         }
+    }
+
+    /// Reports log-probabilities as `plan` says, naming tokens with
+    /// `tokenizer`; `first_prompt_token` leads an echoed prompt's.
+    pub fn with_logprobs(
+        mut self,
+        plan: LogprobsPlan,
+        tokenizer: Arc<dyn Tokenizer>,
+        first_prompt_token: u32,
+    ) -> Self {
+        self.logprobs = Some(Box::new(ChoiceLogprobs {
+            plan,
+            tokenizer,
+            first_prompt_token,
+            pending: Vec::new(),
+            prompt: None,
+        }));
+        self
+    }
+
+    /// A delta of `text` with the log-probabilities gathered so far.
+    fn delta(&mut self, text: String, finish: Option<ChoiceFinish>) -> ChoiceDelta {
+        let (logprobs, prompt_logprobs) = match &mut self.logprobs {
+            Some(lp) => (std::mem::take(&mut lp.pending), lp.prompt.take()),
+            None => (Vec::new(), None),
+        };
+        ChoiceDelta {
+            index: self.index,
+            text,
+            logprobs,
+            prompt_logprobs,
+            finish,
+        }
+    }
+
+    /// Whether the generated token is not reported (`max_tokens: 0`).
+    fn prefill_only(&self) -> bool {
+        self.logprobs.as_ref().is_some_and(|l| l.plan.prefill_only)
     }
 
     /// Keeps the stop string or stop token that ends the choice in its text
@@ -343,13 +516,21 @@ impl ChoiceStream {
     /// Runs the choice to its end.
     pub async fn collect(mut self) -> CompletedChoice {
         let mut text = String::new();
+        let mut logprobs = Vec::new();
+        let mut prompt_logprobs = None;
         loop {
-            let d = self.step().await;
+            let mut d = self.step().await;
             text.push_str(&d.text);
+            logprobs.append(&mut d.logprobs);
+            if d.prompt_logprobs.is_some() {
+                prompt_logprobs = d.prompt_logprobs;
+            }
             if let Some(finish) = d.finish {
                 return CompletedChoice {
                     index: d.index,
                     text,
+                    logprobs,
+                    prompt_logprobs,
                     finish,
                 };
             }
@@ -361,24 +542,34 @@ impl ChoiceStream {
     async fn step(&mut self) -> ChoiceDelta {
         // The echoed prompt is not generated text: no latency is recorded
         // for it, and stop strings are not searched in it.
-        if let Some(echo) = self.echo.take()
-            && !echo.is_empty()
-        {
-            return ChoiceDelta {
-                index: self.index,
-                text: echo,
-                finish: None,
-            };
+        if let Some(echo) = self.echo.take() {
+            // The echoed prompt's log-probabilities come with the first
+            // output: wait for it, and handle it next.
+            if self.logprobs.as_ref().is_some_and(|l| l.plan.echo) {
+                let mut out = self.handle.recv().await;
+                self.reservation = None;
+                if let (Some(o), Some(lp)) = (&mut out, &mut self.logprobs) {
+                    lp.take_prompt(o);
+                }
+                self.early = Some(out);
+                return self.delta(echo, None);
+            }
+            if !echo.is_empty() {
+                return self.delta(echo, None);
+            }
         }
         loop {
-            let out = self.handle.recv().await;
+            let out = match self.early.take() {
+                Some(out) => out,
+                None => self.handle.recv().await,
+            };
             // The first output (a token or the finish) means the prompt is no
             // longer queued.
             self.reservation = None;
             if let Some(t) = &mut self.tenant {
                 t.started();
             }
-            let Some(out) = out else {
+            let Some(mut out) = out else {
                 // The engine dropped the request without a finish.
                 return self.finish(
                     String::new(),
@@ -390,11 +581,16 @@ impl ChoiceStream {
                 );
             };
             let mut text = String::new();
+            let prefill_only = self.prefill_only();
+            if let Some(lp) = &mut self.logprobs {
+                lp.take(&mut out, prefill_only);
+            }
             // As vLLM does, the token that stopped the choice (EOS or a stop
             // token id) is left out of the text unless asked for.
             let stopped_by = out.finished.as_ref().and_then(|f| f.stop_token_id);
             if let Some(t) = out.token_id
                 && (self.include_stop || stopped_by != Some(t))
+                && !prefill_only
             {
                 // A token the tokenizer cannot decode is skipped, not fatal.
                 text.push_str(&self.decoder.push(t).unwrap_or_default());
@@ -423,11 +619,7 @@ impl ChoiceStream {
             if self.stop.is_empty() {
                 // No stop strings: nothing to hold back or search for.
                 self.observe_delta();
-                return ChoiceDelta {
-                    index: self.index,
-                    text,
-                    finish: None,
-                };
+                return self.delta(text, None);
             }
             self.held.push_str(&text);
             if let Some(end) = self.find_stop(&self.held) {
@@ -443,11 +635,7 @@ impl ChoiceStream {
                 continue;
             }
             self.observe_delta();
-            return ChoiceDelta {
-                index: self.index,
-                text: emit,
-                finish: None,
-            };
+            return self.delta(emit, None);
         }
     }
 
@@ -558,13 +746,17 @@ impl ChoiceStream {
                 completion_tokens,
                 timings: timings.clone(),
                 structured_output: self.structured_output,
+                logprobs: self.logprobs.as_ref().and_then(|l| l.plan.tokens),
+                prompt_logprobs: self
+                    .logprobs
+                    .as_ref()
+                    .and_then(|l| l.plan.prompt.or(l.plan.tokens.filter(|_| l.plan.echo))),
             });
         }
         let timeline = engine.map(|(t, _)| t);
-        ChoiceDelta {
-            index: self.index,
+        self.delta(
             text,
-            finish: Some(ChoiceFinish {
+            Some(ChoiceFinish {
                 reason,
                 error,
                 prompt_tokens,
@@ -572,7 +764,7 @@ impl ChoiceStream {
                 timeline,
                 timings,
             }),
-        }
+        )
     }
 }
 

@@ -6,7 +6,10 @@
 //! signed so that a negative value gets a message naming the field rather
 //! than a type error.
 
-use serde::{Deserialize, Serialize};
+use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::openai::infer::{RankedLogprob, TokenLogprob};
 
 use crate::openai::tool_parsers::{ToolCall, ToolCallChunk};
 
@@ -114,6 +117,9 @@ pub struct SamplingFields {
     /// Return the request's timings as `metrics` (vLLM extension; needs
     /// `--enable-per-request-metrics`).
     pub include_metrics: Option<bool>,
+    /// Log-probabilities of each prompt token plus this many most likely
+    /// (vLLM extension; -1: the whole vocabulary).
+    pub prompt_logprobs: Option<i64>,
 }
 
 /// `POST /v1/completions`.
@@ -127,6 +133,9 @@ pub struct CompletionRequest {
     pub max_tokens: Option<i64>,
     /// Put the prompt text before each choice's completion.
     pub echo: Option<bool>,
+    /// Log-probabilities of each token plus this many most likely (a
+    /// number; `false` and `null` ask for none).
+    pub logprobs: Option<serde_json::Value>,
     /// Add the tokenizer's special tokens (BOS) to a text prompt (default true).
     pub add_special_tokens: Option<bool>,
 }
@@ -180,6 +189,10 @@ pub struct ChatRequest {
     pub max_tokens: Option<i64>,
     /// End the rendering with the assistant's turn (vLLM extension; default true).
     pub add_generation_prompt: Option<bool>,
+    /// Return each generated token's log-probability.
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: this many most likely tokens per position.
+    pub top_logprobs: Option<i64>,
     /// Add the tokenizer's special tokens to the rendered text (vLLM
     /// extension; default true here, false in vLLM).
     pub add_special_tokens: Option<bool>,
@@ -207,10 +220,202 @@ pub struct CompletionChoice<'a> {
     pub index: usize,
     /// Text (the delta, in a stream).
     pub text: &'a str,
-    /// Always null: log-probabilities are not produced.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities when asked for (`logprobs`), else null.
+    pub logprobs: Option<CompletionLogprobs<'a>>,
     /// Set on the last chunk of a choice.
     pub finish_reason: Option<&'a str>,
+    /// vLLM's `prompt_logprobs`, only when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobsJson<'a>>,
+}
+
+/// OpenAI's smallest log-probability: -inf (a masked token) is reported as
+/// this, as vLLM does (JSON has no infinity).
+const MIN_LOGPROB: f32 = -9999.0;
+
+fn clamp(l: f32) -> f32 {
+    if l.is_nan() {
+        MIN_LOGPROB
+    } else {
+        l.max(MIN_LOGPROB)
+    }
+}
+
+/// A completion choice's `logprobs`: `text_offset`, `token_logprobs`,
+/// `tokens` and `top_logprobs` (each a map of up to `top` + 1 tokens: the
+/// token itself and the `top` most likely, as vLLM).
+#[derive(Debug, Clone, Copy)]
+pub struct CompletionLogprobs<'a> {
+    /// The tokens.
+    pub tokens: &'a [TokenLogprob],
+    /// The request's `logprobs`.
+    pub top: usize,
+    /// Offset of the first token's text in the choice's text.
+    pub first_offset: usize,
+}
+
+impl Serialize for CompletionLogprobs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        // Characters, as vLLM counts them (Python's `len`).
+        let offsets = self.tokens.iter().scan(self.first_offset, |offset, t| {
+            let o = *offset;
+            *offset += t.token.chars().count();
+            Some(o)
+        });
+        let mut st = s.serialize_struct("Logprobs", 4)?;
+        st.serialize_field("text_offset", &Seq(offsets))?;
+        st.serialize_field(
+            "token_logprobs",
+            &Seq(self.tokens.iter().map(|t| t.logprob.map(clamp))),
+        )?;
+        st.serialize_field("tokens", &Seq(self.tokens.iter().map(|t| t.token.as_str())))?;
+        let top = self.top;
+        st.serialize_field(
+            "top_logprobs",
+            &Seq(self.tokens.iter().map(|t| {
+                t.logprob.map(|_| TopMap {
+                    entries: &t.top[..t.top.len().min(top + 1)],
+                })
+            })),
+        )?;
+        st.end()
+    }
+}
+
+/// A sequence serialised from an iterator (no intermediate vector).
+struct Seq<I>(I);
+
+impl<I> Serialize for Seq<I>
+where
+    I: Iterator + Clone,
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        for item in self.0.clone() {
+            seq.serialize_element(&item)?;
+        }
+        seq.end()
+    }
+}
+
+/// Token text to log-probability; a text seen twice keeps its first value.
+struct TopMap<'a> {
+    entries: &'a [RankedLogprob],
+}
+
+impl Serialize for TopMap<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        for (i, e) in self.entries.iter().enumerate() {
+            if self.entries[..i].iter().all(|p| p.text != e.text) {
+                m.serialize_entry(&e.text, &clamp(e.logprob))?;
+            }
+        }
+        m.end()
+    }
+}
+
+/// A chat choice's `logprobs`: `content`, one entry per token with its
+/// `top_logprobs` (the first `top` of vLLM's order: the token, then the
+/// most likely others).
+#[derive(Debug, Clone, Copy)]
+pub struct ChatLogprobs<'a> {
+    /// The tokens.
+    pub tokens: &'a [TokenLogprob],
+    /// The request's `top_logprobs`.
+    pub top: usize,
+}
+
+impl Serialize for ChatLogprobs<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let top = self.top;
+        let mut st = s.serialize_struct("ChoiceLogprobs", 1)?;
+        st.serialize_field(
+            "content",
+            &Seq(self.tokens.iter().map(move |t| ChatTokenLogprob { t, top })),
+        )?;
+        st.end()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ChatTokenLogprob<'a> {
+    t: &'a TokenLogprob,
+    top: usize,
+}
+
+impl Serialize for ChatTokenLogprob<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("ChatCompletionTokenLogprob", 4)?;
+        st.serialize_field("token", &self.t.token)?;
+        st.serialize_field("logprob", &clamp(self.t.logprob.unwrap_or(MIN_LOGPROB)))?;
+        st.serialize_field("bytes", self.t.token.as_bytes())?;
+        let n = self.t.top.len().min(self.top);
+        st.serialize_field(
+            "top_logprobs",
+            &Seq(self.t.top[..n].iter().map(|e| ChatTopLogprob { e })),
+        )?;
+        st.end()
+    }
+}
+
+#[derive(Clone, Copy)]
+struct ChatTopLogprob<'a> {
+    e: &'a RankedLogprob,
+}
+
+impl Serialize for ChatTopLogprob<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("TopLogprob", 3)?;
+        st.serialize_field("token", &self.e.text)?;
+        st.serialize_field("logprob", &clamp(self.e.logprob))?;
+        st.serialize_field("bytes", self.e.text.as_bytes())?;
+        st.end()
+    }
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position null (the first) or a map
+/// from token id to `{logprob, rank, decoded_token}`.
+#[derive(Debug, Clone, Copy)]
+pub struct PromptLogprobsJson<'a>(pub &'a [Option<Vec<RankedLogprob>>]);
+
+impl Serialize for PromptLogprobsJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for p in self.0 {
+            seq.serialize_element(&p.as_deref().map(PromptPosition))?;
+        }
+        seq.end()
+    }
+}
+
+struct PromptPosition<'a>(&'a [RankedLogprob]);
+
+impl Serialize for PromptPosition<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(None)?;
+        for (i, e) in self.0.iter().enumerate() {
+            if self.0[..i].iter().all(|p| p.token_id != e.token_id) {
+                m.serialize_entry(&e.token_id.to_string(), &PromptEntry { e })?;
+            }
+        }
+        m.end()
+    }
+}
+
+struct PromptEntry<'a> {
+    e: &'a RankedLogprob,
+}
+
+impl Serialize for PromptEntry<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut st = s.serialize_struct("Logprob", 3)?;
+        st.serialize_field("logprob", &clamp(self.e.logprob))?;
+        st.serialize_field("rank", &self.e.rank)?;
+        st.serialize_field("decoded_token", &self.e.text)?;
+        st.end()
+    }
 }
 
 /// A completion or chat response, or one stream chunk: the envelope both
@@ -233,6 +438,9 @@ pub struct ResponseBody<'a, C> {
     /// The request's timings, when it asked (full response, final chunk).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics: Option<crate::timings::ResponseMetrics>,
+    /// Chat: vLLM's `prompt_logprobs`, only when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobsJson<'a>>,
 }
 
 /// A stream delta.
@@ -272,8 +480,8 @@ pub struct ChatChoice<'a> {
     /// Stream: the delta (always present in chunks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub delta: Option<ChatDelta<'a>>,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities when asked for (`logprobs`), else null.
+    pub logprobs: Option<ChatLogprobs<'a>>,
     /// Set on the last chunk of a choice.
     pub finish_reason: Option<&'a str>,
 }

@@ -84,15 +84,12 @@ fn no_tool(v: &Value) -> bool {
     v.is_null() || v.as_str() == Some("none")
 }
 
-const LOGPROBS: &str = "log-probabilities are not produced";
+const LOGPROBS: &str = "tokens in log-probabilities are always their text";
 const TOOLS: &str =
     "the legacy function-calling fields are not read; send `tools` and `tool_choice`";
 
 /// Refused on both `/v1/completions` and `/v1/chat/completions`.
 pub const COMMON: &[Refusal] = &[
-    refuse("logprobs", off, LOGPROBS),
-    refuse("top_logprobs", zero, LOGPROBS),
-    refuse("prompt_logprobs", off, LOGPROBS),
     refuse("return_tokens_as_token_ids", off, LOGPROBS),
     refuse(
         "guided_decoding_backend",
@@ -293,7 +290,10 @@ mod tests {
             assert!(check(ok.as_bytes(), tables).is_ok(), "{ok}");
         }
         for (bad, field) in [
-            (r#"{"top_logprobs": 2}"#, "top_logprobs"),
+            (
+                r#"{"return_tokens_as_token_ids": true}"#,
+                "return_tokens_as_token_ids",
+            ),
             (
                 r#"{"guided_decoding_backend": "xgrammar"}"#,
                 "guided_decoding_backend",

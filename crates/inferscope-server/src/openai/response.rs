@@ -14,9 +14,11 @@ use inferscope_engine::FinishReason;
 use crate::error::ApiError;
 use crate::openai::infer::{ChoiceDelta, ChoiceFinish, CompletedChoice, Generation};
 use crate::openai::protocol::{
-    ChatChoice, ChatDelta, ChatMessageOut, CompletionChoice, ResponseBody, Usage,
+    ChatChoice, ChatDelta, ChatLogprobs, ChatMessageOut, CompletionChoice, CompletionLogprobs,
+    PromptLogprobsJson, ResponseBody, Usage,
 };
 use crate::openai::tool_parsers::{ParsedDelta, ToolCallParser, ToolCalls};
+use crate::openai::validation::LogprobsPlan;
 use crate::otel::RequestSpan;
 use crate::timings::{ChoiceTimings, RequestTimings, ResponseMetrics};
 
@@ -37,6 +39,7 @@ pub struct Shape {
     created: u64,
     /// Chat: how the output is read into `tool_calls`.
     tool_calls: Option<ToolCalls>,
+    logprobs: LogprobsPlan,
 }
 
 impl Shape {
@@ -53,6 +56,7 @@ impl Shape {
             model,
             created,
             tool_calls: None,
+            logprobs: LogprobsPlan::default(),
         }
     }
 
@@ -60,6 +64,33 @@ impl Shape {
     pub fn with_tool_calls(mut self, tool_calls: Option<ToolCalls>) -> Self {
         self.tool_calls = tool_calls;
         self
+    }
+
+    /// Reports log-probabilities as `plan` says.
+    pub fn with_logprobs(mut self, plan: LogprobsPlan) -> Self {
+        self.logprobs = plan;
+        self
+    }
+
+    /// A completion choice's `logprobs` over `tokens`, the first at `offset`.
+    fn completion_logprobs<'a>(
+        &self,
+        tokens: &'a [crate::openai::infer::TokenLogprob],
+        offset: usize,
+    ) -> Option<CompletionLogprobs<'a>> {
+        self.logprobs.tokens.map(|top| CompletionLogprobs {
+            tokens,
+            top,
+            first_offset: offset,
+        })
+    }
+
+    /// A chat choice's `logprobs` over `tokens`.
+    fn chat_logprobs<'a>(
+        &self,
+        tokens: &'a [crate::openai::infer::TokenLogprob],
+    ) -> Option<ChatLogprobs<'a>> {
+        self.logprobs.tokens.map(|top| ChatLogprobs { tokens, top })
     }
 
     /// The envelope around `choices`.
@@ -77,6 +108,7 @@ impl Shape {
             choices,
             usage,
             metrics: None,
+            prompt_logprobs: None,
         }
     }
 
@@ -88,17 +120,22 @@ impl Shape {
         }
     }
 
-    /// One SSE event carrying `delta` (the first of its choice when `first`).
-    fn chunk(&self, d: &ChoiceDelta, first: bool) -> Bytes {
+    /// One SSE event carrying `delta` (the first of its choice when `first`;
+    /// `offset`: characters of the choice's text already sent).
+    fn chunk(&self, d: &ChoiceDelta, first: bool, offset: usize) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
+        let object = self.chunk_object();
+        // A chunk without tokens (the final one, often) has null logprobs.
+        let tokens = (!d.logprobs.is_empty()).then_some(d.logprobs.as_slice());
         match self.api {
             Api::Completions => sse_event(&self.body(
                 self.chunk_object(),
                 &[CompletionChoice {
                     index: d.index,
                     text: &d.text,
-                    logprobs: None,
+                    logprobs: tokens.and_then(|t| self.completion_logprobs(t, offset)),
                     finish_reason,
+                    prompt_logprobs: None,
                 }],
                 None,
             )),
@@ -111,6 +148,20 @@ impl Shape {
                 },
                 finish_reason,
             ),
+            Api::Chat => sse_event(&self.body(
+                object,
+                &[ChatChoice {
+                    index: d.index,
+                    message: None,
+                    delta: Some(ChatDelta {
+                        role: first.then_some("assistant"),
+                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
+                    }),
+                    logprobs: tokens.and_then(|t| self.chat_logprobs(t)),
+                    finish_reason,
+                }],
+                None,
+            )),
         }
     }
 
@@ -195,6 +246,7 @@ pub fn stream(
         span,
         prompt_tokens,
         started: vec![false; num_choices],
+        sent_chars: vec![0; num_choices],
         completion_tokens: 0,
         timings: Vec::new(),
         queued: None,
@@ -226,6 +278,8 @@ struct SseEvents<S> {
     prompt_tokens: usize,
     /// Per choice: whether its first chunk went out.
     started: Vec<bool>,
+    /// Per choice: characters of text sent (completions' `text_offset`).
+    sent_chars: Vec<usize>,
     completion_tokens: usize,
     timings: Vec<ChoiceTimings>,
     queued: Option<Queued>,
@@ -289,6 +343,16 @@ impl<S> SseEvents<S> {
                     .chat_chunk(d.index, first, &parsed, finish_reason)
             }
         };
+        let offset = match self.sent_chars.get_mut(slot) {
+            // Counted only when reported: no scan of every delta otherwise.
+            Some(n) if self.shape.logprobs.tokens.is_some() => {
+                let before = *n;
+                *n += d.text.chars().count();
+                before
+            }
+            _ => 0,
+        };
+        let chunk = self.shape.chunk(&d, first, offset);
         // A client still reading did not abort this choice: the server did
         // (shutdown). Say why, so the stream does not just stop.
         if let Some(f) = &d.finish
@@ -452,8 +516,9 @@ fn full_body(
                 .map(|c| CompletionChoice {
                     index: c.index,
                     text: &c.text,
-                    logprobs: None,
+                    logprobs: shape.completion_logprobs(&c.logprobs, 0),
                     finish_reason: Some(c.finish.reason.as_str()),
+                    prompt_logprobs: c.prompt_logprobs.as_deref().map(PromptLogprobsJson),
                 })
                 .collect();
             let mut body = shape.body("text_completion", &choices, Some(usage));
@@ -491,10 +556,24 @@ fn full_body(
                         logprobs: None,
                         finish_reason: Some(finish_reason),
                     }
+                .map(|c| ChatChoice {
+                    index: c.index,
+                    message: Some(ChatDelta {
+                        role: Some("assistant"),
+                        content: Some(&c.text),
+                    }),
+                    delta: None,
+                    logprobs: shape.chat_logprobs(&c.logprobs),
+                    finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
             body.metrics = metrics;
+            // One prompt per chat request: its values are at the top level.
+            body.prompt_logprobs = results
+                .first()
+                .and_then(|c| c.prompt_logprobs.as_deref())
+                .map(PromptLogprobsJson);
             json_bytes(&body)
         }
     };

@@ -43,6 +43,8 @@ pub struct Limits {
     /// The model's sampling defaults (`--generation-config`), for requests
     /// that omit a field.
     pub sampling_defaults: GenerationDefaults,
+    /// Most log-probabilities per position (`--max-logprobs`).
+    pub max_logprobs: usize,
 }
 
 /// What a request is checked against.
@@ -87,19 +89,103 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
     };
     let add_special_tokens = req.add_special_tokens.unwrap_or(true);
     let prompts = completion_prompts(req.prompt, v.tokenizer, v.limits, add_special_tokens)?;
+    // `max_tokens: 0` with `echo` (evaluation harnesses scoring a prompt):
+    // the prompt is computed and one token generated, then dropped (vLLM).
+    let prefill_only = echo && req.max_tokens == Some(0);
+    let max_tokens = if prefill_only {
+        Some(1)
+    } else {
+        req.max_tokens
+    };
+    let (prompt_logprobs, stream) = (sampling.prompt_logprobs, sampling.stream);
     let mut plan = plan(
         prompts,
-        req.max_tokens,
+        max_tokens,
         |_| 16,
         sampling,
         v.limits,
         "max_tokens",
     )?;
+    let tokens = match req.logprobs {
+        None | Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => None,
+        Some(n) => match n.as_i64() {
+            Some(n) => Some(logprob_count(n, "logprobs", v.limits)?),
+            None => {
+                return Err(ApiError::invalid(
+                    format!("`logprobs` must be an integer, got {n}"),
+                    Some("logprobs"),
+                ));
+            }
+        },
+    };
+    apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, echo, v.limits)?;
+    plan.logprobs.prefill_only = prefill_only;
     if echo {
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
     plan.grammar = compile_structured(body, v)?;
     Ok(Validated { model, plan })
+}
+
+/// The number of log-probabilities per position `field` asks for: -1 is
+/// the whole vocabulary (as vLLM), more than `--max-logprobs` is refused.
+fn logprob_count(n: i64, field: &'static str, limits: &Limits) -> Result<usize, ApiError> {
+    let count = match n {
+        -1 => limits.vocab_size,
+        n if n >= 0 => usize::try_from(n).unwrap_or(usize::MAX),
+        n => {
+            return Err(ApiError::invalid(
+                format!("`{field}` must be a non-negative number or -1, got {n}"),
+                Some(field),
+            ));
+        }
+    };
+    if count > limits.max_logprobs {
+        return Err(ApiError::invalid(
+            format!(
+                "`{field}` asks for {count} log-probabilities per token; at most {} are allowed (--max-logprobs)",
+                limits.max_logprobs
+            ),
+            Some(field),
+        ));
+    }
+    Ok(count)
+}
+
+/// Sets the engine's log-probability parameters and what the response
+/// reports: `tokens` most likely per generated token, vLLM's
+/// `prompt_logprobs`, and with `echo` the prompt's own (as many as `tokens`).
+fn apply_logprobs(
+    plan: &mut Plan,
+    tokens: Option<usize>,
+    prompt_field: Option<i64>,
+    stream: Option<bool>,
+    echo: bool,
+    limits: &Limits,
+) -> Result<(), ApiError> {
+    let prompt = prompt_field
+        .map(|n| logprob_count(n, "prompt_logprobs", limits))
+        .transpose()?;
+    if prompt.is_some() && stream == Some(true) {
+        return Err(ApiError::invalid(
+            "`prompt_logprobs` are not available when `stream` is true",
+            Some("prompt_logprobs"),
+        ));
+    }
+    let echoed = if echo { tokens } else { None };
+    plan.logprobs.tokens = tokens;
+    plan.logprobs.echo = echoed.is_some();
+    plan.logprobs.prompt = prompt;
+    if tokens.is_some() || prompt.is_some() {
+        // The `Arc` is the plan's own until the request is started.
+        let params = Arc::make_mut(&mut plan.params);
+        params.logprobs = tokens;
+        params.prompt_logprobs = match (prompt, echoed) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    Ok(())
 }
 
 /// The text `echo` puts before each prompt's choices: the prompt as sent
@@ -151,6 +237,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         (None, v) => (v, "max_tokens"),
     };
     let max_len = v.limits.max_model_len;
+    let (prompt_logprobs, stream) = (sampling.prompt_logprobs, sampling.stream);
     let mut plan = plan(
         vec![prompt],
         max_tokens,
@@ -181,6 +268,21 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         )?),
         None => constraint,
     };
+    let top = req
+        .top_logprobs
+        .map(|n| logprob_count(n, "top_logprobs", v.limits))
+        .transpose()?;
+    let tokens = match (req.logprobs.unwrap_or(false), top) {
+        (true, top) => Some(top.unwrap_or(0)),
+        (false, None | Some(0)) => None,
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "when using `top_logprobs`, `logprobs` must be set to true",
+                Some("top_logprobs"),
+            ));
+        }
+    };
+    apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, false, v.limits)?;
     Ok(Validated { model, plan })
 }
 
@@ -415,6 +517,23 @@ pub struct Plan {
     /// The compiled structured-output constraint, shared by every choice
     /// (each starts its own matcher).
     pub grammar: Option<CompiledGrammar>,
+    /// What the response reports of log-probabilities.
+    pub logprobs: LogprobsPlan,
+}
+
+/// The log-probabilities a response reports.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogprobsPlan {
+    /// Each generated token's, plus this many most likely (completions
+    /// `logprobs`, chat `top_logprobs`); `None`: no `logprobs` in choices.
+    pub tokens: Option<usize>,
+    /// `echo` with `logprobs`: the prompt's tokens lead the choice's
+    /// log-probabilities, the first with none.
+    pub echo: bool,
+    /// vLLM's `prompt_logprobs`: this many most likely per prompt position.
+    pub prompt: Option<usize>,
+    /// `max_tokens: 0` with `echo`: the one generated token is not reported.
+    pub prefill_only: bool,
 }
 
 /// Tokenizes a completion prompt.
@@ -654,6 +773,8 @@ pub fn plan(
             repetition_penalty: repetition_penalty as f32,
             min_p: min_p as f32,
             logit_bias,
+            logprobs: None,
+            prompt_logprobs: None,
         }),
         stop,
         stream,
@@ -664,6 +785,7 @@ pub fn plan(
         echo: None,
         tool_calls: None,
         grammar: None,
+        logprobs: LogprobsPlan::default(),
     })
 }
 
@@ -759,6 +881,7 @@ mod tests {
         max_stop_sequence_bytes: 8,
         max_stop_token_ids: 4,
         sampling_defaults: GenerationDefaults::NONE,
+        max_logprobs: 5,
     };
 
     fn fields(json: &str) -> SamplingFields {

@@ -151,6 +151,7 @@ fn limits(tok: &dyn Tokenizer) -> Limits {
         max_stop_sequence_bytes: 256,
         max_stop_token_ids: 256,
         sampling_defaults: GenerationDefaults::NONE,
+        max_logprobs: 20,
     }
 }
 

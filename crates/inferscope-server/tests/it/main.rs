@@ -6,6 +6,7 @@ mod api;
 mod common;
 mod console;
 mod fuzz_validation;
+mod logprobs;
 mod metrics_integration;
 mod parity_metrics;
 mod per_request;

@@ -104,6 +104,7 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
                 ..SeqHistory::default()
             },
             mask_slot: None,
+            prompt_rows: None,
         });
         b.token_ids.extend_from_slice(&s.tokens[s.cached..end]);
         b.block_tables.extend_from_slice(&s.blocks);
