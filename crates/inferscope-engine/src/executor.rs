@@ -8,9 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::request::SamplingParams;
-use crate::structured::StepMasks;
 use crate::request::{PositionLogprobs, SamplingParams};
+use crate::structured::StepMasks;
 
 /// Estimated work of one step (`--enable-mfu-metrics`), from an executor's
 /// cost model ([`crate::cost::ModelCost`]).

@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::ModelCost;
-use crate::executor::{Executor, ExecutorError, ScheduledBatch, StepCost, StepOutput};
-use crate::structured::TokenMask;
 use crate::executor::{Executor, ExecutorError, LogprobRow, ScheduledBatch, StepCost, StepOutput};
 use crate::request::PositionLogprobs;
+use crate::structured::TokenMask;
 
 /// Cost-model parameters of a simulated device and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -17,7 +17,7 @@ use inferscope_engine::{
     StructuredOutput,
 };
 use inferscope_model::demo::trained_demo_model;
-use inferscope_model::{CpuExecutor, KvBudget, Tokenizer};
+use inferscope_model::{CpuExecutor, KvBudget, KvDtype, Tokenizer};
 
 /// Tokens already in the cache when the measured decode step runs.
 const CONTEXT: usize = 64;
@@ -50,6 +50,7 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
             params: params.clone(),
             history: Default::default(),
             mask_slot: None,
+            prompt_rows: None,
         });
         b.token_ids.push((i * 7 + 3) as u32 % 200);
         b.block_tables
@@ -79,7 +80,9 @@ fn structured_decode(c: &mut Criterion) {
     let mut exec = CpuExecutor::new(
         "cpu:demo".into(),
         Arc::new(model),
-        KvBudget::Bytes(64 * ((CONTEXT + BLOCK_SIZE) * cfg.kv_bytes_per_token()) as u64),
+        KvBudget::Bytes(
+            64 * ((CONTEXT + BLOCK_SIZE) * cfg.kv_bytes_per_token(KvDtype::F32)) as u64,
+        ),
         eos.clone(),
         None,
     )

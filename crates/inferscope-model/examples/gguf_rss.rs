@@ -81,6 +81,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 seed: 1,
                 params: params.clone(),
                 history: Default::default(),
+                mask_slot: None,
+                prompt_rows: None,
             }],
             ..ScheduledBatch::default()
         };

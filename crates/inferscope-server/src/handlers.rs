@@ -235,8 +235,8 @@ fn may_constrain(body: &[u8]) -> bool {
             b"guided_",
             b"tool_choice",
         ]
-            .iter()
-            .any(|k| body.windows(k.len()).any(|w| w == *k))
+        .iter()
+        .any(|k| body.windows(k.len()).any(|w| w == *k))
 }
 
 /// Generates a validated request and shapes the answer; every answer past

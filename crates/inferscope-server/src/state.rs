@@ -13,9 +13,8 @@ use inferscope_engine::{
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
-    ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, KvDtype, LoadedModel,
-    ModelError, ModelOptions, Tokenizer, chat_template::load_template_arg,
-    tokenizer::WithChatTemplate,
+    ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, KvDtype, LoadedModel, ModelError,
+    ModelOptions, Tokenizer, chat_template::load_template_arg, tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,

@@ -8,7 +8,7 @@ pub mod infer;
 pub mod protocol;
 pub mod refusals;
 pub mod response;
+pub mod structured;
 pub mod tool_parsers;
 pub mod tools;
-pub mod structured;
 pub mod validation;

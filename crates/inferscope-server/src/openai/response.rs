@@ -124,7 +124,6 @@ impl Shape {
     /// `offset`: characters of the choice's text already sent).
     fn chunk(&self, d: &ChoiceDelta, first: bool, offset: usize) -> Bytes {
         let finish_reason = d.finish.as_ref().map(|f| f.reason.as_str());
-        let object = self.chunk_object();
         // A chunk without tokens (the final one, often) has null logprobs.
         let tokens = (!d.logprobs.is_empty()).then_some(d.logprobs.as_slice());
         match self.api {
@@ -146,33 +145,28 @@ impl Shape {
                     content: d.text.clone(),
                     calls: Vec::new(),
                 },
+                &d.logprobs,
                 finish_reason,
             ),
-            Api::Chat => sse_event(&self.body(
-                object,
-                &[ChatChoice {
-                    index: d.index,
-                    message: None,
-                    delta: Some(ChatDelta {
-                        role: first.then_some("assistant"),
-                        content: (!d.text.is_empty()).then_some(d.text.as_str()),
-                    }),
-                    logprobs: tokens.and_then(|t| self.chat_logprobs(t)),
-                    finish_reason,
-                }],
-                None,
-            )),
         }
     }
 
-    /// One chat SSE event: content and tool-call deltas of choice `index`.
+    /// One chat SSE event: content and tool-call deltas of choice `index`,
+    /// and the log-probabilities of the tokens they came from.
     fn chat_chunk(
         &self,
         index: usize,
         first: bool,
         parsed: &ParsedDelta,
+        logprobs: &[crate::openai::infer::TokenLogprob],
         finish_reason: Option<&str>,
     ) -> Bytes {
+        // A chunk without tokens (the final one, often) has null logprobs.
+        let logprobs = if logprobs.is_empty() {
+            None
+        } else {
+            self.chat_logprobs(logprobs)
+        };
         let tool_calls =
             (!parsed.calls.is_empty()).then(|| parsed.calls.iter().map(|c| c.chunk()).collect());
         sse_event(&self.body(
@@ -185,7 +179,7 @@ impl Shape {
                     content: (!parsed.content.is_empty()).then_some(parsed.content.as_str()),
                     tool_calls,
                 }),
-                logprobs: None,
+                logprobs,
                 finish_reason,
             }],
             None,
@@ -319,8 +313,17 @@ impl<S> SseEvents<S> {
                 self.timings.push(f.timings.clone());
             }
         }
+        let offset = match self.sent_chars.get_mut(slot) {
+            // Counted only when reported: no scan of every delta otherwise.
+            Some(n) if self.shape.logprobs.tokens.is_some() => {
+                let before = *n;
+                *n += d.text.chars().count();
+                before
+            }
+            _ => 0,
+        };
         let chunk = match self.parsers.get_mut(d.index).and_then(Option::as_mut) {
-            None => self.shape.chunk(&d, first),
+            None => self.shape.chunk(&d, first, offset),
             Some(parser) => {
                 let mut parsed = parser.push(&d.text);
                 let finish_reason = d.finish.as_ref().map(|f| {
@@ -336,23 +339,13 @@ impl<S> SseEvents<S> {
                         f.reason.as_str()
                     }
                 });
-                if parsed.is_empty() && !first && finish_reason.is_none() {
+                if parsed.is_empty() && !first && finish_reason.is_none() && d.logprobs.is_empty() {
                     return None;
                 }
                 self.shape
-                    .chat_chunk(d.index, first, &parsed, finish_reason)
+                    .chat_chunk(d.index, first, &parsed, &d.logprobs, finish_reason)
             }
         };
-        let offset = match self.sent_chars.get_mut(slot) {
-            // Counted only when reported: no scan of every delta otherwise.
-            Some(n) if self.shape.logprobs.tokens.is_some() => {
-                let before = *n;
-                *n += d.text.chars().count();
-                before
-            }
-            _ => 0,
-        };
-        let chunk = self.shape.chunk(&d, first, offset);
         // A client still reading did not abort this choice: the server did
         // (shutdown). Say why, so the stream does not just stop.
         if let Some(f) = &d.finish
@@ -553,18 +546,9 @@ fn full_body(
                             tool_calls: calls,
                         }),
                         delta: None,
-                        logprobs: None,
+                        logprobs: shape.chat_logprobs(&c.logprobs),
                         finish_reason: Some(finish_reason),
                     }
-                .map(|c| ChatChoice {
-                    index: c.index,
-                    message: Some(ChatDelta {
-                        role: Some("assistant"),
-                        content: Some(&c.text),
-                    }),
-                    delta: None,
-                    logprobs: shape.chat_logprobs(&c.logprobs),
-                    finish_reason: Some(c.finish.reason.as_str()),
                 })
                 .collect();
             let mut body = shape.body("chat.completion", &choices, Some(usage));
@@ -667,6 +651,8 @@ mod tests {
                 arrival: Instant::now(),
                 trace_id: None,
                 tenant: None,
+                tenant_label: 0,
+                grammar: None,
             })
             .expect("add");
         let choice = ChoiceStream::new(
