@@ -64,8 +64,8 @@ pub struct ServeArgs {
     /// and 3: `<tool_call>{"name", "arguments"}</tool_call>`), `llama3_json` (Llama 3.1/3.2:
     /// `{"name", "parameters"}`, optionally after `<|python_tag|>`, several separated by `;`),
     /// `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]` or `[TOOL_CALLS]name[ARGS]{...}`).
-    #[arg(long, value_enum)]
-    pub tool_call_parser: Option<crate::openai::tool_parsers::ParserName>,
+    #[arg(long, value_parser = ["hermes", "llama3_json", "mistral"])]
+    pub tool_call_parser: Option<String>,
 
     /// With `tool_choice: "none"`, leave the tools out of the chat template (vLLM's flag; by
     /// default the template sees them, and nothing is parsed).

@@ -5,6 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use clap::ValueEnum;
+
 use inferscope_engine::{
     Coordinator, EngineConfig, Executor, ExecutorError, GrammarCompiler, KvEventSink,
     SchedulingPolicy, SimExecutor, SimProfile,
@@ -25,6 +27,7 @@ use crate::admission::Admission;
 use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
 use crate::openai::infer::Infer;
+use crate::openai::tool_parsers::ParserName;
 use crate::openai::tools::ToolSettings;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
@@ -464,7 +467,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         kv_events,
         tool_settings: ToolSettings {
             auto_tool_choice: args.enable_auto_tool_choice,
-            parser: args.tool_call_parser,
+            // clap checked the name against the same list.
+            parser: args
+                .tool_call_parser
+                .as_deref()
+                .and_then(|name| ParserName::from_str(name, false).ok()),
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
     }))

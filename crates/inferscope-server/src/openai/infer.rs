@@ -18,6 +18,7 @@ use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
+pub use crate::openai::protocol::{PromptLogprobs, RankedLogprob, TokenLogprob};
 use crate::openai::validation::{LogprobsPlan, Plan};
 use crate::request_ids::RequestIds;
 use crate::request_log::{RequestLog, RequestLogEntry};
@@ -209,35 +210,6 @@ pub struct CompletedChoice {
     /// How it ended.
     pub finish: ChoiceFinish,
 }
-
-/// One token's log-probability with the most likely alternatives, as a
-/// response reports them.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenLogprob {
-    /// The token's text, decoded alone.
-    pub token: String,
-    /// `None` for the prompt's first token (nothing precedes it).
-    pub logprob: Option<f32>,
-    /// vLLM's order: the token itself, then the most likely others.
-    pub top: Vec<RankedLogprob>,
-}
-
-/// A token's log-probability and rank.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RankedLogprob {
-    /// The token id.
-    pub token_id: u32,
-    /// Its text, decoded alone.
-    pub text: String,
-    /// The value.
-    pub logprob: f32,
-    /// 1 for the most likely token.
-    pub rank: u32,
-}
-
-/// vLLM's `prompt_logprobs`: per prompt position (the first has none) the
-/// prompt token and the most likely tokens.
-pub type PromptLogprobs = Vec<Option<Vec<RankedLogprob>>>;
 
 /// A choice's log-probability state: what to report and the tokenizer that
 /// names the tokens.

@@ -9,8 +9,6 @@
 use serde::ser::{SerializeMap, SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::openai::infer::{RankedLogprob, TokenLogprob};
-
 use crate::openai::tool_parsers::{ToolCall, ToolCallChunk};
 
 /// `prompt` of a completion request.
@@ -530,3 +528,32 @@ pub struct DetokenizeResponse {
     /// The decoded text.
     pub prompt: String,
 }
+
+/// One token's log-probability with the most likely alternatives, as a
+/// response reports them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text, decoded alone.
+    pub token: String,
+    /// `None` for the prompt's first token (nothing precedes it).
+    pub logprob: Option<f32>,
+    /// vLLM's order: the token itself, then the most likely others.
+    pub top: Vec<RankedLogprob>,
+}
+
+/// A token's log-probability and rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankedLogprob {
+    /// The token id.
+    pub token_id: u32,
+    /// Its text, decoded alone.
+    pub text: String,
+    /// The value.
+    pub logprob: f32,
+    /// 1 for the most likely token.
+    pub rank: u32,
+}
+
+/// vLLM's `prompt_logprobs`: per prompt position (the first has none) the
+/// prompt token and the most likely tokens.
+pub type PromptLogprobs = Vec<Option<Vec<RankedLogprob>>>;

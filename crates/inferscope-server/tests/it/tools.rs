@@ -110,14 +110,10 @@ async fn tool_fields_are_checked() {
             "nope",
         ),
         (
-            json!({"tools": tools(), "tool_choice": "required"}),
+            json!({"tools": tools(), "tool_choice": "required",
+                   "response_format": {"type": "json_object"}}),
             "tool_choice",
-            "structured outputs",
-        ),
-        (
-            json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
-            "tool_choice",
-            "structured outputs",
+            "cannot be combined",
         ),
         (
             json!({"tools": [{"type": "function", "function": {"description": "no name"}}]}),
@@ -202,6 +198,114 @@ async fn parsed_answers_stream_as_they_answer_whole() {
             "seed {seed}"
         );
         assert_eq!(finish, "length");
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// Two tools whose arguments are short enough for random constrained text.
+fn bounded_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+            "required": ["city"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "enum": ["utc", "cet"]}},
+            "required": ["zone"], "additionalProperties": false}}},
+    ])
+}
+
+/// A call's arguments validate against its tool's parameters.
+fn check_call(call: &Value, names: &[&str]) {
+    let name = call["function"]["name"].as_str().unwrap();
+    assert!(names.contains(&name), "{call}");
+    assert_eq!(call["type"], "function", "{call}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("arguments are not JSON ({e}): {call}"));
+    let keys: Vec<&String> = args.as_object().expect("an object").keys().collect();
+    match name {
+        "get_weather" => {
+            assert_eq!(keys, ["city"], "{call}");
+            assert!(
+                args["city"].as_str().unwrap().chars().count() <= 8,
+                "{call}"
+            );
+        }
+        _ => {
+            assert_eq!(keys, ["zone"], "{call}");
+            assert!(
+                ["utc", "cet"].contains(&args["zone"].as_str().unwrap()),
+                "{call}"
+            );
+        }
+    }
+}
+
+/// `tool_choice: "required"` and a named function constrain the sim's
+/// random text to the tools' schemas (as vLLM does, no parser flag needed):
+/// every answer is calls whose arguments validate, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_and_named_tool_choices_are_held_to_the_schemas() {
+    let server = start(&[]).await;
+    let addr = server.addr;
+    let user = json!([{"role": "user", "content": "weather?"}]);
+    for seed in 0..6 {
+        let r = post(
+            addr,
+            CHAT,
+            &json!({"messages": user, "tools": bounded_tools(), "tool_choice": "required",
+                    "max_tokens": 2000, "seed": seed}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let choice = &r.json()["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+        let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+        assert!(!calls.is_empty(), "{choice}");
+        for call in calls {
+            check_call(call, &["get_weather", "get_time"]);
+        }
+    }
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    for seed in 0..4 {
+        let r = post(
+            addr,
+            CHAT,
+            &json!({"messages": user, "tools": bounded_tools(), "tool_choice": named,
+                    "max_tokens": 200, "seed": seed}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let choice = &r.json()["choices"][0];
+        let calls = choice["message"]["tool_calls"].as_array().expect("calls");
+        assert_eq!(calls.len(), 1, "{choice}");
+        check_call(&calls[0], &["get_time"]);
+        // Streamed: the deltas add up to the same kind of call.
+        let r = post(
+            addr,
+            CHAT,
+            &json!({"messages": user, "tools": bounded_tools(), "tool_choice": named,
+                    "max_tokens": 200, "seed": seed, "stream": true}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let (mut name, mut args) = (String::new(), String::new());
+        for e in sse_events(&r.body) {
+            let Ok(v) = serde_json::from_str::<Value>(&e) else {
+                continue;
+            };
+            for c in v["choices"][0]["delta"]["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                name.push_str(c["function"]["name"].as_str().unwrap_or(""));
+                args.push_str(c["function"]["arguments"].as_str().unwrap_or(""));
+            }
+        }
+        check_call(
+            &json!({"type": "function", "function": {"name": name, "arguments": args}}),
+            &["get_time"],
+        );
     }
     server.shutdown(Duration::from_secs(5)).await;
 }
