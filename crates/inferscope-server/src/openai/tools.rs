@@ -411,18 +411,6 @@ mod tests {
                 "tool_choice",
                 "`tools` must be set",
             ),
-            (
-                Some(TOOLS),
-                Some(r#""required""#),
-                "tool_choice",
-                "structured outputs",
-            ),
-            (
-                Some(TOOLS),
-                Some(r#"{"type": "function", "function": {"name": "get_weather"}}"#),
-                "tool_choice",
-                "structured outputs",
-            ),
             (Some(r#"{"type": "function"}"#), None, "tools", "list"),
             (
                 Some(r#"[{"type": "function"}]"#),
@@ -483,6 +471,11 @@ mod tests {
         let (format, schema) = constrained(&tools, &named).expect("named");
         assert_eq!(format, Format::Named("get_weather".into()));
         assert_eq!(schema["properties"]["city"]["type"], "string");
+        // The plan carries them for validation.rs to compile.
+        let p = plan_tools(Some(v(TOOLS)), Some(v(r#""required""#)), None, &SETTINGS)
+            .expect("required");
+        assert_eq!(p.format, Some(Format::Required));
+        assert_eq!(p.schema.expect("schema")["minItems"], 1);
     }
 
     #[test]

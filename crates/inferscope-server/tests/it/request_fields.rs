@@ -31,26 +31,11 @@ async fn unhonoured_fields_are_refused_by_name() {
     let addr = server.addr;
     let both = [COMPLETIONS, CHAT];
     let refused: &[(&[&str], &str, Value)] = &[
-        (&both, "logprobs", json!(true)),
-        (&[COMPLETIONS], "logprobs", json!(2)),
-        (&both, "top_logprobs", json!(3)),
-        (&both, "prompt_logprobs", json!(1)),
-        // Structured outputs are honoured (tests/it/structured.rs); these
-        // two options of theirs are not.
+        // Log-probabilities (tests/it/logprobs.rs) and structured outputs
+        // (tests/it/structured.rs) are honoured; these options are not.
         (&both, "guided_decoding_backend", json!("xgrammar")),
         (&both, "guided_whitespace_pattern", json!("[ ]*")),
         (&both, "return_tokens_as_token_ids", json!(true)),
-        (&both, "response_format", json!({"type": "json_object"})),
-        (
-            &both,
-            "response_format",
-            json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}),
-        ),
-        (&both, "structured_outputs", json!({"choice": ["a", "b"]})),
-        (&both, "guided_json", json!({"type": "object"})),
-        (&both, "guided_regex", json!("[a-z]+")),
-        (&both, "guided_choice", json!(["yes", "no"])),
-        (&both, "guided_grammar", json!("root ::= \"a\"")),
         (&both, "bad_words", json!(["foo"])),
         (&both, "allowed_token_ids", json!([1, 2])),
         (&both, "use_beam_search", json!(true)),
