@@ -448,10 +448,11 @@ mod tests {
             ..ChatInput::default()
         };
         let src = "{{ tools[0] | tojson }}|{{ tools[0].n | tojson(indent=2) }}|{{ tools[0] | tojson(separators=(',', ':'), sort_keys=true) }}|{{ tools[0].d | tojson(ensure_ascii=true) }}";
-        // serde_json's map is sorted, so the input order is d, n, name.
+        // Keys in the order sent (serde_json's preserve_order), as Python's
+        // dict keeps them; sort_keys sorts.
         assert_eq!(
             render(src, &input).unwrap(),
-            "{\"d\": \"<é> & 'q'\", \"n\": [1, 2.0, null, true], \"name\": \"f\"}|[\n  1,\n  2.0,\n  null,\n  true\n]|{\"d\":\"<é> & 'q'\",\"n\":[1,2.0,null,true],\"name\":\"f\"}|\"<\\u00e9> & 'q'\""
+            "{\"name\": \"f\", \"d\": \"<é> & 'q'\", \"n\": [1, 2.0, null, true]}|[\n  1,\n  2.0,\n  null,\n  true\n]|{\"d\":\"<é> & 'q'\",\"n\":[1,2.0,null,true],\"name\":\"f\"}|\"<\\u00e9> & 'q'\""
         );
     }
 

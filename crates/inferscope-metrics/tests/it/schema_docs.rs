@@ -56,6 +56,7 @@ const VLLM_FAMILIES: &[&str] = &[
     "vllm:engine_step_duration_seconds",
     "vllm:engine_idle_seconds_total",
     "vllm:batch_size",
+    "vllm:grammar_mask_duration_seconds",
     "vllm:engine_core_failures_total",
     "vllm:kv_events_dropped_batches_total",
     "vllm:trace_spans_dropped_total",

@@ -188,7 +188,7 @@ async fn returned_timings_fall_in_the_buckets_the_histograms_counted() {
     let r = post(
         addr,
         "/v1/completions",
-        &json!({"prompt": "plain", "max_tokens": 3}),
+        &json!({"prompt": "plain", "max_tokens": 3, "ignore_eos": true}),
     )
     .await;
     assert!(r.json().get("metrics").is_none(), "{}", r.body);
