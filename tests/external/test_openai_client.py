@@ -183,8 +183,9 @@ _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "o
 
 
 @pytest.mark.parametrize("kwargs,param", [
-    ({"logprobs": True}, "logprobs"),
-    ({"tools": [_TOOL]}, "tools"),
+    ({"logprobs": True, "top_logprobs": 50}, "top_logprobs"),
+    # Tools without tool_choice mean "auto", which needs --enable-auto-tool-choice (vLLM).
+    ({"tools": [_TOOL]}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"response_format": {"type": "yaml"}}, "response_format"),
     ({"presence_penalty": 2.5}, "presence_penalty"),
