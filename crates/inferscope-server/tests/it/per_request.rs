@@ -260,23 +260,9 @@ async fn include_metrics_is_ignored_without_the_flag() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unwritable_request_log_is_a_clear_start_up_error() {
-    let args = inferscope_server::ServeArgs::try_parse_flags([
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--sim-profile",
-        "tiny",
-        "--enable-request-log",
-        "/nonexistent-dir/requests.jsonl",
-    ])
-    .unwrap();
-    let err = match inferscope_server::start(&args).await {
-        Ok(_) => panic!("started with an unwritable request log"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("--enable-request-log"), "{err}");
-    assert!(err.contains("/nonexistent-dir/requests.jsonl"), "{err}");
+    start_fails(
+        &["--enable-request-log", "/nonexistent-dir/requests.jsonl"],
+        &["--enable-request-log", "/nonexistent-dir/requests.jsonl"],
+    )
+    .await;
 }

@@ -339,29 +339,6 @@ async fn logit_bias_and_penalties_steer_the_demo_model() {
     server.shutdown(Duration::from_secs(5)).await;
 }
 
-/// Starting with `flags` fails with a message holding each of `needles`.
-async fn start_fails(flags: &[&str], needles: &[&str]) {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--sim-profile",
-        "tiny",
-    ];
-    all.extend_from_slice(flags);
-    let args = inferscope_server::ServeArgs::try_parse_flags(all).unwrap();
-    let err = match inferscope_server::start(&args).await {
-        Ok(_) => panic!("started with {flags:?}"),
-        Err(e) => e.to_string(),
-    };
-    for n in needles {
-        assert!(err.contains(n), "{err}");
-    }
-}
-
 /// `--generation-config FOLDER` sets the defaults of the fields a request
 /// omits (here greedy decoding and a cap of 3 tokens), `--override-generation-config`
 /// lays over it, and `vllm` turns it off; bad values stop the start.

@@ -18,6 +18,29 @@ pub async fn start(flags: &[&str]) -> RunningServer {
     inferscope_test_support::start_sim(&all).await
 }
 
+/// Starting (sim executor, `tiny` profile) with `flags` fails with a message holding each of `needles`.
+pub async fn start_fails(flags: &[&str], needles: &[&str]) {
+    let mut all = vec![
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+    ];
+    all.extend_from_slice(flags);
+    let args = inferscope_server::ServeArgs::try_parse_flags(all).unwrap();
+    let err = match inferscope_server::start(&args).await {
+        Ok(_) => panic!("started with {flags:?}"),
+        Err(e) => e.to_string(),
+    };
+    for n in needles {
+        assert!(err.contains(n), "{err}");
+    }
+}
+
 #[allow(unused_imports)] // each test file uses its own part
 pub use inferscope_test_support::{Reply, call, client, post, send, sse_events};
 
