@@ -61,18 +61,20 @@ def vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, [int(t) for t in types]
 
 
-def write_tiny_llama(path: Path, seed: int = 0) -> Path:
-    """Writes the model to `path` (f32 tensors, a few hundred KiB)."""
-    tokens, scores, types = vocabulary()
-    vocab = len(tokens)
+def write_llama(path: Path, name: str, vocab: tuple[list, list, list],
+                w, *, embd: np.ndarray | None = None, output: np.ndarray | None = None,
+                residual_only: bool = False, eos: int = 2,
+                chat_template: str | None = None) -> Path:
+    """Writes a Llama GGUF of this module's shapes (f32 tensors): `vocab` is
+    (tokens, scores, types); `w(*shape)` draws each weight not given
+    (`embd`, `output`); `residual_only` zeroes the attention and FFN output
+    projections, so the layers leave the residual stream as it is."""
+    tokens, scores, types = vocab
+    n = len(tokens)
     head_dim = HIDDEN // HEADS
-    rng = np.random.default_rng(seed)
-
-    def w(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
     writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("inferscope-tiny-llama")
+    writer.add_name(name)
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(HIDDEN)
     writer.add_block_count(LAYERS)
@@ -82,39 +84,59 @@ def write_tiny_llama(path: Path, seed: int = 0) -> Path:
     writer.add_head_count_kv(KV_HEADS)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(vocab)
+    writer.add_vocab_size(n)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
     writer.add_token_scores(scores)
     writer.add_token_types(types)
     writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    writer.add_eos_token_id(eos)
     writer.add_unk_token_id(0)
     writer.add_add_bos_token(True)
     writer.add_add_eos_token(False)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+
+    def ones() -> np.ndarray:
+        return np.ones(HIDDEN, dtype=np.float32)
+
+    def out_proj(*shape: int) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32) if residual_only else w(*shape)
 
     # numpy shapes are (out, in); the writer stores GGML's reversed order.
-    writer.add_tensor("token_embd.weight", w(vocab, HIDDEN))
+    # The draws keep one order (embeddings, each layer, the head) so a seed
+    # always gives the same file.
+    writer.add_tensor("token_embd.weight", w(n, HIDDEN) if embd is None else embd)
     for layer in range(LAYERS):
         p = f"blk.{layer}"
-        writer.add_tensor(f"{p}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        writer.add_tensor(f"{p}.attn_norm.weight", ones())
         writer.add_tensor(f"{p}.attn_q.weight", w(HEADS * head_dim, HIDDEN))
         writer.add_tensor(f"{p}.attn_k.weight", w(KV_HEADS * head_dim, HIDDEN))
         writer.add_tensor(f"{p}.attn_v.weight", w(KV_HEADS * head_dim, HIDDEN))
-        writer.add_tensor(f"{p}.attn_output.weight", w(HIDDEN, HEADS * head_dim))
-        writer.add_tensor(f"{p}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+        writer.add_tensor(f"{p}.attn_output.weight", out_proj(HIDDEN, HEADS * head_dim))
+        writer.add_tensor(f"{p}.ffn_norm.weight", ones())
         writer.add_tensor(f"{p}.ffn_gate.weight", w(FFN, HIDDEN))
         writer.add_tensor(f"{p}.ffn_up.weight", w(FFN, HIDDEN))
-        writer.add_tensor(f"{p}.ffn_down.weight", w(HIDDEN, FFN))
-    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-    writer.add_tensor("output.weight", w(vocab, HIDDEN))
+        writer.add_tensor(f"{p}.ffn_down.weight", out_proj(HIDDEN, FFN))
+    writer.add_tensor("output_norm.weight", ones())
+    writer.add_tensor("output.weight", w(n, HIDDEN) if output is None else output)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_tiny_llama(path: Path, seed: int = 0) -> Path:
+    """Writes the model to `path` (f32 tensors, a few hundred KiB)."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.05).astype(np.float32)
+
+    return write_llama(path, "inferscope-tiny-llama", vocabulary(), w)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 
 import tiny_gguf
-from tiny_gguf import FFN, HEADS, HIDDEN, KV_HEADS, LAYERS, vocabulary
+from tiny_gguf import HIDDEN, vocabulary
 
 # What the model writes: a call to get_weather for Paris, in pieces (spaces
 # as SentencePiece's ▁), and the answer it gives instead when the call is banned.
@@ -85,7 +85,6 @@ def write_toolcaller(path: Path) -> tuple[Path, dict[str, int]]:
     tokens, scores, types = toolcaller_vocabulary()
     ids = {t: i for i, t in enumerate(tokens)}
     vocab = len(tokens)
-    head_dim = HIDDEN // HEADS
     newline, eos = ids["<0x0A>"], 2
     # The bigram table: token -> [(next token, logit)].
     chain = [newline, *(ids[p] for p in CALL_PIECES), eos]
@@ -106,56 +105,13 @@ def write_toolcaller(path: Path) -> tuple[Path, dict[str, int]]:
         for nxt, logit in table[t]:
             head[nxt, d] = logit / scale
 
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("inferscope-tiny-toolcaller")
-    writer.add_context_length(tiny_gguf.CONTEXT)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_vocab_size(vocab)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens)
-    writer.add_token_scores(scores)
-    writer.add_token_types(types)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(eos)
-    writer.add_unk_token_id(0)
-    writer.add_add_bos_token(True)
-    writer.add_add_eos_token(False)
-    writer.add_chat_template(CHAT_TEMPLATE)
-
     rng = np.random.default_rng(0)
 
     def w(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.05).astype(np.float32)
 
-    def zero(*shape: int) -> np.ndarray:
-        return np.zeros(shape, dtype=np.float32)
-
-    writer.add_tensor("token_embd.weight", embd)
-    for layer in range(LAYERS):
-        p = f"blk.{layer}"
-        writer.add_tensor(f"{p}.attn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-        writer.add_tensor(f"{p}.attn_q.weight", w(HEADS * head_dim, HIDDEN))
-        writer.add_tensor(f"{p}.attn_k.weight", w(KV_HEADS * head_dim, HIDDEN))
-        writer.add_tensor(f"{p}.attn_v.weight", w(KV_HEADS * head_dim, HIDDEN))
-        # Zero output projections: the layers leave the residual stream as it is.
-        writer.add_tensor(f"{p}.attn_output.weight", zero(HIDDEN, HEADS * head_dim))
-        writer.add_tensor(f"{p}.ffn_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-        writer.add_tensor(f"{p}.ffn_gate.weight", w(FFN, HIDDEN))
-        writer.add_tensor(f"{p}.ffn_up.weight", w(FFN, HIDDEN))
-        writer.add_tensor(f"{p}.ffn_down.weight", zero(HIDDEN, FFN))
-    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
-    writer.add_tensor("output.weight", head)
-
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # Zero output projections: the layers leave the residual stream as it is.
+    tiny_gguf.write_llama(path, "inferscope-tiny-toolcaller", (tokens, scores, types), w,
+                          embd=embd, output=head, residual_only=True, eos=eos,
+                          chat_template=CHAT_TEMPLATE)
     return path, ids
