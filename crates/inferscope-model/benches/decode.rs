@@ -2,8 +2,9 @@
 //! Llama) at batch 1 and 32, next to `candle-transformers`' Llama at batch 1
 //! on the same weights (and with bf16 and f16 weight storage); decode over
 //! a long context with an f16 KV cache against an f32 one
-//! (`decode_kv/...`); plus the machine's streaming read bandwidth for the
-//! roofline estimate. Run: `cargo bench -p inferscope-model --bench decode`.
+//! (`decode_kv/...`); a JSON schema on every sequence against free text
+//! (`structured_decode/...`); plus the machine's streaming read bandwidth for
+//! the roofline estimate. Run: `cargo bench -p inferscope-model --bench decode`.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -13,13 +14,17 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::llama;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use inferscope_engine::{Executor, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput};
+use inferscope_engine::structured::{Advance, GrammarWorker, SeqGrammar};
+use inferscope_engine::{
+    Executor, GrammarCompiler, SamplingParams, ScheduledBatch, ScheduledSeq, StepOutput,
+    StructuredOutput,
+};
 use inferscope_model::config::ModelConfig;
-use inferscope_model::demo::{demo_config, random_weights};
+use inferscope_model::demo::{demo_config, random_weights, trained_demo_model};
 use inferscope_model::llama::LlamaModel;
 use inferscope_model::loader::model_from_tensors;
 use inferscope_model::packed::WeightDtype;
-use inferscope_model::{CpuExecutor, KvBudget, KvDtype};
+use inferscope_model::{CpuExecutor, KvBudget, KvDtype, Tokenizer};
 use rayon::prelude::*;
 
 /// Tokens already in the cache when the measured decode step runs.
@@ -56,13 +61,19 @@ fn decode_batch(batch: usize) -> ScheduledBatch {
     decode_batch_at(batch, CONTEXT)
 }
 
-/// [`decode_batch`] at position `context`.
+/// [`decode_batch`] at position `context`, greedy.
 fn decode_batch_at(batch: usize, context: usize) -> ScheduledBatch {
-    let blocks_per_seq = (context + 1).div_ceil(BLOCK_SIZE);
-    let params = Arc::new(SamplingParams {
+    let params = SamplingParams {
         temperature: 0.0,
         ..SamplingParams::default()
-    });
+    };
+    decode_batch_with(batch, context, params)
+}
+
+/// [`decode_batch`] at position `context`, sampled with `params`.
+fn decode_batch_with(batch: usize, context: usize, params: SamplingParams) -> ScheduledBatch {
+    let blocks_per_seq = (context + 1).div_ceil(BLOCK_SIZE);
+    let params = Arc::new(params);
     let mut b = ScheduledBatch {
         block_size: BLOCK_SIZE,
         ..ScheduledBatch::default()
@@ -336,5 +347,90 @@ fn sync(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, memory_bandwidth, sync);
+fn schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            "traits": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+            "married": {"type": "boolean"}
+        },
+        "required": ["name", "age", "traits", "married"],
+        "additionalProperties": false
+    })
+}
+
+/// What structured outputs cost a decode step: the trained demo model at
+/// batch 1 and 32, free text against a JSON schema on every sequence. The
+/// constrained step does what the engine does: the grammar thread computes
+/// the masks while the forward pass runs, the executor applies them before
+/// sampling, and each matcher is advanced with its token (restarted when its
+/// object is complete).
+fn structured_decode(c: &mut Criterion) {
+    let (model, tokenizer) = trained_demo_model().expect("demo model");
+    let cfg = model.cfg.clone();
+    let eos = tokenizer.eos_token_ids();
+    let mut exec = CpuExecutor::new(
+        "cpu:demo".into(),
+        Arc::new(model),
+        KvBudget::Bytes(
+            64 * ((CONTEXT + BLOCK_SIZE) * cfg.kv_bytes_per_token(KvDtype::F32)) as u64,
+        ),
+        eos.clone(),
+        None,
+    )
+    .expect("executor");
+    exec.init_kv_cache(BLOCK_SIZE).expect("kv");
+    let compiler = GrammarCompiler::new(tokenizer.token_bytes().expect("vocabulary"), eos[0])
+        .expect("compiler");
+    let compiled = compiler
+        .compile(StructuredOutput::Json(schema()))
+        .expect("schema");
+    let worker = GrammarWorker::spawn("bench-grammar".into()).expect("thread");
+
+    let mut g = c.benchmark_group("structured_decode/demo");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+    let mut out = StepOutput::default();
+    for batch in [1usize, 32] {
+        let sampled = || {
+            decode_batch_with(
+                batch,
+                CONTEXT,
+                SamplingParams {
+                    temperature: 1.0,
+                    ..SamplingParams::default()
+                },
+            )
+        };
+        let free = sampled();
+        let mut constrained = sampled();
+        for (i, s) in constrained.seqs.iter_mut().enumerate() {
+            s.mask_slot = Some(i as u32);
+        }
+        let mut grammars: Vec<SeqGrammar> = (0..batch).map(|_| compiled.start()).collect();
+        g.throughput(Throughput::Elements(batch as u64));
+        g.bench_function(BenchmarkId::new("free", batch), |b| {
+            b.iter(|| exec.execute(black_box(&free), &mut out).expect("step"))
+        });
+        g.bench_function(BenchmarkId::new("json-schema", batch), |b| {
+            b.iter(|| {
+                constrained.masks = Some(worker.submit(grammars.clone()));
+                exec.execute(black_box(&constrained), &mut out)
+                    .expect("step");
+                for (gr, tok) in grammars.iter_mut().zip(&out.sampled) {
+                    let tok = tok.expect("sampled");
+                    if gr.advance(tok) != Advance::Continue {
+                        *gr = compiled.start();
+                    }
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode, structured_decode, memory_bandwidth, sync);
 criterion_main!(benches);
