@@ -833,8 +833,9 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
         ("errors", errors_and_rejections(s, trend)),
         ("kv_saturated", kv_saturated(s)),
         ("queue_bound", queue_bound(s)),
-        ("host_bound", host_bound(s)),
+        // Before host_bound: late masks are host time too, and this names them.
         ("grammar_masks", grammar_masks(s)),
+        ("host_bound", host_bound(s)),
         ("dp_imbalance", dp_imbalance(s)),
         ("tenant_hog", tenant_hog(s)),
         ("long_prompts", long_prompts(s)),
