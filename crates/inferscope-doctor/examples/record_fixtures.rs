@@ -28,6 +28,7 @@ async fn main() {
             Shape {
                 prompt_len: 24,
                 max_tokens: 8,
+                guided_regex: None,
             },
         ),
         (
@@ -46,6 +47,7 @@ async fn main() {
             Shape {
                 prompt_len: 100,
                 max_tokens: 300,
+                guided_regex: None,
             },
         ),
     ];

@@ -112,6 +112,15 @@ pub const QUEUE_MIN_MEAN_S: f64 = 0.01;
 pub const HOST_BOUND_UTILISATION: f64 = 0.5;
 /// Idle fraction of the engine loop above which the engine is not busy.
 pub const HOST_BOUND_MAX_IDLE: f64 = 0.2;
+/// Device utilisation from which masks are not said to hold the device
+/// back (issue #37's target with every sequence constrained).
+pub const GRAMMAR_MASK_MAX_UTILISATION: f64 = 0.95;
+/// Mask time per constrained step, over device time per step, from which
+/// the masks no longer hide behind the step: the step's host work and the
+/// other threads' share of the cores come on top of them.
+pub const GRAMMAR_MASK_STEP_RATIO: f64 = 0.5;
+/// Share of steps with a constrained sequence from which their waits matter.
+pub const GRAMMAR_MASK_MIN_STEP_SHARE: f64 = 0.1;
 /// Mean running requests that count as load.
 pub const LOAD_MIN_RUNNING: f64 = 1.0;
 /// Mean TTFT above which a slow first token is worth explaining, seconds.
@@ -454,6 +463,69 @@ pub fn host_bound(s: &Summary) -> Outcome {
     )
 }
 
+/// Structured-output masks take so long next to the device step they
+/// overlap that the device waits for them. Servers that do not export
+/// `grammar_mask_duration_seconds` (vLLM) or the device view are not judged,
+/// and not listed as skipped: most traffic is unconstrained, and `host_bound`
+/// already names the missing device view.
+pub fn grammar_masks(s: &Summary) -> Outcome {
+    let (Some(gm), Some(util), Some(ph)) = (s.grammar_masks, s.device_utilisation, s.phases) else {
+        return Outcome::Clear;
+    };
+    let (Some(device), Some(all_steps)) = (ph.device, gm.all_steps) else {
+        return Outcome::Clear;
+    };
+    let running = s.running_mean.unwrap_or(0.0);
+    if gm.steps <= 0.0 || all_steps <= 0.0 || s.window_s <= 0.0 || running < LOAD_MIN_RUNNING {
+        return Outcome::Clear;
+    }
+    let mask_per_step = gm.seconds / gm.steps;
+    let device_per_step = device * s.window_s / all_steps;
+    let ratio = if device_per_step > 0.0 {
+        mask_per_step / device_per_step
+    } else {
+        f64::INFINITY
+    };
+    let constrained_share = (gm.steps / all_steps).min(1.0);
+    if util >= GRAMMAR_MASK_MAX_UTILISATION
+        || ratio < GRAMMAR_MASK_STEP_RATIO
+        || constrained_share < GRAMMAR_MASK_MIN_STEP_SHARE
+    {
+        return Outcome::Clear;
+    }
+    let engines = s.engines.len().max(1) as f64;
+    // The executor waits for late masks after the device time: that wait is
+    // in the execute phase beyond device time.
+    let executor_overhead = (ph.execute - device).max(0.0) / engines;
+    fire(
+        "grammar_masks",
+        Severity::Warning,
+        format!(
+            "Structured-output masks hold the device back: {} busy, masks take {:.1} ms per constrained step \
+             against {:.1} ms of device time per step ({} of steps constrained)",
+            pct(util),
+            mask_per_step * 1e3,
+            device_per_step * 1e3,
+            pct(constrained_share)
+        ),
+        vec![
+            ev("device_utilisation", util, "ratio"),
+            ev("grammar_mask_per_step", mask_per_step, "s"),
+            ev("device_time_per_step", device_per_step, "s"),
+            ev("mask_to_device_step_ratio", ratio, "ratio"),
+            ev("constrained_step_fraction", constrained_share, "ratio"),
+            ev("executor_overhead_fraction", executor_overhead, "ratio"),
+            ev("running_mean", running, "requests"),
+        ],
+        "Masks are computed while the step runs and the device waits for the rest: raise \
+         --grammar-threads (a step's constrained sequences are spread over them) on a machine \
+         with free cores, constrain fewer sequences per step (--max-num-seqs, or a separate \
+         pool for constrained traffic), or simplify the schemas (fewer alternatives, bounded \
+         strings and arrays)."
+            .into(),
+    )
+}
+
 /// Engines of one server doing very different amounts of work.
 pub fn dp_imbalance(s: &Summary) -> Outcome {
     if s.engines.len() < 2 {
@@ -761,6 +833,8 @@ pub fn diagnose(s: &Summary, trend: Option<(f64, f64)>) -> Diagnosis {
         ("errors", errors_and_rejections(s, trend)),
         ("kv_saturated", kv_saturated(s)),
         ("queue_bound", queue_bound(s)),
+        // Before host_bound: late masks are host time too, and this names them.
+        ("grammar_masks", grammar_masks(s)),
         ("host_bound", host_bound(s)),
         ("dp_imbalance", dp_imbalance(s)),
         ("tenant_hog", tenant_hog(s)),
@@ -994,6 +1068,64 @@ mod tests {
         assert!(dg.skipped.is_empty(), "{:?}", dg.skipped);
         assert_eq!(dg.findings[0].id, "healthy");
         assert_eq!(dg.findings[0].evidence("kv_headroom"), Some(0.7));
+    }
+
+    /// The sim with 256 constrained sequences before masks were parallel:
+    /// 78% busy, 3.3 ms of masks per step against 6 ms of device time.
+    fn constrained(util: f64, mask_s: f64, mask_steps: f64) -> Summary {
+        let mut s = busy();
+        s.running_mean = Some(250.0);
+        s.device_utilisation = Some(util);
+        s.idle_fraction = Some(0.0);
+        s.phases = Some(crate::window::Phases {
+            schedule: 0.02,
+            execute: 0.95,
+            postprocess: 0.03,
+            device: Some(util),
+        });
+        // 10 s at `util` busy in 6 ms device steps.
+        let all_steps = (util * 10.0 / 0.006_f64).round();
+        s.grammar_masks = Some(crate::window::GrammarMasks {
+            steps: mask_steps.min(all_steps),
+            seconds: mask_s * mask_steps.min(all_steps),
+            all_steps: Some(all_steps),
+        });
+        s
+    }
+
+    #[test]
+    fn masks_as_long_as_half_the_device_step_hold_it_back() {
+        let dg = diagnose(&constrained(0.78, 0.0033, 1e9), None);
+        let f = &dg.findings[0];
+        assert_eq!(f.id, "grammar_masks", "{:?}", dg.findings);
+        assert_eq!(f.severity, Severity::Warning);
+        let ratio = f.evidence("mask_to_device_step_ratio").expect("ratio");
+        assert!((ratio - 0.55).abs() < 0.01, "{ratio}");
+        let per_step = f.evidence("grammar_mask_per_step").expect("per step");
+        assert!((per_step - 0.0033).abs() < 1e-9, "{per_step}");
+        assert_eq!(f.evidence("constrained_step_fraction"), Some(1.0));
+        assert!(f.action.contains("--grammar-threads"), "{}", f.action);
+        // Masks hidden behind the step, a busy device, few constrained
+        // steps, or no mask metric at all: nothing to say.
+        for (s, why) in [
+            (constrained(0.78, 0.001, 1e9), "short masks"),
+            (constrained(0.97, 0.0033, 1e9), "a busy device"),
+            (constrained(0.78, 0.0033, 50.0), "few constrained steps"),
+            (constrained(0.78, 0.0, 0.0), "no constrained steps"),
+            (
+                Summary {
+                    grammar_masks: None,
+                    ..constrained(0.78, 0.0033, 1e9)
+                },
+                "no mask metric",
+            ),
+        ] {
+            assert!(
+                matches!(grammar_masks(&s), Outcome::Clear),
+                "{why}: {:?}",
+                grammar_masks(&s)
+            );
+        }
     }
 
     #[test]

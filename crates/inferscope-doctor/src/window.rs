@@ -65,6 +65,19 @@ pub struct Phases {
     pub device: Option<f64>,
 }
 
+/// Structured-output mask computation in the window (inferscope's
+/// `grammar_mask_duration_seconds`), summed over engines.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GrammarMasks {
+    /// Steps that computed masks (steps with a constrained sequence).
+    pub steps: f64,
+    /// Wall seconds spent computing them.
+    pub seconds: f64,
+    /// All engine steps (`engine_step_duration_seconds{phase="execute"}`),
+    /// when exported.
+    pub all_steps: Option<f64>,
+}
+
 /// What one engine did in the window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct EngineStats {
@@ -174,6 +187,8 @@ pub struct Summary {
     pub idle_fraction: Option<f64>,
     /// Host time per phase (seconds per second, summed over engines).
     pub phases: Option<Phases>,
+    /// Grammar-mask computation, when the server exports it.
+    pub grammar_masks: Option<GrammarMasks>,
     /// Families the rules would read that the server does not expose.
     pub missing: Vec<String>,
 }
@@ -507,6 +522,15 @@ impl Window {
             }),
             _ => None,
         };
+        let grammar_masks = self
+            .hist(names::GRAMMAR_MASK_DURATION_SECONDS, &[])
+            .map(|h| GrammarMasks {
+                steps: h.count,
+                seconds: h.sum,
+                all_steps: self
+                    .hist(names::ENGINE_STEP_DURATION_SECONDS, &[("phase", "execute")])
+                    .map(|h| h.count),
+            });
         let missing = match self.last() {
             Some(last) => HOST_FAMILIES
                 .iter()
@@ -563,6 +587,7 @@ impl Window {
             device_utilisation,
             idle_fraction,
             phases,
+            grammar_masks,
             missing,
             engines,
         }
@@ -701,6 +726,42 @@ mod tests {
         .summary();
         assert_eq!(r.generation_tokens_per_s, Some(110.0));
         assert_eq!(r.e2e.map(|d| d.count), Some(5.0));
+    }
+
+    #[test]
+    fn grammar_masks_are_read_beside_the_step_count() {
+        let at = |k: f64| {
+            Scrape::parse(&format!(
+                "{}inferscope_grammar_mask_duration_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} {}\n\
+                 inferscope_grammar_mask_duration_seconds_sum{{engine=\"0\"}} {}\n\
+                 inferscope_grammar_mask_duration_seconds_count{{engine=\"0\"}} {}\n\
+                 inferscope_engine_step_duration_seconds_bucket{{engine=\"0\",phase=\"execute\",le=\"+Inf\"}} {}\n\
+                 inferscope_engine_step_duration_seconds_sum{{engine=\"0\",phase=\"execute\"}} {}\n\
+                 inferscope_engine_step_duration_seconds_count{{engine=\"0\",phase=\"execute\"}} {}\n\
+                 inferscope_engine_step_duration_seconds_count{{engine=\"0\",phase=\"schedule\"}} {}\n",
+                text(k, 0.0),
+                100.0 * k,
+                0.3 * k,
+                100.0 * k,
+                400.0 * k,
+                2.0 * k,
+                400.0 * k,
+                400.0 * k,
+            ))
+        };
+        let s = Window::new(vec![(0.0, at(1.0)), (2.0, at(3.0))], None).summary();
+        let gm = s.grammar_masks.expect("grammar masks");
+        assert_eq!((gm.steps, gm.all_steps), (200.0, Some(800.0)));
+        assert!((gm.seconds - 0.6).abs() < 1e-9, "{}", gm.seconds);
+        let none = Window::new(
+            vec![
+                (0.0, Scrape::parse(&text(1.0, 0.0))),
+                (1.0, Scrape::parse(&text(2.0, 0.0))),
+            ],
+            None,
+        )
+        .summary();
+        assert_eq!(none.grammar_masks, None);
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct EngineConfig {
     /// Each tenant's share under fair admission (absent: 1).
     #[serde(default)]
     pub tenant_weights: BTreeMap<String, f64>,
+    /// Threads each engine core computes grammar masks on
+    /// (`--grammar-threads`); `None`: [`crate::structured::default_grammar_threads`].
+    #[serde(default)]
+    pub grammar_threads: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -47,6 +51,7 @@ impl Default for EngineConfig {
             enable_mfu_metrics: false,
             scheduling_policy: SchedulingPolicy::Fair,
             tenant_weights: BTreeMap::new(),
+            grammar_threads: None,
         }
     }
 }

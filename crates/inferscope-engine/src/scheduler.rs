@@ -25,7 +25,9 @@ use crate::request::{
     EngineRequest, FinishedOutput, PositionLogprobs, PrefillChunk, RequestOutput, RequestTimeline,
     SamplingParams,
 };
-use crate::structured::{Advance, CompiledGrammar, GrammarWorker, SeqGrammar};
+use crate::structured::{
+    Advance, CompiledGrammar, GrammarWorker, SeqGrammar, default_grammar_threads,
+};
 use crate::waiting_queue::WaitingQueue;
 
 /// Where a request's outputs go.
@@ -573,7 +575,11 @@ impl Scheduler {
             return;
         }
         if self.grammar_worker.is_none() {
-            match GrammarWorker::spawn("engine-grammar".into()) {
+            let threads = self
+                .config
+                .grammar_threads
+                .unwrap_or_else(default_grammar_threads);
+            match GrammarWorker::with_threads("engine-grammar".into(), threads) {
                 Ok(w) => self.grammar_worker = Some(w),
                 Err(e) => {
                     tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline")

@@ -429,20 +429,39 @@ impl StepMasks {
 
 type Job = (Arc<StepMasks>, Vec<SeqGrammar>);
 
+/// Threads a grammar worker computes masks on by default: the machine's
+/// cores, at most 8 (a step's masks are a few milliseconds of work split
+/// across sequences; more threads than that mostly wait on each other).
+pub fn default_grammar_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(std::num::NonZeroUsize::get)
+        .unwrap_or(1)
+        .min(8)
+}
+
 /// A thread that computes a step's masks while the step runs (one per
-/// engine core, started at its first constrained request).
+/// engine core, started at its first constrained request), spreading the
+/// sequences of a step over a small pool of its own.
 #[derive(Debug)]
 pub struct GrammarWorker {
     tx: Sender<Job>,
 }
 
 impl GrammarWorker {
-    /// Starts the thread.
+    /// Starts the thread, computing each step's masks on
+    /// [`default_grammar_threads`] threads.
     pub fn spawn(name: String) -> std::io::Result<Self> {
+        Self::with_threads(name, default_grammar_threads())
+    }
+
+    /// Starts the thread, computing each step's masks on `threads` threads
+    /// (1: one sequence after another on the worker thread itself).
+    pub fn with_threads(name: String, threads: usize) -> std::io::Result<Self> {
+        let pool = mask_pool(&name, threads)?;
         let (tx, rx) = channel::<Job>();
         std::thread::Builder::new().name(name).spawn(move || {
             for (step, grammars) in rx {
-                compute_into(&step, &grammars);
+                compute_guarded(&step, &grammars, pool.as_ref());
             }
         })?;
         Ok(Self { tx })
@@ -453,10 +472,10 @@ impl GrammarWorker {
     pub fn submit(&self, grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
         let step = Arc::new(StepMasks::default());
         if let Err(err) = self.tx.send((Arc::clone(&step), grammars)) {
-            // The thread is gone (it panicked): compute here rather than
-            // leave the executor waiting forever.
+            // The thread is gone: compute here rather than leave the
+            // executor waiting forever.
             let (step, grammars) = err.0;
-            compute_into(&step, &grammars);
+            compute_into(&step, &grammars, None);
             return step;
         }
         step
@@ -466,18 +485,51 @@ impl GrammarWorker {
     /// thread could be started).
     pub fn compute_now(grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
         let step = Arc::new(StepMasks::default());
-        compute_into(&step, &grammars);
+        compute_into(&step, &grammars, None);
         step
     }
 }
 
-/// Computes the masks of `grammars` into `step` and publishes them.
-fn compute_into(step: &StepMasks, grammars: &[SeqGrammar]) {
+/// The pool a worker spreads a step's sequences over; none for one thread.
+fn mask_pool(name: &str, threads: usize) -> std::io::Result<Option<rayon::ThreadPool>> {
+    if threads <= 1 {
+        return Ok(None);
+    }
+    let prefix = name.to_owned();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(move |i| format!("{prefix}-{i}"))
+        .build()
+        .map(Some)
+        .map_err(std::io::Error::other)
+}
+
+/// [`compute_into`], publishing no masks if it panics, so the executor
+/// never waits for ever: the step's constrained sequences then sample
+/// unconstrained and end with an error when their tokens break the grammar.
+fn compute_guarded(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::ThreadPool>) {
+    let run = std::panic::AssertUnwindSafe(|| compute_into(step, grammars, pool));
+    if std::panic::catch_unwind(run).is_err() {
+        tracing::error!("computing grammar masks panicked; the step samples unconstrained");
+        step.finish(Vec::new(), Duration::ZERO);
+    }
+}
+
+/// Computes the masks of `grammars` into `step` (slot `i` is `grammars[i]`'s
+/// mask) and publishes them: in parallel across sequences on `pool`, else
+/// one after another. Each sequence's matcher has its own lock, so the
+/// sequences never wait on each other.
+fn compute_into(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::ThreadPool>) {
+    use rayon::prelude::*;
     let t0 = Instant::now();
-    let masks = grammars
-        .iter()
-        .map(|g| g.compute_mask().ok().map(TokenMask))
-        .collect();
+    let mask = |g: &SeqGrammar| g.compute_mask().ok().map(TokenMask);
+    let masks = match pool {
+        // An indexed parallel collect keeps the input order: slot order.
+        Some(pool) if grammars.len() > 1 => {
+            pool.install(|| grammars.par_iter().map(mask).collect())
+        }
+        _ => grammars.iter().map(mask).collect(),
+    };
     step.finish(masks, t0.elapsed());
 }
 
@@ -590,5 +642,69 @@ mod tests {
         assert!(!ready.get(0).expect("mask").is_allowed(u32::from(b'y')));
         assert!(ready.get(1).expect("mask").is_allowed(u32::from(b'y')));
         assert!(ready.get(2).is_none());
+    }
+
+    /// Many sequences over several grammars, each some way into its output,
+    /// so that neighbouring slots have different masks.
+    fn mixed_sequences(c: &GrammarCompiler, n: usize) -> Vec<SeqGrammar> {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"]
+        });
+        let kinds = [
+            (StructuredOutput::Json(schema), r#"{"name":"abcdef"}"#),
+            (StructuredOutput::Regex("[a-z]{3}[0-9]+".into()), "abc12345"),
+            (
+                StructuredOutput::Choice(vec!["alpha".into(), "beta".into(), "gamma".into()]),
+                "gamma",
+            ),
+            (StructuredOutput::JsonObject, r#"{"a":[1,2,3]}"#),
+            (
+                StructuredOutput::Grammar("root ::= [a-b]{2} \"-\" (\"x\" | \"y\")".into()),
+                "ab-x",
+            ),
+        ];
+        let compiled: Vec<(CompiledGrammar, &str)> = kinds
+            .into_iter()
+            .map(|(k, text)| (c.compile(k).expect("compiles"), text))
+            .collect();
+        (0..n)
+            .map(|i| {
+                let (grammar, text) = &compiled[i % compiled.len()];
+                let g = grammar.start();
+                let prefix = &text[..(i / compiled.len()) % text.len()];
+                assert_eq!(run(&g, prefix), Advance::Continue, "{prefix:?}");
+                g
+            })
+            .collect()
+    }
+
+    fn bits(m: Option<&TokenMask>) -> Option<Vec<u32>> {
+        m.map(|m| m.0.as_slice().to_vec())
+    }
+
+    #[test]
+    fn parallel_masks_equal_serial_masks_in_slot_order() {
+        let c = byte_compiler();
+        let seqs = mixed_sequences(&c, 97);
+        let serial = StepMasks::default();
+        compute_into(&serial, &seqs, None);
+        let serial = serial.wait();
+        let distinct: std::collections::HashSet<_> =
+            (0..seqs.len()).map(|i| bits(serial.get(i))).collect();
+        assert!(distinct.len() > 10, "the sequences' masks differ");
+        let pool = mask_pool("grammar-test", 4).expect("pool");
+        let parallel = StepMasks::default();
+        compute_into(&parallel, &seqs, pool.as_ref());
+        let worker = GrammarWorker::with_threads("grammar-test".into(), 3).expect("thread");
+        let submitted = worker.submit(seqs.clone());
+        for step in [parallel.wait(), submitted.wait()] {
+            for i in 0..seqs.len() {
+                assert!(serial.get(i).is_some(), "slot {i} has a mask");
+                assert_eq!(bits(step.get(i)), bits(serial.get(i)), "slot {i}");
+            }
+            assert!(step.get(seqs.len()).is_none());
+        }
     }
 }

@@ -189,8 +189,8 @@ pub struct IterationStats {
     pub postprocess_time: Duration,
     /// Time the device reports as busy for this step.
     pub device_time: Duration,
-    /// Host time spent computing the step's grammar masks (structured
-    /// outputs), on the grammar thread while the step ran; `None` when no
+    /// Wall time spent computing the step's grammar masks (structured
+    /// outputs), on the grammar threads while the step ran; `None` when no
     /// sequence of the step was constrained.
     pub grammar_mask_time: Option<Duration>,
     /// Requests that finished during this step (reused buffer: cleared each step).

@@ -256,6 +256,13 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 2)]
     pub validation_workers: usize,
 
+    /// Threads each engine core computes structured-output (grammar) masks on,
+    /// while the step runs; a step's constrained sequences are spread over them.
+    /// Default: the machine's cores, at most 8. Raise it when `doctor` reports
+    /// `grammar_masks` (the device waits for masks).
+    #[arg(long, value_name = "N")]
+    pub grammar_threads: Option<usize>,
+
     /// Bytes of request bodies that may be held by requests being validated or waiting for a
     /// validation worker (at most 4 GiB); more get 429 rather than piling up in memory.
     /// Bytes or a size such as 256MiB.

@@ -162,6 +162,9 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     if args.validation_workers == 0 {
         return Err(config_err("--validation-workers must be at least 1".into()));
     }
+    if args.grammar_threads == Some(0) {
+        return Err(config_err("--grammar-threads must be at least 1".into()));
+    }
     // As vLLM: with fewer tokens per step than running sequences, the first
     // ones would decode every step and the rest wait behind them.
     let budget = args.max_num_batched_tokens();
@@ -342,6 +345,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             .as_ref()
             .map(TenantKeys::weights)
             .unwrap_or_default(),
+        grammar_threads: args.grammar_threads,
     };
     let engine_indices: Vec<usize> =
         (args.data_parallel_rank..args.data_parallel_rank + args.data_parallel_size).collect();

@@ -26,6 +26,7 @@ async fn max_num_seqs_1_is_queue_bound() {
         Shape {
             prompt_len: 24,
             max_tokens: 8,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -54,6 +55,7 @@ async fn small_kv_storage_preempts() {
         Shape {
             prompt_len: 100,
             max_tokens: 300,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -83,6 +85,7 @@ async fn instant_device_is_host_bound() {
         Shape {
             prompt_len: 16,
             max_tokens: 2000,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -100,6 +103,40 @@ async fn instant_device_is_host_bound() {
         "{}",
         f.title
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_grammar_masks_hold_the_device_back() {
+    // A fast device (0.4 ms per step) and 32 sequences whose masks are
+    // computed one after another (one grammar thread): the masks of a step
+    // take longer than the step, so the device waits for them. Long outputs
+    // keep requests (and their grammar compilations) few, so admission does
+    // not queue.
+    let run = scenario(
+        &[
+            "--sim-profile",
+            "tiny,t_fixed_ms=0.1,t_prefill_us=0,t_weights_ms=0.3,t_kv_ns=0",
+            "--grammar-threads",
+            "1",
+        ],
+        32,
+        Shape {
+            prompt_len: 16,
+            max_tokens: 400,
+            guided_regex: Some("[a-z ]{400}"),
+        },
+        WINDOW,
+    )
+    .await;
+    assert_eq!(run.counts[2], 0, "every constrained request succeeds");
+    let r = run.report;
+    let f = first(&r);
+    assert_eq!(f.id, "grammar_masks");
+    assert!(evidence(f, "device_utilisation") < 0.95);
+    assert!(evidence(f, "mask_to_device_step_ratio") >= 0.5);
+    assert!(evidence(f, "grammar_mask_per_step") > 0.0);
+    assert!(evidence(f, "constrained_step_fraction") > 0.5);
+    assert!(f.action.contains("--grammar-threads"), "{}", f.action);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,6 +204,7 @@ async fn long_prompts_dominate_ttft() {
         Shape {
             prompt_len: 1000,
             max_tokens: 4,
+            guided_regex: None,
         },
         Duration::from_secs(2),
     )
@@ -196,6 +234,7 @@ async fn distinct_long_prompts_miss_the_prefix_cache() {
         Shape {
             prompt_len: 600,
             max_tokens: 4,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -228,6 +267,7 @@ async fn full_queue_rejects_at_admission() {
         Shape {
             prompt_len: 24,
             max_tokens: 8,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -263,6 +303,7 @@ async fn an_engine_dying_mid_window_is_a_rising_error_rate() {
         Shape {
             prompt_len: 24,
             max_tokens: 8,
+            guided_regex: None,
         },
         window,
     )
@@ -290,6 +331,7 @@ async fn light_load_is_healthy() {
         Shape {
             prompt_len: 32,
             max_tokens: 16,
+            guided_regex: None,
         },
         WINDOW,
     )
@@ -321,6 +363,7 @@ async fn vllm_namespace_is_detected_and_run_doctor_exits_zero_when_healthy() {
         Shape {
             prompt_len: 32,
             max_tokens: 16,
+            guided_regex: None,
         },
     );
     tokio::time::sleep(WARMUP).await;

@@ -283,7 +283,7 @@ metrics! {
     BATCH_SIZE = BATCH_SIZE: Histogram "batch_size", unit Sequences, scope Engine, labels ENGINE, buckets Fixed(BATCH_SIZE_BUCKETS),
         "Sequences per engine step";
     GRAMMAR_MASK_DURATION = GRAMMAR_MASK_DURATION_SECONDS: Histogram "grammar_mask_duration_seconds", unit Seconds, scope Engine, labels ENGINE, buckets Fixed(STEP_DURATION_BUCKETS),
-        "Host time per engine step spent computing the token masks of structured outputs (steps with a constrained sequence only), on the grammar thread while the forward pass runs: the step waits for it only where it is longer than the forward pass";
+        "Wall time per engine step spent computing the token masks of structured outputs (steps with a constrained sequence only), spread over the grammar threads (--grammar-threads) while the forward pass runs: the step waits for it only where it is longer than the forward pass";
     ENGINE_CORE_FAILURES = ENGINE_CORE_FAILURES: Counter "engine_core_failures", unit Failures, scope Engine, labels &["model_name", "engine", "cause"], buckets NB,
         "Engine cores that stopped serving for good, by cause (panic, executor_error); the log and /health give the message";
     TRACE_SPANS_DROPPED = TRACE_SPANS_DROPPED: Counter "trace_spans_dropped", unit Spans, scope Model, labels &["model_name", "reason"], buckets NB,

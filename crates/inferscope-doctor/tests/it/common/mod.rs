@@ -32,6 +32,15 @@ pub async fn complete(
         "max_tokens": max_tokens,
         "ignore_eos": true,
     });
+    post(c, addr, body).await
+}
+
+/// POSTs `body` to `/v1/completions` and reads the whole response; returns the status.
+async fn post(
+    c: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    body: serde_json::Value,
+) -> u16 {
     let req = hyper::Request::post(format!("http://{addr}/v1/completions"))
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))
@@ -42,6 +51,24 @@ pub async fn complete(
     let status = resp.status().as_u16();
     let _ = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect()).await;
     status
+}
+
+/// As [`complete`], with the output constrained to match `regex`.
+pub async fn complete_guided(
+    c: &Client<HttpConnector, Full<Bytes>>,
+    addr: SocketAddr,
+    prompt: &str,
+    max_tokens: usize,
+    regex: &str,
+) -> u16 {
+    let body = serde_json::json!({
+        "model": "demo",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "guided_regex": regex,
+    });
+    post(c, addr, body).await
 }
 
 /// Closed-loop clients sending requests until stopped.
@@ -59,6 +86,8 @@ pub struct Shape {
     pub prompt_len: usize,
     /// Tokens to generate.
     pub max_tokens: usize,
+    /// A `guided_regex` every request's output must match (structured outputs).
+    pub guided_regex: Option<&'static str>,
 }
 
 /// A prompt of `len` bytes starting with a unique tag, so no two prompts share
@@ -86,7 +115,10 @@ impl Load {
                     while !stop.load(Ordering::Relaxed) {
                         let p = prompt(&format!("c{i}r{n}"), shape.prompt_len);
                         n += 1;
-                        let status = complete(&c, addr, &p, shape.max_tokens).await;
+                        let status = match shape.guided_regex {
+                            Some(rx) => complete_guided(&c, addr, &p, shape.max_tokens, rx).await,
+                            None => complete(&c, addr, &p, shape.max_tokens).await,
+                        };
                         let slot = match status {
                             200..=299 => 0,
                             429 => 1,
