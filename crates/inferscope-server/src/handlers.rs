@@ -277,6 +277,7 @@ async fn respond(
             p.top_p,
             p.n,
         );
+        span.set_features(plan.features);
         span.set_tenant(tenant.as_ref().map_or_else(
             || Arc::from(inferscope_schema::schema::TENANT_ANONYMOUS),
             |t| Arc::clone(&t.name),

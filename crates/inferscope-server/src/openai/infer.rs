@@ -18,6 +18,7 @@ use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
+use crate::features::RequestFeatures;
 pub use crate::openai::protocol::{PromptLogprobs, RankedLogprob, TokenLogprob};
 use crate::openai::validation::{LogprobsPlan, Plan};
 use crate::request_ids::RequestIds;
@@ -154,7 +155,7 @@ impl Infer<'_> {
                 )
                 .with_request_log(self.request_log.cloned())
                 .with_stop_output(plan.include_stop_str_in_output)
-                .with_structured_output(plan.grammar.as_ref().map(|g| g.constraint().kind()));
+                .with_features(plan.features);
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
                 }
@@ -361,8 +362,8 @@ pub struct ChoiceStream {
     include_stop: bool,
     /// `echo`: text sent before the first generated one.
     echo: Option<String>,
-    /// The kind of structured output the choice is held to (request log).
-    structured_output: Option<&'static str>,
+    /// Which optional features its request used (request log).
+    features: RequestFeatures,
     /// Log-probabilities, when the request asked for any.
     logprobs: Option<Box<ChoiceLogprobs>>,
     /// An output received early (`echo` with log-probabilities waits for
@@ -401,7 +402,7 @@ impl ChoiceStream {
             tenant_name: None,
             include_stop: false,
             echo: None,
-            structured_output: None,
+            features: RequestFeatures::default(),
             logprobs: None,
             early: None,
             done: false,
@@ -465,9 +466,9 @@ impl ChoiceStream {
         self
     }
 
-    /// Notes in the request log that the choice was constrained (`kind`).
-    pub fn with_structured_output(mut self, kind: Option<&'static str>) -> Self {
-        self.structured_output = kind;
+    /// Notes in the request log which optional features the request used.
+    pub fn with_features(mut self, features: RequestFeatures) -> Self {
+        self.features = features;
         self
     }
 
@@ -717,12 +718,7 @@ impl ChoiceStream {
                 prompt_tokens,
                 completion_tokens,
                 timings: timings.clone(),
-                structured_output: self.structured_output,
-                logprobs: self.logprobs.as_ref().and_then(|l| l.plan.tokens),
-                prompt_logprobs: self
-                    .logprobs
-                    .as_ref()
-                    .and_then(|l| l.plan.prompt.or(l.plan.tokens.filter(|_| l.plan.echo))),
+                features: self.features,
             });
         }
         let timeline = engine.map(|(t, _)| t);
