@@ -5,6 +5,7 @@
 //! is handed to the response.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use futures::Stream;
@@ -107,6 +108,7 @@ impl Infer<'_> {
         let stop: Arc<[String]> = plan.stop.clone().into();
         let mut choices = Vec::with_capacity(total);
         for (p, prompt) in plan.prompts.iter().enumerate() {
+            let mut parent = None;
             for i in 0..n {
                 let index = p * n + i;
                 // On an error, the handles already made abort themselves when
@@ -142,6 +144,17 @@ impl Infer<'_> {
                     .record_latency
                     .then(|| self.metrics.frontend(handle.engine))
                     .flatten();
+                // One per prompt, on its first choice's engine (the choices
+                // may be spread over several).
+                if i == 0 {
+                    parent = latency.clone().map(|recorder| {
+                        Arc::new(ParentRequest {
+                            n,
+                            max_generation_tokens_plus_one: AtomicUsize::new(0),
+                            recorder,
+                        })
+                    });
+                }
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt)
                     .with_skip_special_tokens(plan.skip_special_tokens);
                 let mut choice = ChoiceStream::new(
@@ -159,6 +172,7 @@ impl Infer<'_> {
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
                 }
+                choice.parent = parent.clone();
                 if plan.logprobs != LogprobsPlan::default() {
                     choice = choice.with_logprobs(plan.logprobs, self.tokenizer.clone(), prompt[0]);
                 }
@@ -194,6 +208,37 @@ impl Generation {
     /// Waits for every choice: its index, whole text and finish, in order.
     pub async fn collect(self) -> Vec<CompletedChoice> {
         futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
+    }
+}
+
+/// The choices of one prompt (vLLM's parent request). When the last of
+/// them is dropped, its `n` and the most tokens a choice generated are
+/// observed once: `request_params_n` and `request_max_num_generation_tokens`
+/// per prompt, as vLLM observes them, not once per choice.
+struct ParentRequest {
+    n: usize,
+    /// The most tokens one finished choice generated, plus one (0: none
+    /// finished, e.g. the request was refused after its first choice).
+    max_generation_tokens_plus_one: AtomicUsize,
+    recorder: FrontendRecorder,
+}
+
+impl ParentRequest {
+    fn choice_finished(&self, generation_tokens: usize) {
+        self.max_generation_tokens_plus_one
+            .fetch_max(generation_tokens.saturating_add(1), Ordering::Relaxed);
+    }
+}
+
+impl Drop for ParentRequest {
+    fn drop(&mut self) {
+        let plus_one = *self.max_generation_tokens_plus_one.get_mut();
+        if plus_one > 0 {
+            self.recorder.record(&FrontendStats::ParentFinished {
+                n: self.n,
+                max_generation_tokens: plus_one - 1,
+            });
+        }
     }
 }
 
@@ -364,6 +409,8 @@ pub struct ChoiceStream {
     echo: Option<String>,
     /// Which optional features its request used (request log).
     features: RequestFeatures,
+    /// Its prompt's choices together (metrics), shared by them.
+    parent: Option<Arc<ParentRequest>>,
     /// Log-probabilities, when the request asked for any.
     logprobs: Option<Box<ChoiceLogprobs>>,
     /// An output received early (`echo` with log-probabilities waits for
@@ -403,6 +450,7 @@ impl ChoiceStream {
             include_stop: false,
             echo: None,
             features: RequestFeatures::default(),
+            parent: None,
             logprobs: None,
             early: None,
             done: false,
@@ -701,6 +749,9 @@ impl ChoiceStream {
         };
         if let Some(recorder) = &self.latency {
             recorder.record_for(&FrontendStats::Finished(frontend), &self.request);
+        }
+        if let Some(parent) = &self.parent {
+            parent.choice_finished(completion_tokens);
         }
         let timings = ChoiceTimings::new(
             frontend.ttft,
