@@ -364,6 +364,14 @@ impl EngineMetrics {
                 let t = self.tenant(request.map_or(0, |r| r.tenant));
                 t.generation_tokens.inc_by(*tokens);
             }
+            FrontendStats::ParentFinished {
+                n,
+                max_generation_tokens,
+            } => {
+                self.request_params_n.observe(*n as f64);
+                self.request_max_num_generation_tokens
+                    .observe(*max_generation_tokens as f64);
+            }
         }
     }
 
@@ -450,13 +458,11 @@ impl EngineMetrics {
             .observe(req.num_prompt_tokens as f64);
         self.request_generation_tokens
             .observe(req.num_generation_tokens as f64);
+        // Per engine request (choice), as vLLM observes it per finished
+        // request; `n` and the max over a prompt's choices are observed once
+        // per prompt by the front end (`FrontendStats::ParentFinished`).
         self.request_params_max_tokens
             .observe(req.max_tokens_param as f64);
-        // Each engine request is one sequence, so the max over its sequences
-        // is its own generation count.
-        self.request_max_num_generation_tokens
-            .observe(req.num_generation_tokens as f64);
-        self.request_params_n.observe(req.n as f64);
         self.request_num_preemptions
             .observe(req.num_preemptions as f64);
         self.request_prefill_kv_computed_tokens

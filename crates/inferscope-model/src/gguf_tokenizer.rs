@@ -849,6 +849,10 @@ impl Tokenizer for GgufTokenizer {
         self.bos
     }
 
+    fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(ChatTemplate::source)
+    }
+
     fn apply_chat_template(
         &self,
         messages: &[ChatMessage],

@@ -25,6 +25,17 @@ pub trait Tokenizer: Send + Sync {
     fn eos_token_ids(&self) -> Vec<u32>;
     /// The beginning-of-sequence token, if the vocabulary has one.
     fn bos_token_id(&self) -> Option<u32>;
+    /// What kind of tokenizer this is (`tokenizer_class` of `/tokenizer_info`):
+    /// the implementing type's name.
+    fn tokenizer_class(&self) -> &'static str {
+        let full = std::any::type_name::<Self>();
+        full.rsplit("::").next().unwrap_or(full)
+    }
+    /// The model's chat template (Jinja source), when it has one; the plain
+    /// default template is not one.
+    fn chat_template_source(&self) -> Option<&str> {
+        None
+    }
     /// Renders plain `{role, content}` messages into a prompt.
     fn apply_chat_template(
         &self,
@@ -249,6 +260,10 @@ impl Tokenizer for HfTokenizer {
         self.bos
     }
 
+    fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(ChatTemplate::source)
+    }
+
     fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
         match &self.chat_template {
             Some(t) => t.render_input(input),
@@ -299,6 +314,12 @@ impl Tokenizer for WithChatTemplate {
     }
     fn bos_token_id(&self) -> Option<u32> {
         self.inner.bos_token_id()
+    }
+    fn tokenizer_class(&self) -> &'static str {
+        self.inner.tokenizer_class()
+    }
+    fn chat_template_source(&self) -> Option<&str> {
+        Some(self.template.source())
     }
     fn render_chat(&self, input: &ChatInput) -> Result<String, ModelError> {
         self.template.render_input(input)
@@ -392,6 +413,17 @@ impl IncrementalDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokenizer_class_and_chat_template_source() {
+        assert_eq!(ByteTokenizer.tokenizer_class(), "ByteTokenizer");
+        assert_eq!(ByteTokenizer.chat_template_source(), None);
+        let with = WithChatTemplate::new(Arc::new(ByteTokenizer), "{{ bos_token }}".into())
+            .expect("a template");
+        // The replaced template is reported, the class stays the inner one's.
+        assert_eq!(with.tokenizer_class(), "ByteTokenizer");
+        assert_eq!(with.chat_template_source(), Some("{{ bos_token }}"));
+    }
 
     #[test]
     fn byte_tokenizer_round_trips() {

@@ -144,7 +144,9 @@ pub struct FinishedRequestStats {
     pub num_cached_tokens: usize,
     /// The request's `max_tokens` parameter.
     pub max_tokens_param: usize,
-    /// The request's `n` parameter (the server's fan-out).
+    /// The request's `n` parameter (the server's fan-out). Not observed per
+    /// engine request: the front end observes it once per prompt
+    /// ([`FrontendStats::ParentFinished`]).
     pub n: usize,
     /// Times the request was preempted.
     pub num_preemptions: u64,
@@ -315,6 +317,16 @@ pub enum FrontendStats {
     /// unknown (the proxy with `n > 1`): the generation-token counter alone
     /// (its [`FrontendStats::Observed`] choices then carry no token count).
     GenerationTokens(u64),
+    /// Every choice of one prompt (vLLM's parent request) ended: its `n`
+    /// and the most tokens any of its choices generated, observed once per
+    /// prompt as vLLM observes `request_params_n` and
+    /// `request_max_num_generation_tokens`.
+    ParentFinished {
+        /// The request's `n`.
+        n: usize,
+        /// The most tokens one of its choices generated.
+        max_generation_tokens: usize,
+    },
 }
 
 /// Why an engine core stopped serving for good; the `cause` label value.

@@ -206,6 +206,13 @@ pub struct ServeArgs {
     #[arg(long)]
     pub enable_per_request_metrics: bool,
 
+    /// Serve `GET /tokenizer_info` (vLLM's flag): the tokenizer's configuration
+    /// (class, BOS/EOS strings, whether BOS is added, `model_max_length`, chat template),
+    /// which clients such as lm-evaluation-harness's remote tokenizer read. Without
+    /// it the route answers 404, as vLLM's.
+    #[arg(long)]
+    pub enable_tokenizer_info_endpoint: bool,
+
     /// Write one JSON line per finished request (ids, trace id, engine, timings,
     /// tokens, finish reason) to PATH (appended) or to stderr (`-`, the default
     /// when no value is given). Lines the writer cannot keep up with are dropped and

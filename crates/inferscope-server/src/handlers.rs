@@ -194,6 +194,15 @@ pub async fn detokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejectio
     }
 }
 
+/// `GET /tokenizer_info` (vLLM's, behind `--enable-tokenizer-info-endpoint`):
+/// the tokenizer's configuration, built once at start.
+pub async fn tokenizer_info(State(s): AppStateRef) -> Response {
+    match &s.tokenizer_info {
+        Some(info) => Json(info.clone()).into_response(),
+        None => not_found().await.into_response(),
+    }
+}
+
 /// Runs `check` (parsing, template rendering, tokenization: CPU work that
 /// grows with the prompt) on the validation workers, not on the runtime.
 async fn validate<T: Send + 'static>(
@@ -268,6 +277,7 @@ async fn respond(
             p.top_p,
             p.n,
         );
+        span.set_features(plan.features);
         span.set_tenant(tenant.as_ref().map_or_else(
             || Arc::from(inferscope_schema::schema::TENANT_ANONYMOUS),
             |t| Arc::clone(&t.name),

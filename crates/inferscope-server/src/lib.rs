@@ -13,6 +13,7 @@ pub mod admission;
 pub mod cli;
 pub mod console;
 pub mod error;
+pub mod features;
 pub mod handlers;
 pub mod kv_debug;
 pub mod lifecycle;

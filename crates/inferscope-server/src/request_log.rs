@@ -23,6 +23,7 @@ use inferscope_metrics::StatLoggerManager;
 use inferscope_schema::RequestRef;
 use serde::Serialize;
 
+use crate::features::RequestFeatures;
 use crate::timings::{ChoiceTimings, ResponseMetrics};
 
 /// Entries the queue holds before new ones are dropped.
@@ -65,15 +66,8 @@ pub struct RequestLogEntry {
     pub completion_tokens: usize,
     /// Its timings.
     pub timings: ChoiceTimings,
-    /// The kind of structured output it was held to (`json`,
-    /// `json_object`, `regex`, `choice`, `grammar`), if any.
-    pub structured_output: Option<&'static str>,
-    /// Most likely tokens reported per generated token, when the request
-    /// asked for log-probabilities (`logprobs`, `top_logprobs`).
-    pub logprobs: Option<usize>,
-    /// Most likely tokens reported per prompt position, when it asked for
-    /// the prompt's (`prompt_logprobs`, or `echo` with `logprobs`).
-    pub prompt_logprobs: Option<usize>,
+    /// The optional features its request used.
+    pub features: RequestFeatures,
 }
 
 /// The JSON line (and the console's recent request): every field but the
@@ -100,6 +94,10 @@ pub struct Line<'a> {
     logprobs: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     prompt_logprobs: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<&'static str>,
 }
 
 /// Unix time now, in seconds.
@@ -132,9 +130,11 @@ impl RequestLogEntry {
             completion_tokens: self.completion_tokens,
             metrics: self.timings.response_metrics(),
             inference_time_ms: self.timings.inference.as_secs_f64() * 1e3,
-            structured_output: self.structured_output,
-            logprobs: self.logprobs,
-            prompt_logprobs: self.prompt_logprobs,
+            structured_output: self.features.structured_output,
+            logprobs: self.features.logprobs,
+            prompt_logprobs: self.features.prompt_logprobs,
+            tools: self.features.tools,
+            tool_choice: self.features.tool_choice,
         }
     }
 }
@@ -346,9 +346,7 @@ mod tests {
                 2,
                 i,
             ),
-            structured_output: None,
-            logprobs: None,
-            prompt_logprobs: None,
+            features: RequestFeatures::default(),
         }
     }
 

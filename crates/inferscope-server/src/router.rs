@@ -40,6 +40,17 @@ pub fn router(
             require_api_key,
         ));
     let mut app = Router::new().merge(v1);
+    if state.tokenizer_info.is_some() {
+        // vLLM registers it only with --enable-tokenizer-info-endpoint; same key as /tokenize.
+        app = app.merge(
+            Router::new()
+                .route("/tokenizer_info", get(handlers::tokenizer_info))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    require_api_key,
+                )),
+        );
+    }
     if state.kv_events {
         app = app.merge(
             Router::new()

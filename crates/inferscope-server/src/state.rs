@@ -82,6 +82,9 @@ pub struct AppState {
     pub kv_events: bool,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`.
     pub tool_settings: ToolSettings,
+    /// `GET /tokenizer_info`'s body, built once at start
+    /// (`--enable-tokenizer-info-endpoint`; `None`: the route is not served).
+    pub tokenizer_info: Option<serde_json::Value>,
 }
 
 impl AppState {
@@ -445,6 +448,9 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         (None, None) => None,
     };
     let grammar = grammar_compiler(tokenizer.as_ref());
+    let tokenizer_info = args
+        .enable_tokenizer_info_endpoint
+        .then(|| tokenizer_info(tokenizer.as_ref(), limits.max_model_len));
     Ok(Arc::new(AppState {
         coordinator,
         tokenizer,
@@ -478,7 +484,33 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 .and_then(|name| ParserName::from_str(name, false).ok()),
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
+        tokenizer_info,
     }))
+}
+
+/// `GET /tokenizer_info`'s body: the `tokenizer_config.json` fields vLLM
+/// returns that a client needs to tokenize as the server does. Never a path
+/// or a token of the model's source, unlike a raw `tokenizer_config.json`.
+pub fn tokenizer_info(tokenizer: &dyn Tokenizer, max_model_len: usize) -> serde_json::Value {
+    let text = |id: Option<u32>| id.and_then(|id| tokenizer.decode(&[id], false).ok());
+    let bos = tokenizer.bos_token_id();
+    // Whether the tokenizer adds BOS itself (a client must not add another).
+    let add_bos_token = bos.is_some_and(|b| {
+        tokenizer
+            .encode("", true)
+            .is_ok_and(|ids| ids.first() == Some(&b))
+    });
+    let mut info = serde_json::json!({
+        "tokenizer_class": tokenizer.tokenizer_class(),
+        "bos_token": text(bos),
+        "eos_token": text(tokenizer.eos_token_ids().first().copied()),
+        "add_bos_token": add_bos_token,
+        "model_max_length": max_model_len,
+    });
+    if let Some(template) = tokenizer.chat_template_source() {
+        info["chat_template"] = template.into();
+    }
+    info
 }
 
 /// The structured-output compiler over `tokenizer`'s vocabulary, built once

@@ -5,6 +5,7 @@
 //! is handed to the response.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use futures::Stream;
@@ -18,6 +19,7 @@ use inferscope_schema::{FrontendRequestStats, FrontendStats, RequestRef};
 
 use crate::admission::{Admission, Reservation};
 use crate::error::ApiError;
+use crate::features::RequestFeatures;
 pub use crate::openai::protocol::{PromptLogprobs, RankedLogprob, TokenLogprob};
 use crate::openai::validation::{LogprobsPlan, Plan};
 use crate::request_ids::RequestIds;
@@ -106,6 +108,7 @@ impl Infer<'_> {
         let stop: Arc<[String]> = plan.stop.clone().into();
         let mut choices = Vec::with_capacity(total);
         for (p, prompt) in plan.prompts.iter().enumerate() {
+            let mut parent = None;
             for i in 0..n {
                 let index = p * n + i;
                 // On an error, the handles already made abort themselves when
@@ -141,6 +144,17 @@ impl Infer<'_> {
                     .record_latency
                     .then(|| self.metrics.frontend(handle.engine))
                     .flatten();
+                // One per prompt, on its first choice's engine (the choices
+                // may be spread over several).
+                if i == 0 {
+                    parent = latency.clone().map(|recorder| {
+                        Arc::new(ParentRequest {
+                            n,
+                            max_generation_tokens_plus_one: AtomicUsize::new(0),
+                            recorder,
+                        })
+                    });
+                }
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt)
                     .with_skip_special_tokens(plan.skip_special_tokens);
                 let mut choice = ChoiceStream::new(
@@ -154,10 +168,11 @@ impl Infer<'_> {
                 )
                 .with_request_log(self.request_log.cloned())
                 .with_stop_output(plan.include_stop_str_in_output)
-                .with_structured_output(plan.grammar.as_ref().map(|g| g.constraint().kind()));
+                .with_features(plan.features);
                 if let Some(echo) = &plan.echo {
                     choice = choice.with_echo(echo[p].clone());
                 }
+                choice.parent = parent.clone();
                 if plan.logprobs != LogprobsPlan::default() {
                     choice = choice.with_logprobs(plan.logprobs, self.tokenizer.clone(), prompt[0]);
                 }
@@ -193,6 +208,37 @@ impl Generation {
     /// Waits for every choice: its index, whole text and finish, in order.
     pub async fn collect(self) -> Vec<CompletedChoice> {
         futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
+    }
+}
+
+/// The choices of one prompt (vLLM's parent request). When the last of
+/// them is dropped, its `n` and the most tokens a choice generated are
+/// observed once: `request_params_n` and `request_max_num_generation_tokens`
+/// per prompt, as vLLM observes them, not once per choice.
+struct ParentRequest {
+    n: usize,
+    /// The most tokens one finished choice generated, plus one (0: none
+    /// finished, e.g. the request was refused after its first choice).
+    max_generation_tokens_plus_one: AtomicUsize,
+    recorder: FrontendRecorder,
+}
+
+impl ParentRequest {
+    fn choice_finished(&self, generation_tokens: usize) {
+        self.max_generation_tokens_plus_one
+            .fetch_max(generation_tokens.saturating_add(1), Ordering::Relaxed);
+    }
+}
+
+impl Drop for ParentRequest {
+    fn drop(&mut self) {
+        let plus_one = *self.max_generation_tokens_plus_one.get_mut();
+        if plus_one > 0 {
+            self.recorder.record(&FrontendStats::ParentFinished {
+                n: self.n,
+                max_generation_tokens: plus_one - 1,
+            });
+        }
     }
 }
 
@@ -361,8 +407,10 @@ pub struct ChoiceStream {
     include_stop: bool,
     /// `echo`: text sent before the first generated one.
     echo: Option<String>,
-    /// The kind of structured output the choice is held to (request log).
-    structured_output: Option<&'static str>,
+    /// Which optional features its request used (request log).
+    features: RequestFeatures,
+    /// Its prompt's choices together (metrics), shared by them.
+    parent: Option<Arc<ParentRequest>>,
     /// Log-probabilities, when the request asked for any.
     logprobs: Option<Box<ChoiceLogprobs>>,
     /// An output received early (`echo` with log-probabilities waits for
@@ -401,7 +449,8 @@ impl ChoiceStream {
             tenant_name: None,
             include_stop: false,
             echo: None,
-            structured_output: None,
+            features: RequestFeatures::default(),
+            parent: None,
             logprobs: None,
             early: None,
             done: false,
@@ -465,9 +514,9 @@ impl ChoiceStream {
         self
     }
 
-    /// Notes in the request log that the choice was constrained (`kind`).
-    pub fn with_structured_output(mut self, kind: Option<&'static str>) -> Self {
-        self.structured_output = kind;
+    /// Notes in the request log which optional features the request used.
+    pub fn with_features(mut self, features: RequestFeatures) -> Self {
+        self.features = features;
         self
     }
 
@@ -701,6 +750,9 @@ impl ChoiceStream {
         if let Some(recorder) = &self.latency {
             recorder.record_for(&FrontendStats::Finished(frontend), &self.request);
         }
+        if let Some(parent) = &self.parent {
+            parent.choice_finished(completion_tokens);
+        }
         let timings = ChoiceTimings::new(
             frontend.ttft,
             frontend.e2e,
@@ -717,12 +769,7 @@ impl ChoiceStream {
                 prompt_tokens,
                 completion_tokens,
                 timings: timings.clone(),
-                structured_output: self.structured_output,
-                logprobs: self.logprobs.as_ref().and_then(|l| l.plan.tokens),
-                prompt_logprobs: self
-                    .logprobs
-                    .as_ref()
-                    .and_then(|l| l.plan.prompt.or(l.plan.tokens.filter(|_| l.plan.echo))),
+                features: self.features,
             });
         }
         let timeline = engine.map(|(t, _)| t);

@@ -35,6 +35,9 @@ pub struct ToolPlan {
     /// `required` or a named function: the JSON schema the output is
     /// constrained to, as vLLM constrains it.
     pub schema: Option<serde_json::Value>,
+    /// How many tools were offered and the `tool_choice` (`none`, `auto`,
+    /// `required`, `function`), when any were (the request log, the span).
+    pub offered: Option<(usize, &'static str)>,
 }
 
 /// Checks `tools` and `tool_choice` against the server's settings and
@@ -60,6 +63,16 @@ pub fn plan_tools(
             ));
         }
     };
+    let offered = (!tools.is_empty()).then(|| {
+        let name = match &choice {
+            ToolChoice::None => "none",
+            ToolChoice::Auto => "auto",
+            ToolChoice::Required => "required",
+            // OpenAI's `{"type": "function", ...}`; the name stays out of logs.
+            ToolChoice::Named(_) => "function",
+        };
+        (tools.len(), name)
+    });
     let hidden = choice == ToolChoice::None && settings.exclude_tools_when_none;
     let template_tools = (!tools.is_empty() && !hidden).then(|| tools.clone());
     let mut schema = None;
@@ -90,6 +103,7 @@ pub fn plan_tools(
         single_call,
         keep_special_tokens,
         schema,
+        offered,
     })
 }
 

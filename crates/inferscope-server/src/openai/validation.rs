@@ -10,6 +10,7 @@ use inferscope_model::chat_template::Value;
 use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
 
 use crate::error::ApiError;
+use crate::features::RequestFeatures;
 use crate::openai::protocol::{
     ChatContent, ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest,
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
@@ -124,6 +125,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
     plan.grammar = compile_structured(body, v)?;
+    plan.note_features(None);
     Ok(Validated { model, plan })
 }
 
@@ -283,6 +285,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         }
     };
     apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, false, v.limits)?;
+    plan.note_features(tools.offered);
     Ok(Validated { model, plan })
 }
 
@@ -519,6 +522,24 @@ pub struct Plan {
     pub grammar: Option<CompiledGrammar>,
     /// What the response reports of log-probabilities.
     pub logprobs: LogprobsPlan,
+    /// Which optional features the request used (the request log and the
+    /// span), set once validation is done.
+    pub features: RequestFeatures,
+}
+
+impl Plan {
+    /// Fills `features` from the finished plan and `tools` (how many were
+    /// offered and the `tool_choice`).
+    fn note_features(&mut self, tools: Option<(usize, &'static str)>) {
+        let lp = self.logprobs;
+        self.features = RequestFeatures {
+            logprobs: lp.tokens,
+            prompt_logprobs: lp.prompt.or(lp.tokens.filter(|_| lp.echo)),
+            structured_output: self.grammar.as_ref().map(|g| g.constraint().kind()),
+            tools: tools.map(|(n, _)| n),
+            tool_choice: tools.map(|(_, c)| c),
+        };
+    }
 }
 
 /// The log-probabilities a response reports.
@@ -786,6 +807,7 @@ pub fn plan(
         tool_calls: None,
         grammar: None,
         logprobs: LogprobsPlan::default(),
+        features: RequestFeatures::default(),
     })
 }
 

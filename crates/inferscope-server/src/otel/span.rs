@@ -11,6 +11,7 @@ use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanEvents, SpanLinks};
 
 use super::{REQUEST_SPAN_NAME, TraceContext, Traces};
+use crate::features::RequestFeatures;
 
 /// What is known of a request when its span starts.
 #[derive(Debug, Clone)]
@@ -58,6 +59,8 @@ pub(super) struct SpanRecord {
     params: Option<Params>,
     /// Who sent it (`inferscope.tenant`): the tenant's name, never its key.
     tenant: Option<Arc<str>>,
+    /// Which optional features it used (`inferscope.request.*`).
+    features: RequestFeatures,
     choices: Vec<Choice>,
     usage: Option<(usize, usize)>,
     status_code: Option<u16>,
@@ -83,6 +86,7 @@ impl RequestSpan {
                 start,
                 request_id: None,
                 tenant: None,
+                features: RequestFeatures::default(),
                 params: None,
                 choices: Vec::new(),
                 usage: None,
@@ -117,6 +121,12 @@ impl RequestSpan {
             top_p,
             n,
         });
+    }
+
+    /// Which optional features the request used (log-probabilities,
+    /// structured output, tools).
+    pub fn set_features(&mut self, features: RequestFeatures) {
+        self.rec().features = features;
     }
 
     /// The request's tenant (its name; `anonymous` when none).
@@ -260,6 +270,25 @@ impl SpanRecord {
             ));
             attrs.push(KeyValue::new("gen_ai.request.top_p", f64::from(p.top_p)));
             attrs.push(KeyValue::new("gen_ai.request.n", p.n as i64));
+        }
+        // Only the features used: a plain request's span carries none of them.
+        let f = &self.features;
+        for (key, value) in [
+            ("inferscope.request.logprobs", f.logprobs),
+            ("inferscope.request.prompt_logprobs", f.prompt_logprobs),
+            ("inferscope.request.tools", f.tools),
+        ] {
+            if let Some(v) = value {
+                attrs.push(KeyValue::new(key, i64::try_from(v).unwrap_or(i64::MAX)));
+            }
+        }
+        for (key, value) in [
+            ("inferscope.request.structured_output", f.structured_output),
+            ("inferscope.request.tool_choice", f.tool_choice),
+        ] {
+            if let Some(v) = value {
+                attrs.push(KeyValue::new(key, v));
+            }
         }
         if let Some((prompt, completion)) = self.usage {
             for (k, v) in [

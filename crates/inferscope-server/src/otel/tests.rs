@@ -409,3 +409,45 @@ async fn several_choices_make_one_request_span_over_all_of_them() {
         ]
     );
 }
+
+#[tokio::test]
+async fn the_features_a_request_used_are_span_attributes_and_only_those() {
+    let (t, exporter, _) = traces(Some(1.0));
+    let arrival = Instant::now();
+    let features = crate::features::RequestFeatures {
+        logprobs: Some(2),
+        prompt_logprobs: None,
+        structured_output: Some("json"),
+        tools: Some(3),
+        tool_choice: Some("required"),
+    };
+    for f in [features, crate::features::RequestFeatures::default()] {
+        let cx = t.context(&headers(&format!("00-{PARENT_TRACE}-{PARENT_SPAN}-01")));
+        let mut span = t.start_span(&cx, arrival, start()).expect("sampled");
+        span.set_request("req-f", "m", 16, 1.0, 1.0, 1);
+        span.set_features(f);
+        span.end();
+    }
+    let spans = exported(&t, &exporter).await;
+    assert_eq!(spans.len(), 2);
+    let used = &spans[0];
+    for (k, v) in [
+        ("inferscope.request.logprobs", Value::I64(2)),
+        ("inferscope.request.tools", Value::I64(3)),
+        ("inferscope.request.structured_output", Value::from("json")),
+        ("inferscope.request.tool_choice", Value::from("required")),
+    ] {
+        assert_eq!(attr(used, k), Some(&v), "{k}");
+    }
+    assert_eq!(attr(used, "inferscope.request.prompt_logprobs"), None);
+    // A plain request's span names no feature.
+    let plain = &spans[1];
+    assert!(
+        !plain
+            .attributes
+            .iter()
+            .any(|kv| kv.key.as_str().starts_with("inferscope.request.")),
+        "{:?}",
+        plain.attributes
+    );
+}

@@ -354,15 +354,31 @@ async fn the_request_log_names_logprob_requests() {
     )
     .await;
     post(addr, COMPLETIONS, &json!({"prompt": "b", "max_tokens": 1})).await;
+    // What evaluation harnesses send to score a prompt: the prompt's own
+    // log-probabilities, echoed.
+    post(
+        addr,
+        COMPLETIONS,
+        &json!({"prompt": "c d", "max_tokens": 1, "logprobs": 1, "echo": true}),
+    )
+    .await;
     server.shutdown(Duration::from_secs(5)).await;
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let lines: Vec<Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 2, "{text}");
+    assert_eq!(lines.len(), 3, "{text}");
     assert_eq!(
         lines.iter().filter(|l| l["logprobs"] == 4).count(),
+        1,
+        "{text}"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["logprobs"] == 1 && l["prompt_logprobs"] == 1)
+            .count(),
         1,
         "{text}"
     );

@@ -327,3 +327,62 @@ async fn disable_metrics_hides_the_endpoint() {
     );
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// vLLM's request-parameter histograms: `n` (and the most tokens a choice
+/// generated) once per prompt, `max_tokens` once per choice, as vLLM
+/// observes them; with two engines, so the choices may be spread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_params_n_and_max_tokens_land_in_their_buckets() {
+    let server = start(&["--metrics-namespace", "vllm", "--data-parallel-size", "2"]).await;
+    let addr = server.addr;
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "n": 3, "max_tokens": 7, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"].as_array().map(Vec::len), Some(3));
+    let r = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "hi", "max_tokens": 100, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let samples = scrape_when(addr, "vllm:request_success_total", 4.0).await;
+    assert_histograms_well_formed(&samples);
+    let bucket = |name: &str, le: &str| sum(&samples, &format!("{name}_bucket"), &[("le", le)]);
+    let n = "vllm:request_params_n";
+    assert_eq!(
+        sum(&samples, &format!("{n}_count"), &[]),
+        2.0,
+        "once per prompt"
+    );
+    assert_eq!(sum(&samples, &format!("{n}_sum"), &[]), 3.0 + 1.0);
+    // vLLM's buckets 1, 2, 5, 10, 20: n=1 in the first, n=3 up to 5.
+    assert_eq!(
+        [bucket(n, "1"), bucket(n, "2"), bucket(n, "5")],
+        [1.0, 1.0, 2.0]
+    );
+    let max = "vllm:request_params_max_tokens";
+    assert_eq!(
+        sum(&samples, &format!("{max}_count"), &[]),
+        4.0,
+        "once per choice"
+    );
+    assert_eq!(sum(&samples, &format!("{max}_sum"), &[]), 3.0 * 7.0 + 100.0);
+    assert_eq!(
+        [
+            bucket(max, "5"),
+            bucket(max, "10"),
+            bucket(max, "50"),
+            bucket(max, "100")
+        ],
+        [0.0, 3.0, 3.0, 4.0]
+    );
+    let most = "vllm:request_max_num_generation_tokens";
+    assert_eq!(sum(&samples, &format!("{most}_count"), &[]), 2.0);
+    assert_eq!(sum(&samples, &format!("{most}_sum"), &[]), 7.0 + 100.0);
+    server.shutdown(Duration::from_secs(5)).await;
+}

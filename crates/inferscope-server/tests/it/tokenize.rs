@@ -1,7 +1,8 @@
 //! `POST /tokenize` and `POST /detokenize`: vLLM's shapes, round trips on the
 //! byte tokenizer and on a real `tokenizer.json`, chat messages counted with
 //! the template, `count` equal to the `usage.prompt_tokens` of a completion
-//! of the same prompt, the errors, the API key and the HTTP metrics.
+//! of the same prompt, the errors, the API key and the HTTP metrics; and
+//! `GET /tokenizer_info` (only with `--enable-tokenizer-info-endpoint`).
 
 use crate::common;
 
@@ -343,6 +344,86 @@ async fn a_template_writing_bos_gives_exactly_one_bos() {
     .await;
     let r = tokenize(server.addr, json!({"messages": messages})).await;
     assert_eq!(r["tokens"], json!([300, 1, 2, 7]));
+    server.shutdown(Duration::from_secs(5)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET /tokenizer_info`, expecting 200.
+async fn tokenizer_info(addr: SocketAddr, headers: &[(&str, &str)]) -> Value {
+    let r = call(addr, "GET", "/tokenizer_info", "", headers).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_info_only_with_its_flag_and_behind_the_key() {
+    // Without the flag: 404 with an OpenAI error body, as vLLM (no route).
+    let server = start(&[]).await;
+    let r = call(server.addr, "GET", "/tokenizer_info", "", &[]).await;
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.json()["error"]["message"].is_string(), "{}", r.body);
+    server.shutdown(Duration::from_secs(5)).await;
+
+    let server = start(&[
+        "--enable-tokenizer-info-endpoint",
+        "--max-model-len",
+        "300",
+        "--api-key",
+        "sekret",
+    ])
+    .await;
+    let addr = server.addr;
+    let r = call(addr, "GET", "/tokenizer_info", "", &[]).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    let info = tokenizer_info(addr, &[("authorization", "Bearer sekret")]).await;
+    assert_eq!(
+        info,
+        json!({"tokenizer_class": "ByteTokenizer", "bos_token": "<s>", "eos_token": "</s>",
+               "add_bos_token": true, "model_max_length": 300}),
+        "the byte tokenizer has no chat template to report"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_info_of_a_tokenizer_json_names_its_template_and_no_path() {
+    let dir = std::env::temp_dir().join(format!("inferscope-info-{}", std::process::id()));
+    let path = bos_tokenizer_dir(&dir);
+    let server = start(&["--tokenizer", &path, "--enable-tokenizer-info-endpoint"]).await;
+    let addr = server.addr;
+    let info = tokenizer_info(addr, &[]).await;
+    assert_eq!(info["tokenizer_class"], "HfTokenizer");
+    assert_eq!(info["bos_token"], "<s>");
+    assert_eq!(info["add_bos_token"], true);
+    assert_eq!(
+        info["chat_template"],
+        "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"
+    );
+    // The strings are the ones `/tokenize` maps back to the ids (lm_eval's
+    // remote tokenizer finds `bos_token_id` so).
+    let r = tokenize(
+        addr,
+        json!({"prompt": info["bos_token"], "add_special_tokens": false}),
+    )
+    .await;
+    assert_eq!(r["tokens"], json!([300]));
+    assert!(
+        !info.to_string().contains(&path),
+        "no path of the model's files: {info}"
+    );
+    server.shutdown(Duration::from_secs(5)).await;
+
+    // `--chat-template` replaces the reported template too.
+    let server = start(&[
+        "--tokenizer",
+        &path,
+        "--chat-template",
+        "{{ messages[-1].content }}",
+        "--enable-tokenizer-info-endpoint",
+    ])
+    .await;
+    let info = tokenizer_info(server.addr, &[]).await;
+    assert_eq!(info["chat_template"], "{{ messages[-1].content }}");
     server.shutdown(Duration::from_secs(5)).await;
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -309,3 +309,60 @@ async fn required_and_named_tool_choices_are_held_to_the_schemas() {
     }
     server.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The request log says which requests offered tools (how many, and the
+/// `tool_choice`, the default one included) and which asked for
+/// log-probabilities; a plain request's line names neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_names_the_tools_and_tool_choice() {
+    let path =
+        std::env::temp_dir().join(format!("inferscope-tools-log-{}.jsonl", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let server = start(&[
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--enable-request-log",
+        path.to_str().expect("utf-8"),
+    ])
+    .await;
+    let addr = server.addr;
+    let two_tools = json!([tools()[0], {"type": "function", "function": {"name": "get_time"}}]);
+    let messages = json!([{"role": "user", "content": "hi"}]);
+    for body in [
+        // The default `tool_choice` with tools: auto.
+        json!({"messages": messages, "tools": two_tools, "max_tokens": 2}),
+        json!({"messages": messages, "tools": tools(), "tool_choice": "none", "max_tokens": 2,
+               "logprobs": true, "top_logprobs": 2}),
+        json!({"messages": messages, "max_tokens": 2}),
+    ] {
+        let r = post(addr, CHAT, &body).await;
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let features = |l: &Value| {
+        (
+            l.get("tools").cloned(),
+            l.get("tool_choice").cloned(),
+            l.get("logprobs").cloned(),
+        )
+    };
+    assert_eq!(
+        features(&lines[0]),
+        (Some(json!(2)), Some(json!("auto")), None),
+        "{text}"
+    );
+    assert_eq!(
+        features(&lines[1]),
+        (Some(json!(1)), Some(json!("none")), Some(json!(2))),
+        "{text}"
+    );
+    assert_eq!(features(&lines[2]), (None, None, None), "{text}");
+    let _ = std::fs::remove_file(&path);
+}
