@@ -13,6 +13,9 @@
 #   cargo build --release -p inferscope
 #   scripts/tenants-fairness.sh              # DURATION=30 INFLIGHT=400 IN=512 OUT=128
 #   DURATION=10 scripts/tenants-fairness.sh  # a shorter look
+# Exits 1 unless b's p99 under the fair flood is at most 2x alone or at most
+# a quarter of fcfs (the issue's acceptance). FAIR_POLICY=fcfs runs the
+# "fair" leg under fcfs: the check must then fail (a planted bug).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/inferscope}
@@ -70,7 +73,7 @@ flooded() { # policy → b's TTFT p99 under the flood
   unflood
 }
 
-serve fair
+serve "${FAIR_POLICY:-fair}"
 alone=$(b alone)
 fair=$(flooded fair)
 unserve
@@ -84,3 +87,11 @@ echo "  with a's ${INFLIGHT} in flight, fcfs: $fcfs   (waiting mid-run: $(cat "$
 for p in fair fcfs; do
   [ "$(cat "$T/waiting-$p")" -gt 0 ] || { echo "not saturated under $p"; exit 1; }
 done
+python3 - "${alone%% *}" "${fair%% *}" "${fcfs%% *}" <<'EOF'
+import sys
+alone, fair, fcfs = map(float, sys.argv[1:])
+ok = fair <= 2 * alone or fair <= fcfs / 4
+print(f"fair/alone {fair / alone:.2f} (<= 2?), fair/fcfs {fair / fcfs:.3f} (<= 0.25?): "
+      + ("PASS" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+EOF
