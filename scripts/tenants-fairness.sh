@@ -13,6 +13,8 @@
 #   cargo build --release -p inferscope
 #   scripts/tenants-fairness.sh              # DURATION=30 INFLIGHT=400 IN=512 OUT=128
 #   DURATION=10 scripts/tenants-fairness.sh  # a shorter look
+#   SERVE_ARGS="--enable-request-log /tmp/r.jsonl" scripts/tenants-fairness.sh
+#     # extra `serve` flags (here: each request's queue and prefill times)
 # Exits 1 unless b's p99 under the fair flood is at most 2x alone or at most
 # a quarter of fcfs (the acceptance). FAIR_POLICY=fcfs runs the
 # "fair" leg under fcfs: the check must then fail (a planted bug).
@@ -38,7 +40,7 @@ common=(--model "${MODEL:-demo}" --host 127.0.0.1 --port "$PORT" --random-input-
 
 serve() { # policy
   "$BIN" serve --executor sim --sim-profile "$PROFILE" --api-key-file "$T/keys.json" \
-    --scheduling-policy "$1" --host 127.0.0.1 --port "$PORT" --disable-log-stats \
+    --scheduling-policy "$1" --host 127.0.0.1 --port "$PORT" --disable-log-stats ${SERVE_ARGS:-} \
     >"$T/serve-$1.log" 2>&1 &
   S=$!
   for _ in $(seq 300); do curl -sf "127.0.0.1:$PORT/health" >/dev/null && return; sleep 0.1; done
