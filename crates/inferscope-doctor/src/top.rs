@@ -6,7 +6,8 @@
 //!
 //! The screen, top to bottom: engines now, token throughput, the history of
 //! each engine (waiting requests, TTFT and ITL per interval) and finished
-//! requests per interval by reason, then the figures over `--window`. The
+//! requests per interval by reason, then the figures over `--window` (the
+//! busiest tenants among them, where the server has a `tenant` label). The
 //! history panels take whatever height is left, so the view fills any
 //! terminal.
 
@@ -65,6 +66,45 @@ pub struct EngineRow {
     pub device_utilisation: Option<f64>,
 }
 
+/// Tenants shown, the busiest by tokens.
+pub const TOP_TENANTS: usize = 5;
+
+/// One tenant's share of the window (from the `tenant` label).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantRow {
+    /// The `tenant` label (`other` holds the tenants past the server's bound).
+    pub tenant: String,
+    /// Prompt plus generated tokens per second over the window.
+    pub tokens_per_s: f64,
+    /// Its fraction of all tenants' tokens in the window.
+    pub share: f64,
+}
+
+/// The tenants of the window's token counts (`tokens` by tenant label):
+/// the busiest `n` by tokens (ties by name), idle tenants left out, and how
+/// many active tenants did not make the cut.
+pub fn top_tenants(tokens: &BTreeMap<String, f64>, secs: f64, n: usize) -> (Vec<TenantRow>, usize) {
+    let total: f64 = tokens.values().filter(|v| **v > 0.0).sum();
+    let mut active: Vec<(&String, f64)> = tokens
+        .iter()
+        .filter(|(_, v)| **v > 0.0)
+        .map(|(k, v)| (k, *v))
+        .collect();
+    // Stable sort over name order: equal counts stay by name.
+    active.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let hidden = active.len().saturating_sub(n);
+    let rows = active
+        .into_iter()
+        .take(n)
+        .map(|(t, v)| TenantRow {
+            tenant: t.clone(),
+            tokens_per_s: v / secs.max(f64::EPSILON),
+            share: v / total,
+        })
+        .collect();
+    (rows, hidden)
+}
+
 /// Whether the last scrape worked.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Connection {
@@ -114,6 +154,11 @@ pub struct TopState {
     pub itl_window: Option<Quantiles>,
     /// One entry per refresh (interval or outage), oldest first.
     pub history: VecDeque<Tick>,
+    /// The busiest tenants over the window; `None` when the server has no
+    /// `tenant` label (vLLM, an older inferscope).
+    pub tenants: Option<Vec<TenantRow>>,
+    /// Active tenants over the window beyond [`TopState::tenants`].
+    pub tenants_hidden: usize,
 }
 
 impl TopState {
@@ -135,6 +180,8 @@ impl TopState {
             ttft_window: None,
             itl_window: None,
             history: VecDeque::new(),
+            tenants: None,
+            tenants_hidden: 0,
         }
     }
 }
@@ -250,6 +297,13 @@ impl TopModel {
             .map(|(k, v)| (k.clone(), v / secs))
             .collect();
         self.state.device_utilisation = whole.device_utilisation;
+        // An empty map: no series carries the label at all.
+        (self.state.tenants, self.state.tenants_hidden) = if whole.tenant_tokens.is_empty() {
+            (None, 0)
+        } else {
+            let (rows, hidden) = top_tenants(&whole.tenant_tokens, secs, TOP_TENANTS);
+            (Some(rows), hidden)
+        };
     }
 
     /// Records a failed scrape. The old figures stay on screen; the scrapes
@@ -291,6 +345,31 @@ fn rates_line(label: &str, rates: &BTreeMap<String, f64>) -> String {
     format!("{label}: {}", parts.join("  "))
 }
 
+/// `tenants (tok/s): team-a 1200 (80%)  team-b 300 (20%)  +2 more`; none
+/// for a server without the `tenant` label, whose screen keeps the row for
+/// the history panels (it matters on 24-row terminals).
+fn tenants_line(s: &TopState) -> Option<String> {
+    let rows = s.tenants.as_ref()?;
+    if rows.is_empty() {
+        return Some("tenants: none active".into());
+    }
+    let mut parts: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {:.0} ({:.0}%)",
+                r.tenant,
+                r.tokens_per_s,
+                r.share * 100.0
+            )
+        })
+        .collect();
+    if s.tenants_hidden > 0 {
+        parts.push(format!("+{} more", s.tenants_hidden));
+    }
+    Some(format!("tenants (tok/s): {}", parts.join("  ")))
+}
+
 /// `TTFT p50 ≤ 100 ms  p99 in 100–250 ms  mean 84.2 ms  n=62`: bucket
 /// bounds for the quantiles, the exact mean beside them.
 fn latency_line(label: &str, q: Option<&Quantiles>) -> String {
@@ -321,7 +400,7 @@ pub fn render(f: &mut Frame, s: &TopState) {
         Constraint::Length(s.engines.len().max(1) as u16 + 3),
         Constraint::Length(tput_height),
         Constraint::Fill(1),
-        Constraint::Length(7),
+        Constraint::Length(7 + u16::from(s.tenants.is_some())),
     ])
     .areas(area);
     let (conn, style) = match &s.connection {
@@ -388,17 +467,18 @@ pub fn render(f: &mut Frame, s: &TopState) {
         t.generation_tps
     });
     render_history(f, hist, s);
-    let lines = vec![
+    let mut lines = vec![
         Line::raw(latency_line("TTFT", s.ttft_window.as_ref())),
         Line::raw(latency_line("ITL ", s.itl_window.as_ref())),
         Line::raw(rates_line("requests", &s.request_rates)),
         Line::raw(rates_line("http", &s.http_rates)),
-        Line::raw(format!(
-            "device utilisation: {}",
-            s.device_utilisation
-                .map_or_else(|| "n/a (not exported)".to_string(), |u| bar(u, 20))
-        )),
     ];
+    lines.extend(tenants_line(s).map(Line::raw));
+    lines.push(Line::raw(format!(
+        "device utilisation: {}",
+        s.device_utilisation
+            .map_or_else(|| "n/a (not exported)".to_string(), |u| bar(u, 20))
+    )));
     f.render_widget(
         Paragraph::new(lines).block(
             Block::default()
@@ -805,4 +885,50 @@ pub async fn run_top(args: TopArgs) -> anyhow::Result<()> {
     drop(rx);
     ratatui::restore();
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_busiest_tenants_come_first_and_idle_ones_are_left_out() {
+        let tokens: BTreeMap<String, f64> = [
+            ("anonymous", 0.0),
+            ("a", 100.0),
+            ("b", 600.0),
+            ("c", 200.0),
+            ("d", 100.0),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+        let (rows, hidden) = top_tenants(&tokens, 10.0, 3);
+        let names: Vec<&str> = rows.iter().map(|r| r.tenant.as_str()).collect();
+        // a and d tie: name order; d is the one cut.
+        assert_eq!(names, ["b", "c", "a"]);
+        assert_eq!(hidden, 1, "d is active and not shown; anonymous is idle");
+        assert!((rows[0].tokens_per_s - 60.0).abs() < 1e-9);
+        assert!((rows[0].share - 0.6).abs() < 1e-9);
+        let (none, hidden) = top_tenants(&BTreeMap::new(), 10.0, 3);
+        assert!(none.is_empty() && hidden == 0);
+    }
+
+    #[test]
+    fn the_tenants_line_says_when_the_server_has_no_label() {
+        let mut s = TopState::new("u");
+        assert_eq!(tenants_line(&s), None);
+        s.tenants = Some(Vec::new());
+        assert_eq!(tenants_line(&s).as_deref(), Some("tenants: none active"));
+        s.tenants = Some(vec![TenantRow {
+            tenant: "a".into(),
+            tokens_per_s: 1234.4,
+            share: 0.8,
+        }]);
+        s.tenants_hidden = 2;
+        assert_eq!(
+            tenants_line(&s).as_deref(),
+            Some("tenants (tok/s): a 1234 (80%)  +2 more")
+        );
+    }
 }

@@ -9,6 +9,11 @@
 //! - `decode_step/kv_cache_metrics_*`: the full step with KV block residency
 //!   sampling on (`--kv-cache-metrics`) at 1% (the default) and 100%, against
 //!   `decode_step/prefix_caching_on` in the same run;
+//! - `scheduler_tenants/step/{1_tenant,50_tenants}`: the full step with
+//!   256 running and 1,000 waiting requests, in steady state (one request
+//!   finishes and one is admitted per step), the requests spread over one
+//!   tenant or over 50 under fair admission: what per-tenant queues and
+//!   counters cost (issue #39: within 20%);
 //! - `block_pool_churn/*`: the block pool alone under prefix-cache churn
 //!   (allocate and evict, cache, hit, release: every residency hook), with
 //!   sampling off, at 1% and at 100%.
@@ -303,6 +308,209 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// Requests waiting in the tenant groups.
+const TENANT_WAITING: usize = 1000;
+/// Generated tokens per request in the tenant groups: with 256 running, one
+/// request finishes (and one is admitted) per step on average.
+const TENANT_LIFESPAN: usize = NUM_SEQS;
+/// Prompt tokens per request in the tenant groups.
+const TENANT_PROMPT_LEN: usize = 128;
+
+/// A scheduler in steady state with [`NUM_SEQS`] running and
+/// [`TENANT_WAITING`] waiting requests spread round robin over `tenants`
+/// tenants (fair admission), topped up between steps.
+struct TenantFixture {
+    scheduler: Scheduler,
+    names: Vec<Arc<str>>,
+    receivers: Vec<UnboundedReceiver<RequestOutput>>,
+    out: StepOutput,
+    /// Requests made so far: numbers ids, tenants and prompts.
+    made: usize,
+}
+
+impl TenantFixture {
+    fn new(tenants: usize) -> Self {
+        let config = EngineConfig {
+            max_model_len: 1 << 20,
+            ..EngineConfig::default()
+        };
+        // Every running request at its longest, twice over: no preemption.
+        let per_seq = (TENANT_PROMPT_LEN + TENANT_LIFESPAN).div_ceil(config.block_size);
+        let num_blocks = NUM_SEQS * per_seq * 2;
+        let mut f = Self {
+            scheduler: Scheduler::new(config, num_blocks, vec![EOS]),
+            names: (0..tenants).map(|t| format!("tenant-{t}").into()).collect(),
+            receivers: Vec::new(),
+            out: StepOutput::default(),
+            made: 0,
+        };
+        // The first running set finishes staggered (request i after i + 1
+        // tokens), so finishing is spread over steps from the start.
+        for i in 0..NUM_SEQS {
+            f.add(i + 1);
+        }
+        f.top_up();
+        // Run well past the staggered start into the steady state, untimed.
+        for _ in 0..2 * TENANT_LIFESPAN {
+            f.step();
+            f.drain();
+            f.top_up();
+        }
+        // Checked once, outside timing: the shape meant to be measured.
+        assert_eq!(f.scheduler.batch().seqs.len(), NUM_SEQS, "a full batch");
+        assert_eq!(f.scheduler.num_waiting(), TENANT_WAITING);
+        f
+    }
+
+    /// Queues one request of the next tenant in turn.
+    fn add(&mut self, max_tokens: usize) {
+        let n = self.made;
+        self.made += 1;
+        let tenant = n % self.names.len();
+        let (tx, rx) = unbounded_channel();
+        // Distinct prompts: nothing is served from the prefix cache.
+        let prompt = (0..TENANT_PROMPT_LEN as u32)
+            .map(|t| ((n as u32) << 8).wrapping_add(1000 + t))
+            .collect();
+        self.scheduler.add_request(
+            EngineRequest {
+                request_id: format!("tenant-bench-{n}"),
+                prompt_token_ids: prompt,
+                params: Arc::new(SamplingParams {
+                    max_tokens,
+                    ignore_eos: true,
+                    ..SamplingParams::default()
+                }),
+                seed_offset: 0,
+                arrival: Instant::now(),
+                trace_id: None,
+                tenant: Some(Arc::clone(&self.names[tenant])),
+                // Label 0 is the fold-over ("other"); each tenant has its own.
+                tenant_label: tenant as u32 + 1,
+                grammar: None,
+            },
+            tx,
+        );
+        self.receivers.push(rx);
+    }
+
+    /// Keeps [`TENANT_WAITING`] requests waiting (untimed).
+    fn top_up(&mut self) {
+        while self.scheduler.num_waiting() < TENANT_WAITING {
+            self.add(TENANT_LIFESPAN);
+        }
+    }
+
+    /// One untimed step (warm-up).
+    fn step(&mut self) {
+        self.scheduler.schedule();
+        fill_output(&self.scheduler, &mut self.out);
+        self.scheduler.update(&self.out);
+        self.scheduler.snapshot();
+        self.scheduler.clear_stats();
+    }
+
+    /// Empties the output channels and drops those of finished requests.
+    fn drain(&mut self) {
+        use tokio::sync::mpsc::error::TryRecvError;
+        self.receivers.retain_mut(|rx| {
+            loop {
+                match rx.try_recv() {
+                    Ok(_) => {}
+                    Err(TryRecvError::Empty) => break true,
+                    Err(TryRecvError::Disconnected) => break false,
+                }
+            }
+        });
+    }
+
+    /// Runs `iters` steps, timing schedule + update + snapshot + clear_stats
+    /// (each step's admission and finishing included), as [`run_steps`].
+    fn run(&mut self, iters: u64) -> Duration {
+        let mut total = Duration::ZERO;
+        for _ in 0..iters {
+            total += self.timed_step();
+            self.drain();
+            self.top_up();
+        }
+        total
+    }
+
+    /// One step, timed without the executor's part.
+    fn timed_step(&mut self) -> Duration {
+        let t0 = Instant::now();
+        self.scheduler.schedule();
+        let t1 = Instant::now();
+        fill_output(&self.scheduler, &mut self.out);
+        let t2 = Instant::now();
+        self.scheduler.update(black_box(&self.out));
+        black_box(self.scheduler.snapshot());
+        self.scheduler.clear_stats();
+        let t3 = Instant::now();
+        (t1 - t0) + (t3 - t2)
+    }
+}
+
+/// Tenant counts of the tenant groups: one against 50, same shapes.
+const TENANT_COUNTS: [usize; 2] = [1, 50];
+
+fn tenant_name(tenants: usize) -> String {
+    if tenants == 1 {
+        "step/1_tenant".into()
+    } else {
+        format!("step/{tenants}_tenants")
+    }
+}
+
+/// The full step with 256 running and 1,000 waiting, one tenant against 50.
+fn tenants(c: &mut Criterion) {
+    let mut g = c.benchmark_group("scheduler_tenants");
+    g.throughput(Throughput::Elements(NUM_SEQS as u64));
+    g.measurement_time(Duration::from_secs(5));
+    for tenants in TENANT_COUNTS {
+        let mut f = TenantFixture::new(tenants);
+        g.bench_function(tenant_name(tenants), |b| {
+            b.iter_custom(|iters| f.run(iters))
+        });
+    }
+    g.finish();
+}
+
+/// The per-step medians of the tenant groups, interleaved (one step of each
+/// in turn) so that load from other processes hits both alike, and their
+/// ratio: the acceptance figure.
+fn print_tenant_medians() {
+    let mut fixtures: Vec<TenantFixture> = TENANT_COUNTS
+        .iter()
+        .map(|&t| TenantFixture::new(t))
+        .collect();
+    let mut times: Vec<Vec<Duration>> = TENANT_COUNTS
+        .iter()
+        .map(|_| Vec::with_capacity(DISTRIBUTION_STEPS))
+        .collect();
+    for _ in 0..DISTRIBUTION_STEPS {
+        for (f, t) in fixtures.iter_mut().zip(&mut times) {
+            t.push(f.timed_step());
+            f.drain();
+            f.top_up();
+        }
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort_unstable();
+        v[v.len() / 2].as_secs_f64() * 1e6
+    };
+    let medians: Vec<f64> = times.iter_mut().map(median).collect();
+    println!();
+    println!(
+        "scheduler_tenants: per-step median over {DISTRIBUTION_STEPS} interleaved steps, \
+         {NUM_SEQS} running, {TENANT_WAITING} waiting"
+    );
+    for (t, m) in TENANT_COUNTS.iter().zip(&medians) {
+        println!("  {:<16} {m:>9.1} µs", tenant_name(*t));
+    }
+    println!("  ratio 50/1       {:>9.3}", medians[1] / medians[0]);
+}
+
 /// Blocks per churned prompt.
 const CHURN_BLOCKS: usize = 16;
 /// Distinct prompts the churn cycles through: more than the pool holds, so
@@ -456,7 +664,7 @@ fn print_distributions() {
     println!();
 }
 
-criterion_group!(benches, bench, block_pool_churn);
+criterion_group!(benches, bench, tenants, block_pool_churn);
 
 fn main() {
     benches();
@@ -466,7 +674,15 @@ fn main() {
     // test, in a debug build, and `--list` only lists them.
     let args: Vec<String> = std::env::args().collect();
     let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list");
+    // A filter naming the tenant groups prints only their medians.
+    let tenants_only = args
+        .iter()
+        .skip(1)
+        .any(|a| !a.starts_with('-') && a.contains("tenant"));
     if measuring {
-        print_distributions();
+        if !tenants_only {
+            print_distributions();
+        }
+        print_tenant_medians();
     }
 }

@@ -206,3 +206,57 @@ fn top_counts_a_restart_between_two_scrapes_from_zero() {
     let ttft = last.engines["0"].ttft.expect("ttft");
     assert_eq!(ttft.count, 20.0);
 }
+
+/// [`scrape`] with the token counters split by `tenant` as an inferscope
+/// server with a key file exposes them: `a` takes 3 in 4 tokens, `b` the
+/// rest, six small tenants a few each, `anonymous` none.
+fn scrape_with_tenants(k: u64) -> Scrape {
+    let mut t = String::new();
+    let small = ["c", "d", "e", "f", "g", "h"];
+    for e in ENGINES {
+        for (tenant, prompt, generation) in [("a", 750, 225), ("b", 240, 72), ("anonymous", 0, 0)]
+            .into_iter()
+            .chain(small.iter().map(|s| (*s, 1, 0)))
+        {
+            t.push_str(&format!(
+                "inferscope_prompt_tokens_total{{engine=\"{e}\",tenant=\"{tenant}\"}} {}\n\
+                 inferscope_generation_tokens_total{{engine=\"{e}\",tenant=\"{tenant}\"}} {}\n",
+                prompt * k,
+                generation * k,
+            ));
+        }
+        t.push_str(&format!(
+            "inferscope_num_requests_running{{engine=\"{e}\"}} 4\n\
+             inferscope_num_requests_waiting{{engine=\"{e}\"}} 2\n"
+        ));
+    }
+    Scrape::parse(&t)
+}
+
+#[test]
+fn top_shows_the_busiest_tenants_and_nothing_without_the_label() {
+    let mut m = TopModel::new("http://h:8000/metrics", 10.0, None);
+    for k in 0..20 {
+        m.on_scrape(k as f64, scrape_with_tenants(k));
+    }
+    let text = screen(&m, 160, 45).join("\n");
+    // Per engine a: 975 tokens/s, b: 312; two engines; 6 tokens/s of others
+    // in total 2 × (975 + 312 + 6) = 2586.
+    assert!(
+        text.contains("tenants (tok/s): a 1950 (75%)  b 624 (24%)  c 2 (0%)"),
+        "{text}"
+    );
+    assert!(text.contains("+3 more"), "{text}");
+    assert!(
+        !text.contains("anonymous"),
+        "an idle tenant is not shown:\n{text}"
+    );
+    // The same screen from a server without the label (vLLM, older inferscope).
+    // No line for them: the row goes to the history panels.
+    let plain = screen(&running(20), 160, 45).join("\n");
+    assert!(!plain.contains("tenants"), "{plain}");
+    // A 24-row terminal has room for the line and the history panels.
+    let small = screen(&m, 80, 24).join("\n");
+    assert!(small.contains("tenants (tok/s): a 1950 (75%)"), "{small}");
+    assert!(small.contains("e0 2 (peak 2)"), "{small}");
+}
