@@ -369,8 +369,9 @@ impl EngineMetrics {
                 max_generation_tokens,
             } => {
                 self.request_params_n.observe(*n as f64);
-                self.request_max_num_generation_tokens
-                    .observe(*max_generation_tokens as f64);
+                if let Some(g) = max_generation_tokens {
+                    self.request_max_num_generation_tokens.observe(*g as f64);
+                }
             }
         }
     }
@@ -404,12 +405,10 @@ impl EngineMetrics {
         if let Some(g) = req.generation_tokens {
             t.generation_tokens.inc_by(g);
             self.request_generation_tokens.observe(g as f64);
-            self.request_max_num_generation_tokens.observe(g as f64);
         }
         if let Some(m) = req.max_tokens {
             self.request_params_max_tokens.observe(m as f64);
         }
-        self.request_params_n.observe(req.n as f64);
         // TPOT needs both the first token's time and the token count; with
         // them the request is recorded as the server's front end records it.
         match (req.ttft, req.generation_tokens) {
@@ -1047,7 +1046,6 @@ mod tests {
             prompt_tokens: Some(7),
             generation_tokens: Some(5),
             max_tokens: None,
-            n: 1,
             ttft: Some(Duration::from_secs(1)),
             e2e: Duration::from_secs(3),
         };
@@ -1072,6 +1070,17 @@ mod tests {
         assert_eq!(e.num_running.get(), 1);
         e.record_frontend(&FrontendStats::GenerationTokens(4), None);
         assert_eq!(t.generation_tokens.get(), 5 + 4);
+        // `n` once per parent request; an unknown longest choice is not a zero.
+        assert_eq!(e.request_params_n.count(), 0, "not per choice");
+        e.record_frontend(
+            &FrontendStats::ParentFinished {
+                n: 3,
+                max_generation_tokens: None,
+            },
+            None,
+        );
+        assert_eq!(e.request_params_n.count(), 1);
+        assert_eq!(e.request_max_num_generation_tokens.count(), 0);
     }
 
     #[test]

@@ -448,7 +448,12 @@ impl Observer {
         if split && let Some(g) = generation_tokens {
             self.recorder.record(&FrontendStats::GenerationTokens(g));
         }
+        let mut max_generation_tokens = Some(0);
         for c in &self.choices {
+            let generation_tokens = if split { None } else { per_choice(c) };
+            max_generation_tokens = max_generation_tokens
+                .zip(generation_tokens)
+                .map(|(m, g)| m.max(g as usize));
             let reason = match outcome {
                 Outcome::Aborted => FinishReason::Abort,
                 Outcome::Failed => FinishReason::Error,
@@ -459,13 +464,18 @@ impl Observer {
                 .record(&FrontendStats::Observed(ObservedRequest {
                     finish_reason: reason,
                     prompt_tokens,
-                    generation_tokens: if split { None } else { per_choice(c) },
+                    generation_tokens,
                     max_tokens: self.request.max_tokens,
-                    n: self.request.n,
                     ttft: c.first_content.map(|t| t.duration_since(self.start)),
                     e2e,
                 }));
         }
+        // Once per request, as the server observes `n` once per prompt (a
+        // list of prompts counts once here: the proxy does not parse them).
+        self.recorder.record(&FrontendStats::ParentFinished {
+            n,
+            max_generation_tokens,
+        });
     }
 }
 

@@ -272,8 +272,6 @@ pub struct ObservedRequest {
     pub generation_tokens: Option<u64>,
     /// The request's `max_tokens` (or `max_completion_tokens`), if it set one.
     pub max_tokens: Option<u64>,
-    /// The request's `n` (1 when not set).
-    pub n: u64,
     /// Arrival to the first chunk with content (streams only).
     pub ttft: Option<Duration>,
     /// Arrival to the end of the response (or to the abort).
@@ -324,8 +322,9 @@ pub enum FrontendStats {
     ParentFinished {
         /// The request's `n`.
         n: usize,
-        /// The most tokens one of its choices generated.
-        max_generation_tokens: usize,
+        /// The most tokens one of its choices generated; `None` when not
+        /// known (a proxy that saw only a response's total), not observed.
+        max_generation_tokens: Option<usize>,
     },
 }
 

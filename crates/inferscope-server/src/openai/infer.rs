@@ -236,7 +236,7 @@ impl Drop for ParentRequest {
         if plus_one > 0 {
             self.recorder.record(&FrontendStats::ParentFinished {
                 n: self.n,
-                max_generation_tokens: plus_one - 1,
+                max_generation_tokens: Some(plus_one - 1),
             });
         }
     }
