@@ -153,6 +153,9 @@ pub struct Scheduler {
     grammar_worker: Option<GrammarWorker>,
     /// Sequences of this update whose token broke their grammar, and why.
     grammar_errors: Vec<(usize, String)>,
+    /// Running sequences per tenant slot, counted when fair admission must
+    /// find a slot for a tenant with none (kept to count without allocating).
+    running_per_tenant: Vec<usize>,
 }
 
 impl Scheduler {
@@ -187,6 +190,7 @@ impl Scheduler {
             outbox: None,
             grammar_worker: None,
             grammar_errors: Vec::new(),
+            running_per_tenant: Vec::new(),
         }
     }
 
@@ -404,6 +408,7 @@ impl Scheduler {
         let bs = self.config.block_size;
         let mut budget = self.config.max_num_batched_tokens;
         let mut preempted = false;
+        self.yield_a_slot_to_a_starved_tenant();
 
         // Running requests first: decodes and continuing prefill chunks.
         let mut i = 0;
@@ -593,6 +598,13 @@ impl Scheduler {
     }
 
     fn preempt(&mut self, mut seq: Sequence) {
+        self.release(&mut seq);
+        self.waiting.push_front(seq);
+    }
+
+    /// Frees a preempted sequence's blocks and counts the preemption; its
+    /// tokens stay, to be computed again when it is admitted again.
+    fn release(&mut self, seq: &mut Sequence) {
         self.pool.free(&seq.blocks);
         seq.blocks.clear();
         seq.num_computed = 0;
@@ -600,7 +612,48 @@ impl Scheduler {
         seq.num_preemptions += 1;
         seq.timeline.preemptions.push(Instant::now());
         self.preemptions_since_snapshot += 1;
-        self.waiting.push_front(seq);
+    }
+
+    /// Fair admission with every slot (`max_num_seqs`) taken: when the tenant
+    /// admitted next has nothing running, the most recently admitted request
+    /// of the tenant holding the most slots (two or more) yields its slot and
+    /// waits at the head of its own tenant's queue. Without this, a light
+    /// tenant waits behind a flooding tenant until one of the flood's
+    /// requests finishes (a second or more in the scenario of
+    /// `scripts/tenants-fairness.sh`). One request per step at most; its
+    /// blocks stay in the prefix cache, so computing them again is mostly
+    /// hits when prefix caching is on.
+    fn yield_a_slot_to_a_starved_tenant(&mut self) {
+        if self.running.len() < self.config.max_num_seqs {
+            return;
+        }
+        let Some(next) = self.waiting.next_fair_slot() else {
+            return;
+        };
+        let counts = &mut self.running_per_tenant;
+        counts.clear();
+        for seq in &self.running {
+            if seq.tenant_slot >= counts.len() {
+                counts.resize(seq.tenant_slot + 1, 0);
+            }
+            counts[seq.tenant_slot] += 1;
+        }
+        if counts.get(next).copied().unwrap_or(0) > 0 {
+            return;
+        }
+        // The heaviest tenant; on a tie the lowest slot.
+        let Some((heavy, &n)) = counts.iter().enumerate().rev().max_by_key(|&(_, n)| *n) else {
+            return;
+        };
+        if n < 2 {
+            return;
+        }
+        let Some(idx) = self.running.iter().rposition(|s| s.tenant_slot == heavy) else {
+            return;
+        };
+        let mut seq = self.running.remove(idx);
+        self.release(&mut seq);
+        self.waiting.push_front_of(heavy, seq);
     }
 
     /// Applies a step's output: appends sampled tokens, checks stop

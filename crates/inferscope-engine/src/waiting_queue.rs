@@ -128,6 +128,28 @@ impl<T> WaitingQueue<T> {
         self.front.push_front(item);
     }
 
+    /// Fair admission: puts a request preempted to make room for another
+    /// tenant at the head of its own tenant's queue, so that it is not first
+    /// in line ahead of the tenant it yielded to (as a request preempted for
+    /// memory is). Under FCFS, the head of the line.
+    pub(crate) fn push_front_of(&mut self, slot: usize, item: T) {
+        if self.policy == SchedulingPolicy::Fcfs {
+            self.push_front(item);
+            return;
+        }
+        self.len += 1;
+        self.tenants[slot].queue.push_front(item);
+    }
+
+    /// Fair admission: the tenant slot admitted next, when no preempted
+    /// request is first in line; `None` under FCFS.
+    pub(crate) fn next_fair_slot(&self) -> Option<usize> {
+        if self.policy != SchedulingPolicy::Fair || !self.front.is_empty() {
+            return None;
+        }
+        self.next_tenant()
+    }
+
     /// The request admitted next, if any.
     pub(crate) fn front_mut(&mut self) -> Option<&mut T> {
         if !self.front.is_empty() {

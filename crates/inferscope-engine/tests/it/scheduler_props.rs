@@ -19,7 +19,7 @@ use std::time::Instant;
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::{
     EngineConfig, EngineRequest, FinishReason, RequestOutput, SamplingParams, ScheduledBatch,
-    StepOutput,
+    SchedulingPolicy, StepOutput,
 };
 use proptest::prelude::*;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -510,4 +510,91 @@ fn shared_prefixes_hit_the_cache() {
         // The first computes everything; each later one finds 9 blocks.
         assert_eq!(got, Some(if i == 0 { 0 } else { 36 }), "r{i}");
     }
+}
+
+/// Tenant `a` holds every slot and has more waiting; tenant `b` arrives with
+/// one request. Returns, per step after `b` arrived, whether `b` was in the
+/// batch, and the preemptions counted over those steps.
+fn light_tenant_behind_a_full_house(policy: SchedulingPolicy) -> (Vec<bool>, u64) {
+    let config = EngineConfig {
+        max_num_batched_tokens: 1000,
+        max_num_seqs: 4,
+        block_size: 4,
+        enable_prefix_caching: true,
+        max_model_len: 1000,
+        scheduling_policy: policy,
+        ..Default::default()
+    };
+    let mut sched = Scheduler::new(config, 256, vec![EOS]);
+    let mut rxs = Vec::new();
+    let mut add = |sched: &mut Scheduler, id: &str, tenant: &str| {
+        let (tx, rx) = unbounded_channel();
+        rxs.push(rx);
+        sched.add_request(
+            EngineRequest {
+                request_id: id.to_owned(),
+                prompt_token_ids: (0..8).map(|t| t as u32 + 1).collect(),
+                params: Arc::new(SamplingParams {
+                    max_tokens: 50,
+                    ignore_eos: true,
+                    ..Default::default()
+                }),
+                seed_offset: 0,
+                arrival: Instant::now(),
+                trace_id: None,
+                tenant: Some(Arc::from(tenant)),
+                tenant_label: 0,
+                grammar: None,
+            },
+            tx,
+        );
+    };
+    for i in 0..6 {
+        add(&mut sched, &format!("a{i}"), "a");
+    }
+    let mut out = StepOutput::default();
+    let mut step = |sched: &mut Scheduler| {
+        sched.schedule();
+        out.sampled = sched
+            .batch()
+            .seqs
+            .iter()
+            .map(|s| s.sample.then_some(7))
+            .collect();
+        sched.update(&out);
+        sched
+            .batch()
+            .seqs
+            .iter()
+            .map(|s| s.seq_id)
+            .collect::<Vec<_>>()
+    };
+    step(&mut sched);
+    assert_eq!(sched.snapshot().num_running, 4, "a holds every slot");
+    add(&mut sched, "b", "b");
+    // Sequence ids are given in arrival order: b's is 6.
+    let mut seen = Vec::new();
+    let mut preemptions = 0;
+    for _ in 0..4 {
+        let ids = step(&mut sched);
+        seen.push(ids.contains(&6));
+        let snap = sched.snapshot();
+        assert_eq!(snap.num_running + snap.num_waiting, 7, "nothing lost");
+        preemptions += snap.num_preemptions;
+    }
+    (seen, preemptions)
+}
+
+#[test]
+fn a_tenant_with_nothing_running_gets_a_slot_within_two_steps() {
+    // Fair: one of a's requests yields its slot, and only one. On arrival b
+    // is lifted to a's served count (no credit for idle time) and the tie
+    // goes to a, so b is first in line from the step after.
+    let (seen, preemptions) = light_tenant_behind_a_full_house(SchedulingPolicy::Fair);
+    assert_eq!(seen[1..], [true, true, true], "{seen:?}");
+    assert_eq!(preemptions, 1);
+    // FCFS: b waits until one of a's requests finishes (50 tokens away).
+    let (seen, preemptions) = light_tenant_behind_a_full_house(SchedulingPolicy::Fcfs);
+    assert_eq!(seen, [false, false, false, false]);
+    assert_eq!(preemptions, 0);
 }
