@@ -33,6 +33,10 @@ use crate::waiting_queue::WaitingQueue;
 /// Where a request's outputs go.
 pub type OutputSink = UnboundedSender<RequestOutput>;
 
+/// Requests one step may preempt so that a tenant with nothing running can
+/// start (fair admission): a bound on the work one arrival can undo.
+pub const MAX_YIELDS_PER_STEP: usize = 4;
+
 /// A request inside the scheduler.
 #[derive(Debug)]
 struct Sequence {
@@ -408,7 +412,7 @@ impl Scheduler {
         let bs = self.config.block_size;
         let mut budget = self.config.max_num_batched_tokens;
         let mut preempted = false;
-        self.yield_a_slot_to_a_starved_tenant();
+        self.yield_to_a_starved_tenant();
 
         // Running requests first: decodes and continuing prefill chunks.
         let mut i = 0;
@@ -614,46 +618,71 @@ impl Scheduler {
         self.preemptions_since_snapshot += 1;
     }
 
-    /// Fair admission with every slot (`max_num_seqs`) taken: when the tenant
-    /// admitted next has nothing running, the most recently admitted request
-    /// of the tenant holding the most slots (two or more) yields its slot and
-    /// waits at the head of its own tenant's queue. Without this, a light
-    /// tenant waits behind a flooding tenant until one of the flood's
-    /// requests finishes (a second or more in the scenario of
-    /// `scripts/tenants-fairness.sh`). One request per step at most; its
-    /// blocks stay in the prefix cache, so computing them again is mostly
-    /// hits when prefix caching is on.
-    fn yield_a_slot_to_a_starved_tenant(&mut self) {
-        if self.running.len() < self.config.max_num_seqs {
-            return;
-        }
+    /// Fair admission when the request admitted next cannot start (every
+    /// slot, `max_num_seqs`, taken, or too few free KV blocks for its prompt
+    /// beside what the running requests need) and its tenant has nothing
+    /// running: the newest requests of the tenant holding the most slots (two
+    /// or more) yield theirs, up to [`MAX_YIELDS_PER_STEP`], and wait at the
+    /// head of their own tenant's queue. Without this, a light tenant waits
+    /// behind a flooding tenant until enough of the flood's requests finish
+    /// (a second or more in `scripts/tenants-fairness.sh`). Their blocks stay
+    /// in the prefix cache, so computing them again is mostly hits when
+    /// prefix caching is on. Run before the running requests are scheduled,
+    /// so no victim is in the batch.
+    fn yield_to_a_starved_tenant(&mut self) {
         let Some(next) = self.waiting.next_fair_slot() else {
+            return;
+        };
+        let bs = self.config.block_size;
+        // Its whole prompt, before prefix hits: an upper bound.
+        let Some(wanted) = self
+            .waiting
+            .front_mut()
+            .map(|s| s.tokens.len().div_ceil(bs))
+        else {
             return;
         };
         let counts = &mut self.running_per_tenant;
         counts.clear();
+        let mut running_needs = 0;
         for seq in &self.running {
             if seq.tenant_slot >= counts.len() {
                 counts.resize(seq.tenant_slot + 1, 0);
             }
             counts[seq.tenant_slot] += 1;
+            running_needs += seq
+                .tokens
+                .len()
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len());
         }
         if counts.get(next).copied().unwrap_or(0) > 0 {
             return;
         }
         // The heaviest tenant; on a tie the lowest slot.
-        let Some((heavy, &n)) = counts.iter().enumerate().rev().max_by_key(|&(_, n)| *n) else {
+        let Some((heavy, &held)) = counts.iter().enumerate().rev().max_by_key(|&(_, n)| *n) else {
             return;
         };
-        if n < 2 {
-            return;
+        let mut held = held;
+        for _ in 0..MAX_YIELDS_PER_STEP {
+            let fits = self.running.len() < self.config.max_num_seqs
+                && self.pool.num_free() >= running_needs + wanted;
+            if fits || held < 2 {
+                return;
+            }
+            let Some(idx) = self.running.iter().rposition(|s| s.tenant_slot == heavy) else {
+                return;
+            };
+            let mut seq = self.running.remove(idx);
+            running_needs -= seq
+                .tokens
+                .len()
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len());
+            self.release(&mut seq);
+            self.waiting.push_front_of(heavy, seq);
+            held -= 1;
         }
-        let Some(idx) = self.running.iter().rposition(|s| s.tenant_slot == heavy) else {
-            return;
-        };
-        let mut seq = self.running.remove(idx);
-        self.release(&mut seq);
-        self.waiting.push_front_of(heavy, seq);
     }
 
     /// Applies a step's output: appends sampled tokens, checks stop

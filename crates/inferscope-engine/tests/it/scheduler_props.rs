@@ -512,20 +512,24 @@ fn shared_prefixes_hit_the_cache() {
     }
 }
 
-/// Tenant `a` holds every slot and has more waiting; tenant `b` arrives with
-/// one request. Returns, per step after `b` arrived, whether `b` was in the
-/// batch, and the preemptions counted over those steps.
-fn light_tenant_behind_a_full_house(policy: SchedulingPolicy) -> (Vec<bool>, u64) {
+/// Tenant `a` holds every slot (`kv_bound`: every KV block, with slots to
+/// spare) and has more waiting; tenant `b` arrives with one request. Returns,
+/// per step after `b` arrived, whether `b` was in the batch, and the
+/// preemptions counted over those steps.
+fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) -> (Vec<bool>, u64) {
+    // Each request (8 prompt tokens, 7 generated) fits in one 16-token
+    // block: 4 blocks hold a's first four, and nothing else.
+    let (max_num_seqs, num_blocks) = if kv_bound { (64, 4) } else { (4, 256) };
     let config = EngineConfig {
         max_num_batched_tokens: 1000,
-        max_num_seqs: 4,
-        block_size: 4,
+        max_num_seqs,
+        block_size: 16,
         enable_prefix_caching: true,
         max_model_len: 1000,
         scheduling_policy: policy,
         ..Default::default()
     };
-    let mut sched = Scheduler::new(config, 256, vec![EOS]);
+    let mut sched = Scheduler::new(config, num_blocks, vec![EOS]);
     let mut rxs = Vec::new();
     let mut add = |sched: &mut Scheduler, id: &str, tenant: &str| {
         let (tx, rx) = unbounded_channel();
@@ -535,7 +539,7 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy) -> (Vec<bool>, u64
                 request_id: id.to_owned(),
                 prompt_token_ids: (0..8).map(|t| t as u32 + 1).collect(),
                 params: Arc::new(SamplingParams {
-                    max_tokens: 50,
+                    max_tokens: 7,
                     ignore_eos: true,
                     ..Default::default()
                 }),
@@ -570,7 +574,7 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy) -> (Vec<bool>, u64
             .collect::<Vec<_>>()
     };
     step(&mut sched);
-    assert_eq!(sched.snapshot().num_running, 4, "a holds every slot");
+    assert_eq!(sched.snapshot().num_running, 4, "a holds the house");
     add(&mut sched, "b", "b");
     // Sequence ids are given in arrival order: b's is 6.
     let mut seen = Vec::new();
@@ -586,15 +590,24 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy) -> (Vec<bool>, u64
 }
 
 #[test]
-fn a_tenant_with_nothing_running_gets_a_slot_within_two_steps() {
-    // Fair: one of a's requests yields its slot, and only one. On arrival b
-    // is lifted to a's served count (no credit for idle time) and the tie
-    // goes to a, so b is first in line from the step after.
-    let (seen, preemptions) = light_tenant_behind_a_full_house(SchedulingPolicy::Fair);
-    assert_eq!(seen[1..], [true, true, true], "{seen:?}");
-    assert_eq!(preemptions, 1);
-    // FCFS: b waits until one of a's requests finishes (50 tokens away).
-    let (seen, preemptions) = light_tenant_behind_a_full_house(SchedulingPolicy::Fcfs);
-    assert_eq!(seen, [false, false, false, false]);
-    assert_eq!(preemptions, 0);
+fn a_tenant_with_nothing_running_gets_room_within_two_steps() {
+    for kv_bound in [false, true] {
+        // Fair: one of a's requests yields its slot or blocks, and only one.
+        // On arrival b is lifted to a's served count (no credit for idle
+        // time) and the tie goes to a, so b is first in line from the step
+        // after.
+        let (seen, preemptions) =
+            light_tenant_behind_a_full_house(SchedulingPolicy::Fair, kv_bound);
+        assert_eq!(
+            seen[1..],
+            [true, true, true],
+            "kv_bound {kv_bound}: {seen:?}"
+        );
+        assert_eq!(preemptions, 1, "kv_bound {kv_bound}");
+        // FCFS: b waits until one of a's requests finishes.
+        let (seen, preemptions) =
+            light_tenant_behind_a_full_house(SchedulingPolicy::Fcfs, kv_bound);
+        assert_eq!(seen, [false, false, false, false], "kv_bound {kv_bound}");
+        assert_eq!(preemptions, 0, "kv_bound {kv_bound}");
+    }
 }
