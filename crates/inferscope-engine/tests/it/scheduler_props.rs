@@ -463,24 +463,7 @@ fn shared_prefixes_hit_the_cache() {
     for (i, _) in reqs.iter().enumerate() {
         let (tx, rx) = unbounded_channel();
         rxs.push(rx);
-        sched.add_request(
-            EngineRequest {
-                request_id: format!("r{i}"),
-                prompt_token_ids: (0..40).map(|t| t as u32 + 1).collect(),
-                params: Arc::new(SamplingParams {
-                    max_tokens: 4,
-                    ignore_eos: true,
-                    ..Default::default()
-                }),
-                seed_offset: 0,
-                arrival: Instant::now(),
-                trace_id: None,
-                tenant: None,
-                tenant_label: 0,
-                grammar: None,
-            },
-            tx,
-        );
+        sched.add_request(greedy_request(&format!("r{i}"), 40, 4, None), tx);
     }
     let mut out = StepOutput::default();
     let (mut queries, mut hits) = (0, 0);
@@ -512,6 +495,31 @@ fn shared_prefixes_hit_the_cache() {
     }
 }
 
+/// A request of `prompt_len` tokens (1, 2, …) that generates exactly
+/// `max_tokens` (EOS ignored).
+fn greedy_request(
+    id: &str,
+    prompt_len: u32,
+    max_tokens: usize,
+    tenant: Option<&str>,
+) -> EngineRequest {
+    EngineRequest {
+        request_id: id.to_owned(),
+        prompt_token_ids: (1..=prompt_len).collect(),
+        params: Arc::new(SamplingParams {
+            max_tokens,
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        seed_offset: 0,
+        arrival: Instant::now(),
+        trace_id: None,
+        tenant: tenant.map(Arc::from),
+        tenant_label: 0,
+        grammar: None,
+    }
+}
+
 /// Tenant `a` holds every slot (`kv_bound`: every KV block, with slots to
 /// spare) and has more waiting; tenant `b` arrives with one request. Returns,
 /// per step after `b` arrived, whether `b` was in the batch, and the
@@ -534,24 +542,7 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) ->
     let mut add = |sched: &mut Scheduler, id: &str, tenant: &str| {
         let (tx, rx) = unbounded_channel();
         rxs.push(rx);
-        sched.add_request(
-            EngineRequest {
-                request_id: id.to_owned(),
-                prompt_token_ids: (0..8).map(|t| t as u32 + 1).collect(),
-                params: Arc::new(SamplingParams {
-                    max_tokens: 7,
-                    ignore_eos: true,
-                    ..Default::default()
-                }),
-                seed_offset: 0,
-                arrival: Instant::now(),
-                trace_id: None,
-                tenant: Some(Arc::from(tenant)),
-                tenant_label: 0,
-                grammar: None,
-            },
-            tx,
-        );
+        sched.add_request(greedy_request(id, 8, 7, Some(tenant)), tx);
     };
     for i in 0..6 {
         add(&mut sched, &format!("a{i}"), "a");
