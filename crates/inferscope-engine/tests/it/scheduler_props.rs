@@ -468,14 +468,7 @@ fn shared_prefixes_hit_the_cache() {
     let mut out = StepOutput::default();
     let (mut queries, mut hits) = (0, 0);
     while sched.has_work() {
-        sched.schedule();
-        out.sampled = sched
-            .batch()
-            .seqs
-            .iter()
-            .map(|s| s.sample.then_some(7))
-            .collect();
-        sched.update(&out);
+        step_sampling_7(&mut sched, &mut out);
         let snap = sched.snapshot();
         queries += snap.prefix_cache_queries;
         hits += snap.prefix_cache_hits;
@@ -493,6 +486,18 @@ fn shared_prefixes_hit_the_cache() {
         // The first computes everything; each later one finds 9 blocks.
         assert_eq!(got, Some(if i == 0 { 0 } else { 36 }), "r{i}");
     }
+}
+
+/// One step in which every sequence that samples gets token 7.
+fn step_sampling_7(sched: &mut Scheduler, out: &mut StepOutput) {
+    sched.schedule();
+    out.sampled = sched
+        .batch()
+        .seqs
+        .iter()
+        .map(|s| s.sample.then_some(7))
+        .collect();
+    sched.update(out);
 }
 
 /// A request of `prompt_len` tokens (1, 2, …) that generates exactly
@@ -549,14 +554,7 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) ->
     }
     let mut out = StepOutput::default();
     let mut step = |sched: &mut Scheduler| {
-        sched.schedule();
-        out.sampled = sched
-            .batch()
-            .seqs
-            .iter()
-            .map(|s| s.sample.then_some(7))
-            .collect();
-        sched.update(&out);
+        step_sampling_7(sched, &mut out);
         sched
             .batch()
             .seqs
