@@ -35,7 +35,7 @@ trap 'kill $S $A 2>/dev/null || true; rm -rf "$T"' EXIT
 cat >"$T/keys.json" <<'EOF'
 {"tenants": [{"name": "a", "key": "key-a"}, {"name": "b", "key": "key-b"}]}
 EOF
-# The bench asks /v1/models without the key (401 under a key file): name it.
+# The model is named, so no run depends on /v1/models (MODEL= to change it).
 common=(--model "${MODEL:-demo}" --host 127.0.0.1 --port "$PORT" --random-input-len "$IN" --random-output-len "$OUT" --ignore-eos)
 
 serve() { # policy

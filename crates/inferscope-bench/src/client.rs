@@ -571,9 +571,15 @@ impl StreamState {
 /// Fetches `GET {base}/v1/models` and returns `data[0].id`, the name the
 /// server accepts as `model` (`root` is the checkpoint it was loaded from,
 /// which a server need not accept: vLLM's bench also sends the `id`).
-pub async fn discover_model(base_url: &str, timeout: Duration) -> Result<String, BenchError> {
+/// `api_key` goes as a bearer token (a server with keys answers 401
+/// without one).
+pub async fn discover_model(
+    base_url: &str,
+    timeout: Duration,
+    api_key: Option<&str>,
+) -> Result<String, BenchError> {
     let url = format!("{}/v1/models", base_url.trim_end_matches('/'));
-    let v = get_json(&url, timeout).await?;
+    let v = get_json(&url, timeout, api_key).await?;
     let first = v
         .get("data")
         .and_then(Value::as_array)
@@ -584,11 +590,20 @@ pub async fn discover_model(base_url: &str, timeout: Duration) -> Result<String,
         .ok_or_else(|| BenchError::Server(format!("{url}: no model listed; pass --model")))
 }
 
-/// `GET url` and the body as text; errors on non-200.
-pub async fn get_text(url: &str, timeout: Duration) -> Result<String, BenchError> {
+/// `GET url` and the body as text, with `api_key` as a bearer token when
+/// given; errors on non-200.
+pub async fn get_text(
+    url: &str,
+    timeout: Duration,
+    api_key: Option<&str>,
+) -> Result<String, BenchError> {
     let uri = parse_http_uri(url)?;
     let client = http_client();
-    let req = Request::get(uri)
+    let mut builder = Request::get(uri);
+    if let Some(key) = api_key {
+        builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let req = builder
         .body(Full::new(Bytes::new()))
         .map_err(|e| BenchError::InvalidArg(format!("{url}: {e}")))?;
     let fut = async {
@@ -613,8 +628,12 @@ pub async fn get_text(url: &str, timeout: Duration) -> Result<String, BenchError
         .map_err(|_| BenchError::Server(format!("{url}: timed out")))?
 }
 
-async fn get_json(url: &str, timeout: Duration) -> Result<Value, BenchError> {
-    let text = get_text(url, timeout).await?;
+async fn get_json(
+    url: &str,
+    timeout: Duration,
+    api_key: Option<&str>,
+) -> Result<Value, BenchError> {
+    let text = get_text(url, timeout, api_key).await?;
     serde_json::from_str(&text).map_err(|source| BenchError::Json {
         context: url.to_string(),
         source,

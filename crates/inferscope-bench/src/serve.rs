@@ -266,14 +266,14 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         .ok_or_else(|| {
             BenchError::InvalidArg("--scrape-interval must be at least 0.01 s".into())
         })?;
-    let model = match &args.model {
-        Some(m) => m.clone(),
-        None => discover_model(&base, Duration::from_secs(10)).await?,
-    };
-    let spec = dataset_spec(args)?;
     let api_key = std::env::var("OPENAI_API_KEY")
         .ok()
         .filter(|k| !k.is_empty());
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => discover_model(&base, Duration::from_secs(10), api_key.as_deref()).await?,
+    };
+    let spec = dataset_spec(args)?;
     let chat = api == ApiKind::Chat;
     let (exact, about) = match tokenizer {
         Some(t) => (
@@ -338,7 +338,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
             extra: args.extra_body.clone(),
         },
         read_timeout,
-        api_key,
+        api_key: api_key.clone(),
     })?);
 
     println!("Starting initial single prompt test run...");
@@ -373,10 +373,15 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         .unwrap_or_else(|| format!("{base}/metrics"));
     let mut scrape_state = None;
     if args.scrape_metrics {
-        match server_view::scrape(&metrics_url).await {
+        match server_view::scrape(&metrics_url, api_key.as_deref()).await {
             Ok(before) => match before.namespace() {
                 Some(ns) => {
-                    let sampler = GaugeSampler::start(metrics_url.clone(), ns, scrape_interval);
+                    let sampler = GaugeSampler::start(
+                        metrics_url.clone(),
+                        api_key.clone(),
+                        ns,
+                        scrape_interval,
+                    );
                     scrape_state = Some((before, ns, sampler));
                 }
                 None => println!(
@@ -478,7 +483,7 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
     let mut server_view = None;
     let mut agreement = String::new();
     if let Some((before, ns, sampler)) = scrape_state {
-        let after = server_view::scrape(&metrics_url).await;
+        let after = server_view::scrape(&metrics_url, api_key.as_deref()).await;
         let peaks = sampler.stop(after.as_ref().ok(), ns).await;
         match after {
             Ok(after) => {

@@ -39,9 +39,13 @@ impl Snapshot {
     }
 }
 
-/// Fetches and parses `/metrics`.
-pub async fn scrape(url: &str) -> Result<Snapshot, crate::error::BenchError> {
-    let text = get_text(url, Duration::from_secs(10)).await?;
+/// Fetches and parses `/metrics` (`api_key` as a bearer token: a server
+/// with keys may keep its metrics behind them).
+pub async fn scrape(
+    url: &str,
+    api_key: Option<&str>,
+) -> Result<Snapshot, crate::error::BenchError> {
+    let text = get_text(url, Duration::from_secs(10), api_key).await?;
     Ok(Snapshot::from_text(&text))
 }
 
@@ -195,15 +199,21 @@ pub struct GaugeSampler {
 }
 
 impl GaugeSampler {
-    /// Starts sampling `url` every `interval`.
-    pub fn start(url: String, ns: &'static str, interval: Duration) -> Self {
+    /// Starts sampling `url` every `interval`, with `api_key` as a bearer
+    /// token when given.
+    pub fn start(
+        url: String,
+        api_key: Option<String>,
+        ns: &'static str,
+        interval: Duration,
+    ) -> Self {
         let peaks = Arc::new(Mutex::new(GaugePeaks::default()));
         let p = peaks.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             loop {
                 tick.tick().await;
-                if let Ok(s) = scrape(&url).await {
+                if let Ok(s) = scrape(&url, api_key.as_deref()).await {
                     p.lock().await.observe(&s, ns);
                 }
             }

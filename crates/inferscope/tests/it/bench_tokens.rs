@@ -64,8 +64,18 @@ fn tokens(addr: SocketAddr) -> (f64, f64) {
 
 /// Runs `bench serve` against `addr`; its stdout and result JSON.
 fn bench(addr: SocketAddr, dir: &Path, extra: &[&str]) -> (String, Value) {
+    bench_as(addr, dir, extra, None)
+}
+
+/// [`bench`] with `OPENAI_API_KEY` set to `key` (unset without one).
+fn bench_as(addr: SocketAddr, dir: &Path, extra: &[&str], key: Option<&str>) -> (String, Value) {
     let base = format!("http://{addr}");
-    let out = Command::new(env!("CARGO_BIN_EXE_inferscope"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_inferscope"));
+    match key {
+        Some(k) => cmd.env("OPENAI_API_KEY", k),
+        None => cmd.env_remove("OPENAI_API_KEY"),
+    };
+    let out = cmd
         .args([
             "bench",
             "serve",
@@ -85,7 +95,6 @@ fn bench(addr: SocketAddr, dir: &Path, extra: &[&str]) -> (String, Value) {
             "r.json",
         ])
         .args(extra)
-        .env_remove("OPENAI_API_KEY")
         .output()
         .expect("bench runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -237,4 +246,36 @@ fn cpu_random_demo_model_and_bench_count_the_same_tokens() {
 fn default_server_and_bench_count_the_same_tokens() {
     let (_server, addr) = start_server(&[]);
     exact_run(addr, "default", 4, 5, 40, 4);
+}
+
+#[test]
+fn the_bench_sends_its_key_to_find_the_model() {
+    // A server with a key answers 401 to `/v1/models` without it: the bench
+    // finds the model with the key it sends its requests with (and sends it
+    // to `/metrics` too, for servers that keep their metrics behind one).
+    let (_server, addr) = start_server(&[
+        "--executor",
+        "sim",
+        "--sim-profile",
+        "tiny",
+        "--api-key",
+        "k",
+    ]);
+    let dir = temp_dir("key");
+    let (report, result) = bench_as(
+        addr,
+        &dir,
+        &[
+            "--num-prompts",
+            "4",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "4",
+        ],
+        Some("k"),
+    );
+    assert_eq!(result["completed"], json!(4), "{report}");
+    let (server, client) = server_client(&report, "Generated tokens (server / client):");
+    assert_eq!((server, client), (16, 16), "{report}");
 }
