@@ -620,10 +620,11 @@ impl Scheduler {
 
     /// Fair admission when the request admitted next cannot start (every
     /// slot, `max_num_seqs`, taken, or too few free KV blocks for its prompt
-    /// beside what the running requests need) and its tenant has nothing
-    /// running: the newest requests of the tenant holding the most slots (two
-    /// or more) yield theirs, up to [`MAX_YIELDS_PER_STEP`], and wait at the
-    /// head of their own tenant's queue. Without this, a light tenant waits
+    /// beside what the running requests need): the newest requests of the
+    /// tenant holding the most slots yield theirs while it holds at least two
+    /// more than the next request's tenant, up to [`MAX_YIELDS_PER_STEP`],
+    /// and wait at the head of their own tenant's queue (weights are not
+    /// considered here, only in the admission order). Without this, a light tenant waits
     /// behind a flooding tenant until enough of the flood's requests finish
     /// (a second or more in `scripts/tenants-fairness.sh`). Their blocks stay
     /// in the prefix cache, so computing them again is mostly hits when
@@ -656,9 +657,7 @@ impl Scheduler {
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len());
         }
-        if counts.get(next).copied().unwrap_or(0) > 0 {
-            return;
-        }
+        let next_holds = counts.get(next).copied().unwrap_or(0);
         // The heaviest tenant; on a tie the lowest slot.
         let Some((heavy, &held)) = counts.iter().enumerate().rev().max_by_key(|&(_, n)| *n) else {
             return;
@@ -667,7 +666,8 @@ impl Scheduler {
         for _ in 0..MAX_YIELDS_PER_STEP {
             let fits = self.running.len() < self.config.max_num_seqs
                 && self.pool.num_free() >= running_needs + wanted;
-            if fits || held < 2 {
+            // Only toward balance: the heaviest keeps at least one more.
+            if fits || held < next_holds + 2 {
                 return;
             }
             let Some(idx) = self.running.iter().rposition(|s| s.tenant_slot == heavy) else {

@@ -526,10 +526,15 @@ fn greedy_request(
 }
 
 /// Tenant `a` holds every slot (`kv_bound`: every KV block, with slots to
-/// spare) and has more waiting; tenant `b` arrives with one request. Returns,
-/// per step after `b` arrived, whether `b` was in the batch, and the
-/// preemptions counted over those steps.
-fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) -> (Vec<bool>, u64) {
+/// spare) and has more waiting; tenant `b` arrives with one request (with
+/// `b_running`, after one of its own that holds a slot). Returns, per step
+/// after `b` arrived, whether `b` was in the batch, and the preemptions
+/// counted over those steps.
+fn light_tenant_behind_a_full_house(
+    policy: SchedulingPolicy,
+    kv_bound: bool,
+    b_running: bool,
+) -> (Vec<bool>, u64) {
     // Each request (8 prompt tokens, 7 generated) fits in one 16-token
     // block: 4 blocks hold a's first four, and nothing else.
     let (max_num_seqs, num_blocks) = if kv_bound { (64, 4) } else { (4, 256) };
@@ -549,6 +554,9 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) ->
         rxs.push(rx);
         sched.add_request(greedy_request(id, 8, 7, Some(tenant)), tx);
     };
+    if b_running {
+        add(&mut sched, "b0", "b");
+    }
     for i in 0..6 {
         add(&mut sched, &format!("a{i}"), "a");
     }
@@ -565,28 +573,31 @@ fn light_tenant_behind_a_full_house(policy: SchedulingPolicy, kv_bound: bool) ->
     step(&mut sched);
     assert_eq!(sched.snapshot().num_running, 4, "a holds the house");
     add(&mut sched, "b", "b");
-    // Sequence ids are given in arrival order: b's is 6.
+    // Sequence ids are given in arrival order.
+    let b = if b_running { 7 } else { 6 };
+    let total = if b_running { 8 } else { 7 };
     let mut seen = Vec::new();
     let mut preemptions = 0;
     for _ in 0..4 {
         let ids = step(&mut sched);
-        seen.push(ids.contains(&6));
+        seen.push(ids.contains(&b));
         let snap = sched.snapshot();
-        assert_eq!(snap.num_running + snap.num_waiting, 7, "nothing lost");
+        assert_eq!(snap.num_running + snap.num_waiting, total, "nothing lost");
         preemptions += snap.num_preemptions;
     }
     (seen, preemptions)
 }
 
 #[test]
-fn a_tenant_with_nothing_running_gets_room_within_two_steps() {
-    for kv_bound in [false, true] {
+fn a_tenant_holding_two_fewer_slots_gets_room_within_two_steps() {
+    // b_running: b holds one slot and a three, still two apart.
+    for (kv_bound, b_running) in [(false, false), (true, false), (false, true)] {
         // Fair: one of a's requests yields its slot or blocks, and only one.
         // On arrival b is lifted to a's served count (no credit for idle
         // time) and the tie goes to a, so b is first in line from the step
         // after.
         let (seen, preemptions) =
-            light_tenant_behind_a_full_house(SchedulingPolicy::Fair, kv_bound);
+            light_tenant_behind_a_full_house(SchedulingPolicy::Fair, kv_bound, b_running);
         assert_eq!(
             seen[1..],
             [true, true, true],
@@ -595,7 +606,7 @@ fn a_tenant_with_nothing_running_gets_room_within_two_steps() {
         assert_eq!(preemptions, 1, "kv_bound {kv_bound}");
         // FCFS: b waits until one of a's requests finishes.
         let (seen, preemptions) =
-            light_tenant_behind_a_full_house(SchedulingPolicy::Fcfs, kv_bound);
+            light_tenant_behind_a_full_house(SchedulingPolicy::Fcfs, kv_bound, b_running);
         assert_eq!(seen, [false, false, false, false], "kv_bound {kv_bound}");
         assert_eq!(preemptions, 0, "kv_bound {kv_bound}");
     }
