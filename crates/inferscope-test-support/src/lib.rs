@@ -20,6 +20,21 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 /// Starts `inferscope serve --executor sim` on 127.0.0.1, port 0, without the
 /// periodic log lines, with `flags` added.
 pub async fn start_sim(flags: &[&str]) -> RunningServer {
+    inferscope_server::start(&sim_args(flags))
+        .await
+        .expect("server starts")
+}
+
+/// What [`start_sim`] with `flags` fails with: the start-up error's text
+/// (the test fails if it starts).
+pub async fn start_sim_error(flags: &[&str]) -> String {
+    match inferscope_server::start(&sim_args(flags)).await {
+        Ok(_) => panic!("started with {flags:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn sim_args(flags: &[&str]) -> ServeArgs {
     let mut all = vec![
         "--host",
         "127.0.0.1",
@@ -30,10 +45,7 @@ pub async fn start_sim(flags: &[&str]) -> RunningServer {
         "--disable-log-stats",
     ];
     all.extend_from_slice(flags);
-    let args = ServeArgs::try_parse_flags(all).expect("flags");
-    inferscope_server::start(&args)
-        .await
-        .expect("server starts")
+    ServeArgs::try_parse_flags(all).expect("flags")
 }
 
 /// A keep-alive HTTP/1 client.

@@ -2,6 +2,7 @@
 //! linking most of `cargo test`'s time). Run one file's tests with a filter:
 //! `cargo test -p inferscope-engine --test it coordinator::`.
 
+mod common;
 mod coordinator;
 mod kv_events;
 mod parity_metrics;

@@ -2,32 +2,15 @@
 //! block pool with a scripted device: prompt tokens by source, KV tokens
 //! computed per request, waiting requests by reason, KV block residency.
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use inferscope_engine::block_pool::{BlockPool, hash_block};
 use inferscope_engine::scheduler::Scheduler;
-use inferscope_engine::{EngineConfig, EngineRequest, SamplingParams, StepOutput};
+use inferscope_engine::{EngineConfig, StepOutput};
 use inferscope_schema::{IterationStats, SchedulerStats};
 use tokio::sync::mpsc::unbounded_channel;
 
-fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
-    EngineRequest {
-        request_id: id.to_owned(),
-        prompt_token_ids: prompt,
-        params: Arc::new(SamplingParams {
-            max_tokens,
-            ignore_eos: true,
-            ..Default::default()
-        }),
-        seed_offset: 0,
-        arrival: Instant::now(),
-        trace_id: None,
-        tenant: None,
-        tenant_label: 0,
-        grammar: None,
-    }
-}
+use crate::common::request;
 
 /// One step with a device that samples token 7 for every sequence.
 fn step(sched: &mut Scheduler) -> (SchedulerStats, IterationStats) {

@@ -24,6 +24,8 @@ use inferscope_engine::{
 use proptest::prelude::*;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
+use crate::common::request;
+
 const EOS: u32 = 99;
 
 #[derive(Debug, Clone)]
@@ -463,7 +465,7 @@ fn shared_prefixes_hit_the_cache() {
     for (i, _) in reqs.iter().enumerate() {
         let (tx, rx) = unbounded_channel();
         rxs.push(rx);
-        sched.add_request(greedy_request(&format!("r{i}"), 40, 4, None), tx);
+        sched.add_request(request(&format!("r{i}"), (1..=40).collect(), 4), tx);
     }
     let mut out = StepOutput::default();
     let (mut queries, mut hits) = (0, 0);
@@ -500,31 +502,6 @@ fn step_sampling_7(sched: &mut Scheduler, out: &mut StepOutput) {
     sched.update(out);
 }
 
-/// A request of `prompt_len` tokens (1, 2, …) that generates exactly
-/// `max_tokens` (EOS ignored).
-fn greedy_request(
-    id: &str,
-    prompt_len: u32,
-    max_tokens: usize,
-    tenant: Option<&str>,
-) -> EngineRequest {
-    EngineRequest {
-        request_id: id.to_owned(),
-        prompt_token_ids: (1..=prompt_len).collect(),
-        params: Arc::new(SamplingParams {
-            max_tokens,
-            ignore_eos: true,
-            ..Default::default()
-        }),
-        seed_offset: 0,
-        arrival: Instant::now(),
-        trace_id: None,
-        tenant: tenant.map(Arc::from),
-        tenant_label: 0,
-        grammar: None,
-    }
-}
-
 /// Tenant `a` holds every slot (`kv_bound`: every KV block, with slots to
 /// spare) and has more waiting; tenant `b` arrives with one request (with
 /// `b_running`, after one of its own that holds a slot). Returns, per step
@@ -552,7 +529,13 @@ fn light_tenant_behind_a_full_house(
     let mut add = |sched: &mut Scheduler, id: &str, tenant: &str| {
         let (tx, rx) = unbounded_channel();
         rxs.push(rx);
-        sched.add_request(greedy_request(id, 8, 7, Some(tenant)), tx);
+        sched.add_request(
+            EngineRequest {
+                tenant: Some(Arc::from(tenant)),
+                ..request(id, (1..=8).collect(), 7)
+            },
+            tx,
+        );
     };
     if b_running {
         add(&mut sched, "b0", "b");

@@ -20,22 +20,9 @@ pub async fn start(flags: &[&str]) -> RunningServer {
 
 /// Starting (sim executor, `tiny` profile) with `flags` fails with a message holding each of `needles`.
 pub async fn start_fails(flags: &[&str], needles: &[&str]) {
-    let mut all = vec![
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--executor",
-        "sim",
-        "--sim-profile",
-        "tiny",
-    ];
+    let mut all = vec!["--sim-profile", "tiny"];
     all.extend_from_slice(flags);
-    let args = inferscope_server::ServeArgs::try_parse_flags(all).unwrap();
-    let err = match inferscope_server::start(&args).await {
-        Ok(_) => panic!("started with {flags:?}"),
-        Err(e) => e.to_string(),
-    };
+    let err = inferscope_test_support::start_sim_error(&all).await;
     for n in needles {
         assert!(err.contains(n), "{err}");
     }
