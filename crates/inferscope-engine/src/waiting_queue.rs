@@ -141,10 +141,12 @@ impl<T> WaitingQueue<T> {
         self.tenants[slot].queue.push_front(item);
     }
 
-    /// Fair admission: the tenant slot admitted next, when no preempted
-    /// request is first in line; `None` under FCFS.
+    /// Fair admission with a named tenant seen (else every request is
+    /// anonymous): the tenant slot admitted next, when no preempted request
+    /// is first in line; `None` under FCFS.
     pub(crate) fn next_fair_slot(&self) -> Option<usize> {
-        if self.policy != SchedulingPolicy::Fair || !self.front.is_empty() {
+        if self.policy != SchedulingPolicy::Fair || self.tenants.len() < 2 || !self.front.is_empty()
+        {
             return None;
         }
         self.next_tenant()
