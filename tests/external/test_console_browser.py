@@ -130,3 +130,58 @@ def test_the_console_shows_what_metrics_says(make_server, browser):
         assert overflow <= 0, f"{overflow} px wider than a phone"
     finally:
         server.stop()
+
+
+def test_the_console_diagnoses_and_its_playground_streams(workdir, browser):
+    """The demo model on the cpu executor: the playground streams a reply and
+    shows its TTFT (seen by the page, and the server's own `metrics`, equal to
+    the request's row in the recent requests); the diagnosis panel shows the
+    findings the snapshot route gives."""
+    server = Server(["--enable-per-request-metrics"], workdir,
+                    model_args=["--executor", "cpu", "--model", "demo"])
+    try:
+        browser.get(server.base + "/")
+        wait_for("live samples", lambda: browser.find_element(By.ID, "status").text.startswith("live,"))
+
+        prompt = browser.find_element(By.ID, "pg-prompt")
+        prompt.clear()
+        prompt.send_keys("Tell me about the sea.")
+        browser.find_element(By.ID, "pg-send").click()
+        wait_for("the reply", lambda: browser.find_element(By.ID, "pg-status").text in ("done",)
+                 or browser.find_element(By.ID, "pg-status").text.startswith("failed"), 60)
+        assert browser.find_element(By.ID, "pg-status").text == "done"
+        assert browser.find_element(By.ID, "pg-reply").text.strip(), "no text streamed"
+
+        def timing(cls: str) -> str:
+            return browser.find_element(By.CSS_SELECTOR, f"#pg-timings .{cls} dd").text
+
+        client_ttft = timing("client-ttft")
+        assert client_ttft != "–" and client_ttft.split()[-1] in ("µs", "ms", "s"), client_ttft
+        assert timing("source") == "response metrics"
+        server_ttft = timing("server-ttft")
+        assert server_ttft != "–", server_ttft
+        # The same request, as the recent requests show it (within a sample).
+        def row():
+            for tr in browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr"):
+                cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                if cells[1].startswith("playground-"):
+                    return cells
+            return None
+        cells = wait_for("the playground's row", row)
+        assert cells[9] == server_ttft, (cells, server_ttft)
+
+        # The diagnosis: the first needs two renders of /metrics 5 s apart.
+        wait_for("findings", lambda: browser.find_elements(By.CSS_SELECTOR, "#findings .finding"), 30)
+        def same_as_snapshot():
+            shown = [e.get_attribute("data-id")
+                     for e in browser.find_elements(By.CSS_SELECTOR, "#findings .finding")]
+            snap = requests.get(server.base + "/console/api/snapshot", timeout=10).json()
+            return shown and shown == [f["id"] for f in snap["findings"]["findings"]]
+        wait_for("the snapshot's findings on the page", same_as_snapshot, 15)
+        action = browser.find_element(By.CSS_SELECTOR, "#findings .finding .action").text
+        assert action.startswith("→ "), action
+
+        errors = [l for l in browser.get_log("browser") if l["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        server.stop()

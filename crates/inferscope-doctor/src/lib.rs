@@ -136,6 +136,23 @@ pub fn diagnose_window(source: &str, w: &Window) -> report::Report {
     report::Report::new(source, summary, d)
 }
 
+/// The findings of `/metrics` texts taken at the given seconds (oldest
+/// first), as the console shows them (docs/console.md): the window's length,
+/// the worst severity and the ranked findings with evidence and action; the
+/// server's console calls it every few seconds on its own renders.
+pub fn console_findings(texts: &[(f64, &str)]) -> serde_json::Value {
+    let scrapes = texts
+        .iter()
+        .map(|&(t, text)| (t, Scrape::parse(text)))
+        .collect();
+    let r = diagnose_window("/metrics", &Window::new(scrapes, None));
+    serde_json::json!({
+        "window_s": r.window_s,
+        "worst": r.worst,
+        "findings": r.diagnosis.findings,
+    })
+}
+
 /// Runs `doctor`: prints the report and returns the exit status (2 when a
 /// critical finding is present).
 pub async fn run_doctor(args: DoctorArgs) -> anyhow::Result<i32> {

@@ -28,6 +28,7 @@ pub mod timings;
 pub mod validation_workers;
 
 pub use cli::{ExecutorKind, ServeArgs};
+pub use console::Diagnose;
 pub use error::{ApiError, ServerError};
-pub use lifecycle::{RunningServer, limit_allocator_arenas, run, start};
+pub use lifecycle::{RunningServer, limit_allocator_arenas, run, start, start_with_findings};
 pub use state::{AppState, build_state};

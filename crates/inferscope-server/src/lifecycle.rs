@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
-use crate::console::Console;
+use crate::console::{Console, Diagnose};
 use crate::error::ServerError;
 use crate::router::{metrics_router, router};
 use crate::state::{AppState, build_state};
@@ -82,8 +82,18 @@ async fn bind(
 }
 
 /// Builds everything and serves on `args.host:args.port` in the background
-/// (and `/metrics` on `--metrics-host:--metrics-port` when set).
+/// (and `/metrics` on `--metrics-host:--metrics-port` when set). The console
+/// shows no findings: [`start_with_findings`] hands it the doctor's rules.
 pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
+    start_with_findings(args, None).await
+}
+
+/// As [`start`], with the console's findings computed by `diagnose` (the
+/// binary passes the doctor's rules, which this crate may not link).
+pub async fn start_with_findings(
+    args: &ServeArgs,
+    diagnose: Option<Diagnose>,
+) -> Result<RunningServer, ServerError> {
     let state = {
         let args = args.clone();
         tokio::task::spawn_blocking(move || build_state(&args))
@@ -111,6 +121,7 @@ pub async fn start(args: &ServeArgs) -> Result<RunningServer, ServerError> {
                 state.api_key.clone(),
                 state.tenant_keys.clone(),
                 state.served_model_names[0].clone(),
+                diagnose,
             )
         });
     let console_task = console.as_ref().map(Console::spawn_sampler);
@@ -188,9 +199,10 @@ pub fn limit_allocator_arenas() {
     }
 }
 
-/// Serves until SIGINT or SIGTERM, then shuts down gracefully.
-pub async fn run(args: ServeArgs) -> Result<(), ServerError> {
-    let server = start(&args).await?;
+/// Serves until SIGINT or SIGTERM, then shuts down gracefully; the console's
+/// findings are computed by `diagnose` when given ([`start_with_findings`]).
+pub async fn run(args: ServeArgs, diagnose: Option<Diagnose>) -> Result<(), ServerError> {
+    let server = start_with_findings(&args, diagnose).await?;
     tracing::info!(
         addr = %server.addr,
         model = %server.state.served_model_names[0],

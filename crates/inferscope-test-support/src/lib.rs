@@ -34,7 +34,8 @@ pub async fn start_sim_error(flags: &[&str]) -> String {
     }
 }
 
-fn sim_args(flags: &[&str]) -> ServeArgs {
+/// The arguments of [`start_sim`] with `flags` (for the other ways to start).
+pub fn sim_args(flags: &[&str]) -> ServeArgs {
     let mut all = vec![
         "--host",
         "127.0.0.1",

@@ -3,6 +3,7 @@
 //! `cargo test -p inferscope-doctor --test it fixtures::`.
 
 mod common;
+mod console;
 mod fixtures;
 mod scenarios;
 mod top;

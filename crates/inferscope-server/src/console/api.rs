@@ -12,9 +12,20 @@ use crate::request_log::RequestLogEntry;
 /// The format's version: bumped when a field changes meaning or goes away.
 pub const FORMAT_VERSION: u64 = 1;
 
-/// Why the doctor's findings are not in the snapshot (docs/console.md).
-pub const FINDINGS_NOTE: &str = "not computed by the server: the doctor is a client crate the server may not link \
-     (docs/architecture.md); run `inferscope doctor` against /metrics";
+/// Why a server started without the doctor's rules (a library user of
+/// `inferscope_server::start`) has no findings (docs/console.md).
+pub const NO_FINDINGS_NOTE: &str = "not computed: this server was started without the doctor's rules \
+     (the `inferscope` binary hands them in); run `inferscope doctor` against /metrics";
+
+/// What the findings cover when the server computes them.
+pub fn findings_note() -> String {
+    format!(
+        "the doctor's rules over this server's /metrics of the last {} s (less just after start), \
+         recomputed every {} s",
+        super::findings::WINDOW_SECONDS,
+        super::findings::EVERY_SECONDS
+    )
+}
 
 /// One engine's reading.
 fn engine(r: &EngineReading) -> Value {
@@ -67,7 +78,8 @@ pub fn recent(entries: &[(u64, f64, RequestLogEntry)]) -> Value {
 }
 
 /// What a reader needs to interpret samples: engines, reasons, bounds.
-pub fn meta(metrics: &StatLoggerManager, model: &str) -> Map<String, Value> {
+/// `diagnosed`: whether the server computes the doctor's findings.
+pub fn meta(metrics: &StatLoggerManager, model: &str, diagnosed: bool) -> Map<String, Value> {
     let bounds: Map<String, Value> = LATENCIES
         .iter()
         .map(|&l| (l.as_str().to_owned(), json!(metrics.latency_bounds(l))))
@@ -84,7 +96,11 @@ pub fn meta(metrics: &StatLoggerManager, model: &str) -> Map<String, Value> {
         json!(FinishReason::ALL.map(FinishReason::as_str)),
     );
     m.insert("latency_bounds".into(), Value::Object(bounds));
-    m.insert("findings".into(), Value::Null);
-    m.insert("findings_note".into(), json!(FINDINGS_NOTE));
+    let note = if diagnosed {
+        findings_note()
+    } else {
+        NO_FINDINGS_NOTE.to_owned()
+    };
+    m.insert("findings_note".into(), json!(note));
     m
 }

@@ -15,6 +15,14 @@ pub const INTERVAL_SECONDS: u64 = 1;
 /// Samples kept: five minutes at one a second.
 pub const HISTORY_SECONDS: usize = 300;
 
+/// Now, in unix seconds.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64()
+}
+
 /// Every engine's values at one instant.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -28,10 +36,7 @@ impl Sample {
     /// Reads every engine of `metrics` now.
     pub fn take(metrics: &StatLoggerManager) -> Self {
         Self {
-            t: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64(),
+            t: unix_now(),
             engines: metrics.read_engines(),
         }
     }

@@ -9,6 +9,7 @@
 //! extra work for it.
 
 pub mod api;
+pub mod findings;
 pub mod history;
 
 use std::sync::{Arc, LazyLock};
@@ -28,6 +29,8 @@ use tokio::sync::watch;
 use crate::error::ApiError;
 use crate::request_log::RecentRequests;
 use crate::tenants::TenantKeys;
+pub use findings::Diagnose;
+use findings::Findings;
 use history::{HISTORY_SECONDS, History, INTERVAL_SECONDS, Sample};
 
 /// The page: HTML with its style and script inlined once, at first use.
@@ -56,13 +59,17 @@ pub struct Console {
     /// `--api-key-file`: any tenant's key opens the data routes.
     tenant_keys: Option<TenantKeys>,
     model: String,
+    /// The doctor's findings over the server's own `/metrics`, when the
+    /// binary handed in its rules.
+    findings: Option<Findings>,
     /// Bumped after each sample; the event streams wait on it.
     sampled: watch::Sender<u64>,
 }
 
 impl Console {
     /// A console over `metrics` and `recent`, whose data routes require
-    /// `api_key`, or a key of `tenant_keys`, when set. Sampling starts with
+    /// `api_key`, or a key of `tenant_keys`, when set, and whose findings
+    /// `diagnose` computes (none without it). Sampling starts with
     /// [`Self::spawn_sampler`].
     pub fn new(
         metrics: Arc<StatLoggerManager>,
@@ -70,6 +77,7 @@ impl Console {
         api_key: Option<String>,
         tenant_keys: Option<TenantKeys>,
         model: String,
+        diagnose: Option<Diagnose>,
     ) -> Arc<Self> {
         Arc::new(Self {
             metrics,
@@ -78,6 +86,7 @@ impl Console {
             api_key,
             tenant_keys,
             model,
+            findings: diagnose.map(Findings::new),
             sampled: watch::channel(0).0,
         })
     }
@@ -88,23 +97,52 @@ impl Console {
         self.sampled.send_modify(|n| *n += 1);
     }
 
-    /// Samples every [`INTERVAL_SECONDS`] until the task is aborted.
+    /// Samples every [`INTERVAL_SECONDS`], and diagnoses every
+    /// [`findings::EVERY_SECONDS`] when it has the rules, until the task is
+    /// aborted.
     pub fn spawn_sampler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let console = Arc::clone(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(INTERVAL_SECONDS));
             // A late tick (a busy runtime) is skipped, not made up in a burst.
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut diagnosis: Option<tokio::task::JoinHandle<()>> = None;
+            let mut last_diagnosis: Option<std::time::Instant> = None;
             loop {
                 tick.tick().await;
                 console.sample();
+                let due = last_diagnosis
+                    .is_none_or(|at| at.elapsed() >= Duration::from_secs(findings::EVERY_SECONDS));
+                // Rendering and parsing `/metrics` take milliseconds: off the
+                // runtime, one at a time.
+                if console.findings.is_some()
+                    && due
+                    && diagnosis.as_ref().is_none_or(|d| d.is_finished())
+                {
+                    last_diagnosis = Some(std::time::Instant::now());
+                    let c = Arc::clone(&console);
+                    diagnosis = Some(tokio::task::spawn_blocking(move || {
+                        if let Some(f) = &c.findings {
+                            f.update(&c.metrics, history::unix_now());
+                        }
+                    }));
+                }
             }
         })
     }
 
+    /// The latest findings and their number (`null` before the first, or
+    /// without the rules).
+    fn findings(&self) -> (u64, Value) {
+        self.findings
+            .as_ref()
+            .map_or((0, Value::Null), Findings::latest)
+    }
+
     /// The snapshot route's body: everything kept so far.
     pub fn snapshot(&self) -> Value {
-        let mut m = api::meta(&self.metrics, &self.model);
+        let mut m = api::meta(&self.metrics, &self.model, self.findings.is_some());
+        m.insert("findings".into(), self.findings().1);
         let samples: Vec<Value> = self.history.all().iter().map(|s| api::sample(s)).collect();
         m.insert("samples".into(), Value::Array(samples));
         m.insert("recent".into(), api::recent(&self.recent.after(0)));
@@ -172,15 +210,26 @@ async fn events(
         Some(seq) => seq,
         None => c.recent.after(0).last().map_or(0, |(seq, _, _)| *seq),
     };
-    let stream = futures::stream::unfold((c, rx, seen), |(c, mut rx, seen)| async move {
+    // The findings the reader has: those of the snapshot it took before.
+    let findings_seen = c.findings().0;
+    let state = (c, rx, seen, findings_seen);
+    let stream = futures::stream::unfold(state, |(c, mut rx, seen, findings_seen)| async move {
         // Ends when the console is gone (the server is shutting down).
         rx.changed().await.ok()?;
         let sample = c.history.latest()?;
         let recent = c.recent.after(seen);
         let seen = recent.last().map_or(seen, |(seq, _, _)| *seq);
-        let data = json!({"sample": api::sample(&sample), "recent": api::recent(&recent)});
+        let mut data = json!({"sample": api::sample(&sample), "recent": api::recent(&recent)});
+        // New findings ride on the next sample's event, once.
+        let (number, findings) = c.findings();
+        if number != findings_seen {
+            data["findings"] = findings;
+        }
         let event = Bytes::from(format!("event: sample\ndata: {data}\n\n"));
-        Some((Ok::<_, std::convert::Infallible>(event), (c, rx, seen)))
+        Some((
+            Ok::<_, std::convert::Infallible>(event),
+            (c, rx, seen, number),
+        ))
     });
     Response::builder()
         .status(StatusCode::OK)

@@ -8,7 +8,8 @@ const LATENCIES = [["ttft", "Time to first token"], ["itl", "Inter-token latency
 // Quantile-over-time window: samples back.
 const QWINDOW = 10;
 
-const state = {meta: null, samples: [], recent: [], key: sessionStorage.getItem("inferscope-key") || ""};
+const state = {meta: null, samples: [], recent: [], findings: null, playground: null,
+  key: sessionStorage.getItem("inferscope-key") || ""};
 const $ = (id) => document.getElementById(id);
 const base = location.pathname.endsWith("/") ? location.pathname : location.pathname.replace(/[^/]*$/, "");
 
@@ -250,6 +251,46 @@ function renderEngines() {
   });
 }
 
+// The tab10 palette's red, orange, blue and green, by severity.
+const SEVERITY_COLOUR = {critical: 3, warning: 1, info: 0, ok: 2};
+
+function evidenceText(e) {
+  if (e.unit === "s") return secs(e.value);
+  if (e.unit === "ratio") return (e.value * 100).toFixed(1) + " %";
+  return num(e.value) + (e.unit ? " " + e.unit.replace("per_s", "/s") : "");
+}
+
+function renderFindings() {
+  const box = $("findings");
+  box.textContent = "";
+  const f = state.findings;
+  const note = state.meta.findings_note;
+  if (!f) {
+    $("findings-note").textContent = state.meta.findings_note.startsWith("not computed")
+      ? "Not computed: " + note.replace(/^not computed: /, "")
+      : "Waiting for the first diagnosis (" + note + ").";
+    return;
+  }
+  $("findings-note").textContent = "Over the last " + num(f.window_s) + " s: " + note +
+    ". Evidence is measured over that window; latency figures from histograms are bucket bounds.";
+  for (const x of f.findings) {
+    const c = colour(SEVERITY_COLOUR[x.severity] ?? 7);
+    const div = el("div", {class: "finding", "data-id": x.id, "data-severity": x.severity});
+    div.style.borderLeftColor = c;
+    const h = el("h3");
+    const sev = el("span", {class: "sev"}, x.severity);
+    sev.style.background = c;
+    h.appendChild(sev);
+    h.appendChild(document.createTextNode(x.title));
+    div.appendChild(h);
+    const ev = el("div", {class: "evidence"});
+    for (const e of x.evidence) ev.appendChild(el("span", {title: e.name + " (" + e.unit + ")"}, e.name + ": " + evidenceText(e)));
+    div.appendChild(ev);
+    div.appendChild(el("p", {class: "action"}, "→ " + x.action));
+    box.appendChild(div);
+  }
+}
+
 function renderThroughput() {
   lineChart($("tokens-chart"), [
     {name: "prompt tok/s", colour: colour(0), points: rate((e) => e.prompt_tokens)},
@@ -344,9 +385,98 @@ function render() {
     w.textContent = ss.length > 1 ? Math.round(ss[ss.length - 1].t - ss[0].t) + " s" : "–";
   }
   renderEngines();
+  renderFindings();
   renderThroughput();
   renderLatency();
   renderRecent();
+  renderPlaygroundTimings();
+}
+
+// ---- playground ----------------------------------------------------------
+
+// The server's timings of the playground's last request: its `metrics`, else
+// its row in the recent requests once it arrives.
+function renderPlaygroundTimings() {
+  const pg = state.playground;
+  const box = $("pg-timings");
+  box.textContent = "";
+  if (!pg) return;
+  const row = (name, value, cls) => {
+    const d = el("div", {class: cls});
+    d.appendChild(el("dt", {}, name));
+    d.appendChild(el("dd", {}, value));
+    box.appendChild(d);
+  };
+  const ms = (v) => (v === null || v === undefined) ? "–" : secs(v / 1000);
+  row("TTFT seen here", pg.clientTtft === null ? "–" : secs(pg.clientTtft), "client-ttft");
+  let m = pg.metrics;
+  let source = "response metrics";
+  if (!m) {
+    m = state.recent.find((r) => r.request_id.startsWith(pg.id + "-"));
+    source = "recent requests";
+  }
+  if (m) {
+    row("server TTFT", ms(m.time_to_first_token_ms), "server-ttft");
+    row("queue", ms(m.queue_time_ms), "queue");
+    row("prefill", ms(m.prefill_time_ms), "prefill");
+    row("decode", ms(m.decode_time_ms), "decode");
+    row("e2e", ms(m.generation_time_ms), "e2e");
+    row("tokens/s", num(m.tokens_per_second), "tps");
+    row("from", source, "source");
+  }
+  if (pg.usage) row("tokens", pg.usage.prompt_tokens + " in, " + pg.usage.completion_tokens + " out", "usage");
+}
+
+async function sendPlayground(ev) {
+  ev.preventDefault();
+  const id = "playground-" + Date.now().toString(36);
+  const pg = {id, clientTtft: null, metrics: null, usage: null};
+  state.playground = pg;
+  $("pg-reply").textContent = "";
+  $("pg-send").disabled = true;
+  $("pg-status").textContent = "sending…";
+  renderPlaygroundTimings();
+  const body = {
+    model: state.meta ? state.meta.model : undefined,
+    messages: [{role: "user", content: $("pg-prompt").value}],
+    max_tokens: Number($("pg-max").value) || 64,
+    temperature: Number($("pg-temp").value),
+    stream: true,
+    stream_options: {include_usage: true},
+    include_metrics: true,
+  };
+  const sent = performance.now();
+  try {
+    const r = await fetch(base + "v1/chat/completions", {
+      method: "POST",
+      headers: Object.assign({"Content-Type": "application/json", "x-request-id": id}, headers()),
+      body: JSON.stringify(body),
+    });
+    if (!r.ok) {
+      let why = "HTTP " + r.status;
+      try { why += ": " + (await r.json()).error.message; } catch (e) { /* not JSON */ }
+      if (r.status === 404) why += " (the API is not served on this listener: the console is on --metrics-port)";
+      throw new Error(why);
+    }
+    $("pg-status").textContent = "streaming…";
+    await readEvents(r, (data) => {
+      if (data === "[DONE]") return;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      const text = chunk.choices && chunk.choices[0] && chunk.choices[0].delta && chunk.choices[0].delta.content;
+      if (text) {
+        if (pg.clientTtft === null) pg.clientTtft = (performance.now() - sent) / 1000;
+        $("pg-reply").textContent += text;
+      }
+      if (chunk.usage) pg.usage = chunk.usage;
+      if (chunk.metrics) pg.metrics = chunk.metrics;
+    });
+    $("pg-status").textContent = "done";
+  } catch (e) {
+    $("pg-status").textContent = "failed: " + e.message;
+  }
+  $("pg-send").disabled = false;
+  renderPlaygroundTimings();
 }
 
 // ---- transport -----------------------------------------------------------
@@ -367,6 +497,7 @@ async function connect() {
   if (!r.ok) { status("snapshot: HTTP " + r.status + "; retrying"); return setTimeout(connect, 2000); }
   const snap = await r.json();
   state.meta = snap;
+  state.findings = snap.findings;
   state.samples = [];
   state.recent = [];
   snap.samples.forEach(addSample);
@@ -377,6 +508,25 @@ async function connect() {
   stream();
 }
 
+// Calls `onData` with each server-sent event's data, until the body ends.
+async function readEvents(response, onData) {
+  const reader = response.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    buf += dec.decode(value, {stream: true});
+    let end;
+    while ((end = buf.indexOf("\n\n")) >= 0) {
+      const event = buf.slice(0, end);
+      buf = buf.slice(end + 2);
+      const data = event.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
+      if (data) onData(data);
+    }
+  }
+}
+
 // SSE read with fetch, so the API key travels in a header (EventSource
 // cannot send one).
 async function stream() {
@@ -385,27 +535,15 @@ async function stream() {
     const after = state.recent.length ? state.recent[state.recent.length - 1].seq : 0;
     const r = await fetch(base + API + "events?after=" + after, {headers: headers(), cache: "no-store"});
     if (!r.ok) throw new Error("HTTP " + r.status);
-    const reader = r.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
     status("live");
-    for (;;) {
-      const {value, done} = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, {stream: true});
-      let end;
-      while ((end = buf.indexOf("\n\n")) >= 0) {
-        const event = buf.slice(0, end);
-        buf = buf.slice(end + 2);
-        const data = event.split("\n").filter((l) => l.startsWith("data: ")).map((l) => l.slice(6)).join("\n");
-        if (!data) continue;
-        const msg = JSON.parse(data);
-        addSample(msg.sample);
-        addRecent(msg.recent);
-        status("live, " + clock(msg.sample.t));
-        render();
-      }
-    }
+    await readEvents(r, (data) => {
+      const msg = JSON.parse(data);
+      addSample(msg.sample);
+      addRecent(msg.recent);
+      if (msg.findings !== undefined) state.findings = msg.findings;
+      status("live, " + clock(msg.sample.t));
+      render();
+    });
   } catch (e) {
     status("disconnected (" + e.message + "); reconnecting");
   }
@@ -419,6 +557,7 @@ $("keyform").addEventListener("submit", (ev) => {
   connect();
 });
 $("filter").addEventListener("change", renderRecent);
+$("playground").addEventListener("submit", sendPlayground);
 $("slow-ms").addEventListener("input", renderRecent);
 for (const [cls, i] of [["q", 2], ["p", 3], ["d", 4]]) {
   const style = document.createElement("style");
