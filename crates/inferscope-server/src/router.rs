@@ -16,6 +16,7 @@ use crate::console::Console;
 use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
+use crate::profile;
 use crate::state::AppState;
 use crate::tenants::Tenant;
 
@@ -56,6 +57,18 @@ pub fn router(
             Router::new()
                 .route("/debug/kv_cache_blocks", get(kv_debug::kv_cache_blocks))
                 .route("/reset_prefix_cache", post(kv_debug::reset_prefix_cache))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    require_api_key,
+                )),
+        );
+    }
+    if state.profiler.is_some() {
+        // vLLM registers them only with its profiler dir; same key as /tokenize.
+        app = app.merge(
+            Router::new()
+                .route("/start_profile", post(profile::start_profile))
+                .route("/stop_profile", post(profile::stop_profile))
                 .route_layer(axum::middleware::from_fn_with_state(
                     state.clone(),
                     require_api_key,

@@ -31,6 +31,7 @@ use crate::openai::tool_parsers::ParserName;
 use crate::openai::tools::ToolSettings;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
+use crate::profile::Profiler;
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
 use crate::tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
@@ -82,6 +83,8 @@ pub struct AppState {
     pub kv_events: bool,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`.
     pub tool_settings: ToolSettings,
+    /// `--profile-dir`: `/start_profile` and `/stop_profile` (`None`: not served).
+    pub profiler: Option<Profiler>,
     /// `GET /tokenizer_info`'s body, built once at start
     /// (`--enable-tokenizer-info-endpoint`; `None`: the route is not served).
     pub tokenizer_info: Option<serde_json::Value>,
@@ -447,6 +450,12 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         (None, Some(recent)) => Some(RequestLog::recent_only(recent)),
         (None, None) => None,
     };
+    let profiler = match &args.profile_dir {
+        Some(dir) => Some(Profiler::new(dir).map_err(|e| {
+            config_err(format!("--profile-dir: cannot create {}: {e}", dir.display()))
+        })?),
+        None => None,
+    };
     let grammar = grammar_compiler(tokenizer.as_ref());
     let tokenizer_info = args
         .enable_tokenizer_info_endpoint
@@ -485,6 +494,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
         tokenizer_info,
+        profiler,
     }))
 }
 
