@@ -63,6 +63,10 @@ async fn a_profile_reconstructs_each_request_and_step() {
         "--api-key",
         KEY,
         "--enable-per-request-metrics",
+        // Steps of 2 ms or more: every phase lasts longer than the 1 ms the
+        // check allows, so a phase bound off by one step fails it.
+        "--sim-profile",
+        "tiny,t_fixed_ms=2",
         "--data-parallel-size",
         "2",
         // Some requests queue behind others.
