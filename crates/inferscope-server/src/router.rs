@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use inferscope_metrics::http::bearer_key_matches;
 
-use crate::console::Console;
+use crate::console::{Console, steps};
 use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
@@ -81,7 +81,9 @@ pub fn router(
     if serve_metrics {
         app = app.route("/metrics", get(handlers::metrics));
         if let Some(console) = console {
-            app = app.merge(console.routes());
+            app = app
+                .merge(console.routes())
+                .merge(steps::routes(console, state.clone()));
         }
     }
     app.fallback(handlers::not_found)
@@ -98,7 +100,9 @@ pub fn metrics_router(state: Arc<AppState>, console: Option<&Arc<Console>>) -> R
         .route("/metrics", get(handlers::metrics))
         .route("/health", get(handlers::health));
     if let Some(console) = console {
-        app = app.merge(console.routes());
+        app = app
+            .merge(console.routes())
+            .merge(steps::routes(console, state.clone()));
     }
     app.fallback(handlers::not_found)
         .layer(DefaultBodyLimit::max(0))

@@ -10,6 +10,7 @@
 
 pub mod api;
 pub mod history;
+pub mod steps;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -40,7 +41,9 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
         .replace("/*STYLE*/", include_str!("page.css"))
         .replace(
             "/*SCRIPT*/",
-            &include_str!("page.js").replace(
+            &[include_str!("page.js"), include_str!("steps.js")]
+                .concat()
+                .replace(
                 "/*PALETTE*/[]",
                 &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
             ),
