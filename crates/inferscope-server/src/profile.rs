@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::Json;
 use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
 use axum::response::{IntoResponse, Response};
 use inferscope_engine::{EngineProfile, RequestTrace, StepRecord, StepSeq};
 use inferscope_model::chat_template::strftime::Utc;
@@ -26,21 +27,28 @@ use crate::state::AppState;
 const ENGINE_ANSWER: Duration = Duration::from_secs(10);
 
 /// The profile routes' state: where files go, whether a profile runs.
-pub struct Profiler {
+struct Profiler {
+    app: Arc<AppState>,
     dir: PathBuf,
     /// When the running profile started (unix seconds); `None`: none runs.
     running: Mutex<Option<f64>>,
 }
 
-impl Profiler {
-    /// A profiler writing into `dir`, created if missing.
-    pub fn new(dir: &Path) -> std::io::Result<Self> {
-        std::fs::create_dir_all(dir)?;
-        Ok(Self {
-            dir: dir.to_owned(),
-            running: Mutex::new(None),
-        })
-    }
+/// The two routes, when `--profile-dir` is set (the caller puts the API
+/// key in front).
+pub fn routes<S: Clone + Send + Sync + 'static>(app: Arc<AppState>) -> Option<Router<S>> {
+    let dir = app.profile_dir.clone()?;
+    let profiler = Arc::new(Profiler {
+        app,
+        dir,
+        running: Mutex::new(None),
+    });
+    Some(
+        Router::new()
+            .route("/start_profile", post(start_profile))
+            .route("/stop_profile", post(stop_profile))
+            .with_state(profiler),
+    )
 }
 
 fn unix_now() -> f64 {
@@ -50,11 +58,7 @@ fn unix_now() -> f64 {
 }
 
 /// `POST /start_profile`: 409 when a profile already runs.
-pub async fn start_profile(State(s): State<Arc<AppState>>) -> Response {
-    let Some(profiler) = &s.profiler else {
-        return ApiError::not_found("profiling is off: start the server with --profile-dir")
-            .into_response();
-    };
+async fn start_profile(State(profiler): State<Arc<Profiler>>) -> Response {
     {
         let mut running = profiler.running.lock().unwrap_or_else(PoisonError::into_inner);
         if running.is_some() {
@@ -65,21 +69,18 @@ pub async fn start_profile(State(s): State<Arc<AppState>>) -> Response {
         }
         *running = Some(unix_now());
     }
-    s.coordinator.start_profile();
+    profiler.app.coordinator.start_profile();
     Json(json!({"profiling": true, "dir": profiler.dir})).into_response()
 }
 
 /// `POST /stop_profile`: writes the file; 409 when no profile runs.
-pub async fn stop_profile(State(s): State<Arc<AppState>>) -> Response {
-    let Some(profiler) = &s.profiler else {
-        return ApiError::not_found("profiling is off: start the server with --profile-dir")
-            .into_response();
-    };
+async fn stop_profile(State(profiler): State<Arc<Profiler>>) -> Response {
     let Some(started_unix) = profiler.running.lock().unwrap_or_else(PoisonError::into_inner).take() else {
         return ApiError::conflict("no profile is running; POST /start_profile first")
             .into_response();
     };
     let dir = profiler.dir.clone();
+    let s = Arc::clone(&profiler.app);
     // The engines answer between steps, and the file may be large: off the runtime.
     let written = tokio::task::spawn_blocking(move || {
         let engines = s.coordinator.stop_profile(ENGINE_ANSWER);

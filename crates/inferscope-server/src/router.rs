@@ -63,17 +63,12 @@ pub fn router(
                 )),
         );
     }
-    if state.profiler.is_some() {
+    if let Some(profile) = profile::routes(state.clone()) {
         // vLLM registers them only with its profiler dir; same key as /tokenize.
-        app = app.merge(
-            Router::new()
-                .route("/start_profile", post(profile::start_profile))
-                .route("/stop_profile", post(profile::stop_profile))
-                .route_layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    require_api_key,
-                )),
-        );
+        app = app.merge(profile.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        )));
     }
     let mut app = app
         .route("/health", get(handlers::health))

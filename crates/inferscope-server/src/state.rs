@@ -31,7 +31,6 @@ use crate::openai::tool_parsers::ParserName;
 use crate::openai::tools::ToolSettings;
 use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
-use crate::profile::Profiler;
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
 use crate::tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
@@ -83,8 +82,9 @@ pub struct AppState {
     pub kv_events: bool,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`.
     pub tool_settings: ToolSettings,
-    /// `--profile-dir`: `/start_profile` and `/stop_profile` (`None`: not served).
-    pub profiler: Option<Profiler>,
+    /// `--profile-dir`, created at start: where `/stop_profile` writes
+    /// (`None`: the profile routes are not served).
+    pub profile_dir: Option<std::path::PathBuf>,
     /// `GET /tokenizer_info`'s body, built once at start
     /// (`--enable-tokenizer-info-endpoint`; `None`: the route is not served).
     pub tokenizer_info: Option<serde_json::Value>,
@@ -450,12 +450,11 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         (None, Some(recent)) => Some(RequestLog::recent_only(recent)),
         (None, None) => None,
     };
-    let profiler = match &args.profile_dir {
-        Some(dir) => Some(Profiler::new(dir).map_err(|e| {
+    if let Some(dir) = &args.profile_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
             config_err(format!("--profile-dir: cannot create {}: {e}", dir.display()))
-        })?),
-        None => None,
-    };
+        })?;
+    }
     let grammar = grammar_compiler(tokenizer.as_ref());
     let tokenizer_info = args
         .enable_tokenizer_info_endpoint
@@ -494,7 +493,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
         tokenizer_info,
-        profiler,
+        profile_dir: args.profile_dir.clone(),
     }))
 }
 

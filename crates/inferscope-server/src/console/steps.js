@@ -119,7 +119,8 @@
         // what it already has.
         const lasts = [...st.engines.values()].filter((l) => l.length).map((l) => l[l.length - 1].t_us);
         if (lasts.length) st.since = Math.min(...lasts);
-        draw();
+        // Paused: the data keeps coming, the drawing (and a hovered step) stays.
+        if (!st.paused) draw();
       }
     } catch (e) {
       // The main panels report the connection; try again next second.
