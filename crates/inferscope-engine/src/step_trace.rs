@@ -147,8 +147,9 @@ impl StepRing {
         }
     }
 
-    /// Appends a step, dropping the oldest past [`STEP_RING_CAPACITY`].
-    pub(crate) fn push(&self, step: StepRecord) {
+    /// Appends a step, dropping the oldest past [`STEP_RING_CAPACITY`]
+    /// (the engine core, once per step while enabled).
+    pub fn push(&self, step: StepRecord) {
         let mut steps = self.steps.lock();
         if steps.len() == STEP_RING_CAPACITY {
             steps.pop_front();

@@ -50,7 +50,7 @@
 
   function describe(s) {
     const lines = [
-      "step at +" + secs((s.t_us - st.end) / 1e6) + " (" + secs(s.dur_us / 1e6) + ")",
+      "step of " + secs(s.dur_us / 1e6) + ", started " + secs(Math.max(0, st.end - s.t_us) / 1e6) + " before the right edge",
       "schedule " + secs(s.schedule_us / 1e6) + ", execute " + secs(s.execute_us / 1e6) +
         ", postprocess " + secs(s.postprocess_us / 1e6),
       "device " + secs(s.device_us / 1e6) + ", host " + secs(s.host_us / 1e6),
