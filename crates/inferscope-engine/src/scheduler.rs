@@ -228,18 +228,22 @@ impl Scheduler {
     /// [`Self::schedule`] to `into`, in batch order, with their prompt and
     /// decode tokens. Valid until [`Self::update`] (which may remove them).
     pub fn record_batch(&self, into: &mut Vec<StepSeq>) {
-        into.extend(self.batch.seqs.iter().zip(&self.batch_running_idx).map(
-            |(sseq, &idx)| {
-                let n = sseq.num_tokens as u32;
-                let (prefill_tokens, decode_tokens) =
-                    if sseq.is_prefill { (n, 0) } else { (0, n) };
-                StepSeq {
-                    request_id: Arc::clone(&self.running[idx].request.request_id),
-                    prefill_tokens,
-                    decode_tokens,
-                }
-            },
-        ));
+        into.extend(
+            self.batch
+                .seqs
+                .iter()
+                .zip(&self.batch_running_idx)
+                .map(|(sseq, &idx)| {
+                    let n = sseq.num_tokens as u32;
+                    let (prefill_tokens, decode_tokens) =
+                        if sseq.is_prefill { (n, 0) } else { (0, n) };
+                    StepSeq {
+                        request_id: Arc::clone(&self.running[idx].request.request_id),
+                        prefill_tokens,
+                        decode_tokens,
+                    }
+                }),
+        );
     }
 
     /// Collects outputs for [`Scheduler::take_outputs`] instead of sending

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum::response::{IntoResponse, Response};
 use inferscope_engine::{EngineProfile, RequestTrace, StepRecord, StepSeq};
 use inferscope_model::chat_template::strftime::Utc;
 use serde_json::{Value, json};
@@ -60,12 +60,13 @@ fn unix_now() -> f64 {
 /// `POST /start_profile`: 409 when a profile already runs.
 async fn start_profile(State(profiler): State<Arc<Profiler>>) -> Response {
     {
-        let mut running = profiler.running.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = profiler
+            .running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if running.is_some() {
-            return ApiError::conflict(
-                "a profile is already running; POST /stop_profile first",
-            )
-            .into_response();
+            return ApiError::conflict("a profile is already running; POST /stop_profile first")
+                .into_response();
         }
         *running = Some(unix_now());
     }
@@ -75,7 +76,12 @@ async fn start_profile(State(profiler): State<Arc<Profiler>>) -> Response {
 
 /// `POST /stop_profile`: writes the file; 409 when no profile runs.
 async fn stop_profile(State(profiler): State<Arc<Profiler>>) -> Response {
-    let Some(started_unix) = profiler.running.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+    let Some(started_unix) = profiler
+        .running
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take()
+    else {
         return ApiError::conflict("no profile is running; POST /start_profile first")
             .into_response();
     };
@@ -105,10 +111,10 @@ async fn stop_profile(State(profiler): State<Arc<Profiler>>) -> Response {
             "requests": profiles.iter().map(|p| p.requests.len()).sum::<usize>(),
         }))
         .into_response(),
-        Ok(Err(e)) => {
-            ApiError::internal(format!("cannot write the profile into the profile dir: {e}"))
-                .into_response()
-        }
+        Ok(Err(e)) => ApiError::internal(format!(
+            "cannot write the profile into the profile dir: {e}"
+        ))
+        .into_response(),
         Err(_) => ApiError::internal("stopping the profile failed").into_response(),
     }
 }
@@ -184,8 +190,10 @@ pub fn trace_events(
             "args": {"name": format!("engine {}", p.engine)}}));
         events.push(json!({"ph": "M", "name": "process_sort_index", "pid": pid,
             "args": {"sort_index": p.engine}}));
-        events.push(json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": 1,
-            "args": {"name": "steps"}}));
+        events.push(
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": 1,
+            "args": {"name": "steps"}}),
+        );
         for (i, step) in p.steps.iter().enumerate() {
             step_events(&mut events, pid, i, step, &ts);
         }
@@ -235,8 +243,10 @@ fn step_events(
         ("execute", step.execute),
         ("postprocess", step.postprocess),
     ] {
-        events.push(json!({"ph": "X", "name": name, "cat": "step", "pid": pid, "tid": 1,
-            "ts": at, "dur": us(d)}));
+        events.push(
+            json!({"ph": "X", "name": name, "cat": "step", "pid": pid, "tid": 1,
+            "ts": at, "dur": us(d)}),
+        );
         at += us(d);
     }
 }
@@ -256,8 +266,10 @@ fn request_events(
     let id = &*r.request_id;
     let end = t.finished.unwrap_or(stopped);
     let mut span = |ph: &str, name: &str, at: Instant, args: Value| {
-        events.push(json!({"ph": ph, "cat": "request", "name": name, "id": id, "pid": pid,
-            "ts": ts(at), "args": args}));
+        events.push(
+            json!({"ph": ph, "cat": "request", "name": name, "id": id, "pid": pid,
+            "ts": ts(at), "args": args}),
+        );
     };
     span(
         "b",
@@ -270,25 +282,43 @@ fn request_events(
     span("b", "queued", t.arrival, json!({"request_id": id}));
     span("e", "queued", scheduled, json!({}));
     let mut chunks = t.prefill_chunks.iter().peekable();
-    let mut phase = |name: &str, from: Instant, to: Instant, span: &mut dyn FnMut(&str, &str, Instant, Value)| {
+    let mut phase = |name: &str,
+                     from: Instant,
+                     to: Instant,
+                     span: &mut dyn FnMut(&str, &str, Instant, Value)| {
         span("b", name, from, json!({"request_id": id}));
         while let Some(c) = chunks.next_if(|c| c.end <= to) {
-            let chunk = if name == "prefill" { "prefill chunk" } else { "recompute" };
-            span("b", chunk, c.start, json!({"request_id": id, "tokens": c.num_tokens}));
+            let chunk = if name == "prefill" {
+                "prefill chunk"
+            } else {
+                "recompute"
+            };
+            span(
+                "b",
+                chunk,
+                c.start,
+                json!({"request_id": id, "tokens": c.num_tokens}),
+            );
             span("e", chunk, c.end, json!({}));
         }
         span("e", name, to, json!({}));
     };
     if let Some(scheduled) = t.first_scheduled {
-        phase("prefill", scheduled, t.first_token.unwrap_or(end), &mut span);
+        phase(
+            "prefill",
+            scheduled,
+            t.first_token.unwrap_or(end),
+            &mut span,
+        );
     }
     if let Some(first) = t.first_token {
         phase("decode", first, t.last_token.unwrap_or(end), &mut span);
     }
     span("e", id, end, json!({}));
-    drop(span);
     for &p in &t.preemptions {
-        events.push(json!({"ph": "i", "s": "t", "cat": "request", "name": "preempted",
-            "pid": pid, "tid": 1, "ts": ts(p), "args": {"request_id": id}}));
+        events.push(
+            json!({"ph": "i", "s": "t", "cat": "request", "name": "preempted",
+            "pid": pid, "tid": 1, "ts": ts(p), "args": {"request_id": id}}),
+        );
     }
 }

@@ -452,7 +452,10 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     };
     if let Some(dir) = &args.profile_dir {
         std::fs::create_dir_all(dir).map_err(|e| {
-            config_err(format!("--profile-dir: cannot create {}: {e}", dir.display()))
+            config_err(format!(
+                "--profile-dir: cannot create {}: {e}",
+                dir.display()
+            ))
         })?;
     }
     let grammar = grammar_compiler(tokenizer.as_ref());

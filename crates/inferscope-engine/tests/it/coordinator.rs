@@ -835,7 +835,11 @@ fn a_profile_records_every_step_as_the_executor_ran_it() {
                 .collect()
         })
         .collect();
-    assert_eq!(recorded.len(), ran.len(), "one step slice per executed step");
+    assert_eq!(
+        recorded.len(),
+        ran.len(),
+        "one step slice per executed step"
+    );
     for (k, (r, e)) in recorded.iter().zip(&ran).enumerate() {
         assert_eq!(r, e, "step {k}");
     }

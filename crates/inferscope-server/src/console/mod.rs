@@ -44,9 +44,9 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
             &[include_str!("page.js"), include_str!("steps.js")]
                 .concat()
                 .replace(
-                "/*PALETTE*/[]",
-                &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
-            ),
+                    "/*PALETTE*/[]",
+                    &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
+                ),
         )
 });
 

@@ -64,7 +64,10 @@ impl Steps {
     /// Notes a read; the first turns the rings on and starts the task that
     /// turns them off when the reads stop.
     fn watch(self: &Arc<Self>) {
-        let mut last = self.last_read.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut last = self
+            .last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let was_off = last.is_none();
         *last = Some(Instant::now());
         if !was_off {
@@ -75,7 +78,10 @@ impl Steps {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                let mut last = steps.last_read.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut last = steps
+                    .last_read
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if last.is_none_or(|t| t.elapsed() >= IDLE_OFF) {
                     *last = None;
                     steps.set_rings(false);

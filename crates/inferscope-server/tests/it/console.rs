@@ -285,7 +285,12 @@ async fn the_api_key_guards_the_data_not_the_page() {
 async fn the_console_follows_metrics_to_their_listener() {
     let server = start(&["--metrics-port", "0"]).await;
     let metrics = server.metrics_addr.unwrap();
-    for path in ["/", "/console", "/console/api/snapshot", "/console/api/steps"] {
+    for path in [
+        "/",
+        "/console",
+        "/console/api/snapshot",
+        "/console/api/steps",
+    ] {
         assert_eq!(
             call(metrics, "GET", path, "", &[]).await.status,
             200,
@@ -329,9 +334,16 @@ async fn disable_console_removes_every_route() {
 async fn the_step_timeline_lists_what_each_step_ran() {
     let server = start(&["--data-parallel-size", "2", "--no-enable-prefix-caching"]).await;
     let addr = server.addr;
-    let warm = post(addr, "/v1/completions", &json!({"prompt": "before", "max_tokens": 3})).await;
+    let warm = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "before", "max_tokens": 3}),
+    )
+    .await;
     assert_eq!(warm.status, 200);
-    let first = call(addr, "GET", "/console/api/steps", "", &[]).await.json();
+    let first = call(addr, "GET", "/console/api/steps", "", &[])
+        .await
+        .json();
     for e in first["engines"].as_array().unwrap() {
         assert_eq!(e["steps"], json!([]), "not recorded before a read: {first}");
     }
@@ -340,15 +352,33 @@ async fn the_step_timeline_lists_what_each_step_ran() {
         let id = format!("ring{i}");
         let body = json!({"prompt": format!("steps {}", "y".repeat(i * 7)), "max_tokens": 3 + i,
             "ignore_eos": true});
-        let r = call(addr, "POST", "/v1/completions", &body.to_string(), &[("x-request-id", &id)]).await;
+        let r = call(
+            addr,
+            "POST",
+            "/v1/completions",
+            &body.to_string(),
+            &[("x-request-id", &id)],
+        )
+        .await;
         assert_eq!(r.status, 200, "{}", r.body);
         usage.push((id, r.json()["usage"].clone()));
     }
     let since = first["now_us"].as_u64().unwrap();
-    let later = call(addr, "GET", &format!("/console/api/steps?since_us={since}"), "", &[]).await.json();
+    let later = call(
+        addr,
+        "GET",
+        &format!("/console/api/steps?since_us={since}"),
+        "",
+        &[],
+    )
+    .await
+    .json();
     let engines = later["engines"].as_array().unwrap();
     assert_eq!(engines.len(), 2);
-    let steps: Vec<&Value> = engines.iter().flat_map(|e| e["steps"].as_array().unwrap()).collect();
+    let steps: Vec<&Value> = engines
+        .iter()
+        .flat_map(|e| e["steps"].as_array().unwrap())
+        .collect();
     assert!(!steps.is_empty(), "{later}");
     for s in &steps {
         assert!(s["t_us"].as_u64().unwrap() > since, "{s}");
@@ -357,7 +387,10 @@ async fn the_step_timeline_lists_what_each_step_ran() {
             .map(|k| s[k].as_u64().unwrap())
             .sum();
         // Each figure is rounded down to a microsecond.
-        assert!(phases <= s["dur_us"].as_u64().unwrap() && phases + 3 >= s["dur_us"].as_u64().unwrap(), "{s}");
+        assert!(
+            phases <= s["dur_us"].as_u64().unwrap() && phases + 3 >= s["dur_us"].as_u64().unwrap(),
+            "{s}"
+        );
     }
     for (id, u) in &usage {
         let prefix = format!("{id}-");

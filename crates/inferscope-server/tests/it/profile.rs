@@ -20,7 +20,10 @@ type Phases = HashMap<String, (f64, f64)>;
 /// the `b`/`e` pairs of each id (a name opens once per phase).
 fn request_tracks(events: &[Value]) -> HashMap<String, (u64, Phases)> {
     let mut tracks: HashMap<String, (u64, Phases)> = HashMap::new();
-    for e in events.iter().filter(|e| e["cat"] == "request" && e["id"].is_string()) {
+    for e in events
+        .iter()
+        .filter(|e| e["cat"] == "request" && e["id"].is_string())
+    {
         let id = e["id"].as_str().unwrap().to_owned();
         let name = e["name"].as_str().unwrap().to_owned();
         let ts = e["ts"].as_f64().expect("ts");
@@ -84,12 +87,22 @@ async fn a_profile_reconstructs_each_request_and_step() {
     assert_eq!(r.status, 401, "{}", r.body);
     let r = call(addr, "POST", "/stop_profile", "", &[AUTH]).await;
     assert_eq!(r.status, 409, "{}", r.body);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("/start_profile"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/start_profile")
+    );
     let r = call(addr, "POST", "/start_profile", "", &[AUTH]).await;
     assert_eq!(r.status, 200, "{}", r.body);
     let r = call(addr, "POST", "/start_profile", "", &[AUTH]).await;
     assert_eq!(r.status, 409, "twice: {}", r.body);
-    assert!(r.json()["error"]["message"].as_str().unwrap().contains("already running"));
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("already running")
+    );
 
     let tasks: Vec<_> = (0..8)
         .map(|i| {
@@ -131,10 +144,16 @@ async fn a_profile_reconstructs_each_request_and_step() {
     for engine in [0, 1] {
         let named = |name: &str, value: &str| {
             events.iter().any(|e| {
-                e["ph"] == "M" && e["name"] == name && e["pid"] == engine + 1 && e["args"]["name"] == value
+                e["ph"] == "M"
+                    && e["name"] == name
+                    && e["pid"] == engine + 1
+                    && e["args"]["name"] == value
             })
         };
-        assert!(named("process_name", &format!("engine {engine}")), "engine {engine}");
+        assert!(
+            named("process_name", &format!("engine {engine}")),
+            "engine {engine}"
+        );
         assert!(named("thread_name", "steps"), "engine {engine}");
     }
     let steps: Vec<&Value> = events
@@ -194,15 +213,24 @@ async fn a_profile_reconstructs_each_request_and_step() {
         let usage = &v["usage"];
         assert_eq!(prefill, usage["prompt_tokens"].as_u64().unwrap(), "{id}");
         // The first token comes from the last prefill step.
-        assert_eq!(decode + 1, usage["completion_tokens"].as_u64().unwrap(), "{id}");
+        assert_eq!(
+            decode + 1,
+            usage["completion_tokens"].as_u64().unwrap(),
+            "{id}"
+        );
     }
-    assert_eq!(engines_used.len(), 2, "both engines served: {engines_used:?}");
+    assert_eq!(
+        engines_used.len(),
+        2,
+        "both engines served: {engines_used:?}"
+    );
 
     // Each step: its phases tile it, and device plus host time is its wall time.
     for s in &steps {
         let args = &s["args"];
         let dur = s["dur"].as_f64().unwrap();
-        let split = args["device_time_us"].as_f64().unwrap() + args["host_time_us"].as_f64().unwrap();
+        let split =
+            args["device_time_us"].as_f64().unwrap() + args["host_time_us"].as_f64().unwrap();
         assert!(split >= dur - 0.01, "{s}");
         assert!(args["device_time_us"].as_f64().unwrap() > 0.0, "{s}");
         let tokens: u64 = args["batch"]
