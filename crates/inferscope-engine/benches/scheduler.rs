@@ -14,6 +14,10 @@
 //!   finishes and one is admitted per step), the requests spread over one
 //!   tenant or over 50 under fair admission: what per-tenant queues and
 //!   counters cost (issue #39: within 20%);
+//! - `step_ring/record_256`: what an engine core adds to a step while the
+//!   console's step timeline is on: copying the 256-sequence batch into a
+//!   step record and pushing it into a full `StepRing` (against
+//!   `decode_step/prefix_caching_on`, the step's host cost);
 //! - `block_pool_churn/*`: the block pool alone under prefix-cache churn
 //!   (allocate and evict, cache, hit, release: every residency hook), with
 //!   sampling off, at 1% and at 100%.
@@ -45,7 +49,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group};
 use inferscope_engine::scheduler::Scheduler;
-use inferscope_engine::{EngineConfig, EngineRequest, RequestOutput, SamplingParams, StepOutput};
+use inferscope_engine::{
+    EngineConfig, EngineRequest, RequestOutput, SamplingParams, StepOutput, StepRecord, StepRing,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// Running decode sequences (the default `max_num_seqs`).
@@ -664,7 +670,47 @@ fn print_distributions() {
     println!();
 }
 
-criterion_group!(benches, bench, tenants, block_pool_churn);
+/// The step ring's cost per step: the batch copied into a record and pushed
+/// into a full ring (the oldest record dropped), timed alone; the step
+/// itself runs untimed around it.
+fn step_ring(c: &mut Criterion) {
+    let mut g = c.benchmark_group(format!("scheduler_{NUM_SEQS}_decodes"));
+    g.throughput(Throughput::Elements(NUM_SEQS as u64));
+    g.measurement_time(Duration::from_secs(5));
+    let mut f = Fixture::new(true, PROMPT_LEN, None);
+    let ring = StepRing::default();
+    ring.set_enabled(true);
+    g.bench_function("step_ring/record_256", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                f.scheduler.schedule();
+                let t0 = Instant::now();
+                let mut batch = Vec::new();
+                f.scheduler.record_batch(&mut batch);
+                ring.push(StepRecord {
+                    start: t0,
+                    schedule: Duration::ZERO,
+                    execute: Duration::ZERO,
+                    postprocess: Duration::ZERO,
+                    device_time: Duration::ZERO,
+                    batch,
+                });
+                total += t0.elapsed();
+                fill_output(&f.scheduler, &mut f.out);
+                f.scheduler.update(&f.out);
+                black_box(f.scheduler.snapshot());
+                f.scheduler.clear_stats();
+                f.drain();
+                f.maybe_rebuild();
+            }
+            total
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench, tenants, block_pool_churn, step_ring);
 
 fn main() {
     benches();

@@ -16,6 +16,7 @@ use crate::engine_core::{CoreHandle, CoreMessage, CoreState, spawn_core};
 use crate::executor::{Executor, ExecutorError};
 use crate::kv_events::KvEventSink;
 use crate::request::{EngineRequest, RequestOutput};
+use crate::step_trace::EngineProfile;
 
 /// Why the coordinator refused a request or could not start.
 #[derive(Debug, thiserror::Error)]
@@ -321,6 +322,39 @@ impl Coordinator {
                     h
                 });
                 (engine, hashes)
+            })
+            .collect()
+    }
+
+    /// Every engine starts recording a profile: its steps and the timelines
+    /// of its requests (a profile already running starts over).
+    pub fn start_profile(&self) {
+        for i in 0..self.shared.cores.len() {
+            self.shared.send(i, CoreMessage::StartProfile);
+        }
+    }
+
+    /// Every engine stops recording and hands over its profile, by global
+    /// engine index; `None` for an engine that recorded none or did not
+    /// answer within `timeout`. Blocks until they answer.
+    pub fn stop_profile(&self, timeout: Duration) -> Vec<(usize, Option<EngineProfile>)> {
+        let replies: Vec<_> = self
+            .shared
+            .cores
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                self.shared.send(i, CoreMessage::StopProfile(tx));
+                (c.state.engine_index, rx)
+            })
+            .collect();
+        let deadline = Instant::now() + timeout;
+        replies
+            .into_iter()
+            .map(|(engine, rx)| {
+                let left = deadline.saturating_duration_since(Instant::now());
+                (engine, rx.recv_timeout(left).ok().flatten())
             })
             .collect()
     }

@@ -16,6 +16,7 @@ use crate::executor::{Executor, ExecutorError, StepOutput};
 use crate::kv_events::{KvEventBatch, KvEventSink};
 use crate::request::{EngineRequest, RequestOutput};
 use crate::scheduler::{OutputSink, Scheduler};
+use crate::step_trace::{EngineProfile, StepRecord, StepRing};
 
 /// A message to an engine core.
 #[derive(Debug)]
@@ -31,6 +32,10 @@ pub(crate) enum CoreMessage {
     ResetPrefixCache(Sender<bool>),
     /// Answers the hashes of the blocks in the prefix cache.
     CachedBlocks(Sender<Vec<BlockHash>>),
+    /// Start recording a profile (a running one starts over).
+    StartProfile,
+    /// Stop recording; answers what was recorded (`None`: no profile ran).
+    StopProfile(Sender<Option<EngineProfile>>),
 }
 
 /// State of a core that other threads read without locking.
@@ -51,6 +56,8 @@ pub struct CoreState {
     kv_usage_bits: AtomicU64,
     alive: AtomicBool,
     dead_reason: parking_lot::Mutex<Option<String>>,
+    /// The last steps, while the console watches.
+    steps: StepRing,
 }
 
 impl CoreState {
@@ -83,6 +90,11 @@ impl CoreState {
     /// a request queued behind others waits for a whole prefill.
     pub fn load_score(&self) -> usize {
         self.num_waiting() * 4 + self.num_running()
+    }
+
+    /// The core's ring of its last steps (empty unless enabled).
+    pub fn step_ring(&self) -> &StepRing {
+        &self.steps
     }
 
     pub(crate) fn note_sent(&self) {
@@ -128,6 +140,7 @@ pub(crate) fn spawn_core(
         kv_usage_bits: AtomicU64::new(0f64.to_bits()),
         alive: AtomicBool::new(true),
         dead_reason: parking_lot::Mutex::new(None),
+        steps: StepRing::default(),
     });
     let (tx, rx) = channel();
     let mut scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
@@ -165,6 +178,7 @@ pub(crate) fn spawn_core(
         kv_events,
         shutdown_deadline: None,
         accounted_until: Instant::now(),
+        profile: None,
     };
     let thread = std::thread::Builder::new()
         .name(format!("engine-core-{engine_index}"))
@@ -189,6 +203,8 @@ struct EngineCore {
     /// idle wait's end. The next step's schedule phase starts here, so that
     /// schedule + execute + postprocess + idle covers the loop's wall time.
     accounted_until: Instant,
+    /// The profile being recorded, between its start and stop messages.
+    profile: Option<EngineProfile>,
 }
 
 impl EngineCore {
@@ -242,6 +258,13 @@ impl EngineCore {
             // shipping its outputs.
             let t0 = self.accounted_until;
             self.scheduler.schedule();
+            // Profile or console: the batch is copied before the update can
+            // remove its requests (the copy counts as schedule time).
+            let ring_on = self.state.steps.is_enabled();
+            let mut traced_batch = Vec::new();
+            if self.profile.is_some() || ring_on {
+                self.scheduler.record_batch(&mut traced_batch);
+            }
             let t1 = Instant::now();
             if self.scheduler.batch().seqs.is_empty() {
                 // Nothing fits this step (e.g. all budget went to nobody):
@@ -288,6 +311,24 @@ impl EngineCore {
             stats.execute_time = t2 - t1;
             stats.postprocess_time = t3 - t2;
             stats.device_time = out.device_time;
+            if self.profile.is_some() || ring_on {
+                let step = StepRecord {
+                    start: t0,
+                    schedule: t1 - t0,
+                    execute: t2 - t1,
+                    postprocess: t3 - t2,
+                    device_time: out.device_time,
+                    batch: traced_batch,
+                };
+                match &mut self.profile {
+                    Some(p) if ring_on => {
+                        self.state.steps.push(step.clone());
+                        p.push(step);
+                    }
+                    Some(p) => p.push(step),
+                    None => self.state.steps.push(step),
+                }
+            }
             let snapshot = self.scheduler.snapshot();
             self.publish(&snapshot);
             self.recorder
@@ -458,6 +499,20 @@ impl EngineCore {
             }
             CoreMessage::CachedBlocks(reply) => {
                 let _ = reply.send(self.scheduler.pool().cached_hashes());
+            }
+            CoreMessage::StartProfile => {
+                self.profile = Some(EngineProfile::start(self.state.engine_index));
+                self.scheduler.trace_requests(true);
+            }
+            CoreMessage::StopProfile(reply) => {
+                let profile = self.profile.take().map(|mut p| {
+                    p.stopped = Instant::now();
+                    p.requests = self.scheduler.take_traced();
+                    p.requests.extend(self.scheduler.in_flight_traces());
+                    p
+                });
+                self.scheduler.trace_requests(false);
+                let _ = reply.send(profile);
             }
         }
         // Final outputs of aborts and refusals go out after the next step

@@ -13,6 +13,7 @@ pub mod kv_residency;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+pub mod step_trace;
 pub mod structured;
 mod waiting_queue;
 
@@ -30,5 +31,6 @@ pub use request::{
     SamplingParams, StopTokenIds,
 };
 pub use sim::{SimExecutor, SimProfile};
+pub use step_trace::{EngineProfile, RequestTrace, StepRecord, StepRing, StepSeq};
 pub use structured::{CompiledGrammar, GrammarCompiler, GrammarError, StructuredOutput, TokenMask};
 pub use waiting_queue::SchedulingPolicy;

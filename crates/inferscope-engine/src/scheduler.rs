@@ -25,6 +25,7 @@ use crate::request::{
     EngineRequest, FinishedOutput, PositionLogprobs, PrefillChunk, RequestOutput, RequestTimeline,
     SamplingParams,
 };
+use crate::step_trace::{RequestTrace, StepSeq};
 use crate::structured::{
     Advance, CompiledGrammar, GrammarWorker, SeqGrammar, default_grammar_threads,
 };
@@ -160,6 +161,8 @@ pub struct Scheduler {
     /// Running sequences per tenant slot, counted when fair admission must
     /// find a slot for a tenant with none (kept to count without allocating).
     running_per_tenant: Vec<usize>,
+    /// While a profile runs: the timelines of the requests that ended.
+    traced: Option<Vec<RequestTrace>>,
 }
 
 impl Scheduler {
@@ -195,7 +198,52 @@ impl Scheduler {
             grammar_worker: None,
             grammar_errors: Vec::new(),
             running_per_tenant: Vec::new(),
+            traced: None,
         }
+    }
+
+    /// Keeps the timeline of each request that ends from now on (a profile
+    /// started), or stops keeping them.
+    pub fn trace_requests(&mut self, on: bool) {
+        self.traced = on.then(Vec::new);
+    }
+
+    /// The timelines kept since the last call (see [`Self::trace_requests`]).
+    pub fn take_traced(&mut self) -> Vec<RequestTrace> {
+        self.traced.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// The timelines of the requests running or waiting now.
+    pub fn in_flight_traces(&self) -> impl Iterator<Item = RequestTrace> + '_ {
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .map(|s| RequestTrace {
+                request_id: Arc::clone(&s.request.request_id),
+                timeline: s.timeline.clone(),
+            })
+    }
+
+    /// Appends the requests of the batch built by the last
+    /// [`Self::schedule`] to `into`, in batch order, with their prompt and
+    /// decode tokens. Valid until [`Self::update`] (which may remove them).
+    pub fn record_batch(&self, into: &mut Vec<StepSeq>) {
+        into.extend(
+            self.batch
+                .seqs
+                .iter()
+                .zip(&self.batch_running_idx)
+                .map(|(sseq, &idx)| {
+                    let n = sseq.num_tokens as u32;
+                    let (prefill_tokens, decode_tokens) =
+                        if sseq.is_prefill { (n, 0) } else { (0, n) };
+                    StepSeq {
+                        request_id: Arc::clone(&self.running[idx].request.request_id),
+                        prefill_tokens,
+                        decode_tokens,
+                    }
+                }),
+        );
     }
 
     /// Collects outputs for [`Scheduler::take_outputs`] instead of sending
@@ -891,6 +939,12 @@ impl Scheduler {
         } else {
             (None, None)
         };
+        if let Some(traced) = &mut self.traced {
+            traced.push(RequestTrace {
+                request_id: Arc::clone(&seq.request.request_id),
+                timeline: seq.timeline.clone(),
+            });
+        }
         let out = RequestOutput {
             token_id: token,
             at: now,

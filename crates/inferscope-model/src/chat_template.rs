@@ -12,7 +12,7 @@
 //! methods (see [`python`]).
 
 mod python;
-mod strftime;
+pub mod strftime;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -340,6 +340,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "JSON")]
     pub kv_events_config: Option<String>,
 
+    /// Serve vLLM's `POST /start_profile` and `POST /stop_profile` (behind the API key):
+    /// between them the engines record every step and request, and the stop writes a
+    /// Trace Event Format file (Perfetto, chrome://tracing) into DIR, created if missing
+    /// (docs/console.md). Without it the routes answer 404.
+    #[arg(long, value_name = "DIR")]
+    pub profile_dir: Option<std::path::PathBuf>,
+
     /// Test only: every Nth step of each sim executor fails (its requests end with `error`).
     #[arg(long, hide = true, default_value_t = 0)]
     pub sim_fail_every_n_steps: u64,

@@ -25,6 +25,18 @@ pub struct ApiError {
 }
 
 impl ApiError {
+    /// 409: the request conflicts with the server's state (retry later, or
+    /// after the step `message` names).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::CONFLICT,
+            message: message.into(),
+            kind: "conflict_error",
+            param: None,
+            retry_after: None,
+        }
+    }
+
     /// 400: the request is malformed or out of range.
     pub fn invalid(message: impl Into<String>, param: Option<&'static str>) -> Self {
         Self {

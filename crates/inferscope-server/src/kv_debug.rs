@@ -45,15 +45,9 @@ pub async fn reset_prefix_cache(State(s): State<Arc<AppState>>) -> Response {
         tokio::task::spawn_blocking(move || s.coordinator.reset_prefix_cache(ENGINE_ANSWER)).await;
     match answer {
         Ok(true) => StatusCode::OK.into_response(),
-        Ok(false) => ApiError {
-            status: StatusCode::CONFLICT,
-            message:
-                "the prefix cache cannot be reset while requests hold KV blocks; retry when idle"
-                    .into(),
-            kind: "conflict_error",
-            param: None,
-            retry_after: None,
-        }
+        Ok(false) => ApiError::conflict(
+            "the prefix cache cannot be reset while requests hold KV blocks; retry when idle",
+        )
         .into_response(),
         Err(_) => ApiError::internal("the engine query failed").into_response(),
     }

@@ -19,6 +19,7 @@ pub mod kv_debug;
 pub mod lifecycle;
 pub mod openai;
 pub mod otel;
+pub mod profile;
 pub mod request_ids;
 pub mod request_log;
 pub mod router;

@@ -12,10 +12,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use inferscope_metrics::http::bearer_key_matches;
 
-use crate::console::Console;
+use crate::console::{Console, steps};
 use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
+use crate::profile;
 use crate::state::AppState;
 use crate::tenants::Tenant;
 
@@ -62,13 +63,22 @@ pub fn router(
                 )),
         );
     }
+    if let Some(profile) = profile::routes(state.clone()) {
+        // vLLM registers them only with its profiler dir; same key as /tokenize.
+        app = app.merge(profile.route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        )));
+    }
     let mut app = app
         .route("/health", get(handlers::health))
         .route("/version", get(handlers::version));
     if serve_metrics {
         app = app.route("/metrics", get(handlers::metrics));
         if let Some(console) = console {
-            app = app.merge(console.routes());
+            app = app
+                .merge(console.routes())
+                .merge(steps::routes(console, state.clone()));
         }
     }
     app.fallback(handlers::not_found)
@@ -85,7 +95,9 @@ pub fn metrics_router(state: Arc<AppState>, console: Option<&Arc<Console>>) -> R
         .route("/metrics", get(handlers::metrics))
         .route("/health", get(handlers::health));
     if let Some(console) = console {
-        app = app.merge(console.routes());
+        app = app
+            .merge(console.routes())
+            .merge(steps::routes(console, state.clone()));
     }
     app.fallback(handlers::not_found)
         .layer(DefaultBodyLimit::max(0))

@@ -82,6 +82,9 @@ pub struct AppState {
     pub kv_events: bool,
     /// Tool calling: `--enable-auto-tool-choice`, `--tool-call-parser`.
     pub tool_settings: ToolSettings,
+    /// `--profile-dir`, created at start: where `/stop_profile` writes
+    /// (`None`: the profile routes are not served).
+    pub profile_dir: Option<std::path::PathBuf>,
     /// `GET /tokenizer_info`'s body, built once at start
     /// (`--enable-tokenizer-info-endpoint`; `None`: the route is not served).
     pub tokenizer_info: Option<serde_json::Value>,
@@ -447,6 +450,14 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         (None, Some(recent)) => Some(RequestLog::recent_only(recent)),
         (None, None) => None,
     };
+    if let Some(dir) = &args.profile_dir {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            config_err(format!(
+                "--profile-dir: cannot create {}: {e}",
+                dir.display()
+            ))
+        })?;
+    }
     let grammar = grammar_compiler(tokenizer.as_ref());
     let tokenizer_info = args
         .enable_tokenizer_info_endpoint
@@ -485,6 +496,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
         },
         tokenizer_info,
+        profile_dir: args.profile_dir.clone(),
     }))
 }
 

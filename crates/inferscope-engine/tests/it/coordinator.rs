@@ -734,3 +734,128 @@ fn the_timeline_records_preemptions_and_recomputed_prefills() {
         }
     }
 }
+
+/// `(request, prefill tokens, decode tokens)` of each sequence of a step.
+type StepLog = Vec<(String, u32, u32)>;
+
+/// A sim executor that logs each batch it runs: what a profile's steps are
+/// checked against (seq ids name requests `q{seq_id}`, added in order).
+struct LoggingExecutor {
+    inner: SimExecutor,
+    log: Arc<Mutex<Vec<StepLog>>>,
+}
+
+impl Executor for LoggingExecutor {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn init_kv_cache(&mut self, block_size: usize) -> Result<usize, ExecutorError> {
+        self.inner.init_kv_cache(block_size)
+    }
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.inner.eos_token_ids()
+    }
+    fn execute(
+        &mut self,
+        batch: &inferscope_engine::ScheduledBatch,
+        out: &mut inferscope_engine::StepOutput,
+    ) -> Result<(), ExecutorError> {
+        let step = batch
+            .seqs
+            .iter()
+            .map(|s| {
+                let n = s.num_tokens as u32;
+                let (p, d) = if s.is_prefill { (n, 0) } else { (0, n) };
+                (format!("q{}", s.seq_id), p, d)
+            })
+            .collect();
+        self.log.lock().push(step);
+        self.inner.execute(batch, out)
+    }
+}
+
+/// The profile's step slices list exactly the batches the executor ran, in
+/// order, and its request timelines are the ones the requests finished with
+/// (chunked prefill and preemptions included).
+#[test]
+fn a_profile_records_every_step_as_the_executor_ran_it() {
+    let rt = runtime();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let executor_log = Arc::clone(&log);
+    let rec = Arc::new(TestRecorder::default());
+    let c = Coordinator::start(
+        EngineConfig {
+            max_num_batched_tokens: 32,
+            enable_prefix_caching: false,
+            ..Default::default()
+        },
+        1,
+        0,
+        move |_| {
+            let mut p = SimProfile::builtin("tiny").expect("tiny");
+            p.kv_capacity_tokens = 16 * 30;
+            Ok(Box::new(LoggingExecutor {
+                inner: SimExecutor::new(p, SimTokens::default()),
+                log: Arc::clone(&executor_log),
+            }) as Box<dyn Executor>)
+        },
+        rec.clone(),
+    )
+    .expect("start");
+    assert!(
+        c.stop_profile(Duration::from_secs(5))[0].1.is_none(),
+        "no profile before a start"
+    );
+    c.start_profile();
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            c.add_request(request(&format!("q{i}"), 60, 60))
+                .expect("add")
+        })
+        .collect();
+    let done: Vec<FinishedOutput> = handles
+        .into_iter()
+        .map(|h| drain_finished(&rt, h))
+        .collect();
+    let mut profiles = c.stop_profile(Duration::from_secs(5));
+    c.shutdown(Duration::from_secs(1));
+    let (engine, profile) = profiles.pop().expect("one engine");
+    let profile = profile.expect("a profile");
+    assert_eq!(engine, 0);
+    assert!(rec.0.lock().preemptions > 0, "the workload must preempt");
+
+    let ran = log.lock().clone();
+    let recorded: Vec<StepLog> = profile
+        .steps
+        .iter()
+        .map(|s| {
+            s.batch
+                .iter()
+                .map(|q| (q.request_id.to_string(), q.prefill_tokens, q.decode_tokens))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        recorded.len(),
+        ran.len(),
+        "one step slice per executed step"
+    );
+    for (k, (r, e)) in recorded.iter().zip(&ran).enumerate() {
+        assert_eq!(r, e, "step {k}");
+    }
+    for w in profile.steps.windows(2) {
+        assert!(w[0].start + w[0].wall() <= w[1].start, "steps in order");
+    }
+    assert!(profile.steps.iter().all(|s| s.device_time > Duration::ZERO));
+    assert_eq!(profile.dropped_steps, 0);
+
+    assert_eq!(profile.requests.len(), 6, "each request once");
+    for (i, f) in done.iter().enumerate() {
+        let t = profile
+            .requests
+            .iter()
+            .find(|r| *r.request_id == *format!("q{i}"))
+            .expect("traced");
+        assert_eq!(t.timeline, f.timeline, "q{i}");
+    }
+}

@@ -11,6 +11,7 @@
 pub mod api;
 pub mod findings;
 pub mod history;
+pub mod steps;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -43,10 +44,12 @@ static PAGE: LazyLock<String> = LazyLock::new(|| {
         .replace("/*STYLE*/", include_str!("page.css"))
         .replace(
             "/*SCRIPT*/",
-            &include_str!("page.js").replace(
-                "/*PALETTE*/[]",
-                &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
-            ),
+            &[include_str!("page.js"), include_str!("steps.js")]
+                .concat()
+                .replace(
+                    "/*PALETTE*/[]",
+                    &serde_json::to_string(&palette).unwrap_or_else(|_| "[]".into()),
+                ),
         )
 });
 

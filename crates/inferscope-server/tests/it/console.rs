@@ -261,7 +261,11 @@ async fn the_api_key_guards_the_data_not_the_page() {
     assert!(page.body.contains("<html"), "{}", page.body);
     let key = [("authorization", "Bearer sesame")];
     let wrong = [("authorization", "Bearer open")];
-    for path in ["/console/api/snapshot", "/console/api/events"] {
+    for path in [
+        "/console/api/snapshot",
+        "/console/api/events",
+        "/console/api/steps",
+    ] {
         assert_eq!(call(addr, "GET", path, "", &[]).await.status, 401, "{path}");
         assert_eq!(
             call(addr, "GET", path, "", &wrong).await.status,
@@ -281,7 +285,12 @@ async fn the_api_key_guards_the_data_not_the_page() {
 async fn the_console_follows_metrics_to_their_listener() {
     let server = start(&["--metrics-port", "0"]).await;
     let metrics = server.metrics_addr.unwrap();
-    for path in ["/", "/console", "/console/api/snapshot"] {
+    for path in [
+        "/",
+        "/console",
+        "/console/api/snapshot",
+        "/console/api/steps",
+    ] {
         assert_eq!(
             call(metrics, "GET", path, "", &[]).await.status,
             200,
@@ -304,6 +313,7 @@ async fn disable_console_removes_every_route() {
         "/console",
         "/console/api/snapshot",
         "/console/api/events",
+        "/console/api/steps",
     ] {
         let r = call(server.addr, "GET", path, "", &[]).await;
         assert_eq!(r.status, 404, "{path}");
@@ -313,5 +323,87 @@ async fn disable_console_removes_every_route() {
         call(server.addr, "GET", "/health", "", &[]).await.status,
         200
     );
+    server.shutdown(Duration::from_millis(200)).await;
+}
+
+/// The step timeline: nothing is recorded before a page reads it; after the
+/// first read each engine's steps list the requests they ran, with every
+/// prompt token prefilled once and one decode per later token (checked
+/// against the responses' usage), and their phases add up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_timeline_lists_what_each_step_ran() {
+    let server = start(&["--data-parallel-size", "2", "--no-enable-prefix-caching"]).await;
+    let addr = server.addr;
+    let warm = post(
+        addr,
+        "/v1/completions",
+        &json!({"prompt": "before", "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(warm.status, 200);
+    let first = call(addr, "GET", "/console/api/steps", "", &[])
+        .await
+        .json();
+    for e in first["engines"].as_array().unwrap() {
+        assert_eq!(e["steps"], json!([]), "not recorded before a read: {first}");
+    }
+    let mut usage = Vec::new();
+    for i in 0..4 {
+        let id = format!("ring{i}");
+        let body = json!({"prompt": format!("steps {}", "y".repeat(i * 7)), "max_tokens": 3 + i,
+            "ignore_eos": true});
+        let r = call(
+            addr,
+            "POST",
+            "/v1/completions",
+            &body.to_string(),
+            &[("x-request-id", &id)],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        usage.push((id, r.json()["usage"].clone()));
+    }
+    let since = first["now_us"].as_u64().unwrap();
+    let later = call(
+        addr,
+        "GET",
+        &format!("/console/api/steps?since_us={since}"),
+        "",
+        &[],
+    )
+    .await
+    .json();
+    let engines = later["engines"].as_array().unwrap();
+    assert_eq!(engines.len(), 2);
+    let steps: Vec<&Value> = engines
+        .iter()
+        .flat_map(|e| e["steps"].as_array().unwrap())
+        .collect();
+    assert!(!steps.is_empty(), "{later}");
+    for s in &steps {
+        assert!(s["t_us"].as_u64().unwrap() > since, "{s}");
+        let phases: u64 = ["schedule_us", "execute_us", "postprocess_us"]
+            .iter()
+            .map(|k| s[k].as_u64().unwrap())
+            .sum();
+        // Each figure is rounded down to a microsecond.
+        assert!(
+            phases <= s["dur_us"].as_u64().unwrap() && phases + 3 >= s["dur_us"].as_u64().unwrap(),
+            "{s}"
+        );
+    }
+    for (id, u) in &usage {
+        let prefix = format!("{id}-");
+        let mut prefill = 0;
+        let mut decode = 0;
+        for q in steps.iter().flat_map(|s| s["batch"].as_array().unwrap()) {
+            if q["request_id"].as_str().unwrap().starts_with(&prefix) {
+                prefill += q["prefill_tokens"].as_u64().unwrap();
+                decode += q["decode_tokens"].as_u64().unwrap();
+            }
+        }
+        assert_eq!(prefill, u["prompt_tokens"].as_u64().unwrap(), "{id}");
+        assert_eq!(decode + 1, u["completion_tokens"].as_u64().unwrap(), "{id}");
+    }
     server.shutdown(Duration::from_millis(200)).await;
 }

@@ -10,6 +10,7 @@ mod logprobs;
 mod metrics_integration;
 mod parity_metrics;
 mod per_request;
+mod profile;
 mod reliability;
 mod request_fields;
 mod server_contract;
