@@ -122,6 +122,8 @@ async fn stop_profile(State(profiler): State<Arc<Profiler>>) -> Response {
 /// Writes `trace` to a new file named after the current UTC time (a
 /// suffix when a file of that second exists); returns its path.
 fn write_new(dir: &Path, trace: &Value) -> std::io::Result<PathBuf> {
+    // Made at start, but it may have been removed since.
+    std::fs::create_dir_all(dir)?;
     let stamp = Utc::now().format("%Y%m%d-%H%M%S");
     for n in 0u32.. {
         let name = match n {
