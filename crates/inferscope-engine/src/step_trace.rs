@@ -167,3 +167,40 @@ impl StepRing {
         steps.range(from..).cloned().collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(start: Instant) -> StepRecord {
+        StepRecord {
+            start,
+            schedule: Duration::ZERO,
+            execute: Duration::ZERO,
+            postprocess: Duration::ZERO,
+            device_time: Duration::ZERO,
+            batch: Vec::new(),
+        }
+    }
+
+    /// The ring keeps the newest steps up to its capacity, answers those
+    /// after a time, and frees them when switched off.
+    #[test]
+    fn the_ring_is_bounded_and_emptied_when_off() {
+        let ring = StepRing::default();
+        assert!(!ring.is_enabled());
+        ring.set_enabled(true);
+        let t = Instant::now();
+        let at = |i: usize| t + Duration::from_micros(i as u64);
+        for i in 0..STEP_RING_CAPACITY + 5 {
+            ring.push(step(at(i)));
+        }
+        let all = ring.steps_since(None);
+        assert_eq!(all.len(), STEP_RING_CAPACITY);
+        assert_eq!(all[0].start, at(5), "the oldest dropped first");
+        let after = ring.steps_since(Some(at(STEP_RING_CAPACITY + 2)));
+        assert_eq!(after.len(), 2, "only the steps that started after");
+        ring.set_enabled(false);
+        assert!(ring.steps_since(None).is_empty());
+    }
+}

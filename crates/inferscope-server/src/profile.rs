@@ -122,6 +122,8 @@ async fn stop_profile(State(profiler): State<Arc<Profiler>>) -> Response {
 /// Writes `trace` to a new file named after the current UTC time (a
 /// suffix when a file of that second exists); returns its path.
 fn write_new(dir: &Path, trace: &Value) -> std::io::Result<PathBuf> {
+    // Made at start, but it may have been removed since.
+    std::fs::create_dir_all(dir)?;
     let stamp = Utc::now().format("%Y%m%d-%H%M%S");
     for n in 0u32.. {
         let name = match n {
@@ -320,5 +322,109 @@ fn request_events(
             json!({"ph": "i", "s": "t", "cat": "request", "name": "preempted",
             "pid": pid, "tid": 1, "ts": ts(p), "args": {"request_id": id}}),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inferscope_engine::{PrefillChunk, RequestTimeline};
+
+    fn ms(base: Instant, n: u64) -> Instant {
+        base + Duration::from_millis(n)
+    }
+
+    /// A request preempted while decoding (its recompute nests in decode)
+    /// and one still prefilling at the stop: each request's `b`/`e` events
+    /// nest as a stack, as viewers require, the open phases end at the stop,
+    /// and the preemption is an instant on the engine's step thread.
+    #[test]
+    fn request_tracks_nest_and_end_at_the_stop() {
+        let t = Instant::now();
+        let chunk = |a, b, n| PrefillChunk {
+            start: ms(t, a),
+            end: ms(t, b),
+            num_tokens: n,
+        };
+        let preempted = RequestTimeline {
+            arrival: t,
+            first_scheduled: Some(ms(t, 2)),
+            first_token: Some(ms(t, 6)),
+            last_token: Some(ms(t, 20)),
+            finished: Some(ms(t, 20)),
+            prefill_chunks: vec![chunk(2, 4, 32), chunk(4, 6, 8), chunk(12, 14, 45)],
+            preemptions: vec![ms(t, 10)],
+        };
+        let open = RequestTimeline {
+            arrival: ms(t, 15),
+            first_scheduled: Some(ms(t, 16)),
+            first_token: None,
+            last_token: None,
+            finished: None,
+            prefill_chunks: vec![chunk(16, 18, 32)],
+            preemptions: vec![],
+        };
+        let profile = EngineProfile {
+            engine: 3,
+            started: t,
+            stopped: ms(t, 25),
+            steps: vec![],
+            dropped_steps: 0,
+            requests: vec![
+                RequestTrace {
+                    request_id: "a-1".into(),
+                    timeline: preempted,
+                },
+                RequestTrace {
+                    request_id: "b-2".into(),
+                    timeline: open,
+                },
+            ],
+        };
+        let trace = trace_events(&[profile], 0.0, 0.0, &[]);
+        let events = trace["traceEvents"].as_array().unwrap();
+        let mut stacks: std::collections::HashMap<&str, Vec<(&str, f64)>> = Default::default();
+        let mut closed = Vec::new();
+        for e in events
+            .iter()
+            .filter(|e| e["cat"] == "request" && e["ph"] != "i")
+        {
+            let id = e["id"].as_str().unwrap();
+            let (name, ts) = (e["name"].as_str().unwrap(), e["ts"].as_f64().unwrap());
+            let stack = stacks.entry(id).or_default();
+            if e["ph"] == "b" {
+                if let Some(&(_, parent)) = stack.last() {
+                    assert!(ts >= parent, "{name} starts before its parent");
+                }
+                stack.push((name, ts));
+            } else {
+                let (open, begin) = stack.pop().expect("an end without a begin");
+                assert_eq!(open, name, "{id}: ends must close the innermost slice");
+                assert!(ts >= begin);
+                closed.push((id, name, begin / 1e3, ts / 1e3));
+            }
+        }
+        assert!(stacks.values().all(Vec::is_empty), "every slice closed");
+        let span = |id: &str, name: &str| {
+            closed
+                .iter()
+                .filter(|c| c.0 == id && c.1 == name)
+                .map(|c| (c.2, c.3))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(span("a-1", "decode"), [(6.0, 20.0)]);
+        assert_eq!(span("a-1", "recompute"), [(12.0, 14.0)], "inside decode");
+        assert_eq!(span("a-1", "prefill chunk"), [(2.0, 4.0), (4.0, 6.0)]);
+        assert_eq!(
+            span("b-2", "prefill"),
+            [(16.0, 25.0)],
+            "open: ends at the stop"
+        );
+        assert_eq!(span("b-2", "b-2"), [(15.0, 25.0)]);
+        let preemptions: Vec<&Value> = events.iter().filter(|e| e["ph"] == "i").collect();
+        assert_eq!(preemptions.len(), 1);
+        assert_eq!(preemptions[0]["args"]["request_id"], "a-1");
+        assert_eq!(preemptions[0]["ts"], 10_000.0);
+        assert_eq!(preemptions[0]["pid"], 4);
     }
 }
