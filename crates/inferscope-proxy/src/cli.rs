@@ -38,6 +38,11 @@ pub struct ProxyArgs {
     #[arg(long, env = "INFERSCOPE_API_KEY", value_name = "KEY")]
     pub api_key: Option<String>,
 
+    /// Serve no console (`/console`: the live page of the requests the proxy
+    /// measured, docs/console.md) and keep no history for it.
+    #[arg(long)]
+    pub disable_console: bool,
+
     /// Send `Authorization: Bearer KEY` to the upstream instead of the client's header.
     #[arg(long, env = "INFERSCOPE_UPSTREAM_API_KEY", value_name = "KEY")]
     pub upstream_api_key: Option<String>,

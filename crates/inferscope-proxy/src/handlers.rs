@@ -215,6 +215,23 @@ pub(crate) fn send_early(
     ))))))
 }
 
+/// The request's id as the console lists it: the client's `x-request-id`
+/// (at most 128 bytes), else one made here.
+fn request_id(headers: &axum::http::HeaderMap) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128)
+        .map_or_else(
+            || {
+                let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                format!("proxy-{n}")
+            },
+            str::to_owned,
+        )
+}
+
 /// `/v1/completions` and `/v1/chat/completions`: forwarded and measured.
 pub(crate) async fn generation(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let start = req
@@ -244,6 +261,9 @@ pub(crate) async fn generation(State(app): State<Arc<AppState>>, req: Request) -
     // From here a drop (the client went away) counts as an abort.
     let engine = app.models.for_request(view.model.as_deref()).clone();
     let mut observer = Observer::new(engine, start, view);
+    if let Some(ring) = &app.recent {
+        observer.list_in(Arc::clone(ring), request_id(&parts.headers));
+    }
     let resp = match relay(&app, &parts, outbound).await {
         Ok(resp) => resp,
         Err(failure) => {

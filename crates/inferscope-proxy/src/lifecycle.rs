@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use axum::http::{HeaderValue, Uri};
+use inferscope_console::{Authorize, Console, Diagnose, RecentRing, RecentSource, Serving};
 use inferscope_metrics::{MetricsConfig, StatLoggerManager};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
@@ -73,8 +74,9 @@ struct Prepared {
     connect_timeout: Duration,
 }
 
-/// Validates the flags, finds the model name and builds the metrics.
-async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
+/// Validates the flags, finds the model name and builds the metrics and
+/// the console (whose findings `diagnose` computes, when given).
+async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepared, ProxyError> {
     let base = BaseUrl::parse(&args.upstream)?;
     let upstream_metrics = args
         .upstream_metrics
@@ -130,6 +132,22 @@ async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
     };
     let model_name = names.join(",");
     let models = Arc::new(ModelSeries { known, fallback });
+    let recent = (!args.disable_console).then(|| Arc::new(RecentRing::default()));
+    let console = recent.as_ref().map(|recent| {
+        let key = args.api_key.clone();
+        let authorize: Authorize = Arc::new(move |headers| {
+            key.as_deref()
+                .is_none_or(|k| inferscope_metrics::http::bearer_key_matches(headers, k))
+        });
+        Console::new(
+            Arc::clone(&manager),
+            Arc::clone(recent) as Arc<dyn RecentSource>,
+            authorize,
+            Serving::Proxy,
+            model_name.clone(),
+            diagnose,
+        )
+    });
     let state = AppState {
         base,
         upstream_metrics,
@@ -143,6 +161,8 @@ async fn prepare(args: &ProxyArgs) -> Result<Prepared, ProxyError> {
         max_body: args.max_request_body,
         inject_usage: !args.no_usage_injection,
         warned_collisions: Arc::new(AtomicBool::new(false)),
+        recent,
+        console,
     };
     Ok(Prepared {
         state,
@@ -190,10 +210,11 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, ProxyError> {
 
 /// Builds everything and serves on `args.host:args.port` in the background,
 /// on the calling runtime (tests, embedding; `inferscope proxy` uses [`run`]).
+/// The console shows no findings (the doctor's rules come from the binary).
 pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
     let Prepared {
         state, model_name, ..
-    } = prepare(args).await?;
+    } = prepare(args, None).await?;
     let addr = resolve(&args.host, args.port).await?;
     let listener = bind(addr, false).map_err(|source| ProxyError::Listen {
         addr: addr.to_string(),
@@ -205,11 +226,15 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
     })?;
     let (stop, stopped) = watch::channel(false);
     let state = Arc::new(state);
-    let task = tokio::spawn(serve_http1(
-        listener,
-        ProxyService::new(state.clone()),
-        stopped,
-    ));
+    let sampler = state.console.as_ref().map(Console::spawn_sampler);
+    let service = ProxyService::new(state.clone());
+    let task = tokio::spawn(async move {
+        let served = serve_http1(listener, service, stopped).await;
+        if let Some(s) = sampler {
+            s.abort();
+        }
+        served
+    });
     tracing::info!(
         listen = %local,
         upstream = state.base.as_str(),
@@ -332,7 +357,9 @@ async fn serve_bounded(
 /// a chunk from the upstream socket to the client socket wakes no other
 /// thread (on a multi-thread runtime each such hop is a futex or eventfd
 /// wake-up, which `strace` counted at about 11 a request).
-pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+/// The console's findings are computed by `diagnose` when given (the
+/// binary passes the doctor's rules).
+pub fn run(args: ProxyArgs, diagnose: Option<Diagnose>) -> Result<(), ProxyError> {
     let threads = match args.threads {
         Some(0) => return Err(ProxyError::Flag("--threads must be at least 1".into())),
         Some(n) => n,
@@ -344,7 +371,7 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             state,
             model_name,
             connect_timeout,
-        } = prepare(&args).await?;
+        } = prepare(&args, diagnose).await?;
         let addr = resolve(&args.host, args.port).await?;
         let listen_err = |source| ProxyError::Listen {
             addr: addr.to_string(),
@@ -383,6 +410,8 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             threads,
             "proxying; metrics at /metrics"
         );
+        // The console samples on this thread's runtime, once a second.
+        let sampler = state.console.as_ref().map(Console::spawn_sampler);
         let main = tokio::spawn(serve_bounded(first, ProxyService::new(state), stopped));
         shutdown_signal().await;
         tracing::info!("shutting down: open streams get 10 s");
@@ -390,6 +419,9 @@ pub fn run(args: ProxyArgs) -> Result<(), ProxyError> {
         let served = main
             .await
             .map_err(|e| ProxyError::Serve(std::io::Error::other(e)))?;
+        if let Some(s) = sampler {
+            s.abort();
+        }
         for w in workers {
             match w.join() {
                 Ok(r) => r.map_err(ProxyError::Serve)?,

@@ -14,11 +14,13 @@
 
 use std::borrow::Cow;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
+use inferscope_console::RecentRing;
 use inferscope_metrics::FrontendRecorder;
 use inferscope_schema::schema::{self, MetricDef};
 use inferscope_schema::stats::{FinishReason, FrontendStats, ObservedRequest};
@@ -289,6 +291,8 @@ pub struct Observer {
     /// The body was an event stream (a chunk was read from it).
     streamed: bool,
     recorded: bool,
+    /// The console's ring and the request's id, when the console is on.
+    recent: Option<(Arc<RecentRing>, String)>,
 }
 
 impl Observer {
@@ -303,7 +307,14 @@ impl Observer {
             usage: None,
             streamed: false,
             recorded: false,
+            recent: None,
         }
+    }
+
+    /// Lists each of the request's choices, when it ends, in the console's
+    /// `ring` as `{id}-{index}` (as `serve` names its choices).
+    pub fn list_in(&mut self, ring: Arc<RecentRing>, id: String) {
+        self.recent = Some((ring, id));
     }
 
     /// The state of choice `index` (none past [`MAX_CHOICES`]). A function
@@ -449,7 +460,7 @@ impl Observer {
             self.recorder.record(&FrontendStats::GenerationTokens(g));
         }
         let mut max_generation_tokens = Some(0);
-        for c in &self.choices {
+        for (index, c) in self.choices.iter().enumerate() {
             let generation_tokens = if split { None } else { per_choice(c) };
             max_generation_tokens = max_generation_tokens
                 .zip(generation_tokens)
@@ -460,15 +471,26 @@ impl Observer {
                 // A choice that ended without a finish_reason was cut short upstream.
                 Outcome::Complete => c.finish.unwrap_or(FinishReason::Error),
             };
+            let ttft = c.first_content.map(|t| t.duration_since(self.start));
             self.recorder
                 .record(&FrontendStats::Observed(ObservedRequest {
                     finish_reason: reason,
                     prompt_tokens,
                     generation_tokens,
                     max_tokens: self.request.max_tokens,
-                    ttft: c.first_content.map(|t| t.duration_since(self.start)),
+                    ttft,
                     e2e,
                 }));
+            if let Some((ring, id)) = &self.recent {
+                ring.push(recent_entry(
+                    format!("{id}-{index}"),
+                    reason,
+                    prompt_tokens,
+                    generation_tokens,
+                    ttft,
+                    e2e,
+                ));
+            }
         }
         // Once per request, as the server observes `n` once per prompt (a
         // list of prompts counts once here: the proxy does not parse them).
@@ -477,6 +499,38 @@ impl Observer {
             max_generation_tokens,
         });
     }
+}
+
+/// A choice as the console lists it (docs/console.md, `REQUEST`): what the
+/// proxy measured from the client's side; what only an engine knows (queue,
+/// prefill, engine, preemptions) is `null`.
+fn recent_entry(
+    request_id: String,
+    reason: FinishReason,
+    prompt_tokens: Option<u64>,
+    generation_tokens: Option<u64>,
+    ttft: Option<std::time::Duration>,
+    e2e: std::time::Duration,
+) -> serde_json::Value {
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let timestamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    serde_json::json!({
+        "timestamp": timestamp,
+        "request_id": request_id,
+        "trace_id": null,
+        "engine": null,
+        "finish_reason": reason.as_str(),
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": generation_tokens,
+        "time_to_first_token_ms": ttft.map(ms),
+        "generation_time_ms": ms(e2e),
+        "decode_time_ms": ttft.map(|t| ms(e2e.saturating_sub(t))),
+        "queue_time_ms": null,
+        "prefill_time_ms": null,
+        "num_preemptions": null,
+    })
 }
 
 /// Inter-token samples one chunk may add (a bound on a bogus usage total).

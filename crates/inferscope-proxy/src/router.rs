@@ -27,10 +27,12 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
             require_api_key,
         ));
     }
-    Router::new()
-        .merge(v1)
-        .route("/metrics", get(metrics))
-        .fallback(pass_through)
+    let mut app = Router::new().merge(v1).route("/metrics", get(metrics));
+    // `/console` and its data; `/` stays the upstream's (llama.cpp's page).
+    if let Some(console) = &state.console {
+        app = app.merge(console.routes());
+    }
+    app.fallback(pass_through)
         .layer(state.manager.http_layer())
         .with_state(state)
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
+use inferscope_console::{Console, RecentRing};
 use inferscope_metrics::StatLoggerManager;
 use inferscope_metrics::http::bearer_key_matches;
 
@@ -30,6 +31,10 @@ pub(crate) struct AppState {
     pub(crate) max_body: usize,
     pub(crate) inject_usage: bool,
     pub(crate) warned_collisions: Arc<AtomicBool>,
+    /// The console's ring of finished requests (none with `--disable-console`).
+    pub(crate) recent: Option<Arc<RecentRing>>,
+    /// The console's routes (none with `--disable-console`).
+    pub(crate) console: Option<Arc<Console>>,
 }
 
 impl AppState {
@@ -64,6 +69,8 @@ impl AppState {
             max_body: self.max_body,
             inject_usage: self.inject_usage,
             warned_collisions: Arc::clone(&self.warned_collisions),
+            recent: self.recent.clone(),
+            console: self.console.clone(),
         }
     }
 }

@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::cli::ServeArgs;
-use crate::console::{Console, Diagnose};
+use crate::console::{Authorize, Console, Diagnose, Serving};
 use crate::error::ServerError;
 use crate::router::{metrics_router, router};
 use crate::state::{AppState, build_state};
@@ -118,8 +118,8 @@ pub async fn start_with_findings(
             Console::new(
                 state.metrics.clone(),
                 recent.clone(),
-                state.api_key.clone(),
-                state.tenant_keys.clone(),
+                console_authorize(&state),
+                Serving::Engines,
                 state.served_model_names[0].clone(),
                 diagnose,
             )
@@ -197,6 +197,18 @@ pub fn limit_allocator_arenas() {
             libc::mallopt(libc::M_ARENA_MAX, 2);
         }
     }
+}
+
+/// Who may read the console's data: with `--api-key-file`, any tenant's
+/// key; with `--api-key`, that key; else anyone.
+fn console_authorize(state: &AppState) -> Authorize {
+    let keys = state.tenant_keys.clone();
+    let key = state.api_key.clone();
+    Arc::new(move |headers| match (&keys, &key) {
+        (Some(keys), _) => keys.authenticate(headers).is_some(),
+        (None, Some(key)) => inferscope_metrics::http::bearer_key_matches(headers, key),
+        (None, None) => true,
+    })
 }
 
 /// Serves until SIGINT or SIGTERM, then shuts down gracefully; the console's

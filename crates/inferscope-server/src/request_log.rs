@@ -140,7 +140,7 @@ impl RequestLogEntry {
 }
 
 /// Finished choices the console shows: the last [`RECENT_CAPACITY`].
-pub const RECENT_CAPACITY: usize = 256;
+pub use inferscope_console::recent::RECENT_CAPACITY;
 
 /// A ring of the last finished choices, each numbered (`seq`, from 1) so a
 /// reader can ask for those after the last it saw.
@@ -189,6 +189,20 @@ impl RecentRequests {
             .iter()
             .filter(|(seq, _, _)| *seq > after)
             .cloned()
+            .collect()
+    }
+}
+
+/// The console reads the ring as JSON: each entry's request-log line, made
+/// when read (once a second), not when the choice finishes.
+impl inferscope_console::RecentSource for RecentRequests {
+    fn after(&self, seq: u64) -> Vec<(u64, serde_json::Value)> {
+        RecentRequests::after(self, seq)
+            .into_iter()
+            .map(|(seq, at, e)| {
+                let line = serde_json::to_value(e.line(at)).unwrap_or(serde_json::Value::Null);
+                (seq, line)
+            })
             .collect()
     }
 }

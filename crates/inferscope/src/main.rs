@@ -99,20 +99,18 @@ fn main() -> anyhow::Result<()> {
     if matches!(cli.command, Command::Serve(_)) {
         inferscope_server::limit_allocator_arenas();
     }
+    // The console's findings are the doctor's rules, which the server and
+    // proxy crates may not link: handed in here.
+    let diagnose: inferscope_server::Diagnose =
+        std::sync::Arc::new(inferscope_doctor::console_findings);
     let code = match cli.command {
         // The proxy runs its own runtimes, one current-thread runtime per thread.
-        Command::Proxy(args) => inferscope_proxy::run(*args).map(|()| 0)?,
-        Command::Serve(args) => {
-            // The console's findings are the doctor's rules, which the
-            // server crate may not link: handed in here.
-            let diagnose: inferscope_server::Diagnose =
-                std::sync::Arc::new(inferscope_doctor::console_findings);
-            on_runtime(async {
-                Ok(inferscope_server::run(*args, Some(diagnose))
-                    .await
-                    .map(|()| 0)?)
-            })?
-        }
+        Command::Proxy(args) => inferscope_proxy::run(*args, Some(diagnose)).map(|()| 0)?,
+        Command::Serve(args) => on_runtime(async {
+            Ok(inferscope_server::run(*args, Some(diagnose))
+                .await
+                .map(|()| 0)?)
+        })?,
         Command::Bench(cmd) => on_runtime(async { inferscope_bench::run(cmd).await.map(|()| 0) })?,
         Command::Doctor(args) => on_runtime(inferscope_doctor::run_doctor(args))?,
         Command::Top(args) => {

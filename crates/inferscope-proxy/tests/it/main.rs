@@ -3,5 +3,6 @@
 //! `cargo test -p inferscope-proxy --test it inbound::`.
 
 mod common;
+mod console;
 mod inbound;
 mod proxy;

@@ -148,7 +148,7 @@ async fn steps_route(
         })
         .collect();
     let body = json!({
-        "version": super::api::FORMAT_VERSION,
+        "version": inferscope_console::api::FORMAT_VERSION,
         "now_us": s.us(Instant::now()),
         "epoch_unix_s": s.epoch_unix,
         "ring_capacity": STEP_RING_CAPACITY,

@@ -301,11 +301,16 @@ function renderThroughput() {
   })), (v) => num(v) + " req/s");
 }
 
+// The latency panels: a proxy measures no queue time.
+function latencies() {
+  return state.meta.serving === "proxy" ? LATENCIES.filter(([key]) => key !== "queue") : LATENCIES;
+}
+
 function renderLatency() {
   const box = $("latency");
   const ss = state.samples;
   if (!box.children.length) {
-    for (const [key, title] of LATENCIES) {
+    for (const [key, title] of latencies()) {
       const f = el("figure", {"data-latency": key});
       f.appendChild(el("figcaption", {}, title));
       f.appendChild(el("div", {class: "summary note"}));
@@ -314,7 +319,7 @@ function renderLatency() {
       box.appendChild(f);
     }
   }
-  for (const [key] of LATENCIES) {
+  for (const [key] of latencies()) {
     const f = box.querySelector(`[data-latency="${key}"]`);
     if (!ss.length) continue;
     const first = ss[0], last = ss[ss.length - 1];
@@ -357,8 +362,9 @@ function renderRecent() {
   for (const r of rows) {
     const tr = el("tr", {class: r.finish_reason === "abort" || r.finish_reason === "error" ? "failed" : ""});
     const ms = (v) => (v === null || v === undefined) ? "–" : secs(v / 1000);
-    const cells = [clock(r.timestamp), r.request_id, String(r.engine), r.finish_reason, String(r.prompt_tokens),
-      String(r.completion_tokens), ms(r.queue_time_ms), ms(r.prefill_time_ms), ms(r.decode_time_ms),
+    const text = (v) => (v === null || v === undefined) ? "–" : String(v);
+    const cells = [clock(r.timestamp), r.request_id, text(r.engine), r.finish_reason, text(r.prompt_tokens),
+      text(r.completion_tokens), ms(r.queue_time_ms), ms(r.prefill_time_ms), ms(r.decode_time_ms),
       ms(r.time_to_first_token_ms), ms(r.generation_time_ms)];
     cells.forEach((c, i) => {
       const td = el("td", {}, c);
@@ -367,10 +373,15 @@ function renderRecent() {
     });
     const td = el("td", {class: "bar-col"});
     const bar = el("div", {class: "bar"});
-    [["queue_time_ms", "q"], ["prefill_time_ms", "p"], ["decode_time_ms", "d"]].forEach(([k, cls]) => {
+    // Through a proxy the first token's wait (queue and prefill upstream)
+    // is one segment, drawn as prefill.
+    const segments = r.queue_time_ms === null && r.prefill_time_ms === null
+      ? [["time_to_first_token_ms", "p"], ["decode_time_ms", "d"]]
+      : [["queue_time_ms", "q"], ["prefill_time_ms", "p"], ["decode_time_ms", "d"]];
+    segments.forEach(([k, cls]) => {
       const seg = el("div", {class: cls});
       seg.style.width = (100 * (r[k] || 0) / longest) + "%";
-      seg.title = k.replace("_time_ms", "") + " " + ms(r[k]);
+      seg.title = (k === "time_to_first_token_ms" ? "TTFT" : k.replace("_time_ms", "")) + " " + ms(r[k]);
       bar.appendChild(seg);
     });
     td.appendChild(bar);
@@ -503,6 +514,15 @@ async function connect() {
   snap.samples.forEach(addSample);
   addRecent(snap.recent);
   $("model").textContent = snap.model;
+  // Through a proxy: no engine gauges, steps or queue time (only an engine
+  // knows them); the requests' timings are the client's side of them.
+  const proxy = snap.serving === "proxy";
+  $("engines-panel").hidden = proxy;
+  $("steps-panel").hidden = proxy;
+  if (proxy) {
+    $("recent-note").textContent = "The last finished requests (each choice), measured by the proxy from the client's side: " +
+      "time to first token and decode (first to last token); queue and prefill happen upstream and are not known here. Never their text.";
+  }
   $("keyform").hidden = true;
   render();
   stream();

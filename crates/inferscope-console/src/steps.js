@@ -102,6 +102,8 @@
   }
 
   async function poll() {
+    // A proxy has no engine steps: the panel is hidden and never asks.
+    if (state.meta && state.meta.serving === "proxy") return;
     try {
       const q = st.since === null ? "" : "?since_us=" + st.since;
       const r = await fetch(base + API + "steps" + q, {headers: headers(), cache: "no-store"});

@@ -6,8 +6,8 @@ use inferscope_metrics::{EngineReading, LATENCIES, StatLoggerManager};
 use inferscope_schema::FinishReason;
 use serde_json::{Map, Value, json};
 
+use super::Serving;
 use super::history::{HISTORY_SECONDS, INTERVAL_SECONDS, Sample};
-use crate::request_log::RequestLogEntry;
 
 /// The format's version: bumped when a field changes meaning or goes away.
 pub const FORMAT_VERSION: u64 = 1;
@@ -61,13 +61,12 @@ pub fn sample(s: &Sample) -> Value {
     })
 }
 
-/// Recent requests, with their `seq` and finish time.
-pub fn recent(entries: &[(u64, f64, RequestLogEntry)]) -> Value {
+/// Recent requests, each with its `seq`.
+pub fn recent(entries: Vec<(u64, Value)>) -> Value {
     Value::Array(
         entries
-            .iter()
-            .map(|(seq, at, e)| {
-                let mut v = serde_json::to_value(e.line(*at)).unwrap_or(Value::Null);
+            .into_iter()
+            .map(|(seq, mut v)| {
                 if let Value::Object(m) = &mut v {
                     m.insert("seq".into(), json!(seq));
                 }
@@ -78,8 +77,14 @@ pub fn recent(entries: &[(u64, f64, RequestLogEntry)]) -> Value {
 }
 
 /// What a reader needs to interpret samples: engines, reasons, bounds.
-/// `diagnosed`: whether the server computes the doctor's findings.
-pub fn meta(metrics: &StatLoggerManager, model: &str, diagnosed: bool) -> Map<String, Value> {
+/// `serving`: which panels apply; `diagnosed`: whether the server computes
+/// the doctor's findings.
+pub fn meta(
+    metrics: &StatLoggerManager,
+    model: &str,
+    serving: Serving,
+    diagnosed: bool,
+) -> Map<String, Value> {
     let bounds: Map<String, Value> = LATENCIES
         .iter()
         .map(|&l| (l.as_str().to_owned(), json!(metrics.latency_bounds(l))))
@@ -88,6 +93,11 @@ pub fn meta(metrics: &StatLoggerManager, model: &str, diagnosed: bool) -> Map<St
     let mut m = Map::new();
     m.insert("version".into(), json!(FORMAT_VERSION));
     m.insert("model".into(), json!(model));
+    let serving = match serving {
+        Serving::Engines => "engines",
+        Serving::Proxy => "proxy",
+    };
+    m.insert("serving".into(), json!(serving));
     m.insert("interval_seconds".into(), json!(INTERVAL_SECONDS));
     m.insert("history_seconds".into(), json!(HISTORY_SECONDS));
     m.insert("engines".into(), json!(engines));
