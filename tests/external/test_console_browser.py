@@ -15,6 +15,7 @@ import shutil
 import threading
 import time
 
+import openai
 import pytest
 import requests
 from selenium import webdriver
@@ -58,6 +59,15 @@ def browser():
     driver.set_window_size(1280, 800)
     yield driver
     driver.quit()
+
+
+def recent_row(browser, prefix: str):
+    """The cells of the recent-requests row whose id starts with `prefix`,
+    read in one script (the table is redrawn every second)."""
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#recent tbody tr')]"
+        ".map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent));")
+    return next((r for r in rows if r[1].startswith(prefix)), None)
 
 
 def wait_for(what: str, check, timeout: float = 20):
@@ -117,8 +127,7 @@ def test_the_console_shows_what_metrics_says(make_server, browser):
         assert panels == ["ttft", "itl", "e2e", "queue"], panels
         summary = browser.find_element(By.CSS_SELECTOR, '[data-latency="ttft"] .summary').text
         assert "(bucket bounds)" in summary, summary
-        ids = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#recent tbody td:nth-child(2)")]
-        assert any(i.startswith("browser-probe-") for i in ids), ids
+        assert recent_row(browser, "browser-probe-"), "the probe is not in the recent requests"
 
         errors = [l for l in browser.get_log("browser") if l["level"] == "SEVERE"]
         assert not errors, errors
@@ -161,13 +170,7 @@ def test_the_console_diagnoses_and_its_playground_streams(workdir, browser):
         server_ttft = timing("server-ttft")
         assert server_ttft != "–", server_ttft
         # The same request, as the recent requests show it (within a sample).
-        def row():
-            for tr in browser.find_elements(By.CSS_SELECTOR, "#recent tbody tr"):
-                cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-                if cells[1].startswith("playground-"):
-                    return cells
-            return None
-        cells = wait_for("the playground's row", row)
+        cells = wait_for("the playground's row", lambda: recent_row(browser, "playground-"))
         assert cells[9] == server_ttft, (cells, server_ttft)
 
         # The diagnosis: the first needs two renders of /metrics 5 s apart.
@@ -185,3 +188,45 @@ def test_the_console_diagnoses_and_its_playground_streams(workdir, browser):
         assert not errors, errors
     finally:
         server.stop()
+
+
+def test_the_console_through_the_proxy_shows_llama_cpps_requests(llama_cpp_server, workdir, browser):
+    """`inferscope proxy` in front of llama.cpp's server: `/console` lists a
+    request sent through the proxy with a known `x-request-id`, with the
+    tokens llama.cpp's `usage` gave; the engine-only panels are hidden."""
+    import uuid
+
+    from test_proxy import Proxy
+
+    # llama-cpp-python's server refuses an x-request-id that is not a UUID.
+    request_id = str(uuid.uuid4())
+    proxy = Proxy(llama_cpp_server.base_url, workdir)
+    try:
+        client = openai.OpenAI(base_url=proxy.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        r = client.completions.create(model=llama_cpp_server.model, prompt="Hello there", max_tokens=6,
+                                      extra_headers={"x-request-id": request_id})
+        usage = {"prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens}
+        # A streamed one too: only a stream shows the proxy its first token.
+        streamed_id = str(uuid.uuid4())
+        chunks = list(client.completions.create(model=llama_cpp_server.model, prompt="Hello again", max_tokens=6,
+                                                stream=True, extra_headers={"x-request-id": streamed_id}))
+        assert chunks
+        browser.get(proxy.base + "/console")
+        wait_for("live samples", lambda: browser.find_element(By.ID, "status").text.startswith("live,"))
+
+        cells = wait_for("the proxied request", lambda: recent_row(browser, request_id + "-0"))
+        assert cells[4] == str(usage["prompt_tokens"]), (cells, usage)
+        assert cells[5] == str(usage["completion_tokens"]), (cells, usage)
+        assert cells[10] != "–", cells  # e2e, measured by the proxy
+        assert cells[6] == cells[7] == "–", cells  # queue and prefill: only an engine knows them
+        cells = wait_for("the streamed request", lambda: recent_row(browser, streamed_id + "-0"))
+        assert cells[9] != "–", cells  # TTFT: the proxy saw the first token go by
+        for panel in ("engines-panel", "steps-panel"):
+            assert not browser.find_element(By.ID, panel).is_displayed(), panel
+        panels = browser.execute_script(
+            "return [...document.querySelectorAll('#latency figure')].map(f => f.dataset.latency);")
+        assert panels == ["ttft", "itl", "e2e"], panels
+        errors = [l for l in browser.get_log("browser") if l["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        proxy.stop()

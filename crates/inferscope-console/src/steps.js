@@ -102,8 +102,10 @@
   }
 
   async function poll() {
-    // A proxy has no engine steps: the panel is hidden and never asks.
-    if (state.meta && state.meta.serving === "proxy") return;
+    // Not before the snapshot says what is served: a proxy has no engine
+    // steps, and its panel is hidden and never asks.
+    if (!state.meta) return setTimeout(poll, 200);
+    if (state.meta.serving === "proxy") return;
     try {
       const q = st.since === null ? "" : "?since_us=" + st.since;
       const r = await fetch(base + API + "steps" + q, {headers: headers(), cache: "no-store"});
