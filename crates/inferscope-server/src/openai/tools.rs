@@ -490,6 +490,25 @@ mod tests {
             .expect("required");
         assert_eq!(p.format, Some(Format::Required));
         assert_eq!(p.schema.expect("schema")["minItems"], 1);
+        // The same with the pythonic parser: the constrained output is JSON
+        // whatever the parser; `auto` reads Python call lists.
+        let pythonic = ToolSettings {
+            parser: Some(ParserName::Pythonic),
+            ..SETTINGS
+        };
+        for (choice, format) in [
+            (r#""required""#, Format::Required),
+            (
+                r#"{"type": "function", "function": {"name": "get_weather"}}"#,
+                Format::Named("get_weather".into()),
+            ),
+            (r#""auto""#, Format::Parser(ParserName::Pythonic)),
+        ] {
+            let p = plan_tools(Some(v(TOOLS)), Some(v(choice)), None, &pythonic).expect(choice);
+            assert_eq!(p.format, Some(format), "{choice}");
+            assert_eq!(p.schema.is_some(), choice != r#""auto""#, "{choice}");
+            assert!(!p.keep_special_tokens, "{choice}");
+        }
     }
 
     #[test]
