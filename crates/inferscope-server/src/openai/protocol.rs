@@ -500,6 +500,8 @@ pub struct TokenizeRequest {
     /// for `prompt`, false for `messages`, whose template writes its own;
     /// as the completion and chat routes do, so `count` is what they count).
     pub add_special_tokens: Option<bool>,
+    /// Chat form: the tools the template sees, as a chat request's `tools`.
+    pub tools: Option<inferscope_model::chat_template::Value>,
 }
 
 /// The answer of `POST /tokenize`.

@@ -128,6 +128,13 @@ pub fn constrained(
     Ok((format, schema))
 }
 
+/// `tools` as the chat template sees them, checked as a chat request's
+/// are (`/tokenize` of messages with tools); `None` for an empty list.
+pub fn template_tools(tools: Value) -> Result<Option<Vec<Value>>, ApiError> {
+    let tools = check_tools(&tools)?;
+    Ok((!tools.is_empty()).then_some(tools))
+}
+
 /// A field of a map-like value, `None` when absent or none.
 fn field(v: &Value, key: &str) -> Option<Value> {
     v.get_attr(key)

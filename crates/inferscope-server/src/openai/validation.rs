@@ -381,6 +381,12 @@ pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse
     // vLLM's defaults: a prompt gets the tokenizer's special tokens, a
     // rendered chat none on top of those its template writes.
     let add_special_tokens = req.add_special_tokens.unwrap_or(req.messages.is_none());
+    if req.tools.is_some() && req.messages.is_none() {
+        return Err(ApiError::invalid(
+            "`tools` go to the chat template: send them with `messages`, not `prompt`",
+            Some("tools"),
+        ));
+    }
     let (tokens, param) = match (req.messages, req.prompt) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -392,6 +398,7 @@ pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse
             let input = ChatInput {
                 messages: chat_messages(Some(messages))?,
                 add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                tools: req.tools.map(tools::template_tools).transpose()?.flatten(),
                 ..ChatInput::default()
             };
             let tokens = render_chat(v.tokenizer, &input, add_special_tokens)?;
