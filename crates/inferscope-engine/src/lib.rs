@@ -13,6 +13,7 @@ pub mod kv_residency;
 pub mod request;
 pub mod scheduler;
 pub mod sim;
+mod structural_tag;
 pub mod structured;
 mod waiting_queue;
 
