@@ -183,7 +183,9 @@ impl Lark {
                         .filter(|(trigger, _)| begin.starts_with(trigger.as_str()))
                         .max_by_key(|(trigger, _)| trigger.len())
                         .ok_or_else(|| {
-                            format!("`{tpath}.begin` {begin:?} does not start with any of the triggers")
+                            format!(
+                                "`{tpath}.begin` {begin:?} does not start with any of the triggers"
+                            )
                         })?;
                     format!("{head} {}", self.tag(t, &tpath, Some(trigger.len()))?)
                 }

@@ -86,9 +86,9 @@ impl StructuredOutput {
             }
             Self::Grammar(g) if g.contains("::=") => TopLevelGrammar::from_lark(gbnf_to_lark(g)),
             Self::Grammar(g) => TopLevelGrammar::from_lark(g.clone()),
-            Self::StructuralTag(tag) => {
-                TopLevelGrammar::from_lark(crate::structural_tag::to_lark(tag).map_err(GrammarError)?)
-            }
+            Self::StructuralTag(tag) => TopLevelGrammar::from_lark(
+                crate::structural_tag::to_lark(tag).map_err(GrammarError)?,
+            ),
         })
     }
 }
@@ -630,25 +630,36 @@ mod tests {
             .compile(StructuredOutput::StructuralTag(legacy.clone()))
             .expect("compiles")
             .start();
-        assert_eq!(run(&g, "any text, <f=w>{\"n\":12}</f> more"), Advance::Continue);
+        assert_eq!(
+            run(&g, "any text, <f=w>{\"n\":12}</f> more"),
+            Advance::Continue
+        );
         let g = c
             .compile(StructuredOutput::StructuralTag(legacy))
             .expect("compiles")
             .start();
-        assert!(matches!(run(&g, "x <f=v"), Advance::Error(_)), "only tags follow a trigger");
+        assert!(
+            matches!(run(&g, "x <f=v"), Advance::Error(_)),
+            "only tags follow a trigger"
+        );
         let g = c
             .compile(StructuredOutput::StructuralTag(serde_json::json!({"structures": [
                 {"begin": "<f=w>", "end": "</f>", "schema": {"type": "integer"}}], "triggers": ["<f="]})))
             .expect("compiles")
             .start();
-        assert!(matches!(run(&g, "<f=w>x"), Advance::Error(_)), "the schema holds");
+        assert!(
+            matches!(run(&g, "<f=w>x"), Advance::Error(_)),
+            "the schema holds"
+        );
         // The newer form: a sequence with a tag of free text.
         let g = c
-            .compile(StructuredOutput::StructuralTag(serde_json::json!({"format": {
+            .compile(StructuredOutput::StructuralTag(
+                serde_json::json!({"format": {
                 "type": "sequence", "elements": [
                     {"type": "const_string", "value": "A:"},
                     {"type": "tag", "begin": "<t>", "content": {"type": "any_text"}, "end": "</t>"},
-                    {"type": "regex", "pattern": "[0-9]/"}]}})))
+                    {"type": "regex", "pattern": "[0-9]/"}]}}),
+            ))
             .expect("compiles")
             .start();
         assert_eq!(run(&g, "A:<t>a</t"), Advance::Continue);
@@ -673,7 +684,8 @@ mod tests {
             .start();
         assert_eq!(run(&g, "<a>1</a>,<a>2</a>"), Advance::Continue);
         assert!(matches!(run(&g, " "), Advance::Error(_)));
-        let invalid = serde_json::json!({"format": {"type": "json_schema", "json_schema": {"type": "nope"}}});
+        let invalid =
+            serde_json::json!({"format": {"type": "json_schema", "json_schema": {"type": "nope"}}});
         assert!(c.compile(StructuredOutput::StructuralTag(invalid)).is_err());
     }
 

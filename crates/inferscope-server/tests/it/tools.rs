@@ -71,7 +71,10 @@ async fn tools_and_tool_messages_reach_the_template() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["count"], expected.len(), "{}", r.body);
     for (body, param) in [
-        (json!({"messages": round_trip(), "tools": {"type": "function"}}), "tools"),
+        (
+            json!({"messages": round_trip(), "tools": {"type": "function"}}),
+            "tools",
+        ),
         (json!({"prompt": "hi", "tools": tools()}), "tools"),
     ] {
         let r = post(addr, "/tokenize", &body).await;

@@ -43,7 +43,11 @@ struct Reader<'a> {
 impl<'a> Reader<'a> {
     /// The next byte (`More` at the end).
     fn peek(&self) -> Result<u8, Stop> {
-        self.text.as_bytes().get(self.pos).copied().ok_or(Stop::More)
+        self.text
+            .as_bytes()
+            .get(self.pos)
+            .copied()
+            .ok_or(Stop::More)
     }
 
     fn expect(&mut self, c: u8) -> Step {
@@ -69,7 +73,9 @@ impl<'a> Reader<'a> {
         if !matches!(self.peek()?, b'a'..=b'z' | b'A'..=b'Z' | b'_') {
             return Err(Stop::Broken);
         }
-        while self.pos < s.len() && matches!(s[self.pos], b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_') {
+        while self.pos < s.len()
+            && matches!(s[self.pos], b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'_')
+        {
             self.pos += 1;
         }
         if self.pos == s.len() {
@@ -266,11 +272,7 @@ impl<'a> Reader<'a> {
         self.pos = i;
         let digits = &self.text[start + usize::from(negative)..i];
         let value = python_number(digits).ok_or(Stop::Broken)?;
-        Ok(if negative {
-            format!("-{value}")
-        } else {
-            value
-        })
+        Ok(if negative { format!("-{value}") } else { value })
     }
 
     /// A string literal (`'…'`, `"…"`, or triple-quoted), decoded and
@@ -363,7 +365,10 @@ impl<'a> Reader<'a> {
                     return Err(Stop::More);
                 }
                 let digits = &self.text[self.pos + 1..self.pos + 1 + n];
-                (u32::from_str_radix(digits, 8).map_err(|_| Stop::Broken)?, 1 + n)
+                (
+                    u32::from_str_radix(digits, 8).map_err(|_| Stop::Broken)?,
+                    1 + n,
+                )
             }
             b'N' => return Err(Stop::Broken),
             _ => {
@@ -400,7 +405,10 @@ fn python_number(tok: &str) -> Option<String> {
                 .map(|n| n.to_string());
         }
     }
-    if !clean.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')) {
+    if !clean
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-'))
+    {
         return None;
     }
     if !lower.contains(['.', 'e']) {
@@ -408,9 +416,8 @@ fn python_number(tok: &str) -> Option<String> {
         if clean.len() > 1 && clean.starts_with('0') && clean.bytes().any(|b| b != b'0') {
             return None;
         }
-        return Some(clean.trim_start_matches('0').to_owned()).map(|d| {
-            if d.is_empty() { "0".to_owned() } else { d }
-        });
+        return Some(clean.trim_start_matches('0').to_owned())
+            .map(|d| if d.is_empty() { "0".to_owned() } else { d });
     }
     let x: f64 = clean.parse().ok()?;
     if x.is_infinite() {

@@ -200,7 +200,10 @@ fn pythonic_calls() {
         "[get_weather(city=\"Paris\", days=3), now()]",
         (
             None,
-            vec![("get_weather", r#"{"city": "Paris", "days": 3}"#), ("now", "{}")],
+            vec![
+                ("get_weather", r#"{"city": "Paris", "days": 3}"#),
+                ("now", "{}"),
+            ],
         ),
     );
     check(
