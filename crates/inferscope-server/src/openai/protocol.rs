@@ -77,6 +77,8 @@ pub struct SamplingFields {
     pub stop: Option<StopInput>,
     /// Stop token ids (vLLM extension).
     pub stop_token_ids: Option<Vec<i64>>,
+    /// Only these token ids may be sampled (vLLM extension).
+    pub allowed_token_ids: Option<Vec<i64>>,
     /// Choices per prompt.
     pub n: Option<i64>,
     /// Stream over SSE.
