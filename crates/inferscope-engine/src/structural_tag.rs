@@ -22,8 +22,9 @@ use serde_json::{Value, json};
 const TEXT: &str = "/(?s:.*)/";
 
 /// The Lark grammar of a structural tag, or what is wrong with it (naming
-/// the offending key, e.g. `format.elements[1].type`).
-pub fn to_lark(tag: &Value) -> Result<String, String> {
+/// the offending key, e.g. `format.elements[1].type`). `schema` adds the
+/// caller's options to each JSON schema (the compact JSON of `structured.rs`).
+pub fn to_lark(tag: &Value, schema: fn(Value) -> Value) -> Result<String, String> {
     let obj = tag
         .as_object()
         .ok_or("a structural tag must be an object")?;
@@ -41,7 +42,10 @@ pub fn to_lark(tag: &Value) -> Result<String, String> {
             );
         }
     };
-    let mut lark = Lark::default();
+    let mut lark = Lark {
+        rules: Vec::new(),
+        schema,
+    };
     let start = lark.format(&format, "format")?;
     let mut out = format!("start: {start}\n");
     for rule in lark.rules {
@@ -77,9 +81,10 @@ fn legacy(structures: &Value, triggers: Option<&Value>) -> Result<Value, String>
 }
 
 /// Rules written so far; each format becomes one named rule.
-#[derive(Default)]
 struct Lark {
     rules: Vec<String>,
+    /// Adds the caller's options to a JSON schema.
+    schema: fn(Value) -> Value,
 }
 
 impl Lark {
@@ -103,7 +108,7 @@ impl Lark {
                     .get("json_schema")
                     .filter(|s| s.is_object() || s.is_boolean())
                     .ok_or_else(|| format!("`{path}.json_schema` must be a JSON schema"))?;
-                format!("%json {}", crate::structured::compact(schema.clone()))
+                format!("%json {}", (self.schema)(schema.clone()))
             }
             "regex" => regex(string(f, path, "pattern")?),
             "any_text" => TEXT.to_owned(),
@@ -271,7 +276,7 @@ mod tests {
             "type": "structural_tag",
             "structures": [{"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}],
             "triggers": ["<function="],
-        }))
+        }), |s| s)
         .expect("lark");
         assert!(lark.contains(r#"[lazy]: /(?s:.*)/ "<function=""#), "{lark}");
         assert!(lark.contains(r#" "f>" "#), "{lark}");
@@ -301,7 +306,7 @@ mod tests {
             ),
             (json!({"type": "json_schema", "format": {}}), "`type`"),
         ] {
-            let err = to_lark(&tag).expect_err(&tag.to_string());
+            let err = to_lark(&tag, |s| s).expect_err(&tag.to_string());
             assert!(err.contains(needle), "{tag}: {err}");
         }
     }

@@ -87,7 +87,7 @@ impl StructuredOutput {
             Self::Grammar(g) if g.contains("::=") => TopLevelGrammar::from_lark(gbnf_to_lark(g)),
             Self::Grammar(g) => TopLevelGrammar::from_lark(g.clone()),
             Self::StructuralTag(tag) => TopLevelGrammar::from_lark(
-                crate::structural_tag::to_lark(tag).map_err(GrammarError)?,
+                crate::structural_tag::to_lark(tag, compact).map_err(GrammarError)?,
             ),
         })
     }
@@ -95,7 +95,7 @@ impl StructuredOutput {
 
 /// Adds llguidance's `x-guidance` option for compact JSON (no free
 /// whitespace) to a schema object, unless the schema sets its own.
-pub(crate) fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
     if let Some(obj) = schema.as_object_mut()
         && !obj.contains_key("x-guidance")
     {
