@@ -102,3 +102,63 @@ def test_invalid_schema_is_a_bad_request_naming_the_field(client):
     assert e.value.status_code == 400
     assert e.value.body.get("param") == "response_format"
     assert "JSON schema" in e.value.body.get("message", "")
+
+
+# vLLM's structural tag, original form: wherever the trigger `e` appears in
+# the free text, a tag follows: `e`, a JSON integer, `;`.
+LEGACY_TAG = {"type": "structural_tag",
+              "structures": [{"begin": "e", "schema": {"type": "integer"}, "end": ";"}],
+              "triggers": ["e"]}
+
+
+def test_structural_tag_constrains_text_after_each_trigger(client):
+    triggered = 0
+    for seed in range(6):
+        r = client.chat.completions.create(
+            model=DEMO, messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=40,
+            temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"structural_tag": json.dumps(LEGACY_TAG)}},
+        )
+        text, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        after = text.split("e")[1:]
+        triggered += len(after)
+        for i, part in enumerate(after):
+            if finish == "length" and i == len(after) - 1:
+                assert re.fullmatch(r"(-?[0-9]*(;[^e]*)?)?", part), text
+            else:
+                assert re.fullmatch(r"-?(0|[1-9][0-9]*);[^e]*", part), text
+    assert triggered > 0, "the free text never wrote the trigger"
+
+
+def test_structural_tag_newer_format_in_response_format(client):
+    """The newer form (`format`): a tag whose content is a JSON schema, the
+    whole output; sent as vLLM's `response_format` type `structural_tag`."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+              "required": ["city"], "additionalProperties": False}
+    tag = {"type": "structural_tag",
+           "format": {"type": "tag", "begin": "<function=get_weather>",
+                      "content": {"type": "json_schema", "json_schema": schema},
+                      "end": "</function>"}}
+    r = client.chat.completions.create(
+        model=DEMO, messages=[{"role": "user", "content": "Weather?"}], max_tokens=60, seed=1,
+        response_format=tag,
+    )
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop", text
+    m = re.fullmatch(r"<function=get_weather>(.*)</function>", text)
+    assert m, text
+    assert set(json.loads(m.group(1))) == {"city"}, text
+
+
+def test_invalid_structural_tag_is_a_bad_request(client):
+    bad = {"type": "structural_tag",
+           "structures": [{"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}],
+           "triggers": ["<b"]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model=DEMO, messages=[{"role": "user", "content": "x"}], max_tokens=4,
+            response_format=bad,
+        )
+    assert e.value.body.get("param") == "response_format"
+    assert "structural tag" in e.value.body["message"], e.value.body
+    assert "does not start with any of the triggers" in e.value.body["message"], e.value.body

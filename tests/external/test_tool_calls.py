@@ -1,6 +1,7 @@
 """Tool calling with the official OpenAI client against `inferscope serve
---enable-auto-tool-choice --tool-call-parser hermes`, on a tiny model whose
-weights make it write a `<tool_call>` block (tiny_toolcaller.py): the server
+--enable-auto-tool-choice --tool-call-parser hermes` (and `pythonic`), on a
+tiny model whose weights make it write a `<tool_call>` block (or a Python
+call list) (tiny_toolcaller.py): the server
 reads the call the model wrote into `tool_calls`, streamed and not (the
 client's own stream accumulation rebuilds it), and after the client sends
 the tool's result back (role `tool`), the model answers in text.
@@ -14,7 +15,8 @@ import openai
 import pytest
 
 from conftest import MODEL, Server
-from tiny_toolcaller import ANSWER_TEXT, CALL_TEXT, write_toolcaller
+from tiny_toolcaller import (ANSWER_TEXT, CALL_TEXT, PYTHONIC_PIECES, PYTHONIC_TEXT,
+                             write_toolcaller)
 
 NAME = "toolcaller"
 TOOLS = [{
@@ -122,3 +124,44 @@ def test_auto_without_the_flag_is_a_400(make_server):
         client.chat.completions.create(model=MODEL, messages=QUESTION, tools=TOOLS,
                                        tool_choice="auto", max_tokens=4)
     assert e.value.body["param"] == "tool_choice"
+
+
+@pytest.fixture(scope="module")
+def pythonic(workdir):
+    path, _ = write_toolcaller(workdir / "pythonic.gguf", PYTHONIC_PIECES)
+    server = Server(["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"], workdir,
+                    model_args=["--executor", "cpu", "--model", str(path),
+                                "--served-model-name", NAME])
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0,
+                           timeout=60)
+    yield client
+    server.stop()
+
+
+def test_pythonic_parses_the_written_call_list(pythonic):
+    """`[get_weather(city="Paris", days=3)]` as the model wrote it becomes a
+    call with JSON arguments, streamed (accumulated by the client) and not."""
+    raw = pythonic.chat.completions.create(model=NAME, messages=QUESTION, tools=TOOLS,
+                                           tool_choice="none", temperature=0, max_tokens=20)
+    assert raw.choices[0].message.content == PYTHONIC_TEXT
+    r = pythonic.chat.completions.create(model=NAME, messages=QUESTION, tools=TOOLS,
+                                         temperature=0, max_tokens=20)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert call.id.startswith("chatcmpl-tool-")
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == '{"city": "Paris", "days": 3}'
+    with pythonic.chat.completions.stream(model=NAME, messages=QUESTION, tools=TOOLS,
+                                          temperature=0, max_tokens=20) as stream:
+        chunks = [event.chunk for event in stream if event.type == "chunk"]
+        final = stream.get_final_completion()
+    [streamed] = final.choices[0].message.tool_calls
+    assert final.choices[0].finish_reason == "tool_calls"
+    assert (streamed.function.name, streamed.function.arguments) == \
+        ("get_weather", '{"city": "Paris", "days": 3}')
+    deltas = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+    assert deltas[0].function.name == "get_weather" and deltas[0].type == "function"
+    assert len(deltas) >= 3 and all(d.function.name is None for d in deltas[1:]), deltas
+    assert all(not ch.delta.content for c in chunks for ch in c.choices)

@@ -28,6 +28,9 @@ CALL_PIECES = ["<tool_call>", '{"name":\u2581"get_weather",', '\u2581"arguments"
                '\u2581"Par', 'is"}}', "</tool_call>"]
 ANSWER_PIECES = ["It\u2581is\u2581sunny", "\u2581in\u2581Paris."]
 CALL_TEXT = "".join(CALL_PIECES).replace("\u2581", " ")
+# The same call as `--tool-call-parser pythonic` reads it (Llama 3.2/4).
+PYTHONIC_PIECES = ["[get_weather(", 'city="Par', 'is",\u2581days=3)]']
+PYTHONIC_TEXT = "".join(PYTHONIC_PIECES).replace("\u2581", " ")
 ANSWER_TEXT = "".join(ANSWER_PIECES).replace("\u2581", " ")
 
 CHAT_TEMPLATE = """{%- if tools %}<|im_start|>system
@@ -69,10 +72,10 @@ For each function call, return a json object with function name and arguments wi
 {% endif %}"""
 
 
-def toolcaller_vocabulary() -> tuple[list[str], list[float], list[int]]:
+def toolcaller_vocabulary(call_pieces: list[str]) -> tuple[list[str], list[float], list[int]]:
     """tiny_gguf's vocabulary with the call's and the answer's pieces added."""
     tokens, scores, types = vocabulary()
-    for p in CALL_PIECES + ANSWER_PIECES:
+    for p in call_pieces + ANSWER_PIECES:
         assert p not in tokens, p
         tokens.append(p)
         scores.append(-1000.0)
@@ -80,14 +83,16 @@ def toolcaller_vocabulary() -> tuple[list[str], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_toolcaller(path: Path) -> tuple[Path, dict[str, int]]:
-    """Writes the model; returns its path and the ids of its pieces."""
-    tokens, scores, types = toolcaller_vocabulary()
+def write_toolcaller(path: Path, call_pieces: list[str] = CALL_PIECES
+                     ) -> tuple[Path, dict[str, int]]:
+    """Writes the model (writing the call in `call_pieces`); returns its
+    path and the ids of its pieces."""
+    tokens, scores, types = toolcaller_vocabulary(call_pieces)
     ids = {t: i for i, t in enumerate(tokens)}
     vocab = len(tokens)
     newline, eos = ids["<0x0A>"], 2
     # The bigram table: token -> [(next token, logit)].
-    chain = [newline, *(ids[p] for p in CALL_PIECES), eos]
+    chain = [newline, *(ids[p] for p in call_pieces), eos]
     answer = [newline, *(ids[p] for p in ANSWER_PIECES), eos]
     table: dict[int, list[tuple[int, float]]] = {}
     for seq, logit in ((chain, 20.0), (answer, 10.0)):

@@ -14,6 +14,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sim;
 pub mod step_trace;
+mod structural_tag;
 pub mod structured;
 mod waiting_queue;
 

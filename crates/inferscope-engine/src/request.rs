@@ -46,6 +46,9 @@ pub struct SamplingParams {
     /// Added to the logits of these token ids before anything else changes
     /// them (`logit_bias`): ids checked against the vocabulary, each once.
     pub logit_bias: Vec<(u32, f32)>,
+    /// Only these token ids may be sampled (vLLM's `allowed_token_ids`),
+    /// sorted and each once; empty: any.
+    pub allowed_token_ids: Vec<u32>,
     /// Log-probabilities of each sampled token plus this many of the most
     /// likely ones (`logprobs`, `top_logprobs`); `None`: none computed.
     pub logprobs: Option<usize>,
@@ -72,6 +75,7 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             min_p: 0.0,
             logit_bias: Vec::new(),
+            allowed_token_ids: Vec::new(),
             logprobs: None,
             prompt_logprobs: None,
         }

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::cost::ModelCost;
-use crate::executor::{Executor, ExecutorError, LogprobRow, ScheduledBatch, StepCost, StepOutput};
+use crate::executor::{
+    Executor, ExecutorError, LogprobRow, ScheduledBatch, ScheduledSeq, StepCost, StepOutput,
+};
 use crate::request::PositionLogprobs;
 use crate::structured::TokenMask;
 
@@ -435,6 +437,27 @@ fn sample_masked(
     t.unwrap_or(eos)
 }
 
+/// `t`, or when the request has `allowed_token_ids` that do not hold it,
+/// one of them drawn from the sequence's seed: the first from a seeded
+/// start that the grammar `mask` allows and, under `min_tokens`, is not
+/// EOS or a stop id (the seeded one when none is).
+fn restrict(tokens: &SimTokens, s: &ScheduledSeq, t: u32, mask: Option<&TokenMask>) -> u32 {
+    let allowed = &s.params.allowed_token_ids;
+    if allowed.is_empty() || allowed.binary_search(&t).is_ok() {
+        return t;
+    }
+    let x = splitmix64(s.seed ^ (s.num_generated as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let start = (splitmix64(x ^ 0xa11d) % allowed.len() as u64) as usize;
+    let stops = s.mask_stop_tokens();
+    (0..allowed.len())
+        .map(|k| allowed[(start + k) % allowed.len()])
+        .find(|&a| {
+            mask.is_none_or(|m| m.is_allowed(a))
+                && !(stops && (a == tokens.eos_token_id || s.params.stop_token_ids.contains(a)))
+        })
+        .unwrap_or(allowed[start])
+}
+
 /// SplitMix64: a small, well-mixed generator step.
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -539,6 +562,7 @@ impl Executor for SimExecutor {
                     );
                 }
             }
+            let t = restrict(&self.tokens, s, t, None);
             out.sampled.push(Some(t));
             if let Some(n) = s.params.logprobs {
                 out.logprobs.push(LogprobRow {
@@ -566,6 +590,7 @@ impl Executor for SimExecutor {
                         s.mask_stop_tokens(),
                         mask,
                     );
+                    *tok = restrict(&self.tokens, s, *tok, Some(mask));
                 }
             }
         }

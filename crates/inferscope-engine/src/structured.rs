@@ -47,11 +47,15 @@ pub enum StructuredOutput {
     Choice(Vec<String>),
     /// A grammar in llguidance's Lark syntax (which also reads GBNF rules).
     Grammar(String),
+    /// vLLM's `structural_tag` (xgrammar's format, either form): free text
+    /// in which trigger strings open tags whose content is constrained
+    /// (`structural_tag.rs` writes it as a Lark grammar).
+    StructuralTag(serde_json::Value),
 }
 
 impl StructuredOutput {
     /// A short name for logs and the request log: `json`, `json_object`,
-    /// `regex`, `choice` or `grammar`.
+    /// `regex`, `choice`, `grammar` or `structural_tag`.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Json(_) => "json",
@@ -59,6 +63,7 @@ impl StructuredOutput {
             Self::Regex(_) => "regex",
             Self::Choice(_) => "choice",
             Self::Grammar(_) => "grammar",
+            Self::StructuralTag(_) => "structural_tag",
         }
     }
 
@@ -81,6 +86,9 @@ impl StructuredOutput {
             }
             Self::Grammar(g) if g.contains("::=") => TopLevelGrammar::from_lark(gbnf_to_lark(g)),
             Self::Grammar(g) => TopLevelGrammar::from_lark(g.clone()),
+            Self::StructuralTag(tag) => TopLevelGrammar::from_lark(
+                crate::structural_tag::to_lark(tag, compact).map_err(GrammarError)?,
+            ),
         })
     }
 }
@@ -605,6 +613,80 @@ mod tests {
             .start();
         assert_eq!(run(&g, "ab-"), Advance::Continue);
         assert_eq!(g.advance(u32::from(b'y')), Advance::Finished);
+    }
+
+    /// Free text until a trigger, then the tag's JSON, then free text;
+    /// a trigger cannot be followed by anything but a tag's begin.
+    #[test]
+    fn structural_tags_constrain_only_after_a_trigger() {
+        let c = byte_compiler();
+        let legacy = serde_json::json!({
+            "type": "structural_tag",
+            "structures": [{"begin": "<f=w>", "end": "</f>", "schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}],
+            "triggers": ["<f="],
+        });
+        let g = c
+            .compile(StructuredOutput::StructuralTag(legacy.clone()))
+            .expect("compiles")
+            .start();
+        assert_eq!(
+            run(&g, "any text, <f=w>{\"n\":12}</f> more"),
+            Advance::Continue
+        );
+        let g = c
+            .compile(StructuredOutput::StructuralTag(legacy))
+            .expect("compiles")
+            .start();
+        assert!(
+            matches!(run(&g, "x <f=v"), Advance::Error(_)),
+            "only tags follow a trigger"
+        );
+        let g = c
+            .compile(StructuredOutput::StructuralTag(serde_json::json!({"structures": [
+                {"begin": "<f=w>", "end": "</f>", "schema": {"type": "integer"}}], "triggers": ["<f="]})))
+            .expect("compiles")
+            .start();
+        assert!(
+            matches!(run(&g, "<f=w>x"), Advance::Error(_)),
+            "the schema holds"
+        );
+        // The newer form: a sequence with a tag of free text.
+        let g = c
+            .compile(StructuredOutput::StructuralTag(
+                serde_json::json!({"format": {
+                "type": "sequence", "elements": [
+                    {"type": "const_string", "value": "A:"},
+                    {"type": "tag", "begin": "<t>", "content": {"type": "any_text"}, "end": "</t>"},
+                    {"type": "regex", "pattern": "[0-9]/"}]}}),
+            ))
+            .expect("compiles")
+            .start();
+        assert_eq!(run(&g, "A:<t>a</t"), Advance::Continue);
+        assert!(matches!(run(&g, ">x"), Advance::Error(_)));
+        // At least one triggered tag, and nothing after the first.
+        let tag = serde_json::json!({"type": "tag", "begin": "<a>",
+            "content": {"type": "json_schema", "json_schema": {"type": "integer"}}, "end": "</a>"});
+        let once = serde_json::json!({"format": {"type": "triggered_tags", "triggers": ["<a"],
+            "tags": [tag.clone()], "at_least_one": true, "stop_after_first": true}});
+        let g = c
+            .compile(StructuredOutput::StructuralTag(once))
+            .expect("compiles")
+            .start();
+        assert_eq!(run(&g, "hi <a>12</a"), Advance::Continue);
+        assert_eq!(g.advance(u32::from(b'>')), Advance::Finished);
+        // Tags with a separator: only tags and separators.
+        let list = serde_json::json!({"format": {"type": "tags_with_separator",
+            "tags": [tag], "separator": ",", "at_least_one": true}});
+        let g = c
+            .compile(StructuredOutput::StructuralTag(list))
+            .expect("compiles")
+            .start();
+        assert_eq!(run(&g, "<a>1</a>,<a>2</a>"), Advance::Continue);
+        assert!(matches!(run(&g, " "), Advance::Error(_)));
+        let invalid =
+            serde_json::json!({"format": {"type": "json_schema", "json_schema": {"type": "nope"}}});
+        assert!(c.compile(StructuredOutput::StructuralTag(invalid)).is_err());
     }
 
     #[test]

@@ -86,8 +86,9 @@ fn argmax_lanes(logits: &[f32]) -> u32 {
 /// Samples tokens, reusing its candidate buffer from token to token.
 ///
 /// The stages and their order are vLLM's: on the raw logits (where a
-/// log-probability would be taken) the masked ids go to -inf, then
-/// `logit_bias`, then the penalties (repetition, frequency, presence); a
+/// log-probability would be taken) the ids outside `allowed_token_ids` and
+/// the masked ids go to -inf, then `logit_bias`, then the penalties
+/// (repetition, frequency, presence); a
 /// greedy request takes the argmax there; otherwise temperature, `min_p`,
 /// top-k, top-p, and a draw.
 #[derive(Debug, Default)]
@@ -228,13 +229,23 @@ impl Sampler {
 }
 
 /// The stages that can change the argmax, in place on the raw logits:
-/// `masked` ids to -inf, `logit_bias`, then the penalties.
+/// ids outside `allowed_token_ids` and `masked` ids to -inf, `logit_bias`,
+/// then the penalties.
 pub fn process_logits(
     logits: &mut [f32],
     params: &SamplingParams,
     masked: &[u32],
     counts: Option<&TokenCounts>,
 ) {
+    if !params.allowed_token_ids.is_empty() {
+        // Sorted ids: one merge walk over the row, no allocation.
+        let mut allowed = params.allowed_token_ids.iter().peekable();
+        for (id, l) in logits.iter_mut().enumerate() {
+            if allowed.next_if(|&&a| a as usize == id).is_none() {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+    }
     for &id in masked {
         if let Some(l) = logits.get_mut(id as usize) {
             *l = f32::NEG_INFINITY;
@@ -434,6 +445,26 @@ mod tests {
         };
         process_logits(&mut l, &p, &[], None);
         assert_eq!(l, LOGITS);
+    }
+
+    /// Only the allowed ids keep their logits: the argmax and every draw
+    /// come from them, and the bias of an id outside them does not help it.
+    #[test]
+    fn allowed_token_ids_restrict_the_draw() {
+        let p = SamplingParams {
+            allowed_token_ids: vec![2, 4],
+            logit_bias: vec![(1, 50.0), (4, 1.0)],
+            ..SamplingParams::default()
+        };
+        let mut l = LOGITS.to_vec();
+        process_logits(&mut l, &p, &[], None);
+        let inf = f32::NEG_INFINITY;
+        assert_eq!(l, [inf, inf, LOGITS[2], inf, LOGITS[4] + 1.0, inf]);
+        for seed in 0..50 {
+            let mut l = LOGITS.to_vec();
+            let t = sample(&mut l, &p, &[], &mut token_rng(seed, 0));
+            assert!(t == 2 || t == 4, "{t}");
+        }
     }
 
     /// The bias is added to the raw logit before the penalties see it (so

@@ -63,8 +63,9 @@ pub struct ServeArgs {
     /// How the model writes tool calls (vLLM's parser names): `hermes` (Hermes 2 Pro, Qwen 2.5
     /// and 3: `<tool_call>{"name", "arguments"}</tool_call>`), `llama3_json` (Llama 3.1/3.2:
     /// `{"name", "parameters"}`, optionally after `<|python_tag|>`, several separated by `;`),
-    /// `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]` or `[TOOL_CALLS]name[ARGS]{...}`).
-    #[arg(long, value_parser = ["hermes", "llama3_json", "mistral"])]
+    /// `mistral` (`[TOOL_CALLS][{"name", "arguments"}, ...]` or `[TOOL_CALLS]name[ARGS]{...}`),
+    /// `pythonic` (Llama 3.2/4, ToolACE: `[get_weather(city="Paris"), now()]`).
+    #[arg(long, value_parser = ["hermes", "llama3_json", "mistral", "pythonic"])]
     pub tool_call_parser: Option<String>,
 
     /// With `tool_choice: "none"`, leave the tools out of the chat template (vLLM's flag; by

@@ -77,6 +77,8 @@ pub struct SamplingFields {
     pub stop: Option<StopInput>,
     /// Stop token ids (vLLM extension).
     pub stop_token_ids: Option<Vec<i64>>,
+    /// Only these token ids may be sampled (vLLM extension).
+    pub allowed_token_ids: Option<Vec<i64>>,
     /// Choices per prompt.
     pub n: Option<i64>,
     /// Stream over SSE.
@@ -500,6 +502,8 @@ pub struct TokenizeRequest {
     /// for `prompt`, false for `messages`, whose template writes its own;
     /// as the completion and chat routes do, so `count` is what they count).
     pub add_special_tokens: Option<bool>,
+    /// Chat form: the tools the template sees, as a chat request's `tools`.
+    pub tools: Option<inferscope_model::chat_template::Value>,
 }
 
 /// The answer of `POST /tokenize`.

@@ -103,11 +103,6 @@ pub const COMMON: &[Refusal] = &[
     ),
     refuse("bad_words", empty, "banning words is not implemented"),
     refuse(
-        "allowed_token_ids",
-        empty,
-        "restricting the vocabulary is not implemented",
-    ),
-    refuse(
         "logits_processors",
         empty,
         "custom logits processors are not implemented",

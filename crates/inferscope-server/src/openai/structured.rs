@@ -4,8 +4,9 @@
 //! worker: see `handlers::validate`).
 //!
 //! Fields, as vLLM reads them: OpenAI's `response_format` (`text`,
-//! `json_object`, `json_schema` with `schema` and `strict`), vLLM's
-//! `structured_outputs: {json, regex, choice, grammar, json_object}` and the
+//! `json_object`, `json_schema` with `schema` and `strict`, and vLLM's
+//! `structural_tag`), vLLM's `structured_outputs: {json, regex, choice,
+//! grammar, json_object, structural_tag}` and the
 //! legacy `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
 //! At most one may ask for a constraint; every mistake is a 400 naming the
 //! field.
@@ -114,6 +115,7 @@ pub fn compile_constraint(
             "json" => "an invalid JSON schema",
             "regex" => "an invalid regular expression",
             "grammar" => "an invalid grammar",
+            "structural_tag" => "an invalid structural tag",
             _ => "an invalid constraint",
         };
         ApiError::invalid(format!("`{field}` is {what}: {e}"), Some(field))
@@ -173,13 +175,15 @@ fn response_format(v: Option<&Value>) -> Result<Option<StructuredOutput>, ApiErr
     };
     let kind = v.get("type").and_then(Value::as_str).ok_or_else(|| {
         ApiError::invalid(
-            "`response_format.type` is required: `text`, `json_object` or `json_schema`",
+            "`response_format.type` is required: `text`, `json_object`, `json_schema` or `structural_tag`",
             Some(F),
         )
     })?;
     match kind {
         "text" => Ok(None),
         "json_object" => Ok(Some(StructuredOutput::JsonObject)),
+        // vLLM's: the object itself (`structures` and `triggers`, or `format`).
+        "structural_tag" => Ok(Some(StructuredOutput::StructuralTag(v.clone()))),
         "json_schema" => {
             let js = v
                 .get("json_schema")
@@ -206,7 +210,7 @@ fn response_format(v: Option<&Value>) -> Result<Option<StructuredOutput>, ApiErr
         }
         other => Err(ApiError::invalid(
             format!(
-                "`response_format.type` `{}` is not supported: `text`, `json_object` or `json_schema`",
+                "`response_format.type` `{}` is not supported: `text`, `json_object`, `json_schema` or `structural_tag`",
                 other.chars().take(64).collect::<String>()
             ),
             Some(F),
@@ -235,6 +239,18 @@ fn structured_outputs(v: Option<&Value>) -> Result<Option<StructuredOutput>, Api
             "choice" => choices(val, F)?,
             "grammar" => StructuredOutput::Grammar(string(val, F)?),
             "json_object" if val == &Value::Bool(true) => StructuredOutput::JsonObject,
+            // vLLM takes JSON text; an object is read too.
+            "structural_tag" => match val {
+                Value::String(text) => {
+                    StructuredOutput::StructuralTag(serde_json::from_str(text).map_err(|e| {
+                        ApiError::invalid(
+                            format!("`structured_outputs.structural_tag` is not valid JSON: {e}"),
+                            Some(F),
+                        )
+                    })?)
+                }
+                other => StructuredOutput::StructuralTag(other.clone()),
+            },
             // Options that change nothing here.
             "disable_fallback" | "disable_any_whitespace" | "disable_additional_properties" => {
                 continue;
@@ -245,7 +261,7 @@ fn structured_outputs(v: Option<&Value>) -> Result<Option<StructuredOutput>, Api
             other => {
                 return Err(ApiError::invalid(
                     format!(
-                        "`structured_outputs.{}` is not supported by this server (supported: json, regex, choice, grammar, json_object)",
+                        "`structured_outputs.{}` is not supported by this server (supported: json, regex, choice, grammar, json_object, structural_tag)",
                         other.chars().take(64).collect::<String>()
                     ),
                     Some(F),
@@ -254,7 +270,7 @@ fn structured_outputs(v: Option<&Value>) -> Result<Option<StructuredOutput>, Api
         };
         if found.is_some() {
             return Err(ApiError::invalid(
-                "`structured_outputs` must set exactly one of json, regex, choice, grammar, json_object",
+                "`structured_outputs` must set exactly one of json, regex, choice, grammar, json_object, structural_tag",
                 Some(F),
             ));
         }
@@ -310,6 +326,16 @@ mod tests {
                 "grammar",
                 "guided_grammar",
             ),
+            (
+                r#"{"structured_outputs": {"structural_tag": "{\"structures\": [], \"triggers\": []}"}}"#,
+                "structural_tag",
+                "structured_outputs",
+            ),
+            (
+                r#"{"response_format": {"type": "structural_tag", "format": {"type": "any_text"}}}"#,
+                "structural_tag",
+                "response_format",
+            ),
         ] {
             let (c, f) = read(&fields(body)).expect(body).expect(body);
             assert_eq!((c.kind(), f), (kind, field), "{body}");
@@ -335,6 +361,10 @@ mod tests {
             (r#"{"guided_json": "{not json"}"#, "guided_json"),
             (
                 r#"{"structured_outputs": {"structural_tag": "x"}}"#,
+                "structured_outputs",
+            ),
+            (
+                r#"{"structured_outputs": {"whitespace_pattern": " "}}"#,
                 "structured_outputs",
             ),
             (

@@ -128,6 +128,13 @@ pub fn constrained(
     Ok((format, schema))
 }
 
+/// `tools` as the chat template sees them, checked as a chat request's
+/// are (`/tokenize` of messages with tools); `None` for an empty list.
+pub fn template_tools(tools: Value) -> Result<Option<Vec<Value>>, ApiError> {
+    let tools = check_tools(&tools)?;
+    Ok((!tools.is_empty()).then_some(tools))
+}
+
 /// A field of a map-like value, `None` when absent or none.
 fn field(v: &Value, key: &str) -> Option<Value> {
     v.get_attr(key)
@@ -490,6 +497,25 @@ mod tests {
             .expect("required");
         assert_eq!(p.format, Some(Format::Required));
         assert_eq!(p.schema.expect("schema")["minItems"], 1);
+        // The same with the pythonic parser: the constrained output is JSON
+        // whatever the parser; `auto` reads Python call lists.
+        let pythonic = ToolSettings {
+            parser: Some(ParserName::Pythonic),
+            ..SETTINGS
+        };
+        for (choice, format) in [
+            (r#""required""#, Format::Required),
+            (
+                r#"{"type": "function", "function": {"name": "get_weather"}}"#,
+                Format::Named("get_weather".into()),
+            ),
+            (r#""auto""#, Format::Parser(ParserName::Pythonic)),
+        ] {
+            let p = plan_tools(Some(v(TOOLS)), Some(v(choice)), None, &pythonic).expect(choice);
+            assert_eq!(p.format, Some(format), "{choice}");
+            assert_eq!(p.schema.is_some(), choice != r#""auto""#, "{choice}");
+            assert!(!p.keep_special_tokens, "{choice}");
+        }
     }
 
     #[test]

@@ -381,6 +381,12 @@ pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse
     // vLLM's defaults: a prompt gets the tokenizer's special tokens, a
     // rendered chat none on top of those its template writes.
     let add_special_tokens = req.add_special_tokens.unwrap_or(req.messages.is_none());
+    if req.tools.is_some() && req.messages.is_none() {
+        return Err(ApiError::invalid(
+            "`tools` go to the chat template: send them with `messages`, not `prompt`",
+            Some("tools"),
+        ));
+    }
     let (tokens, param) = match (req.messages, req.prompt) {
         (Some(_), Some(_)) => {
             return Err(ApiError::invalid(
@@ -392,6 +398,7 @@ pub fn parse_and_tokenize(body: &[u8], v: &Validator) -> Result<TokenizeResponse
             let input = ChatInput {
                 messages: chat_messages(Some(messages))?,
                 add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                tools: req.tools.map(tools::template_tools).transpose()?.flatten(),
                 ..ChatInput::default()
             };
             let tokens = render_chat(v.tokenizer, &input, add_special_tokens)?;
@@ -709,6 +716,7 @@ pub fn plan(
         ));
     }
     let logit_bias = logit_bias(f.logit_bias, limits)?;
+    let allowed_token_ids = allowed_token_ids(f.allowed_token_ids, limits)?;
     // One sample per choice: `best_of` may only repeat `n`.
     if let Some(best_of) = f.best_of
         && best_of != n
@@ -794,6 +802,7 @@ pub fn plan(
             repetition_penalty: repetition_penalty as f32,
             min_p: min_p as f32,
             logit_bias,
+            allowed_token_ids,
             logprobs: None,
             prompt_logprobs: None,
         }),
@@ -872,6 +881,29 @@ fn logit_bias(
     Ok(out)
 }
 
+/// vLLM's `allowed_token_ids`: ids in the vocabulary, sorted and each once
+/// (the sampler walks them beside the logits); an empty list would allow
+/// nothing and is refused, as vLLM does.
+fn allowed_token_ids(ids: Option<Vec<i64>>, limits: &Limits) -> Result<Vec<u32>, ApiError> {
+    const P: &str = "allowed_token_ids";
+    let Some(ids) = ids else {
+        return Ok(Vec::new());
+    };
+    if ids.is_empty() {
+        return Err(ApiError::invalid(
+            "`allowed_token_ids` must not be empty",
+            Some(P),
+        ));
+    }
+    let mut out = ids
+        .into_iter()
+        .map(|t| token_id(t, limits, "token id", P))
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
 /// A token id from the request, checked against the vocabulary.
 fn token_id(t: i64, limits: &Limits, what: &str, param: &'static str) -> Result<u32, ApiError> {
     u32::try_from(t)
@@ -934,6 +966,21 @@ mod tests {
         )
         .expect("default");
         assert_eq!(ok.params.max_tokens, 95);
+        assert!(ok.params.allowed_token_ids.is_empty());
+        let allowed = plan(
+            vec![vec![1; 5]],
+            None,
+            |p| 100 - p,
+            fields(r#"{"allowed_token_ids": [9, 3, 9, 0]}"#),
+            &LIMITS,
+            "max_tokens",
+        )
+        .expect("allowed");
+        assert_eq!(
+            allowed.params.allowed_token_ids,
+            [0, 3, 9],
+            "sorted, each once"
+        );
     }
 
     #[test]
@@ -960,6 +1007,9 @@ mod tests {
             (r#"{"logit_bias": {"abc": 1}}"#, "logit_bias"),
             (r#"{"logit_bias": {"5": 100.5}}"#, "logit_bias"),
             (r#"{"logit_bias": {"5": 1, "05": 2}}"#, "logit_bias"),
+            (r#"{"allowed_token_ids": []}"#, "allowed_token_ids"),
+            (r#"{"allowed_token_ids": [1, 258]}"#, "allowed_token_ids"),
+            (r#"{"allowed_token_ids": [-1]}"#, "allowed_token_ids"),
             (r#"{"best_of": 3, "n": 2}"#, "best_of"),
             (r#"{"best_of": 1, "n": 2}"#, "best_of"),
             (

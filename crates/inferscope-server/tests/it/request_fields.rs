@@ -37,7 +37,6 @@ async fn unhonoured_fields_are_refused_by_name() {
         (&both, "guided_whitespace_pattern", json!("[ ]*")),
         (&both, "return_tokens_as_token_ids", json!(true)),
         (&both, "bad_words", json!(["foo"])),
-        (&both, "allowed_token_ids", json!([1, 2])),
         (&both, "use_beam_search", json!(true)),
         (&both, "priority", json!(1)),
         (&[COMPLETIONS], "suffix", json!("tail")),
@@ -337,6 +336,81 @@ async fn logit_bias_and_penalties_steer_the_demo_model() {
         "the penalty ends the run of {piece:?} after {run} tokens: {text:?}"
     );
     server.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `allowed_token_ids`: every generated token is one of them, on the sim
+/// (the byte tokenizer: 65 and 66 are `A` and `B`; EOS is not allowed, so
+/// every choice runs to `max_tokens`) and on the cpu demo model; ids outside
+/// the vocabulary and an empty list are 400s naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_token_ids_restrict_the_output() {
+    let sim = start(&[]).await;
+    for path in [COMPLETIONS, CHAT] {
+        for seed in 0..4 {
+            let mut b = body(path, "allowed_token_ids", json!([66, 65, 66]));
+            b["max_tokens"] = json!(24);
+            b["seed"] = json!(seed);
+            let r = post(sim.addr, path, &b).await;
+            assert_eq!(r.status, 200, "{}", r.body);
+            let j = r.json();
+            let text = j["choices"][0]["text"]
+                .as_str()
+                .or(j["choices"][0]["message"]["content"].as_str())
+                .expect("text");
+            assert_eq!(text.len(), 24, "{text}");
+            assert!(text.bytes().all(|c| c == b'A' || c == b'B'), "{text}");
+        }
+        for bad in [json!([]), json!([65, 300]), json!([-1])] {
+            let r = post(
+                sim.addr,
+                path,
+                &body(path, "allowed_token_ids", bad.clone()),
+            )
+            .await;
+            assert_eq!(r.status, 400, "{bad}: {}", r.body);
+            assert_eq!(
+                r.json()["error"]["param"],
+                "allowed_token_ids",
+                "{}",
+                r.body
+            );
+        }
+    }
+    sim.shutdown(Duration::from_secs(5)).await;
+
+    let cpu = start_cpu().await;
+    let (a, b) = (3000u32, 3001u32);
+    let (pa, pb) = (
+        detokenize(cpu.addr, &[a]).await,
+        detokenize(cpu.addr, &[b]).await,
+    );
+    for seed in 0..3 {
+        let r = post(
+            cpu.addr,
+            COMPLETIONS,
+            &json!({"prompt": "It is a truth", "max_tokens": 12, "seed": seed,
+                    "allowed_token_ids": [a, b]}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let text = r.json()["choices"][0]["text"]
+            .as_str()
+            .expect("text")
+            .to_owned();
+        // The text is the two pieces, back to back, 12 of them.
+        let mut rest = text.as_str();
+        let mut n = 0;
+        while let Some(r) = rest.strip_prefix(&pa).or_else(|| rest.strip_prefix(&pb)) {
+            rest = r;
+            n += 1;
+        }
+        assert_eq!(
+            (n, rest),
+            (12, ""),
+            "{text:?} is not made of {pa:?} and {pb:?}"
+        );
+    }
+    cpu.shutdown(Duration::from_secs(5)).await;
 }
 
 /// `--generation-config FOLDER` sets the defaults of the fields a request

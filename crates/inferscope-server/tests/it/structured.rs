@@ -96,6 +96,12 @@ async fn every_field_constrains_the_output() {
     let code: Check = |t, f| f == "stop" && matches_code(t);
     let yes_no: Check = |t, f| f == "stop" && (t == "yes" || t == "no");
     let ab_cd: Check = |t, f| f == "stop" && (t == "ab" || t == "cd");
+    let tagged_code: Check = |t, f| {
+        f == "stop"
+            && t.strip_prefix("<f>")
+                .and_then(|t| t.strip_suffix("</f>"))
+                .is_some_and(matches_code)
+    };
     let cases: Vec<(Value, Check)> = vec![
         (
             json!({"response_format": {"type": "json_object"}}),
@@ -129,6 +135,12 @@ async fn every_field_constrains_the_output() {
         (json!({"guided_regex": "[a-c]{2}-[0-9]{1,3}"}), code),
         (json!({"guided_choice": ["yes", "no"]}), yes_no),
         (json!({"guided_grammar": "root ::= \"ab\" | \"cd\""}), ab_cd),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "tag",
+                "begin": "<f>", "content": {"type": "regex", "pattern": "[a-c]{2}-[0-9]{1,3}"},
+                "end": "</f>"}}}),
+            tagged_code,
+        ),
     ];
     for (extra, check) in &cases {
         for path in [COMPLETIONS, CHAT] {
@@ -223,7 +235,18 @@ async fn invalid_constraints_are_400s_naming_the_field() {
         (
             json!({"structured_outputs": {"structural_tag": "x"}}),
             "structured_outputs",
-            "structural_tag",
+            "not valid JSON",
+        ),
+        (
+            json!({"structured_outputs": {"structural_tag": json!({"structures": [
+                {"begin": "<a>", "schema": {"type": "object"}, "end": "</a>"}], "triggers": ["<b"]}).to_string()}}),
+            "structured_outputs",
+            "does not start with any of the triggers",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "grammar", "grammar": "x"}}}),
+            "response_format",
+            "`format.type` \"grammar\" is not a structural tag format",
         ),
         (
             json!({"guided_regex": "a", "response_format": {"type": "json_object"}}),

@@ -61,6 +61,26 @@ async fn tools_and_tool_messages_reach_the_template() {
             "tool_choice {choice}: the template did not print {expected}"
         );
     }
+    // `/tokenize` of the same messages and tools counts the same prompt.
+    let r = post(
+        addr,
+        "/tokenize",
+        &json!({"messages": round_trip(), "tools": tools()}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["count"], expected.len(), "{}", r.body);
+    for (body, param) in [
+        (
+            json!({"messages": round_trip(), "tools": {"type": "function"}}),
+            "tools",
+        ),
+        (json!({"prompt": "hi", "tools": tools()}), "tools"),
+    ] {
+        let r = post(addr, "/tokenize", &body).await;
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.json()["error"]["param"], param, "{}", r.body);
+    }
     // Without tools the template sees none.
     let r = post(
         addr,

@@ -277,7 +277,7 @@ fn hex4(raw: &str, at: usize) -> Option<u32> {
 }
 
 /// One decoded string character as `json.dumps(ensure_ascii=False)` writes it.
-fn push_escaped(out: &mut String, c: char) {
+pub fn push_escaped(out: &mut String, c: char) {
     match c {
         '"' => out.push_str("\\\""),
         '\\' => out.push_str("\\\\"),

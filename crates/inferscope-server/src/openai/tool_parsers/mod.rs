@@ -1,5 +1,5 @@
 //! Tool calls in the model's output: the parsers chosen with vLLM's
-//! `--tool-call-parser` (`hermes`, `llama3_json`, `mistral`), and the
+//! `--tool-call-parser` (`hermes`, `llama3_json`, `mistral`, `pythonic`), and the
 //! formats of `tool_choice: "required"` and a named function, whose output
 //! is JSON constrained by [`constrained::tool_choice_schema`].
 //!
@@ -12,6 +12,7 @@
 
 pub mod constrained;
 pub mod json_scan;
+pub mod pythonic;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +33,9 @@ pub enum ParserName {
     /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": ...}, ...]`, or
     /// the newer `[TOOL_CALLS]name[ARGS]{...}`.
     Mistral,
+    /// Llama 3.2/4, ToolACE: the output is a Python list of calls,
+    /// `[get_weather(city="Paris"), now()]`.
+    Pythonic,
 }
 
 impl ParserName {
@@ -41,6 +45,7 @@ impl ParserName {
             Self::Hermes => "hermes",
             Self::Llama3Json => "llama3_json",
             Self::Mistral => "mistral",
+            Self::Pythonic => "pythonic",
         }
     }
 
@@ -185,7 +190,8 @@ impl ToolCallDelta {
 /// Where the machine is in the text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
-    /// Llama 3 JSON: before the first non-blank character, which decides.
+    /// Llama 3 JSON, pythonic: before the first non-blank character,
+    /// which decides.
     Undecided,
     /// Plain text, watching for the opening marker.
     Content,
@@ -211,7 +217,7 @@ impl ToolCallParser {
     /// A parser for one choice.
     pub fn new(format: Format) -> Self {
         let mode = match &format {
-            Format::Parser(ParserName::Llama3Json) => Mode::Undecided,
+            Format::Parser(ParserName::Llama3Json | ParserName::Pythonic) => Mode::Undecided,
             Format::Parser(_) => Mode::Content,
             Format::Required | Format::Named(_) => Mode::Region,
         };
@@ -285,6 +291,37 @@ impl ToolCallParser {
     fn advance(&mut self, at_end: bool) {
         loop {
             match self.mode {
+                Mode::Undecided if self.format == Format::Parser(ParserName::Pythonic) => {
+                    // A call list or nothing: the blanks before `[` stay in
+                    // the region, so text that is not a list keeps them.
+                    match self.buf.trim_start().as_bytes().first() {
+                        Some(b'[') => self.mode = Mode::Region,
+                        Some(_) => self.mode = Mode::ContentOnly,
+                        None => return,
+                    }
+                }
+                Mode::Region if self.format == Format::Parser(ParserName::Pythonic) => {
+                    let (calls, scan) = pythonic::scan(&self.buf);
+                    match scan {
+                        Scan::Done(end) => {
+                            // The list is closed: what follows is content.
+                            let region: String = self.buf.drain(..end).collect();
+                            self.close_region(&region, None);
+                            self.mode = Mode::ContentOnly;
+                        }
+                        Scan::More | Scan::Broken => {
+                            let named = self.calls.update(&calls);
+                            if scan == Scan::More || named {
+                                // (A list broken after a call keeps its calls
+                                // and the rest is dropped, as in the other
+                                // formats.)
+                                return;
+                            }
+                            // Not a call list after all: the text is content.
+                            self.mode = Mode::ContentOnly;
+                        }
+                    }
+                }
                 Mode::Undecided => {
                     const TAG: &str = "<|python_tag|>";
                     let text = self.buf.trim_start();
@@ -382,6 +419,7 @@ impl ToolCallParser {
                 objects(region, 0, b';', None, &["parameters", "arguments"])
             }
             Format::Parser(ParserName::Mistral) => mistral(region),
+            Format::Parser(ParserName::Pythonic) => pythonic::scan(region).0,
             Format::Required => {
                 let s = region.as_bytes();
                 let pos = skip_ws(s, 0);

@@ -85,6 +85,7 @@ fn check(format: Format, text: &str, expected: Expected) {
 const HERMES: Format = Format::Parser(ParserName::Hermes);
 const LLAMA3: Format = Format::Parser(ParserName::Llama3Json);
 const MISTRAL: Format = Format::Parser(ParserName::Mistral);
+const PYTHONIC: Format = Format::Parser(ParserName::Pythonic);
 
 #[test]
 fn hermes_one_call() {
@@ -192,6 +193,61 @@ fn mistral_list_and_v11_calls() {
     check(MISTRAL, "[TOOL text", (Some("[TOOL text"), vec![]));
 }
 
+#[test]
+fn pythonic_calls() {
+    check(
+        PYTHONIC,
+        "[get_weather(city=\"Paris\", days=3), now()]",
+        (
+            None,
+            vec![
+                ("get_weather", r#"{"city": "Paris", "days": 3}"#),
+                ("now", "{}"),
+            ],
+        ),
+    );
+    check(
+        PYTHONIC,
+        "\n[search(q='it\\'s', filters={'tags': ['a', \"b\"], 'max': 2.50, 'exact': True}, page=None)]\n",
+        (
+            None,
+            vec![(
+                "search",
+                r#"{"q": "it's", "filters": {"tags": ["a", "b"], "max": 2.5, "exact": true}, "page": null}"#,
+            )],
+        ),
+    );
+    // Text after the list is content (vLLM's non-streamed parser would
+    // return the whole output as content).
+    check(
+        PYTHONIC,
+        "[f(a=1)] Done.",
+        (Some("Done."), vec![("f", r#"{"a": 1}"#)]),
+    );
+    // A call broken after its name (a positional argument) keeps what was
+    // read, as in the other formats.
+    check(PYTHONIC, "[f(1)]", (None, vec![("f", "{")]));
+}
+
+#[test]
+fn pythonic_text_is_content() {
+    for text in [
+        "The weather is fine.",
+        "[1, 2, 3]",
+        "[Note] f(a=1)",
+        " [1, 2]",
+        "[]",
+        "Call [f(a=1)]",
+        "[get_wea",
+    ] {
+        check(PYTHONIC, text, (Some(text), vec![]));
+    }
+    // Content is sent once the text cannot be a call list, not held to the end.
+    let mut parser = ToolCallParser::new(PYTHONIC);
+    assert_eq!(parser.push("[").content, "");
+    assert_eq!(parser.push("Note] x").content, "[Note] x");
+}
+
 /// Streamed a character at a time, the name comes first and the arguments
 /// in many fragments, never all at once.
 #[test]
@@ -273,6 +329,17 @@ fn any_text_streams_as_it_parses_whole() {
         "12",
         "true",
         "x",
+        "f(",
+        "a=",
+        ")",
+        "'",
+        "\"\"\"",
+        "True",
+        "None",
+        "-1.5e3",
+        "\\x4",
+        "1",
+        "{'k': ",
     ];
     let mut state = 0x2545_f491_4f6c_dd1du64;
     let mut next = move || {
@@ -285,6 +352,7 @@ fn any_text_streams_as_it_parses_whole() {
         HERMES,
         LLAMA3,
         MISTRAL,
+        PYTHONIC,
         Format::Required,
         Format::Named("f".into()),
     ] {
