@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Value;
 
 use crate::error::ModelError;
+use crate::gguf_file::GgufFile;
 
 pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
@@ -55,13 +56,7 @@ impl Meta<'_> {
     }
 }
 
-/// Reads a GGUF file's header and metadata (not its tensors).
-pub(crate) fn read_content(path: &Path) -> Result<Content, ModelError> {
-    let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Content::read(&mut file).map_err(|e| {
-        ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
-    })
+/// Reads a GGUF file's header: metadata and tensor directory.
+pub(crate) fn read_content(path: &Path) -> Result<GgufFile, ModelError> {
+    GgufFile::read(path)
 }

@@ -1,4 +1,4 @@
-//! The integer K-quant product: Q4_K and Q6_K weights, over panels in
+//! The integer K-quant product: Q4_K, Q6_K and IQ4_XS weights, over panels in
 //! [`Layout::Integer`](super::panels::Layout::Integer), × Q8_K activations.
 //!
 //! The activations are quantized per product to Q8_K (see `q8k.rs`); each
@@ -8,11 +8,14 @@
 //! and one f32 multiply-add by `d·d_x` per super-block. The mins (Q4_K) and
 //! Q6_K's `−32` go through the activations' 16-sums (`bsums`): per
 //! super-block `Σ_j m_j·bsum_j` and `32·Σ_j sc_j·bsum_j`, in int32.
+//! IQ4_XS's indices become its table's int8 values in registers (a byte
+//! shuffle); being signed, they multiply the activations by the sign trick
+//! (`maddubs(|w|, x·sign(w))`), as ggml's `mul_sum_i8_pairs` does.
 
 use std::ops::Range;
 
 use super::PackedKQuant;
-use super::format::{KQuant, Q4, Q6, QK_K, kind_of};
+use super::format::{IQ4, KQuant, Q4, Q6, QK_K, kind_of};
 use super::panels::{PanelRun, int_at};
 use crate::isa::{Isa, IsaKind};
 use crate::packed::tiling::{LANES, TileSums, TiledOutput, for_each_tile};
@@ -92,7 +95,7 @@ impl ITile<'_> {
     #[inline(always)]
     fn bsum_pair(&self, kind: KQuant, r: usize, b: usize, i: usize) -> (i16, i16) {
         let s = &self.xs[(r * self.nsb + b) * (QK_K / BSUM)..][..QK_K / BSUM];
-        if kind.has_min() {
+        if kind.sub() == 32 {
             (s[4 * i] + s[4 * i + 1], s[4 * i + 2] + s[4 * i + 3])
         } else {
             (s[2 * i], s[2 * i + 1])
@@ -127,8 +130,11 @@ fn int_kernel(
         (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q6K) => shapes!(int_tile_avx2, Q6),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Iq4Xs) => shapes!(int_tile_avx2, IQ4),
         (_, KQuant::Q4K) => shapes!(int_tile_portable, Q4),
         (_, KQuant::Q6K) => shapes!(int_tile_portable, Q6),
+        (_, KQuant::Iq4Xs) => shapes!(int_tile_portable, IQ4),
         (_, KQuant::Q5K) => unreachable!("Q5_K has no integer layout"),
     }
 }
@@ -154,8 +160,13 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
                         let dot: i32 = (s * sub..(s + 1) * sub)
                             .map(|kk| {
                                 let (i, shift) = int_at(kind, l, kk);
-                                let v = (q[i] >> shift) & if K == Q4 { 0xF } else { 0xFF };
-                                i32::from(v) * i32::from(x[kk])
+                                let v = (q[i] >> shift) & if K == Q6 { 0xFF } else { 0xF };
+                                let w = if K == IQ4 {
+                                    i32::from(crate::iq4::KVALUES[usize::from(v)])
+                                } else {
+                                    i32::from(v)
+                                };
+                                w * i32::from(x[kk])
                             })
                             .sum();
                         isum += i32::from(t.w.sc[at]) * dot;
@@ -167,6 +178,8 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
                     if K == Q4 {
                         *a += isum as f32 * (t.w.d[pb * LANES + l] * dx);
                         *a -= corr as f32 * (t.w.dmin[pb * LANES + l] * dx);
+                    } else if K == IQ4 {
+                        *a += isum as f32 * (t.w.d[pb * LANES + l] * dx);
                     } else {
                         *a += (isum - 32 * corr) as f32 * (t.w.d[pb * LANES + l] * dx);
                     }
@@ -200,10 +213,22 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
     let last = t.np.min(NV) - 1;
     let inp = nsb * QK_K;
     // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
-    // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵.
+    // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵, IQ4_XS's one
+    // (2 × 127 × 127 fills an int16).
     let gsub = kind.sub() / 4;
-    let gsum = if K == Q4 { 8 } else { 2 };
+    let gsum = match K {
+        Q4 => 8,
+        IQ4 => 1,
+        _ => 2,
+    };
     let mask = _mm256_set1_epi8(0x0F);
+    // The table in both 128-bit halves, for `vpshufb`.
+    let table = {
+        let k = crate::iq4::KVALUES;
+        // SAFETY: the table is 16 bytes.
+        let lane = unsafe { _mm_loadu_si128(k.as_ptr().cast()) };
+        _mm256_set_m128i(lane, lane)
+    };
     // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
     let pick = [
         _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
@@ -261,12 +286,20 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                         let base = (p.min(last) * nsb + b) * sbb;
                         // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
                         let (w0, w1) = unsafe {
-                            if K == Q4 {
+                            if K == Q4 || K == IQ4 {
                                 let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
-                                (
+                                let (lo, hi) = (
                                     _mm256_and_si256(v, mask),
                                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                )
+                                );
+                                if K == IQ4 {
+                                    (
+                                        _mm256_shuffle_epi8(table, lo),
+                                        _mm256_shuffle_epi8(table, hi),
+                                    )
+                                } else {
+                                    (lo, hi)
+                                }
                             } else {
                                 (
                                     _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
@@ -274,10 +307,22 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                                 )
                             }
                         };
-                        for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                            let v = &mut s16_r[p];
-                            v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
-                            v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                        if K == IQ4 {
+                            // Signed weights: |w| times x with w's sign (the
+                            // activations are −127..127: no overflow).
+                            let (a0, a1) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
+                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                let v = &mut s16_r[p];
+                                let (x0, x1) = (_mm256_sign_epi8(*x, w0), _mm256_sign_epi8(*x, w1));
+                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(a0, x0));
+                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(a1, x1));
+                            }
+                        } else {
+                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                let v = &mut s16_r[p];
+                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
+                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                            }
                         }
                     }
                 }
@@ -297,7 +342,8 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
             for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
                 let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
                 let mut c = [_mm256_setzero_si256(); 2];
-                for i in 0..pairs {
+                // IQ4_XS has no min and no offset.
+                for i in 0..if K == IQ4 { 0 } else { pairs } {
                     let (b0, b1) = t.bsum_pair(kind, r, b, i);
                     let pair = _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
                     for (h, c) in c.iter_mut().enumerate() {
@@ -320,6 +366,9 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                         *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
                         let m = _mm256_cvtepi32_ps(c[h]);
                         *a = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, dx), *a);
+                    } else if K == IQ4 {
+                        let i = _mm256_cvtepi32_ps(ia_r[p][h]);
+                        *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
                     } else {
                         let i = _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<5>(c[h]));
                         let i = _mm256_cvtepi32_ps(i);
@@ -347,8 +396,7 @@ mod tests {
     use super::*;
     use crate::kernel_reference::{isas_checked, product_f64, rel_diff_f64};
     use crate::packed_kquant::panels::Layout;
-    use crate::packed_kquant::tests::{INT_TOL_DEQ, naive, quantized, rel_diff};
-    use candle_core::quantized::GgmlDType;
+    use crate::packed_kquant::tests::{INT_TOL_DEQ, naive, rel_diff, weight};
 
     /// The integer products against the exact product of their operands
     /// (see `kernel_reference`): the dequantized weights (exactly candle's)
@@ -378,11 +426,12 @@ mod tests {
             .collect()
     }
 
-    /// The integer product of Q4_K and Q6_K weights against the exact
-    /// product of its operands and against the dequantized product, every ISA.
+    /// The integer product of Q4_K, Q6_K and IQ4_XS weights against the
+    /// exact product of its operands and against the dequantized product,
+    /// every ISA.
     fn check_int(rows: usize, inp: usize, out: usize) {
-        for (kind, dtype) in [(KQuant::Q4K, GgmlDType::Q4K), (KQuant::Q6K, GgmlDType::Q6K)] {
-            let (blocks, deq) = quantized(dtype, out, inp, rows + out);
+        for kind in [KQuant::Q4K, KQuant::Q6K, KQuant::Iq4Xs] {
+            let (blocks, deq) = weight(kind, out, inp, rows + out);
             let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
             assert!(
                 p.layout == Layout::Integer,
