@@ -472,6 +472,44 @@ mod tests {
     }
 
     #[test]
+    fn iq4_xs_products_at_the_extremes_do_not_overflow() {
+        // Every index 0 (−127) or 15 (113), scales at both ends (ls 0 and
+        // 63: −32 and 31), activations whose quants are all ±127: each
+        // pair of products is 2 × 127 × 127, the most an int16 sum holds.
+        let (rows, inp, out) = (2, 512, 32);
+        let bb = KQuant::Iq4Xs.block_bytes();
+        let mut blocks = vec![0u8; out * inp / QK_K * bb];
+        for (i, blk) in blocks.chunks_exact_mut(bb).enumerate() {
+            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            let (scales, q) = if i % 2 == 0 {
+                (0x00, 0x00)
+            } else {
+                (0xFF, 0xFF)
+            };
+            blk[2..8].fill(scales);
+            blk[8..].fill(if i % 4 < 2 { q } else { 0x00 });
+        }
+        let mut deq = vec![0f32; out * inp];
+        crate::iq4::dequantize_xs(&blocks, &mut deq);
+        let p = PackedKQuant::from_blocks(KQuant::Iq4Xs, &blocks, out, inp).unwrap();
+        let x: Vec<f32> = (0..rows * inp)
+            .map(|i| if i < inp { -1.0 } else { 2.0 })
+            .collect();
+        let c = product_f64(&q8k_operand(&x, rows, inp), &deq, rows, inp, out);
+        for isa in isas_checked("IQ4_XS extremes") {
+            let mut y = Vec::new();
+            p.product(isa, &x, rows, &mut y);
+            let (d, i) = rel_diff_f64(&y, &c);
+            assert!(
+                d < INT_TOL_EXACT,
+                "{isa:?} cell {i}: {} vs {} (rel {d})",
+                y[i],
+                c[i]
+            );
+        }
+    }
+
+    #[test]
     fn integer_products_match_the_exact_product_in_parallel() {
         check_int(1, 1024, 1100);
         check_int(8, 512, 300);

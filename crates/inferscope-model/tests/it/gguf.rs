@@ -617,7 +617,11 @@ fn gguf_iq4_nl_runs_the_dequantized_model_and_other_types_are_refused() {
         .unwrap()
         .into_iter()
         .map(|(n, t)| {
-            let t = if is_linear(&n) { (t / 16.0).unwrap() } else { t };
+            let t = if is_linear(&n) {
+                (t / 16.0).unwrap()
+            } else {
+                t
+            };
             (n, t)
         })
         .collect();
