@@ -1,13 +1,12 @@
 //! Typed reads of a GGUF file's metadata, shared by the weight loader
-//! (`gguf.rs`) and the tokenizer (`gguf_tokenizer.rs`).
+//! (`gguf.rs`), the tokenizer (`gguf_tokenizer.rs`) and the header reader
+//! (`gguf_file.rs`).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
 
 use crate::error::ModelError;
-use crate::gguf_file::GgufFile;
 
 pub(crate) fn as_u64(v: &Value) -> Option<u64> {
     match v {
@@ -54,9 +53,4 @@ impl Meta<'_> {
             _ => None,
         }
     }
-}
-
-/// Reads a GGUF file's header: metadata and tensor directory.
-pub(crate) fn read_content(path: &Path) -> Result<GgufFile, ModelError> {
-    GgufFile::read(path)
 }
