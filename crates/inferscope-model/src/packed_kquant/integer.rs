@@ -40,16 +40,26 @@ impl PackedKQuant {
     ) {
         let (inp, nsb) = (self.inp, self.inp / QK_K);
         let panels = self.out.div_ceil(LANES);
+        // IQ4_XS's tile needs the scales at every group, not every 8th: at
+        // most 2 panels per tile keep its operands in the 16 registers.
+        let step = if self.kind == KQuant::Iq4Xs {
+            nv.min(2)
+        } else {
+            nv
+        };
         for_each_tile::<INT_MR>(rows, groups, (nv, panels), |r0, mr, p0, np| {
-            let t = ITile {
-                w: self.panels.run(self.kind, inp, p0..p0 + np),
-                xq: &x.qs[r0 * inp..(r0 + mr) * inp],
-                xd: &x.d[r0 * nsb..(r0 + mr) * nsb],
-                xs: &x.bsums[r0 * inp / BSUM..(r0 + mr) * inp / BSUM],
-                nsb,
-                np,
-            };
-            int_kernel(isa, self.kind, mr, nv, &t, r0, p0 * LANES, out);
+            for q0 in (p0..p0 + np).step_by(step) {
+                let qn = step.min(p0 + np - q0);
+                let t = ITile {
+                    w: self.panels.run(self.kind, inp, q0..q0 + qn),
+                    xq: &x.qs[r0 * inp..(r0 + mr) * inp],
+                    xd: &x.d[r0 * nsb..(r0 + mr) * nsb],
+                    xs: &x.bsums[r0 * inp / BSUM..(r0 + mr) * inp / BSUM],
+                    nsb,
+                    np: qn,
+                };
+                int_kernel(isa, self.kind, mr, step, &t, r0, q0 * LANES, out);
+            }
         });
     }
 }
