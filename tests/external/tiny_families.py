@@ -48,6 +48,10 @@ FFN = 512
 CONTEXT = 2048
 
 FAMILIES = {
+    # Llama itself (q/k rows as llama.cpp's converter permutes them do not
+    # matter for random weights: both sides read the same file).
+    "llama": Family("llama", layers=2, qk_norm=False, post_norms=False, tied=False,
+                    rope_base=10_000.0),
     "qwen3": Family("qwen3", layers=2, qk_norm=True, post_norms=False, tied=False,
                     rope_base=1_000_000.0),
     # Six layers: llama.cpp's Gemma 3 makes every sixth layer global, the
@@ -172,10 +176,17 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
 def quantize_q4_k_m(src: Path, dst: Path) -> Path:
     """`src` quantized to Q4_K_M by llama.cpp's own quantizer (through the
     llama_cpp bindings), as `llama-quantize SRC DST Q4_K_M` would."""
+    return quantize(src, dst, "Q4_K_M")
+
+
+def quantize(src: Path, dst: Path, ftype: str) -> Path:
+    """`src` quantized to `ftype` (`Q4_K_M`, `IQ4_XS`, ...: the bindings'
+    `LLAMA_FTYPE_MOSTLY_<ftype>`) by llama.cpp's own quantizer, as
+    `llama-quantize SRC DST <ftype>` would."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     params.nthread = 2
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:

@@ -4,7 +4,9 @@
 //! Q8_0 weights, the packed Q8_0 kernel against candle's `QMatMul`, at rows
 //! 1, 8 and 128; likewise GGUF Q4_K and Q6_K weights with the packed
 //! K-quant kernels (`matmul-q4k`, `matmul-q6k`); and the packed kernel with
-//! f32, f16 and bf16 storage at the same shapes and rows (`matmul-f16`).
+//! f32, f16 and bf16 storage at the same shapes and rows (`matmul-f16`);
+//! every packed quantized format, IQ4_XS too, on a 125M Llama's shapes
+//! (`matmul-qshapes`).
 //! Run: `cargo bench -p inferscope-model --bench matmul` (`-- matmul-q8`,
 //! `-- 'matmul-q[46]k'` or `-- matmul-f16` for those groups only).
 
@@ -302,20 +304,28 @@ fn thread_cpu_ns() -> u64 {
 /// 2048→768 at 1, 8 and 128 rows (decode, batched decode, prefill), and the
 /// LM head 768→32000 at 1 and 8; throughput in multiply-adds per second.
 fn matmul_quant_shapes(c: &mut Criterion) {
-    /// One packed weight's `matmul_into`.
-    type Product = dyn Fn(&[f32], usize, &mut Vec<f32>);
     let shapes = [
         ("o-768x768", 768, 768),
         ("gate-up-4096x768", 4096, 768),
         ("down-768x2048", 768, 2048),
         ("head-32000x768", 32000, 768),
     ];
+    // IQ4_XS: candle has no quantizer for it; random blocks cost the same.
     for (fmt, dtype) in [
-        ("q8_0", GgmlDType::Q8_0),
-        ("q4k", GgmlDType::Q4K),
-        ("q6k", GgmlDType::Q6K),
+        ("q8_0", Some(GgmlDType::Q8_0)),
+        ("q4k", Some(GgmlDType::Q4K)),
+        ("q6k", Some(GgmlDType::Q6K)),
+        ("iq4_xs", None),
     ] {
         for (name, out, inp) in shapes {
+            let Some(dtype) = dtype else {
+                let data = iq4_xs_blocks(out, inp);
+                let p = PackedKQuant::from_blocks(KQuant::Iq4Xs, &data, out, inp).expect("pack");
+                bench_rows(c, fmt, name, (out, inp), &move |x, rows, y| {
+                    p.matmul_into(x, rows, y)
+                });
+                continue;
+            };
             let w = weights(out, inp);
             let wt = Tensor::from_slice(&w, (out, inp), &Device::Cpu).expect("tensor");
             let q = QTensor::quantize(&wt, dtype).expect("quantize");
@@ -335,21 +345,49 @@ fn matmul_quant_shapes(c: &mut Criterion) {
                     Box::new(move |x, rows, y| p.matmul_into(x, rows, y))
                 }
             };
-            let mut g = group(c, format!("matmul-qshapes/{fmt}/{name}"));
-            let rows_list: &[usize] = if out > 4096 { &[1, 8] } else { &[1, 8, 128] };
-            for &rows in rows_list {
-                let x: Vec<f32> = (0..rows * inp)
-                    .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
-                    .collect();
-                g.throughput(Throughput::Elements((rows * out * inp) as u64));
-                let mut y = Vec::new();
-                g.bench_function(BenchmarkId::new("int", rows), |b| {
-                    b.iter(|| packed(black_box(&x), rows, &mut y))
-                });
-            }
-            g.finish();
+            bench_rows(c, fmt, name, (out, inp), &packed);
         }
     }
+}
+
+/// One packed weight's `matmul_into`.
+type Product = dyn Fn(&[f32], usize, &mut Vec<f32>);
+
+/// `matmul-qshapes/{fmt}/{name}`: `packed` at the rows of decode, batched
+/// decode and (but for the head) prefill.
+fn bench_rows(
+    c: &mut Criterion,
+    fmt: &str,
+    name: &str,
+    (out, inp): (usize, usize),
+    packed: &Product,
+) {
+    let mut g = group(c, format!("matmul-qshapes/{fmt}/{name}"));
+    let rows_list: &[usize] = if out > 4096 { &[1, 8] } else { &[1, 8, 128] };
+    for &rows in rows_list {
+        let x: Vec<f32> = (0..rows * inp)
+            .map(|i| ((i * 13) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        g.throughput(Throughput::Elements((rows * out * inp) as u64));
+        let mut y = Vec::new();
+        g.bench_function(BenchmarkId::new("int", rows), |b| {
+            b.iter(|| packed(black_box(&x), rows, &mut y))
+        });
+    }
+    g.finish();
+}
+
+/// `[out][inp]` of IQ4_XS super-blocks: pseudo-random indices and scales,
+/// scales `d` of 10⁻³.
+fn iq4_xs_blocks(out: usize, inp: usize) -> Vec<u8> {
+    let bb = KQuant::Iq4Xs.block_bytes();
+    let mut data: Vec<u8> = (0..out * inp / 256 * bb)
+        .map(|i| (i.wrapping_mul(2654435761) >> 7) as u8)
+        .collect();
+    for blk in data.chunks_exact_mut(bb) {
+        blk[..2].copy_from_slice(&half::f16::from_f32(1e-3).to_le_bytes());
+    }
+    data
 }
 
 /// The products of a decode step of the 125M Llama of the llama.cpp side by

@@ -225,7 +225,7 @@ impl ChatTemplate {
     /// it has none.
     pub fn from_gguf(path: &Path) -> Result<Option<Self>, ModelError> {
         use candle_core::quantized::gguf_file::Value as Meta;
-        let content = crate::gguf_meta::read_content(path)?;
+        let content = crate::gguf_file::GgufFile::read(path)?;
         let meta = &content.metadata;
         let Some(Meta::String(source)) = meta.get("tokenizer.chat_template") else {
             return Ok(None);

@@ -12,6 +12,8 @@ use candle_core::quantized::k_quants::{
 use half::{bf16, f16};
 
 use crate::error::ModelError;
+use crate::gguf_file::TensorType;
+use crate::iq4;
 
 /// Bytes shared with the rest of the model: a file's map, or a buffer.
 pub type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
@@ -24,7 +26,7 @@ enum Rows {
     Stored {
         bytes: SharedBytes,
         offset: usize,
-        dtype: GgmlDType,
+        dtype: TensorType,
         row_bytes: usize,
     },
 }
@@ -61,18 +63,22 @@ impl Embedding {
     pub fn stored(
         bytes: SharedBytes,
         offset: usize,
-        dtype: GgmlDType,
+        dtype: impl Into<TensorType>,
         vocab: usize,
         hidden: usize,
     ) -> Result<Self, ModelError> {
+        let dtype = dtype.into();
         let bad = |m: String| Err(ModelError::Config(format!("token embeddings: {m}")));
-        if !hidden.is_multiple_of(dtype.block_size()) {
+        let name = dtype.name();
+        let Some((block, block_bytes)) = dtype.block() else {
+            return bad(format!("rows of type {name} do not load"));
+        };
+        if !hidden.is_multiple_of(block) {
             return bad(format!(
-                "rows of {hidden} are not whole {dtype:?} blocks of {}",
-                dtype.block_size()
+                "rows of {hidden} are not whole {name} blocks of {block}"
             ));
         }
-        let row_bytes = hidden / dtype.block_size() * dtype.type_size();
+        let row_bytes = hidden / block * block_bytes;
         let all = (*bytes).as_ref();
         if all.len() < offset || all.len() - offset < vocab * row_bytes {
             return bad(format!(
@@ -86,7 +92,7 @@ impl Embedding {
         if !(all.as_ptr() as usize + offset).is_multiple_of(align)
             || !row_bytes.is_multiple_of(align)
         {
-            return bad(format!("{dtype:?} rows are not {align}-byte aligned"));
+            return bad(format!("{name} rows are not {align}-byte aligned"));
         }
         Ok(Self {
             rows: Rows::Stored {
@@ -115,9 +121,9 @@ impl Embedding {
     }
 
     /// The stored type of the rows (`F32` for a dense table).
-    pub fn dtype(&self) -> GgmlDType {
+    pub fn dtype(&self) -> TensorType {
         match &self.rows {
-            Rows::F32(_) => GgmlDType::F32,
+            Rows::F32(_) => GgmlDType::F32.into(),
             Rows::Stored { dtype, .. } => *dtype,
         }
     }
@@ -163,9 +169,13 @@ impl Embedding {
     }
 }
 
-/// The alignment of the block struct of `dtype`.
-fn block_align(dtype: GgmlDType) -> usize {
+/// The alignment the decoder of `dtype` needs: candle's read block
+/// structs, the IQ4 ones bytes.
+fn block_align(dtype: TensorType) -> usize {
     use std::mem::align_of;
+    let Some(dtype) = dtype.candle() else {
+        return 1;
+    };
     match dtype {
         GgmlDType::F32 => align_of::<f32>(),
         GgmlDType::F16 | GgmlDType::BF16 => 2,
@@ -184,9 +194,14 @@ fn block_align(dtype: GgmlDType) -> usize {
     }
 }
 
-/// Dequantizes one row of `dtype` blocks into `out` with candle's block
-/// decoders (ggml's formulas).
-fn dequantize_row(dtype: GgmlDType, row: &[u8], out: &mut [f32]) {
+/// Dequantizes one row of `dtype` blocks (a type that loads) into `out`
+/// with candle's block decoders (ggml's formulas), or for IQ4 ours.
+fn dequantize_row(dtype: TensorType, row: &[u8], out: &mut [f32]) {
+    let dtype = match dtype {
+        TensorType::IQ4_NL => return iq4::dequantize_nl(row, out),
+        TensorType::IQ4_XS => return iq4::dequantize_xs(row, out),
+        t => t.candle().expect("`stored` takes only types that load"),
+    };
     match dtype {
         GgmlDType::F32 => {
             for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
@@ -297,6 +312,40 @@ mod tests {
                 assert_eq!(*a, 2.0 * b);
             }
         }
+    }
+
+    /// IQ4 rows looked up at an odd offset (read as bytes) equal gguf-py's
+    /// dequantization of them.
+    #[test]
+    fn iq4_rows_equal_gguf_py() {
+        let f = crate::iq4::tests::fixture();
+        for (ty, (blocks, want), hidden) in [
+            (TensorType::IQ4_NL, f.nl, 128),
+            (TensorType::IQ4_XS, f.xs, 256),
+        ] {
+            let vocab = want.len() / hidden;
+            let mut bytes = vec![0u8; 3];
+            bytes.extend_from_slice(&blocks);
+            let e =
+                Embedding::stored(Arc::new(bytes) as SharedBytes, 3, ty, vocab, hidden).unwrap();
+            assert_eq!(e.dtype(), ty);
+            let ids: Vec<u32> = (0..vocab as u32).rev().collect();
+            let mut out = Vec::new();
+            e.lookup(&ids, &mut out);
+            for (k, &id) in ids.iter().enumerate() {
+                let id = id as usize;
+                assert_eq!(
+                    out[k * hidden..][..hidden],
+                    want[id * hidden..][..hidden],
+                    "{ty:?} {id}"
+                );
+            }
+        }
+        let bytes: SharedBytes = Arc::new(vec![0u8; 1024]);
+        let e = Embedding::stored(bytes, 0, TensorType(16), 1, 256)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("IQ2_XXS do not load"), "{e}");
     }
 
     #[test]

@@ -12,7 +12,8 @@ use candle_core::quantized::gguf_file::Value as GgufValue;
 use serde_json::Value;
 
 use crate::error::ModelError;
-use crate::gguf_meta::{Meta, read_content};
+use crate::gguf_file::GgufFile;
+use crate::gguf_meta::Meta;
 
 /// Sampling defaults; `None` leaves the server's own default (temperature 1,
 /// top_p 1, no top_k, no min_p, no repetition penalty, no cap on max_tokens).
@@ -101,7 +102,7 @@ impl GenerationDefaults {
         if path.is_dir() {
             Self::from_dir(path)
         } else if path.is_file() && crate::loader::is_gguf_file(path)? {
-            Ok(Self::from_gguf_metadata(&read_content(path)?.metadata))
+            Ok(Self::from_gguf_metadata(&GgufFile::read(path)?.metadata))
         } else {
             Ok(Self::NONE)
         }

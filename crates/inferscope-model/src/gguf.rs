@@ -8,21 +8,19 @@
 //! cache, so a restart reads no disk, but not in this process's RSS).
 
 use std::fs::File;
-use std::io::Cursor;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::Device;
-use candle_core::quantized::gguf_file::Content;
-use candle_core::quantized::{GgmlDType, QTensor};
 use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::embedding::{Embedding, SharedBytes};
 
 use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
 use crate::error::ModelError;
+use crate::gguf_file::{GgufFile, TensorType, invalid};
 use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Layer, Linear, LlamaModel};
@@ -30,7 +28,7 @@ use crate::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Tensors of the mapped file, checked for names, shapes and extent.
 struct Tensors<'a> {
-    content: &'a Content,
+    content: &'a GgufFile,
     map: &'a Arc<Mmap>,
     path: &'a Path,
     /// Bytes of the file repacked into the process's own memory.
@@ -39,35 +37,49 @@ struct Tensors<'a> {
 
 impl Tensors<'_> {
     fn has(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.content.tensor(name).is_some()
     }
 
     /// The type of tensor `name` and where its bytes are in the map.
-    fn locate(&self, name: &str, shape: &[usize]) -> Result<(GgmlDType, Range<usize>), ModelError> {
+    fn locate(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(TensorType, Range<usize>), ModelError> {
         let info = self
             .content
-            .tensor_infos
-            .get(name)
+            .tensor(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        if info.shape.dims() != shape {
+        if info.dims != shape {
             return Err(ModelError::ShapeMismatch {
                 name: name.to_string(),
                 expected: shape.to_vec(),
-                actual: info.shape.dims().to_vec(),
+                actual: info.dims.clone(),
             });
         }
-        let dtype = info.ggml_dtype;
-        let elems = info.shape.elem_count();
+        let dtype = info.ty;
+        let elems: usize = shape.iter().product();
         let bad =
             |m: String| ModelError::Config(format!("{}: tensor {name}: {m}", self.path.display()));
-        if elems % dtype.block_size() != 0 {
+        // `check_types` refused the others at the start.
+        let (block, block_bytes) = dtype
+            .block()
+            .ok_or_else(|| bad(format!("type {} does not load", dtype.name())))?;
+        // Blocks run along the innermost dimension.
+        if shape.last().is_some_and(|&d| d % block != 0) {
             return Err(bad(format!(
-                "{elems} elements are not whole {dtype:?} blocks"
+                "rows of {:?} elements are not whole {} blocks",
+                shape.last(),
+                dtype.name()
             )));
         }
-        let len = elems / dtype.block_size() * dtype.type_size();
-        let start = usize::try_from(self.content.tensor_data_offset + info.offset)
-            .map_err(|_| bad("offset overflows".into()))?;
+        let len = elems / block * block_bytes;
+        let start = self
+            .content
+            .data_offset
+            .checked_add(info.offset)
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| bad("offset overflows".into()))?;
         match start.checked_add(len) {
             Some(end) if end <= self.map.len() => Ok((dtype, start..end)),
             _ => Err(bad(format!(
@@ -91,21 +103,34 @@ impl Tensors<'_> {
         };
     }
 
-    fn get(&self, name: &str, shape: &[usize]) -> Result<QTensor, ModelError> {
-        let (dtype, range) = self.locate(name, shape)?;
-        let t = candle_core::quantized::ggml_file::qtensor_from_ggml(
-            dtype,
-            &self.map[range.clone()],
-            shape.to_vec(),
-            &Device::Cpu,
-        )?;
-        self.release(range);
-        Ok(t)
-    }
-
+    /// A vector (norm weights, RoPE factors), dequantized.
     fn vec(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let t = self.get(name, &[len])?.dequantize(&Device::Cpu)?;
-        Ok(t.to_vec1::<f32>()?)
+        let (dtype, range) = self.locate(name, &[len])?;
+        let bytes = &self.map[range.clone()];
+        let v = match dtype {
+            TensorType::IQ4_NL | TensorType::IQ4_XS => {
+                let mut v = vec![0f32; len];
+                if dtype == TensorType::IQ4_NL {
+                    crate::iq4::dequantize_nl(bytes, &mut v);
+                } else {
+                    crate::iq4::dequantize_xs(bytes, &mut v);
+                }
+                v
+            }
+            t => {
+                let d = t.candle().expect("a type that loads is IQ4 or candle's");
+                // candle copies the blocks (into aligned storage).
+                let t = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                    d,
+                    bytes,
+                    vec![len],
+                    &Device::Cpu,
+                )?;
+                t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?
+            }
+        };
+        self.release(range);
+        Ok(v)
     }
 
     /// A product's weight, repacked from the map.
@@ -157,9 +182,8 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     // reads of the lost pages fault; rewriting it in place would change
     // the weights. Model files are not modified while served.
     let map = Arc::new(unsafe { Mmap::map(&file) }.map_err(io)?);
-    let content = Content::read(&mut Cursor::new(&map[..])).map_err(|e| {
-        ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
-    })?;
+    let content = GgufFile::parse(&map).map_err(|e| invalid(path, &e))?;
+    content.check_types(path)?;
     let meta = Meta(&content.metadata);
     let arch = meta
         .str("general.architecture")
@@ -174,7 +198,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     // Phi-3's LongRoPE (the 128k models) comes as per-frequency factors.
     if ["rope_factors_long.weight", "rope_factors_short.weight"]
         .iter()
-        .any(|t| content.tensor_infos.contains_key(*t))
+        .any(|t| content.tensor(t).is_some())
     {
         return Err(ModelError::Config(
             "unsupported rope type \"longrope\" (rope_factors_long/short): \
@@ -192,9 +216,8 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     let vocab_size = match meta.opt_usize(&format!("{arch}.vocab_size")) {
         Some(v) => v,
         None => content
-            .tensor_infos
-            .get("token_embd.weight")
-            .and_then(|t| t.shape.dims().first().copied())
+            .tensor("token_embd.weight")
+            .and_then(|t| t.dims.first().copied())
             .ok_or_else(|| ModelError::MissingTensor("token_embd.weight".into()))?,
     };
     let num_layers = meta.usize(&format!("{arch}.block_count"))?;

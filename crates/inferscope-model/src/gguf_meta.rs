@@ -1,10 +1,10 @@
 //! Typed reads of a GGUF file's metadata, shared by the weight loader
-//! (`gguf.rs`) and the tokenizer (`gguf_tokenizer.rs`).
+//! (`gguf.rs`), the tokenizer (`gguf_tokenizer.rs`) and the header reader
+//! (`gguf_file.rs`).
 
 use std::collections::HashMap;
-use std::path::Path;
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::Value;
 
 use crate::error::ModelError;
 
@@ -53,15 +53,4 @@ impl Meta<'_> {
             _ => None,
         }
     }
-}
-
-/// Reads a GGUF file's header and metadata (not its tensors).
-pub(crate) fn read_content(path: &Path) -> Result<Content, ModelError> {
-    let mut file = std::fs::File::open(path).map_err(|source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    Content::read(&mut file).map_err(|e| {
-        ModelError::Config(format!("{} is not a valid GGUF file: {e}", path.display()))
-    })
 }

@@ -14,7 +14,8 @@ use candle_core::quantized::gguf_file::Value;
 use crate::bpe::{self, Bpe, NONE, Pieces, Scratch, Spm};
 use crate::chat_template::ChatTemplate;
 use crate::error::ModelError;
-use crate::gguf_meta::{Meta, as_f64, as_u64, read_content};
+use crate::gguf_file::GgufFile;
+use crate::gguf_meta::{Meta, as_f64, as_u64};
 use crate::pretokenizer::PreTokenizer;
 use crate::tokenizer::{ChatMessage, Tokenizer, default_chat_template};
 
@@ -258,7 +259,7 @@ impl GgufTokenizer {
     /// Builds the tokenizer of a GGUF file from its metadata alone (the
     /// tensors are not read; vocabulary-only files work).
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let content = read_content(path)?;
+        let content = GgufFile::read(path)?;
         Self::from_meta(&Meta(&content.metadata))
     }
 

@@ -12,8 +12,10 @@ pub mod error;
 pub mod executor;
 pub mod generation_config;
 pub mod gguf;
+pub mod gguf_file;
 mod gguf_meta;
 mod gguf_tokenizer;
+pub mod iq4;
 mod isa;
 #[cfg(test)]
 mod kernel_reference;

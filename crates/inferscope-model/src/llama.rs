@@ -11,6 +11,7 @@ use crate::config::ModelConfig;
 use crate::elementwise::{gated_rows, rms_norm, rms_norm_in_place};
 use crate::embedding::Embedding;
 use crate::error::ModelError;
+use crate::gguf_file::TensorType;
 use crate::kv_storage::KvStorage;
 use crate::packed::tiling::PARALLEL_MIN_MACS;
 use crate::packed::{PackedWeight, WeightDtype};
@@ -63,7 +64,7 @@ impl Linear {
     /// A layer from a GGUF tensor (`[out, in]`); see [`Linear::from_stored`].
     pub fn from_qtensor(w: QTensor, b: Option<Vec<f32>>) -> Result<Self, ModelError> {
         match *w.shape().dims() {
-            [out, inp] => Self::from_stored(w.dtype(), &w.data()?, out, inp, b),
+            [out, inp] => Self::from_stored(w.dtype().into(), &w.data()?, out, inp, b),
             _ => {
                 let out = w.shape().dims().first().copied().unwrap_or(0);
                 Self::new(QMatMul::from_qtensor(w)?, b, out)
@@ -75,11 +76,12 @@ impl Linear {
     /// of `dtype`), read in place (from the file's map): F16 and BF16 stay
     /// 16-bit, packed from the file's bits as they are (candle's `QMatMul`
     /// would widen them to f32); F32, Q8_0, Q4_K, Q5_K and Q6_K are
-    /// repacked straight from the bytes for the packed kernels; every other
-    /// type is copied once into candle's quantized matmul, which reads the
-    /// stored block layout.
+    /// repacked straight from the bytes for the packed kernels (IQ4_XS as
+    /// a K-quant, IQ4_NL as the Q8_0 blocks of the same weights); every
+    /// other type that loads is copied once into candle's quantized matmul,
+    /// which reads the stored block layout.
     pub fn from_stored(
-        dtype: GgmlDType,
+        ty: TensorType,
         bytes: &[u8],
         out: usize,
         inp: usize,
@@ -90,13 +92,37 @@ impl Linear {
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
         };
-        let expected = (out * inp) / dtype.block_size() * dtype.type_size();
-        if bytes.len() != expected || !inp.is_multiple_of(dtype.block_size()) {
+        let Some((block, block_bytes)) = ty.block() else {
             return Err(ModelError::Config(format!(
-                "a [{out}, {inp}] {dtype:?} weight has {} bytes (want {expected})",
+                "weights of type {} do not load (supported types: {})",
+                ty.name(),
+                crate::gguf_file::supported_types()
+            )));
+        };
+        let expected = (out * inp) / block * block_bytes;
+        if bytes.len() != expected || !inp.is_multiple_of(block) {
+            return Err(ModelError::Config(format!(
+                "a [{out}, {inp}] {} weight has {} bytes (want {expected})",
+                ty.name(),
                 bytes.len()
             )));
         }
+        let dtype = match ty {
+            TensorType::IQ4_NL => {
+                let q8 = crate::iq4::nl_to_q8_0(bytes);
+                let w = Weight::Q8(PackedQ8::from_blocks(&q8, out, inp)?);
+                return Ok(Self { w, b, out_dim: out });
+            }
+            TensorType::IQ4_XS => {
+                let w = PackedKQuant::from_blocks(KQuant::Iq4Xs, bytes, out, inp)?;
+                return Ok(Self {
+                    w: Weight::KQuant(w),
+                    b,
+                    out_dim: out,
+                });
+            }
+            t => t.candle().expect("a type that loads is IQ4 or candle's"),
+        };
         let w = match dtype {
             GgmlDType::F16 => {
                 let h: Vec<f16> = halves().map(f16::from_bits).collect();

@@ -1,5 +1,5 @@
-//! GGUF K-quant weights (Q4_K, Q5_K, Q6_K) packed for the same products as
-//! [`crate::packed`].
+//! GGUF K-quant weights (Q4_K, Q5_K, Q6_K), and IQ4_XS, which has their
+//! shape, packed for the same products as [`crate::packed`].
 //!
 //! A K-quant row is made of super-blocks of 256 weights with an f16 scale
 //! (and for Q4_K/Q5_K an f16 min scale) and small integer scales per
@@ -7,7 +7,7 @@
 //! the dense kernels' panels of 16 output rows interleaved along `in`
 //! (`panels`), in one of two layouts, each for its own product:
 //!
-//! - Q4_K and Q6_K run **integer products** (`integer`): each product
+//! - Q4_K, Q6_K and IQ4_XS run **integer products** (`integer`): each product
 //!   first quantizes `x` to Q8_K (8-bit per 256-block, as llama.cpp and
 //!   candle do; see `q8k.rs`), then takes integer dot products of the
 //!   quants with the int8 activations, scaled by the sub-block scales in
@@ -63,7 +63,7 @@ use crate::q8k::Q8K;
 use format::Rows;
 use panels::{KPanels, Layout};
 
-/// A Q4_K, Q5_K or Q6_K `[out][in]` weight in panel layout.
+/// A Q4_K, Q5_K, Q6_K or IQ4_XS `[out][in]` weight in panel layout.
 #[derive(Clone)]
 pub struct PackedKQuant {
     kind: KQuant,
@@ -221,11 +221,36 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    const KINDS: [(KQuant, GgmlDType); 3] = [
-        (KQuant::Q4K, GgmlDType::Q4K),
-        (KQuant::Q5K, GgmlDType::Q5K),
-        (KQuant::Q6K, GgmlDType::Q6K),
-    ];
+    const KINDS: [KQuant; 4] = [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K, KQuant::Iq4Xs];
+
+    /// A `kind` weight and its dequantization: K-quants quantized and
+    /// dequantized by candle; IQ4_XS (which candle lacks) as random blocks
+    /// (every index and scale occurs) dequantized by `iq4`'s reference,
+    /// which the fixture from gguf-py checks.
+    pub(super) fn weight(kind: KQuant, out: usize, inp: usize, seed: usize) -> (Vec<u8>, Vec<f32>) {
+        let dtype = match kind {
+            KQuant::Q4K => GgmlDType::Q4K,
+            KQuant::Q5K => GgmlDType::Q5K,
+            KQuant::Q6K => GgmlDType::Q6K,
+            KQuant::Iq4Xs => return iq4_xs_weight(out, inp, seed),
+        };
+        quantized(dtype, out, inp, seed)
+    }
+
+    fn iq4_xs_weight(out: usize, inp: usize, seed: usize) -> (Vec<u8>, Vec<f32>) {
+        let bb = KQuant::Iq4Xs.block_bytes();
+        let mut blocks: Vec<u8> = (0..out * inp / QK_K * bb)
+            .map(|i| ((i * 2654435761 + seed * 40503) >> 7) as u8)
+            .collect();
+        for (i, blk) in blocks.chunks_exact_mut(bb).enumerate() {
+            // Scales of a few magnitudes, both signs.
+            let d = (((i * 7 + seed) % 11) as f32 - 5.0) * 1e-3;
+            blk[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        }
+        let mut deq = vec![0f32; out * inp];
+        crate::iq4::dequantize_xs(&blocks, &mut deq);
+        (blocks, deq)
+    }
 
     /// A `kind` weight quantized by candle, and candle's dequantization of it.
     pub(super) fn quantized(
@@ -306,8 +331,8 @@ mod tests {
     }
 
     fn check(rows: usize, inp: usize, out: usize) {
-        for (kind, dtype) in KINDS {
-            let (blocks, deq) = quantized(dtype, out, inp, rows);
+        for kind in KINDS {
+            let (blocks, deq) = weight(kind, out, inp, rows);
             let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
             assert_eq!(p.dequantize(), deq, "{kind:?}: candle's dequantization");
             check_product(&p, &deq, rows);
@@ -336,11 +361,11 @@ mod tests {
     #[test]
     fn stacked_parts_are_the_rows_one_after_the_other() {
         // Fused q/k/v: part sizes not multiples of a panel.
-        for (kind, dtype) in KINDS {
+        for kind in KINDS {
             let parts: Vec<(Vec<u8>, Vec<f32>, usize)> = [(24, 1), (8, 2), (37, 3)]
                 .into_iter()
                 .map(|(out, seed)| {
-                    let (b, d) = quantized(dtype, out, 256, seed);
+                    let (b, d) = weight(kind, out, 256, seed);
                     (b, d, out)
                 })
                 .collect();
@@ -366,17 +391,20 @@ mod tests {
         // Raising one sub-block's scale (row 19, super-block 1, sub-block 3)
         // must move output column 19 and nothing else.
         let (rows, inp, out) = (3, 512, 40);
-        for (kind, dtype) in KINDS {
-            let (mut blocks, deq) = quantized(dtype, out, inp, 0);
+        for kind in KINDS {
+            let (mut blocks, deq) = weight(kind, out, inp, 0);
             let at = (19 * inp / QK_K + 1) * kind.block_bytes();
             let blk = &mut blocks[at..at + kind.block_bytes()];
             match kind {
                 // Sub-block 3's 6-bit scale is the low bits of scales[3].
                 KQuant::Q4K | KQuant::Q5K => blk[4 + 3] ^= 0x10,
                 KQuant::Q6K => blk[192 + 3] = blk[192 + 3].wrapping_add(9),
+                // Sub-block 3's low 4 scale bits are the high nibble of
+                // scales_l[1].
+                KQuant::Iq4Xs => blk[4 + 1] ^= 0x10,
             }
             let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
-            let (clean, _) = quantized(dtype, out, inp, 0);
+            let (clean, _) = weight(kind, out, inp, 0);
             let clean = PackedKQuant::from_blocks(kind, &clean, out, inp).unwrap();
             assert_ne!(p.dequantize(), deq, "{kind:?}: the corruption shows");
             let x = input(rows, inp);
@@ -409,11 +437,13 @@ mod tests {
     fn integer_layout_bytes() {
         // Q4_K: 0.5 byte of quants + 2 int8 per 32 + 2 f32 per 256, as
         // before; Q6_K: 1 byte + 1 int8 per 16 + 1 f32 per 256.
-        for (kind, dtype, per_weight) in [
-            (KQuant::Q4K, GgmlDType::Q4K, 0.59375),
-            (KQuant::Q6K, GgmlDType::Q6K, 1.078125),
+        // IQ4_XS: Q4_K's without the mins.
+        for (kind, per_weight) in [
+            (KQuant::Q4K, 0.59375),
+            (KQuant::Q6K, 1.078125),
+            (KQuant::Iq4Xs, 0.546875),
         ] {
-            let (b, deq) = quantized(dtype, 20, 512, 0);
+            let (b, deq) = weight(kind, 20, 512, 0);
             let p = PackedKQuant::from_blocks(kind, &b, 20, 512).unwrap();
             assert_eq!(kind.packed_bytes_per_weight(), per_weight);
             // Two panels (32 rows, padded).

@@ -13,7 +13,7 @@
 use std::ops::Range;
 
 use super::PackedKQuant;
-use super::format::{KQuant, Q4, Q5, Q6, QK_K, kind_of};
+use super::format::{IQ4, KQuant, Q4, Q5, Q6, QK_K, kind_of};
 use super::panels::{PanelRun, decode};
 use crate::isa::{Isa, IsaKind};
 use crate::packed::tiling::{LANES, MAX_MR, TileSums, TiledOutput, for_each_tile};
@@ -88,6 +88,8 @@ fn kernel(
         (_, KQuant::Q4K) => shapes!(tile_portable, Q4),
         (_, KQuant::Q5K) => shapes!(tile_portable, Q5),
         (_, KQuant::Q6K) => shapes!(tile_portable, Q6),
+        // Only the benchmarks pack IQ4_XS this way: the portable tile.
+        (_, KQuant::Iq4Xs) => shapes!(tile_portable, IQ4),
     }
 }
 

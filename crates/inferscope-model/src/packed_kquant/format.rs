@@ -3,6 +3,8 @@
 //! and small integer scales per sub-block: `w = d·sc·q − dmin·m` over
 //! sub-blocks of 32 (Q4_K: 4-bit `q`, Q5_K: 5-bit; `sc`, `m` 6-bit),
 //! `w = d·sc·(q − 32)` over sub-blocks of 16 (Q6_K: 6-bit `q`, int8 `sc`).
+//! IQ4_XS has the same shape: `w = d·sc·KVALUES[q]` over sub-blocks of 32
+//! (4-bit `q`, an index into llama.cpp's non-linear table; `sc` 6-bit − 32).
 //! The blocks are decoded into [`Rows`], one value per element, the common
 //! form between the file and the panel layouts.
 
@@ -20,19 +22,24 @@ pub enum KQuant {
     Q5K,
     /// 6-bit quants, int8 scales per 16: 6.5625 bits per weight.
     Q6K,
+    /// 4-bit indices into a non-linear table, 6-bit scales per 32: 4.25
+    /// bits per weight.
+    Iq4Xs,
 }
 
 // The kinds as const-generic parameters of the kernels.
 pub(super) const Q4: u8 = 0;
 pub(super) const Q5: u8 = 1;
 pub(super) const Q6: u8 = 2;
+pub(super) const IQ4: u8 = 3;
 
 /// The kind with id `K`.
 pub(super) const fn kind_of(k: u8) -> KQuant {
     match k {
         Q4 => KQuant::Q4K,
         Q5 => KQuant::Q5K,
-        _ => KQuant::Q6K,
+        Q6 => KQuant::Q6K,
+        _ => KQuant::Iq4Xs,
     }
 }
 
@@ -40,14 +47,19 @@ impl KQuant {
     /// Weights per sub-block (one scale each).
     pub const fn sub(self) -> usize {
         match self {
-            Self::Q4K | Self::Q5K => 32,
+            Self::Q4K | Self::Q5K | Self::Iq4Xs => 32,
             Self::Q6K => 16,
         }
     }
 
     /// Whether sub-blocks have a min (`− dmin·m`).
     pub(super) const fn has_min(self) -> bool {
-        !matches!(self, Self::Q6K)
+        matches!(self, Self::Q4K | Self::Q5K)
+    }
+
+    /// Whether its quants are 4-bit (two per byte in the panels).
+    pub(super) const fn nibbles(self) -> bool {
+        matches!(self, Self::Q4K | Self::Iq4Xs)
     }
 
     /// Bytes of a super-block in a GGUF file.
@@ -56,6 +68,7 @@ impl KQuant {
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
+            Self::Iq4Xs => crate::iq4::IQ4_XS_BLOCK_BYTES,
         }
     }
 }
@@ -65,7 +78,8 @@ impl KQuant {
 /// fusing go through it).
 #[derive(Default)]
 pub(super) struct Rows {
-    /// `[out][inp]`: Q4_K 0..16, Q5_K 0..32, Q6_K −32..32 (`q − 32`).
+    /// `[out][inp]`: Q4_K 0..16, Q5_K 0..32, Q6_K −32..32 (`q − 32`),
+    /// IQ4_XS the table index 0..16.
     pub(super) q: Vec<i8>,
     /// `[out][inp / sub]` sub-block scales.
     pub(super) sc: Vec<i8>,
@@ -138,6 +152,17 @@ impl Rows {
                         }
                     }
                 }
+                KQuant::Iq4Xs => {
+                    r.d[i] = f16_at(blk, 0);
+                    for (j, s) in sc.iter_mut().enumerate() {
+                        *s = crate::iq4::xs_scale(blk, j) as i8 - 32;
+                    }
+                    for (j, &b) in blk[8..].iter().enumerate() {
+                        let (sub, l) = (j / 16, j % 16);
+                        q[sub * 32 + l] = (b & 0xF) as i8;
+                        q[sub * 32 + 16 + l] = (b >> 4) as i8;
+                    }
+                }
                 KQuant::Q6K => {
                     let (ql, qh) = (&blk[0..128], &blk[128..192]);
                     for (s, &b) in sc.iter_mut().zip(&blk[192..208]) {
@@ -169,7 +194,7 @@ impl Rows {
     }
 
     /// The weights, row-major `[out][inp]`, as the format defines them
-    /// (equal to candle's dequantization).
+    /// (equal to candle's dequantization, and for IQ4_XS to ggml's).
     pub(super) fn dequantize(&self, kind: KQuant, out: usize, inp: usize) -> Vec<f32> {
         let sub = kind.sub();
         let (nsub, nsb) = (inp / sub, inp / QK_K);
@@ -178,7 +203,12 @@ impl Rows {
             for k in 0..inp {
                 let (b, sb) = (o * nsub + k / sub, o * nsb + k / QK_K);
                 let s = self.d[sb] * f32::from(self.sc[b]);
-                let q = f32::from(self.q[o * inp + k]);
+                let q = self.q[o * inp + k];
+                let q = f32::from(if kind == KQuant::Iq4Xs {
+                    crate::iq4::KVALUES[q as usize]
+                } else {
+                    q
+                });
                 w[o * inp + k] = if kind.has_min() {
                     s * q - self.dmin[sb] * f32::from(self.mn[b])
                 } else {

@@ -1,4 +1,4 @@
-//! The integer K-quant product: Q4_K and Q6_K weights, over panels in
+//! The integer K-quant product: Q4_K, Q6_K and IQ4_XS weights, over panels in
 //! [`Layout::Integer`](super::panels::Layout::Integer), × Q8_K activations.
 //!
 //! The activations are quantized per product to Q8_K (see `q8k.rs`); each
@@ -8,11 +8,14 @@
 //! and one f32 multiply-add by `d·d_x` per super-block. The mins (Q4_K) and
 //! Q6_K's `−32` go through the activations' 16-sums (`bsums`): per
 //! super-block `Σ_j m_j·bsum_j` and `32·Σ_j sc_j·bsum_j`, in int32.
+//! IQ4_XS's indices become its table's int8 values in registers (a byte
+//! shuffle); being signed, they multiply the activations by the sign trick
+//! (`maddubs(|w|, x·sign(w))`), as ggml's `mul_sum_i8_pairs` does.
 
 use std::ops::Range;
 
 use super::PackedKQuant;
-use super::format::{KQuant, Q4, Q6, QK_K, kind_of};
+use super::format::{IQ4, KQuant, Q4, Q6, QK_K, kind_of};
 use super::panels::{PanelRun, int_at};
 use crate::isa::{Isa, IsaKind};
 use crate::packed::tiling::{LANES, TileSums, TiledOutput, for_each_tile};
@@ -37,16 +40,26 @@ impl PackedKQuant {
     ) {
         let (inp, nsb) = (self.inp, self.inp / QK_K);
         let panels = self.out.div_ceil(LANES);
+        // IQ4_XS's tile needs the scales at every group, not every 8th: at
+        // most 2 panels per tile keep its operands in the 16 registers.
+        let step = if self.kind == KQuant::Iq4Xs {
+            nv.min(2)
+        } else {
+            nv
+        };
         for_each_tile::<INT_MR>(rows, groups, (nv, panels), |r0, mr, p0, np| {
-            let t = ITile {
-                w: self.panels.run(self.kind, inp, p0..p0 + np),
-                xq: &x.qs[r0 * inp..(r0 + mr) * inp],
-                xd: &x.d[r0 * nsb..(r0 + mr) * nsb],
-                xs: &x.bsums[r0 * inp / BSUM..(r0 + mr) * inp / BSUM],
-                nsb,
-                np,
-            };
-            int_kernel(isa, self.kind, mr, nv, &t, r0, p0 * LANES, out);
+            for q0 in (p0..p0 + np).step_by(step) {
+                let qn = step.min(p0 + np - q0);
+                let t = ITile {
+                    w: self.panels.run(self.kind, inp, q0..q0 + qn),
+                    xq: &x.qs[r0 * inp..(r0 + mr) * inp],
+                    xd: &x.d[r0 * nsb..(r0 + mr) * nsb],
+                    xs: &x.bsums[r0 * inp / BSUM..(r0 + mr) * inp / BSUM],
+                    nsb,
+                    np: qn,
+                };
+                int_kernel(isa, self.kind, mr, step, &t, r0, q0 * LANES, out);
+            }
         });
     }
 }
@@ -92,7 +105,7 @@ impl ITile<'_> {
     #[inline(always)]
     fn bsum_pair(&self, kind: KQuant, r: usize, b: usize, i: usize) -> (i16, i16) {
         let s = &self.xs[(r * self.nsb + b) * (QK_K / BSUM)..][..QK_K / BSUM];
-        if kind.has_min() {
+        if kind.sub() == 32 {
             (s[4 * i] + s[4 * i + 1], s[4 * i + 2] + s[4 * i + 3])
         } else {
             (s[2 * i], s[2 * i + 1])
@@ -127,8 +140,11 @@ fn int_kernel(
         (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q6K) => shapes!(int_tile_avx2, Q6),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Iq4Xs) => shapes!(int_tile_avx2, IQ4),
         (_, KQuant::Q4K) => shapes!(int_tile_portable, Q4),
         (_, KQuant::Q6K) => shapes!(int_tile_portable, Q6),
+        (_, KQuant::Iq4Xs) => shapes!(int_tile_portable, IQ4),
         (_, KQuant::Q5K) => unreachable!("Q5_K has no integer layout"),
     }
 }
@@ -154,8 +170,13 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
                         let dot: i32 = (s * sub..(s + 1) * sub)
                             .map(|kk| {
                                 let (i, shift) = int_at(kind, l, kk);
-                                let v = (q[i] >> shift) & if K == Q4 { 0xF } else { 0xFF };
-                                i32::from(v) * i32::from(x[kk])
+                                let v = (q[i] >> shift) & if K == Q6 { 0xFF } else { 0xF };
+                                let w = if K == IQ4 {
+                                    i32::from(crate::iq4::KVALUES[usize::from(v)])
+                                } else {
+                                    i32::from(v)
+                                };
+                                w * i32::from(x[kk])
                             })
                             .sum();
                         isum += i32::from(t.w.sc[at]) * dot;
@@ -167,6 +188,8 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
                     if K == Q4 {
                         *a += isum as f32 * (t.w.d[pb * LANES + l] * dx);
                         *a -= corr as f32 * (t.w.dmin[pb * LANES + l] * dx);
+                    } else if K == IQ4 {
+                        *a += isum as f32 * (t.w.d[pb * LANES + l] * dx);
                     } else {
                         *a += (isum - 32 * corr) as f32 * (t.w.d[pb * LANES + l] * dx);
                     }
@@ -200,10 +223,22 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
     let last = t.np.min(NV) - 1;
     let inp = nsb * QK_K;
     // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
-    // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵.
+    // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵, IQ4_XS's one
+    // (2 × 127 × 127 fills an int16).
     let gsub = kind.sub() / 4;
-    let gsum = if K == Q4 { 8 } else { 2 };
+    let gsum = match K {
+        Q4 => 8,
+        IQ4 => 1,
+        _ => 2,
+    };
     let mask = _mm256_set1_epi8(0x0F);
+    // The table in both 128-bit halves, for `vpshufb`.
+    let table = {
+        let k = crate::iq4::KVALUES;
+        // SAFETY: the table is 16 bytes.
+        let lane = unsafe { _mm_loadu_si128(k.as_ptr().cast()) };
+        _mm256_set_m128i(lane, lane)
+    };
     // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
     let pick = [
         _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
@@ -261,12 +296,20 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                         let base = (p.min(last) * nsb + b) * sbb;
                         // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
                         let (w0, w1) = unsafe {
-                            if K == Q4 {
+                            if K == Q4 || K == IQ4 {
                                 let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
-                                (
+                                let (lo, hi) = (
                                     _mm256_and_si256(v, mask),
                                     _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                )
+                                );
+                                if K == IQ4 {
+                                    (
+                                        _mm256_shuffle_epi8(table, lo),
+                                        _mm256_shuffle_epi8(table, hi),
+                                    )
+                                } else {
+                                    (lo, hi)
+                                }
                             } else {
                                 (
                                     _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
@@ -274,10 +317,22 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                                 )
                             }
                         };
-                        for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                            let v = &mut s16_r[p];
-                            v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
-                            v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                        if K == IQ4 {
+                            // Signed weights: |w| times x with w's sign (the
+                            // activations are −127..127: no overflow).
+                            let (a0, a1) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
+                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                let v = &mut s16_r[p];
+                                let (x0, x1) = (_mm256_sign_epi8(*x, w0), _mm256_sign_epi8(*x, w1));
+                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(a0, x0));
+                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(a1, x1));
+                            }
+                        } else {
+                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                let v = &mut s16_r[p];
+                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
+                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                            }
                         }
                     }
                 }
@@ -297,7 +352,8 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
             for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
                 let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
                 let mut c = [_mm256_setzero_si256(); 2];
-                for i in 0..pairs {
+                // IQ4_XS has no min and no offset.
+                for i in 0..if K == IQ4 { 0 } else { pairs } {
                     let (b0, b1) = t.bsum_pair(kind, r, b, i);
                     let pair = _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
                     for (h, c) in c.iter_mut().enumerate() {
@@ -320,6 +376,9 @@ fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -
                         *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
                         let m = _mm256_cvtepi32_ps(c[h]);
                         *a = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, dx), *a);
+                    } else if K == IQ4 {
+                        let i = _mm256_cvtepi32_ps(ia_r[p][h]);
+                        *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
                     } else {
                         let i = _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<5>(c[h]));
                         let i = _mm256_cvtepi32_ps(i);
@@ -347,8 +406,7 @@ mod tests {
     use super::*;
     use crate::kernel_reference::{isas_checked, product_f64, rel_diff_f64};
     use crate::packed_kquant::panels::Layout;
-    use crate::packed_kquant::tests::{INT_TOL_DEQ, naive, quantized, rel_diff};
-    use candle_core::quantized::GgmlDType;
+    use crate::packed_kquant::tests::{INT_TOL_DEQ, naive, rel_diff, weight};
 
     /// The integer products against the exact product of their operands
     /// (see `kernel_reference`): the dequantized weights (exactly candle's)
@@ -378,11 +436,12 @@ mod tests {
             .collect()
     }
 
-    /// The integer product of Q4_K and Q6_K weights against the exact
-    /// product of its operands and against the dequantized product, every ISA.
+    /// The integer product of Q4_K, Q6_K and IQ4_XS weights against the
+    /// exact product of its operands and against the dequantized product,
+    /// every ISA.
     fn check_int(rows: usize, inp: usize, out: usize) {
-        for (kind, dtype) in [(KQuant::Q4K, GgmlDType::Q4K), (KQuant::Q6K, GgmlDType::Q6K)] {
-            let (blocks, deq) = quantized(dtype, out, inp, rows + out);
+        for kind in [KQuant::Q4K, KQuant::Q6K, KQuant::Iq4Xs] {
+            let (blocks, deq) = weight(kind, out, inp, rows + out);
             let p = PackedKQuant::from_blocks(kind, &blocks, out, inp).unwrap();
             assert!(
                 p.layout == Layout::Integer,
@@ -419,6 +478,44 @@ mod tests {
         for rows in [1, 3, 8, 33, 128] {
             check_int(rows, 512, 61);
             check_int(rows, 256, 48);
+        }
+    }
+
+    #[test]
+    fn iq4_xs_products_at_the_extremes_do_not_overflow() {
+        // Every index 0 (−127) or 15 (113), scales at both ends (ls 0 and
+        // 63: −32 and 31), activations whose quants are all ±127: each
+        // pair of products is 2 × 127 × 127, the most an int16 sum holds.
+        let (rows, inp, out) = (2, 512, 32);
+        let bb = KQuant::Iq4Xs.block_bytes();
+        let mut blocks = vec![0u8; out * inp / QK_K * bb];
+        for (i, blk) in blocks.chunks_exact_mut(bb).enumerate() {
+            blk[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            let (scales, q) = if i % 2 == 0 {
+                (0x00, 0x00)
+            } else {
+                (0xFF, 0xFF)
+            };
+            blk[2..8].fill(scales);
+            blk[8..].fill(if i % 4 < 2 { q } else { 0x00 });
+        }
+        let mut deq = vec![0f32; out * inp];
+        crate::iq4::dequantize_xs(&blocks, &mut deq);
+        let p = PackedKQuant::from_blocks(KQuant::Iq4Xs, &blocks, out, inp).unwrap();
+        let x: Vec<f32> = (0..rows * inp)
+            .map(|i| if i < inp { -1.0 } else { 2.0 })
+            .collect();
+        let c = product_f64(&q8k_operand(&x, rows, inp), &deq, rows, inp, out);
+        for isa in isas_checked("IQ4_XS extremes") {
+            let mut y = Vec::new();
+            p.product(isa, &x, rows, &mut y);
+            let (d, i) = rel_diff_f64(&y, &c);
+            assert!(
+                d < INT_TOL_EXACT,
+                "{isa:?} cell {i}: {} vs {} (rel {d})",
+                y[i],
+                c[i]
+            );
         }
     }
 

@@ -14,10 +14,11 @@
 //!   0.18 byte per weight it would save);
 //! - sub-block scales (and mins) `[in / sub][LANES]` int8.
 //!
-//! [`Layout::Integer`] (Q4_K, Q6_K), per panel and super-block (`pb =
+//! [`Layout::Integer`] (Q4_K, Q6_K, IQ4_XS), per panel and super-block (`pb =
 //! panel · nsb + super-block`):
 //!
-//! - quants `[pb][group of 4 in][32 bytes]` (Q4_K) — byte `4r + j` holds
+//! - quants `[pb][group of 4 in][32 bytes]` (Q4_K, and IQ4_XS's table
+//!   indices) — byte `4r + j` holds
 //!   row `r`'s quant of element `j` of the group in its low nibble and row
 //!   `r + 8`'s in its high one (2048 bytes, 0.5 byte per weight) — or
 //!   `[pb][group][half][32 bytes]` (Q6_K, `q` as 0..64 in a byte, byte
@@ -36,7 +37,7 @@
 
 use std::ops::Range;
 
-use super::format::{KQuant, Q4, Q5, Q6, QK_K, Rows};
+use super::format::{IQ4, KQuant, Q4, Q5, Q6, QK_K, Rows};
 use crate::packed::tiling::LANES;
 
 /// How a K-quant weight's panels are laid out, and so which product runs.
@@ -53,7 +54,7 @@ impl KQuant {
     /// activations for Q4_K and Q6_K, f32 weights rebuilt for Q5_K.
     pub(super) const fn layout(self) -> Layout {
         match self {
-            Self::Q4K | Self::Q6K => Layout::Integer,
+            Self::Q4K | Self::Q6K | Self::Iq4Xs => Layout::Integer,
             Self::Q5K => Layout::Dequantized,
         }
     }
@@ -61,7 +62,7 @@ impl KQuant {
     /// Bytes of quants per element of `in` in a panel (either layout).
     pub(super) const fn bpk(self) -> usize {
         match self {
-            Self::Q4K => 8,
+            Self::Q4K | Self::Iq4Xs => 8,
             Self::Q5K => 10,
             Self::Q6K => 16,
         }
@@ -229,7 +230,7 @@ impl Layout {
                 let bpk = kind.bpk();
                 let dst = &mut qs[kk * bpk..][..bpk];
                 match kind {
-                    KQuant::Q4K | KQuant::Q5K => {
+                    KQuant::Q4K | KQuant::Q5K | KQuant::Iq4Xs => {
                         dst[l % 8] |= (q as u8 & 0xF) << (4 * (l / 8));
                         if kind == KQuant::Q5K {
                             // Bit l of the u16 after the nibbles.
@@ -242,7 +243,7 @@ impl Layout {
             Layout::Integer => {
                 let (at, shift) = int_at(kind, l, kk % QK_K);
                 // Q6_K's `q − 32` back to 0..64: unsigned for `maddubs`.
-                let v = if kind.has_min() { q } else { q + 32 } as u8;
+                let v = if kind == KQuant::Q6K { q + 32 } else { q } as u8;
                 qs[kk / QK_K * kind.int_sb_bytes() + at] |= v << shift;
             }
         }
@@ -257,12 +258,14 @@ impl Layout {
                     KQuant::Q4K => decode::<Q4>(src, l),
                     KQuant::Q5K => decode::<Q5>(src, l),
                     KQuant::Q6K => decode::<Q6>(src, l),
+                    // The index back, not the table's value.
+                    KQuant::Iq4Xs => decode::<Q4>(src, l),
                 }) as i8
             }
             Layout::Integer => {
                 let (at, shift) = int_at(kind, l, kk % QK_K);
                 let v = qs[kk / QK_K * kind.int_sb_bytes() + at] >> shift;
-                if kind.has_min() {
+                if kind.nibbles() {
                     (v & 0xF) as i8
                 } else {
                     v as i8 - 32
@@ -281,11 +284,12 @@ impl Layout {
 }
 
 /// Row `l`'s quant from the `kind.bpk()` bytes of one element of a panel in
-/// the dequantized layout.
+/// the dequantized layout (IQ4_XS: the table's value).
 #[inline(always)]
 pub(super) fn decode<const K: u8>(src: &[u8], l: usize) -> i32 {
     match K {
         Q6 => i32::from(src[l] as i8),
+        IQ4 => i32::from(crate::iq4::KVALUES[usize::from(decode::<Q4>(src, l) as u8)]),
         _ => {
             let nib = i32::from(if l < 8 { src[l] & 0xF } else { src[l - 8] >> 4 });
             if K == Q5 {
@@ -304,7 +308,7 @@ pub(super) fn decode<const K: u8>(src: &[u8], l: usize) -> i32 {
 pub(super) fn int_at(kind: KQuant, l: usize, kk: usize) -> (usize, u32) {
     let (g, j, h, r) = (kk / 4, kk % 4, l / 8, l % 8);
     match kind {
-        KQuant::Q4K => (g * 32 + 4 * r + j, 4 * h as u32),
+        KQuant::Q4K | KQuant::Iq4Xs => (g * 32 + 4 * r + j, 4 * h as u32),
         _ => ((g * 2 + h) * 32 + 4 * r + j, 0),
     }
 }

@@ -521,7 +521,7 @@ fn gguf_embeddings_stay_in_their_stored_type() {
         let _ = std::fs::remove_file(&path);
         let (v, h) = (cfg.vocab_size, cfg.hidden_size);
         let e = &m.model().embed;
-        assert_eq!(e.dtype(), embd, "{name}");
+        assert_eq!(e.dtype(), embd.into(), "{name}");
         let row_bytes = h / embd.block_size() * embd.type_size();
         assert_eq!(e.stored_bytes(), v * row_bytes, "{name}");
         let head = m.model().weight_bytes_by_part()[4].1;
@@ -563,6 +563,159 @@ fn gguf_embeddings_stay_in_their_stored_type() {
         let bound = if tied { 3e-2 } else { 1e-4 };
         assert!(diff < bound, "{name}: relative difference {diff}");
     }
+}
+
+/// `bytes` of a GGUF file with tensor `name`'s type id set to `ty` (the
+/// type follows the name, its dimension count and its dimensions).
+fn retype(bytes: &mut [u8], name: &str, ty: u32) {
+    let mut key = (name.len() as u64).to_le_bytes().to_vec();
+    key.extend_from_slice(name.as_bytes());
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .unwrap_or_else(|| panic!("no tensor {name}"))
+        + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let t = at + 4 + 8 * n_dims;
+    bytes[t..t + 4].copy_from_slice(&ty.to_le_bytes());
+}
+
+/// The linear layers' names in the GGUF file of [`config`]'s model.
+fn linear_names(cfg: &ModelConfig) -> Vec<String> {
+    let mut names = vec!["output.weight".to_string()];
+    for l in 0..cfg.num_layers {
+        for n in [
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ] {
+            names.push(format!("blk.{l}.{n}.weight"));
+        }
+    }
+    names
+}
+
+/// A file whose linear layers are IQ4_NL loads, runs as the model with
+/// those weights dequantized (by `iq4`, which the gguf-py fixture checks),
+/// and holds them as Q8_0 blocks of the same values; a file with a type
+/// that does not load is refused, naming the tensor and its type.
+#[test]
+fn gguf_iq4_nl_runs_the_dequantized_model_and_other_types_are_refused() {
+    let (tokens, _, _) = vocab();
+    let cfg = config(tokens.len());
+    let is_linear = |n: &str| n.contains("_proj") || n == "lm_head.weight";
+    // Q4_0 blocks have IQ4_NL's shape (an f16 and 16 bytes per 32): the
+    // same bytes retyped are IQ4_NL blocks, of weights about 16 times
+    // larger (the table spans ±127 where Q4_0's quants span ±8): the
+    // linear weights are divided by 16 first, so that the model is not
+    // more sensitive to the activations' rounding than the others here.
+    let w: HashMap<String, Tensor> = random_weights(&cfg, 13)
+        .unwrap()
+        .into_iter()
+        .map(|(n, t)| {
+            let t = if is_linear(&n) {
+                (t / 16.0).unwrap()
+            } else {
+                t
+            };
+            (n, t)
+        })
+        .collect();
+    let q4_0 = GgmlDType::Q4_0;
+    let path = write_gguf_with(
+        &cfg,
+        &w,
+        (q4_0, q4_0, GgmlDType::F32),
+        "iq4nl",
+        spm_metadata(),
+        Vec::new(),
+    );
+    let written = std::fs::read(&path).unwrap();
+    let mut bytes = written.clone();
+    for n in linear_names(&cfg) {
+        retype(&mut bytes, &n, 20);
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        ..ModelOptions::default()
+    };
+    let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+    let mut exec = m.cpu_executor().unwrap();
+    exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    // Q8_0's 1 byte per weight and an f16 per 32, over 16-row panels.
+    let (h, kv, ffn) = (
+        cfg.hidden_size,
+        cfg.num_kv_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    );
+    let q8_bytes = |(out, inp): (usize, usize)| out.div_ceil(16) * 16 * inp * 17 / 16;
+    let per_layer = [
+        (h, h),
+        (kv, h),
+        (kv, h),
+        (h, h),
+        (ffn, h),
+        (ffn, h),
+        (h, ffn),
+    ];
+    let expected = cfg.num_layers * per_layer.into_iter().map(q8_bytes).sum::<usize>()
+        + q8_bytes((cfg.vocab_size, h));
+    assert_eq!(m.model().weight_bytes(), expected);
+
+    // Each row's blocks are independent, so dequantizing the Hugging Face
+    // weights' blocks gives the file's weights before the q/k row permutation.
+    let deq: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| {
+            let t = if is_linear(n) {
+                let q = QTensor::quantize(&t.to_dtype(DType::F32).unwrap(), q4_0).unwrap();
+                let mut v = vec![0f32; t.elem_count()];
+                inferscope_model::iq4::dequantize_nl(&q.data().unwrap(), &mut v);
+                Tensor::from_vec(v, t.dims(), &candle_core::Device::Cpu).unwrap()
+            } else {
+                t.clone()
+            };
+            (n.clone(), t)
+        })
+        .collect();
+    let hf = std::sync::Arc::new(model_from_tensors(cfg.clone(), deq).unwrap());
+    let mut hf_exec =
+        CpuExecutor::new("hf".into(), hf, KvBudget::Bytes(4 << 20), vec![2], None).unwrap();
+    hf_exec.init_kv_cache(BLOCK_SIZE).unwrap();
+    for len in [9, 33] {
+        let prompt: Vec<u32> = (0..len).map(|i| 3 + (i * 29) % 260).collect();
+        let diff = max_rel_diff(&logits(&mut exec, &prompt), &logits(&mut hf_exec, &prompt));
+        // Q8_0 activations, as for Q8_0 weights (gguf_q8_0_runs_...).
+        assert!(diff < 2e-2, "{len} tokens: relative difference {diff}");
+    }
+
+    for (id, name) in [
+        (16, "IQ2_XXS"),
+        (19, "IQ1_S"),
+        (34, "TQ1_0"),
+        (39, "MXFP4"),
+        (77, "type 77"),
+    ] {
+        let mut bad = written.clone();
+        retype(&mut bad, "blk.1.ffn_up.weight", id);
+        std::fs::write(&path, &bad).unwrap();
+        let e = LoadedModel::load(path.to_str().unwrap(), &opts)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains(&format!("tensor blk.1.ffn_up.weight has type {name}, "))
+                && e.contains("supported types: F32, F16, BF16, Q4_0")
+                && e.contains("IQ4_NL, IQ4_XS"),
+            "{e}"
+        );
+    }
+    let _ = std::fs::remove_file(&path);
 }
 
 #[test]
