@@ -1,8 +1,8 @@
 """The model families beyond Llama, against llama.cpp: one random-weight GGUF
-per family (tiny_families.py), in F16 and in llama.cpp's own Q4_K_M, run by
-llama.cpp (its OpenAI-compatible server from `llama-cpp-python[server]`, and
-the `llama_cpp` bindings of the same library) and by `inferscope serve
---executor cpu`.
+per family (tiny_families.py; the mixtures of experts Qwen3-MoE and Mixtral
+too), in F16 and in llama.cpp's own Q4_K_M, run by llama.cpp (its
+OpenAI-compatible server from `llama-cpp-python[server]`, and the `llama_cpp`
+bindings of the same library) and by `inferscope serve --executor cpu`.
 
 The vocabulary's control and byte tokens carry (almost) no logit, so the
 greedy text is made of whole pieces and equal texts mean equal tokens.
@@ -33,7 +33,7 @@ from tiny_families import quantize_q4_k_m, tensor_types, write_family_gguf
 PROMPT = "the people of the new time which was not"
 TOKENS = 16
 # The weights' seed per family.
-SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0}
+SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0, "qwen3moe": 0, "mixtral": 0}
 # How far apart llama.cpp's top two logits must be for inferscope to have to
 # pick the same token: ~3x the two implementations' measured differences.
 MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.1}

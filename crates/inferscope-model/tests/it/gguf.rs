@@ -949,6 +949,7 @@ fn gguf_families_match_the_safetensors_path() {
         final_logit_softcapping: None,
         sliding_window_pattern: Some(6),
         rope_local_theta: Some(10_000.0),
+        moe: None,
     };
     // Gemma 3 4B–27B: linear RoPE scaling on the global layers.
     let mut gemma3_scaled = gemma3.clone();
