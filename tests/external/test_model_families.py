@@ -119,3 +119,39 @@ def test_same_greedy_tokens_as_llama_cpp(f16_gguf, quant, workdir):
             theirs.stop()
         assert want == "".join(texts), (want, texts)
         assert got == want, f"{arch} {quant}: inferscope {got!r} vs llama.cpp {want!r}"
+
+
+def expert_tokens(metrics: str) -> dict[str, float]:
+    """`inferscope_moe_expert_tokens_total` per `expert` label value."""
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith("inferscope_moe_expert_tokens_total{"):
+            labels, value = line.rsplit(" ", 1)
+            expert = labels.split('expert="', 1)[1].split('"', 1)[0]
+            out[expert] = float(value)
+    return out
+
+
+def test_expert_metrics_count_the_routed_tokens(workdir):
+    """`--expert-metrics` on a Qwen3-MoE GGUF (2 layers, 4 experts, 2 per
+    token): one series per expert, summing to every token the model ran
+    (the prompt, and each generated token but the last fed back) times the
+    MoE layers times the experts per token; absent without the flag."""
+    path = write_family_gguf(workdir / "tiny-qwen3moe-metrics.gguf", "qwen3moe", SEEDS["qwen3moe"])
+    model = ["--executor", "cpu", "--model", str(path), "--served-model-name", "moe"]
+    ours = Server(["--expert-metrics"], workdir, model_args=model)
+    try:
+        client = openai.OpenAI(base_url=ours.base + "/v1", api_key="unused", max_retries=0)
+        c = client.completions.create(model="moe", prompt=PROMPT, max_tokens=8, temperature=0)
+        ran = c.usage.prompt_tokens + c.usage.completion_tokens - 1
+        counts = expert_tokens(ours.metrics_text())
+    finally:
+        ours.stop()
+    assert sorted(counts) == ["0", "1", "2", "3"], counts
+    assert sum(counts.values()) == ran * 2 * 2, (counts, ran)
+    assert sum(v > 0 for v in counts.values()) >= 2, f"all tokens to one expert: {counts}"
+    plain = Server([], workdir, model_args=model)
+    try:
+        assert "moe_expert_tokens" not in plain.metrics_text()
+    finally:
+        plain.stop()

@@ -581,6 +581,20 @@ impl ModelConfig {
         })
     }
 
+    /// Multiply-adds of one token through every layer's MLP: a MoE
+    /// layer's router and the experts the token is routed to.
+    pub fn mlp_macs_per_token(&self) -> usize {
+        let h = self.hidden_size;
+        (0..self.num_layers)
+            .map(|l| match &self.arch.moe {
+                Some(m) if self.layer_is_moe(l) => {
+                    m.num_experts * h + m.experts_per_token * 3 * h * m.expert_intermediate_size
+                }
+                _ => 3 * h * self.intermediate_size,
+            })
+            .sum()
+    }
+
     /// The RoPE base of layer `layer`.
     pub fn layer_rope_theta(&self, layer: usize) -> f32 {
         match (self.layer_window(layer), self.arch.rope_local_theta) {
@@ -999,6 +1013,21 @@ mod tests {
                 },
             ),
             ("Phi3ForCausalLM", ArchOptions::default()),
+            (
+                "Qwen3MoeForCausalLM",
+                ArchOptions {
+                    qk_norm: true,
+                    moe: Some(MoeOptions {
+                        num_experts: 4,
+                        experts_per_token: 2,
+                        expert_intermediate_size: 32,
+                        norm_topk_prob: false,
+                        sparse_step: 2,
+                        dense_layers: vec![3],
+                    }),
+                    ..ArchOptions::default()
+                },
+            ),
         ];
         for (arch, options) in families {
             let cfg = ModelConfig {
@@ -1012,6 +1041,47 @@ mod tests {
             let n: usize = w.values().map(|t| t.elem_count()).sum();
             assert_eq!(cfg.num_params(), n, "{arch}");
         }
+    }
+
+    /// Qwen3-MoE's expert fields (with transformers' defaults), which
+    /// layers are MoE ones, the round trip, and impossible expert counts
+    /// refused by name.
+    #[test]
+    fn moe_configs() {
+        let q = parse(
+            "Qwen3MoeForCausalLM",
+            r#","moe_intermediate_size":4,"num_experts":6,"num_experts_per_tok":2,
+            "norm_topk_prob":true,"decoder_sparse_step":2,"mlp_only_layers":[3]"#,
+        )
+        .unwrap();
+        let m = q.arch.moe.clone().unwrap();
+        assert_eq!(
+            (
+                m.num_experts,
+                m.experts_per_token,
+                m.expert_intermediate_size
+            ),
+            (6, 2, 4)
+        );
+        assert!(m.norm_topk_prob && q.arch.qk_norm);
+        let moe: Vec<bool> = (0..6).map(|l| q.layer_is_moe(l)).collect();
+        assert_eq!(moe, [false, true, false, false, false, true]);
+        assert_eq!(ModelConfig::from_hf_json(&q.to_hf_json()).unwrap(), q);
+        let x = parse("MixtralForCausalLM", "").unwrap();
+        let m = x.arch.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.experts_per_token), (8, 2));
+        assert_eq!(m.expert_intermediate_size, x.intermediate_size);
+        assert!(m.norm_topk_prob && (0..6).all(|l| x.layer_is_moe(l)));
+        assert_eq!(ModelConfig::from_hf_json(&x.to_hf_json()).unwrap(), x);
+        for extra in [r#","num_experts_per_tok":9"#, r#","num_experts_per_tok":0"#] {
+            let e = parse("MixtralForCausalLM", extra).unwrap_err().to_string();
+            assert!(e.contains("per token"), "{e}");
+        }
+        let e = parse("Qwen3MoeForCausalLM", r#","num_experts":4"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("moe_intermediate_size"), "{e}");
+        assert!(!parse("Qwen3ForCausalLM", "").unwrap().layer_is_moe(0));
     }
 
     #[test]

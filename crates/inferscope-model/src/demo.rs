@@ -211,7 +211,13 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
             Some(moe) if cfg.layer_is_moe(l) => {
                 let names = crate::loader::hf_expert_names(&cfg.architecture);
                 let (b, ei) = (format!("{p}.{}", names.block), moe.expert_intermediate_size);
-                lin(&mut m, &mut rng, format!("{b}.gate.weight"), moe.num_experts, h)?;
+                lin(
+                    &mut m,
+                    &mut rng,
+                    format!("{b}.gate.weight"),
+                    moe.num_experts,
+                    h,
+                )?;
                 for e in 0..moe.num_experts {
                     let name = |w: &str| format!("{b}.experts.{e}.{w}.weight");
                     lin(&mut m, &mut rng, name(names.gate), ei, h)?;

@@ -1082,7 +1082,9 @@ impl MoeBlock {
         let h = x.len() / n.max(1);
         self.router.forward_into(x, n, &mut s.logits)?;
         if s.logits.len() != n * e {
-            return Err(ModelError::Config("router product has the wrong size".into()));
+            return Err(ModelError::Config(
+                "router product has the wrong size".into(),
+            ));
         }
         s.routes.resize(n * k, (0, 0.0));
         for (l, r) in s.logits.chunks_exact(e).zip(s.routes.chunks_exact_mut(k)) {
@@ -1170,6 +1172,26 @@ fn route(logits: &[f32], norm: bool, route: &mut [(u32, f32)]) {
     }
 }
 
+impl Scratch {
+    /// A step's working memory for a model of `cfg`: with experts, it
+    /// counts the tokens routed to each (a few adds per MoE layer and step).
+    pub(crate) fn for_model(cfg: &ModelConfig) -> Self {
+        let mut s = Self::default();
+        if let Some(m) = &cfg.arch.moe {
+            s.mlp.expert_tokens = vec![0; m.num_experts];
+        }
+        s
+    }
+
+    /// Moves the tokens routed to each expert since the last call into
+    /// `out` (empty without experts) and restarts the count.
+    pub(crate) fn take_expert_tokens(&mut self, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend_from_slice(&self.mlp.expert_tokens);
+        self.mlp.expert_tokens.fill(0);
+    }
+}
+
 /// `x += y`, element-wise (the residual connections).
 fn add(x: &mut [f32], y: &[f32]) {
     for (xi, yi) in x.iter_mut().zip(y) {
@@ -1247,4 +1269,27 @@ pub(crate) struct Scratch {
     pub laps: Laps,
     /// The step's result: `[sampling tokens][vocab]`.
     pub logits: Vec<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    /// The top-k by probability, ties to the lower index, weighted by the
+    /// softmax over every expert, or over the chosen ones when renormalised.
+    #[test]
+    fn routes_to_the_most_probable_experts() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 1.0];
+        let mut r = [(0u32, 0f32); 3];
+        route(&logits, false, &mut r);
+        assert_eq!(r.map(|(e, _)| e), [1, 3, 4]);
+        let all: f32 = logits.iter().map(|l| l.exp()).sum();
+        for (e, w) in r {
+            assert!((w - logits[e as usize].exp() / all).abs() < 1e-6, "{r:?}");
+        }
+        route(&logits, true, &mut r);
+        let chosen: f32 = [2.0f32, 2.0, 1.0].iter().map(|l| l.exp()).sum();
+        assert!((r[2].1 - 1f32.exp() / chosen).abs() < 1e-6, "{r:?}");
+        assert!((r.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
+    }
 }

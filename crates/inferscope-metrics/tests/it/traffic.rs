@@ -26,6 +26,7 @@ pub fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
         optional_metrics: OptionalMetrics {
             kv_cache_metrics: true,
             mfu_metrics: true,
+            expert_metrics: true,
         },
         ..Default::default()
     }
