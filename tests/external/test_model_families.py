@@ -155,3 +155,26 @@ def test_expert_metrics_count_the_routed_tokens(workdir):
         assert "moe_expert_tokens" not in plain.metrics_text()
     finally:
         plain.stop()
+
+
+def test_impossible_expert_counts_are_refused_by_name(workdir):
+    """A Qwen3-MoE GGUF routing each token to 5 of its 4 experts: the server
+    refuses to start, saying what is wrong, instead of running it."""
+    import dataclasses
+    import subprocess
+
+    import tiny_families
+
+    bad = dataclasses.replace(tiny_families.FAMILIES["qwen3moe"], experts_used=5)
+    tiny_families.FAMILIES["qwen3moe-bad"] = bad
+    try:
+        path = write_family_gguf(workdir / "tiny-qwen3moe-bad.gguf", "qwen3moe-bad")
+    finally:
+        del tiny_families.FAMILIES["qwen3moe-bad"]
+    from conftest import INFERSCOPE_BIN, free_port
+
+    proc = subprocess.run([str(INFERSCOPE_BIN), "serve", "--executor", "cpu", "--model", str(path),
+                           "--host", "127.0.0.1", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "5 per token of 4" in proc.stderr, proc.stderr[-2000:]
