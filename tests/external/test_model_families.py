@@ -1,8 +1,8 @@
 """The model families beyond Llama, against llama.cpp: one random-weight GGUF
-per family (tiny_families.py), in F16 and in llama.cpp's own Q4_K_M, run by
-llama.cpp (its OpenAI-compatible server from `llama-cpp-python[server]`, and
-the `llama_cpp` bindings of the same library) and by `inferscope serve
---executor cpu`.
+per family (tiny_families.py; the mixtures of experts Qwen3-MoE and Mixtral
+too), in F16 and in llama.cpp's own Q4_K_M, run by llama.cpp (its
+OpenAI-compatible server from `llama-cpp-python[server]`, and the `llama_cpp`
+bindings of the same library) and by `inferscope serve --executor cpu`.
 
 The vocabulary's control and byte tokens carry (almost) no logit, so the
 greedy text is made of whole pieces and equal texts mean equal tokens.
@@ -33,7 +33,7 @@ from tiny_families import quantize_q4_k_m, tensor_types, write_family_gguf
 PROMPT = "the people of the new time which was not"
 TOKENS = 16
 # The weights' seed per family.
-SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0}
+SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0, "qwen3moe": 0, "mixtral": 0}
 # How far apart llama.cpp's top two logits must be for inferscope to have to
 # pick the same token: ~3x the two implementations' measured differences.
 MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.1}
@@ -119,3 +119,62 @@ def test_same_greedy_tokens_as_llama_cpp(f16_gguf, quant, workdir):
             theirs.stop()
         assert want == "".join(texts), (want, texts)
         assert got == want, f"{arch} {quant}: inferscope {got!r} vs llama.cpp {want!r}"
+
+
+def expert_tokens(metrics: str) -> dict[str, float]:
+    """`inferscope_moe_expert_tokens_total` per `expert` label value."""
+    out = {}
+    for line in metrics.splitlines():
+        if line.startswith("inferscope_moe_expert_tokens_total{"):
+            labels, value = line.rsplit(" ", 1)
+            expert = labels.split('expert="', 1)[1].split('"', 1)[0]
+            out[expert] = float(value)
+    return out
+
+
+def test_expert_metrics_count_the_routed_tokens(workdir):
+    """`--expert-metrics` on a Qwen3-MoE GGUF (2 layers, 4 experts, 2 per
+    token): one series per expert, summing to every token the model ran
+    (the prompt, and each generated token but the last fed back) times the
+    MoE layers times the experts per token; absent without the flag."""
+    path = write_family_gguf(workdir / "tiny-qwen3moe-metrics.gguf", "qwen3moe", SEEDS["qwen3moe"])
+    model = ["--executor", "cpu", "--model", str(path), "--served-model-name", "moe"]
+    ours = Server(["--expert-metrics"], workdir, model_args=model)
+    try:
+        client = openai.OpenAI(base_url=ours.base + "/v1", api_key="unused", max_retries=0)
+        c = client.completions.create(model="moe", prompt=PROMPT, max_tokens=8, temperature=0)
+        ran = c.usage.prompt_tokens + c.usage.completion_tokens - 1
+        counts = expert_tokens(ours.metrics_text())
+    finally:
+        ours.stop()
+    assert sorted(counts) == ["0", "1", "2", "3"], counts
+    assert sum(counts.values()) == ran * 2 * 2, (counts, ran)
+    assert sum(v > 0 for v in counts.values()) >= 2, f"all tokens to one expert: {counts}"
+    plain = Server([], workdir, model_args=model)
+    try:
+        assert "moe_expert_tokens" not in plain.metrics_text()
+    finally:
+        plain.stop()
+
+
+def test_impossible_expert_counts_are_refused_by_name(workdir):
+    """A Qwen3-MoE GGUF routing each token to 5 of its 4 experts: the server
+    refuses to start, saying what is wrong, instead of running it."""
+    import dataclasses
+    import subprocess
+
+    import tiny_families
+
+    bad = dataclasses.replace(tiny_families.FAMILIES["qwen3moe"], experts_used=5)
+    tiny_families.FAMILIES["qwen3moe-bad"] = bad
+    try:
+        path = write_family_gguf(workdir / "tiny-qwen3moe-bad.gguf", "qwen3moe-bad")
+    finally:
+        del tiny_families.FAMILIES["qwen3moe-bad"]
+    from conftest import INFERSCOPE_BIN, free_port
+
+    proc = subprocess.run([str(INFERSCOPE_BIN), "serve", "--executor", "cpu", "--model", str(path),
+                           "--host", "127.0.0.1", "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "5 per token of 4" in proc.stderr, proc.stderr[-2000:]

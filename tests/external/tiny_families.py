@@ -1,7 +1,7 @@
 """Tiny random-weight GGUFs of the model families beyond Llama (Qwen3,
-Gemma 3, Phi-3, Gemma 2), written as llama.cpp's converter writes them, for the
-comparison of greedy tokens between llama.cpp and inferscope
-(test_model_families.py).
+Gemma 3, Phi-3, Gemma 2, and the mixtures of experts Qwen3-MoE and Mixtral),
+written as llama.cpp's converter writes them, for the comparison of greedy
+tokens between llama.cpp and inferscope (test_model_families.py).
 
 The layout follows `convert_hf_to_gguf.py`: llama.cpp's tensor names and
 metadata keys, q/k rows in the Hugging Face (NeoX) order these families use,
@@ -38,6 +38,9 @@ class Family:
     fused: bool = False
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    # Mixture of experts: experts per layer, and how many each token uses.
+    experts: int = 0
+    experts_used: int = 0
 
 
 HIDDEN = 256
@@ -45,6 +48,8 @@ HEADS = 4
 KV_HEADS = 2
 HEAD_DIM = 64
 FFN = 512
+# One expert's width (a multiple of 256, the down product's input).
+EXPERT_FFN = 256
 CONTEXT = 2048
 
 FAMILIES = {
@@ -65,12 +70,19 @@ FAMILIES = {
     # Gemma 2: even layers local, odd ones global; both soft-caps.
     "gemma2": Family("gemma2", layers=2, qk_norm=False, post_norms=True, tied=True,
                      rope_base=10_000.0, sliding_window=8, attn_softcap=50.0, final_softcap=30.0),
+    # Qwen3-MoE: Qwen3 with every layer's MLP 4 experts, 2 per token.
+    "qwen3moe": Family("qwen3moe", layers=2, qk_norm=True, post_norms=False, tied=False,
+                       rope_base=1_000_000.0, experts=4, experts_used=2),
+    # Mixtral: written by llama.cpp's converter as `llama` with experts.
+    "mixtral": Family("llama", layers=2, qk_norm=False, post_norms=False, tied=False,
+                      rope_base=1_000_000.0, experts=4, experts_used=2),
 }
 
 
 def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
     """Writes a random-weight `arch` model with F16 layer weights to `path`."""
     fam = FAMILIES[arch]
+    arch = fam.arch
     tokens, scores, types = vocabulary()
     if arch == "phi3":
         # llama.cpp's Phi-3 vocabulary setup looks these up by text.
@@ -96,7 +108,8 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
     w.add_context_length(CONTEXT)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(fam.layers)
-    w.add_feed_forward_length(FFN)
+    # Mixtral's (`llama`) is the experts' width.
+    w.add_feed_forward_length(EXPERT_FFN if arch == "llama" else FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_key_length(HEAD_DIM)
@@ -110,6 +123,11 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
         w.add_attn_logit_softcapping(fam.attn_softcap)
     if fam.final_softcap is not None:
         w.add_final_logit_softcapping(fam.final_softcap)
+    if fam.experts:
+        w.add_expert_count(fam.experts)
+        w.add_expert_used_count(fam.experts_used)
+        if arch == "qwen3moe":
+            w.add_expert_feed_forward_length(EXPERT_FFN)
     w.add_vocab_size(vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_tokenizer_model("llama")
@@ -152,12 +170,21 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
             # its last input token whatever the layers computed).
             w.add_tensor(f"{p}.post_attention_norm.weight", norm(HIDDEN, 4.0))
         w.add_tensor(f"{p}.ffn_norm.weight", norm(HIDDEN))
-        if fam.fused:
+        if fam.experts:
+            # The router stays F32 (the converter and the quantizer keep it);
+            # the experts are stacked along a third dimension.
+            n, ff = fam.experts, EXPERT_FFN
+            w.add_tensor(f"{p}.ffn_gate_inp.weight", lin(n, HIDDEN).astype(np.float32))
+            w.add_tensor(f"{p}.ffn_gate_exps.weight", np.stack([lin(ff, HIDDEN) for _ in range(n)]))
+            w.add_tensor(f"{p}.ffn_up_exps.weight", np.stack([lin(ff, HIDDEN) for _ in range(n)]))
+            w.add_tensor(f"{p}.ffn_down_exps.weight", np.stack([lin(HIDDEN, ff) for _ in range(n)]))
+        elif fam.fused:
             w.add_tensor(f"{p}.ffn_up.weight", lin(2 * FFN, HIDDEN))
         else:
             w.add_tensor(f"{p}.ffn_gate.weight", lin(FFN, HIDDEN))
             w.add_tensor(f"{p}.ffn_up.weight", lin(FFN, HIDDEN))
-        w.add_tensor(f"{p}.ffn_down.weight", lin(HIDDEN, FFN))
+        if not fam.experts:
+            w.add_tensor(f"{p}.ffn_down.weight", lin(HIDDEN, FFN))
         if fam.post_norms:
             w.add_tensor(f"{p}.post_ffw_norm.weight", norm(HIDDEN, 4.0))
     w.add_tensor("output_norm.weight", norm(HIDDEN))

@@ -27,6 +27,10 @@ pub struct EngineConfig {
     /// (`--enable-mfu-metrics`).
     #[serde(default)]
     pub enable_mfu_metrics: bool,
+    /// Ask the executor for each step's tokens per expert of a mixture of
+    /// experts (`--expert-metrics`).
+    #[serde(default)]
+    pub enable_expert_metrics: bool,
     /// How waiting requests are admitted (`--scheduling-policy`).
     #[serde(default)]
     pub scheduling_policy: SchedulingPolicy,
@@ -49,6 +53,7 @@ impl Default for EngineConfig {
             max_model_len: 8192,
             kv_cache_metrics_sample: None,
             enable_mfu_metrics: false,
+            enable_expert_metrics: false,
             scheduling_policy: SchedulingPolicy::Fair,
             tenant_weights: BTreeMap::new(),
             grammar_threads: None,

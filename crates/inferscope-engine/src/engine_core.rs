@@ -290,6 +290,10 @@ impl EngineCore {
                         stats.estimated_read_bytes = cost.read_bytes as u64;
                         stats.estimated_write_bytes = cost.write_bytes as u64;
                     }
+                    if self.scheduler.config().enable_expert_metrics {
+                        let stats = self.scheduler.stats_mut();
+                        self.executor.take_expert_tokens(&mut stats.expert_tokens);
+                    }
                     self.scheduler.update(&out)
                 }
                 Err(ExecutorError::Step(msg)) => {

@@ -265,4 +265,10 @@ pub trait Executor: Send + 'static {
     fn step_cost(&self, _batch: &ScheduledBatch) -> Option<StepCost> {
         None
     }
+
+    /// Moves the tokens routed to each expert since the last call (summed
+    /// over a mixture of experts' layers) into `out`, one entry per expert,
+    /// and restarts the count (`--expert-metrics`); leaves `out` empty for a
+    /// model without experts.
+    fn take_expert_tokens(&mut self, _out: &mut Vec<u64>) {}
 }

@@ -54,6 +54,14 @@ struct FailureLabels {
     cause: String,
 }
 
+/// `model_name`, `engine`, `expert`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ExpertLabels {
+    model_name: String,
+    engine: String,
+    expert: String,
+}
+
 /// `model_name`, `engine`, `phase`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PhaseLabels {
@@ -170,6 +178,10 @@ pub struct EngineMetrics {
     estimated_read_bytes: Counter,
     estimated_write_bytes: Counter,
     kv_events_dropped: Counter,
+    /// The per-expert token counters, made at the first step that reports
+    /// experts (the model's expert count is not known before).
+    expert_tokens: OnceLock<Vec<Counter>>,
+    expert_family: Family<ExpertLabels, Counter>,
 }
 
 /// One tenant's series on one engine: the request-level counters and the
@@ -506,6 +518,23 @@ impl EngineMetrics {
         self.estimated_read_bytes.inc_by(iter.estimated_read_bytes);
         self.estimated_write_bytes
             .inc_by(iter.estimated_write_bytes);
+        if !iter.expert_tokens.is_empty() {
+            // One series per expert of the model, resolved once.
+            let counters = self.expert_tokens.get_or_init(|| {
+                (0..iter.expert_tokens.len())
+                    .map(|e| {
+                        self.expert_family.get_or_create_owned(&ExpertLabels {
+                            model_name: self.model.to_string(),
+                            engine: self.index.to_string(),
+                            expert: e.to_string(),
+                        })
+                    })
+                    .collect()
+            });
+            for (c, &n) in counters.iter().zip(&iter.expert_tokens) {
+                c.inc_by(n);
+            }
+        }
         self.iteration_tokens
             .observe(iter.num_scheduled_tokens as f64);
         self.engine_steps.inc();
@@ -597,6 +626,8 @@ pub struct OptionalMetrics {
     pub kv_cache_metrics: bool,
     /// `--enable-mfu-metrics`: the estimated FLOPs and bytes counters.
     pub mfu_metrics: bool,
+    /// `--expert-metrics`: the per-expert token counter.
+    pub expert_metrics: bool,
 }
 
 impl OptionalMetrics {
@@ -605,6 +636,7 @@ impl OptionalMetrics {
         match schema::enabling_flag(def) {
             None => true,
             Some(schema::KV_CACHE_METRICS_FLAG) => self.kv_cache_metrics,
+            Some(schema::EXPERT_METRICS_FLAG) => self.expert_metrics,
             Some(_) => self.mfu_metrics,
         }
     }
@@ -764,6 +796,7 @@ impl PrometheusLogger {
         let read_bytes = r.family::<EngineLabels>(&s::ESTIMATED_READ_BYTES);
         let write_bytes = r.family::<EngineLabels>(&s::ESTIMATED_WRITE_BYTES);
         let kv_dropped = r.family::<EngineLabels>(&s::KV_EVENTS_DROPPED_BATCHES);
+        let experts = r.family::<ExpertLabels>(&s::MOE_EXPERT_TOKENS);
         let exemplars = Arc::new(RwLock::new(ExemplarIndex::default()));
         let tenant_families = Arc::new(TenantFamilies {
             labels: Arc::clone(&tenant_labels),
@@ -883,6 +916,8 @@ impl PrometheusLogger {
                     estimated_read_bytes: read_bytes.get_or_create_owned(&l),
                     estimated_write_bytes: write_bytes.get_or_create_owned(&l),
                     kv_events_dropped: kv_dropped.get_or_create_owned(&l),
+                    expert_tokens: OnceLock::new(),
+                    expert_family: experts.clone(),
                 })
             })
             .collect::<Vec<Arc<EngineMetrics>>>();

@@ -70,6 +70,30 @@ pub struct ArchOptions {
     /// RoPE base of the sliding-window layers (Gemma 3's
     /// `rope_local_base_freq`); `None`: `rope_theta`.
     pub rope_local_theta: Option<f32>,
+    /// Sparse mixture-of-experts MLPs (Qwen3-MoE, Mixtral); `None`: dense.
+    pub moe: Option<MoeOptions>,
+}
+
+/// A sparse mixture-of-experts MLP: a router scores the experts per token,
+/// the token goes through the `experts_per_token` best (softmax over all
+/// experts, then top-k), and their outputs are summed weighted by those
+/// probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeOptions {
+    /// Experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts each token goes through (top-k).
+    pub experts_per_token: usize,
+    /// Width of one expert's gated MLP.
+    pub expert_intermediate_size: usize,
+    /// The top-k probabilities are renormalised to sum to 1 (Mixtral always,
+    /// which is its softmax over the chosen logits; Qwen3-MoE's `norm_topk_prob`).
+    pub norm_topk_prob: bool,
+    /// Every `n`-th layer (the n-th, 2n-th, ...) is a MoE layer
+    /// (Qwen3-MoE's `decoder_sparse_step`; 1: all).
+    pub sparse_step: usize,
+    /// Layers with a dense MLP whatever the step (Qwen3-MoE's `mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
 }
 
 /// Hyper-parameters of a Llama-family decoder.
@@ -127,6 +151,9 @@ const FAMILIES: &[(&str, &str, Option<&str>)] = &[
     ("Gemma3ForCausalLM", "gemma3_text", Some("gemma3")),
     ("Gemma3ForConditionalGeneration", "gemma3", None),
     ("Phi3ForCausalLM", "phi3", Some("phi3")),
+    ("Qwen3MoeForCausalLM", "qwen3_moe", Some("qwen3moe")),
+    // GGUF writes Mixtral as `llama` with experts (`llama.expert_count`).
+    ("MixtralForCausalLM", "mixtral", None),
 ];
 
 /// The `config.json` architecture of a GGUF `general.architecture`.
@@ -268,6 +295,52 @@ fn pattern_of_layer_types(types: &[Value]) -> Result<Option<usize>, ModelError> 
     Ok(Some(n))
 }
 
+/// The experts of a MoE family's `config.json` (transformers' defaults for
+/// the fields left out); `None` for a dense family.
+fn moe_of_hf(architecture: &str, v: &Value) -> Result<Option<MoeOptions>, ModelError> {
+    let opt = |k: &str, default: usize| match v.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(_) => get_usize(v, k),
+    };
+    let moe = match architecture {
+        "MixtralForCausalLM" => MoeOptions {
+            num_experts: opt("num_local_experts", 8)?,
+            experts_per_token: opt("num_experts_per_tok", 2)?,
+            expert_intermediate_size: get_usize(v, "intermediate_size")?,
+            norm_topk_prob: true,
+            sparse_step: 1,
+            dense_layers: Vec::new(),
+        },
+        "Qwen3MoeForCausalLM" => MoeOptions {
+            num_experts: opt("num_experts", 128)?,
+            experts_per_token: opt("num_experts_per_tok", 8)?,
+            expert_intermediate_size: get_usize(v, "moe_intermediate_size")?,
+            norm_topk_prob: v
+                .get("norm_topk_prob")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            sparse_step: opt("decoder_sparse_step", 1)?,
+            dense_layers: match v.get("mlp_only_layers") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|l| l.as_u64().map(|l| l as usize))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        ModelError::Config("mlp_only_layers must list layer numbers".into())
+                    })?,
+                Some(other) => {
+                    return Err(ModelError::Config(format!(
+                        "mlp_only_layers must list layer numbers, got {other}"
+                    )));
+                }
+            },
+        },
+        _ => return Ok(None),
+    };
+    Ok(Some(moe))
+}
+
 impl ModelConfig {
     /// Parses a Hugging Face `config.json` (written by transformers v4 or
     /// v5; a multimodal Gemma 3's `text_config`).
@@ -308,7 +381,7 @@ impl ModelConfig {
         let v = &v;
         let is_qwen = matches!(
             architecture.as_str(),
-            "Qwen2ForCausalLM" | "Qwen3ForCausalLM"
+            "Qwen2ForCausalLM" | "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM"
         );
         let is_gemma2 = architecture == "Gemma2ForCausalLM";
         let is_gemma3 = architecture.starts_with("Gemma3");
@@ -438,7 +511,11 @@ impl ModelConfig {
             }
         };
         let arch = ArchOptions {
-            qk_norm: is_gemma3 || architecture == "Qwen3ForCausalLM",
+            qk_norm: is_gemma3
+                || matches!(
+                    architecture.as_str(),
+                    "Qwen3ForCausalLM" | "Qwen3MoeForCausalLM"
+                ),
             post_norms: is_gemma,
             norm_offset: is_gemma,
             embed_scale: is_gemma,
@@ -450,6 +527,7 @@ impl ModelConfig {
             final_logit_softcapping: softcap("final_logit_softcapping"),
             sliding_window_pattern,
             rope_local_theta,
+            moe: moe_of_hf(&architecture, v)?,
         };
         let cfg = Self {
             vocab_size: get_usize(v, "vocab_size")?,
@@ -496,6 +574,27 @@ impl ModelConfig {
         }
     }
 
+    /// Whether layer `layer`'s MLP is a mixture of experts.
+    pub fn layer_is_moe(&self, layer: usize) -> bool {
+        self.arch.moe.as_ref().is_some_and(|m| {
+            (layer + 1).is_multiple_of(m.sparse_step) && !m.dense_layers.contains(&layer)
+        })
+    }
+
+    /// Multiply-adds of one token through every layer's MLP: a MoE
+    /// layer's router and the experts the token is routed to.
+    pub fn mlp_macs_per_token(&self) -> usize {
+        let h = self.hidden_size;
+        (0..self.num_layers)
+            .map(|l| match &self.arch.moe {
+                Some(m) if self.layer_is_moe(l) => {
+                    m.num_experts * h + m.experts_per_token * 3 * h * m.expert_intermediate_size
+                }
+                _ => 3 * h * self.intermediate_size,
+            })
+            .sum()
+    }
+
     /// The RoPE base of layer `layer`.
     pub fn layer_rope_theta(&self, layer: usize) -> f32 {
         match (self.layer_window(layer), self.arch.rope_local_theta) {
@@ -526,6 +625,18 @@ impl ModelConfig {
             return err(format!(
                 "head_dim ({}) must be positive and even",
                 self.head_dim
+            ));
+        }
+        if let Some(m) = &self.arch.moe
+            && (m.experts_per_token == 0
+                || m.experts_per_token > m.num_experts
+                || m.expert_intermediate_size == 0
+                || m.sparse_step == 0)
+        {
+            return err(format!(
+                "experts: {} per token of {} (want 1 to the number of experts), \
+                 expert width {}, sparse step {} (both must be positive)",
+                m.experts_per_token, m.num_experts, m.expert_intermediate_size, m.sparse_step
             ));
         }
         Ok(())
@@ -598,14 +709,21 @@ impl ModelConfig {
             0
         };
         let biases = if self.attention_bias { q + 2 * kv } else { 0 };
-        let layer =
-            h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + norms + qk_norms + biases;
+        let attn = h * (q + 2 * kv) + q * h + norms + qk_norms + biases;
+        let mlps: usize = (0..self.num_layers)
+            .map(|l| match &self.arch.moe {
+                Some(m) if self.layer_is_moe(l) => {
+                    m.num_experts * (h + 3 * h * m.expert_intermediate_size)
+                }
+                _ => 3 * h * self.intermediate_size,
+            })
+            .sum();
         let head = if self.tie_word_embeddings {
             0
         } else {
             self.vocab_size * h
         };
-        self.vocab_size * h + self.num_layers * layer + h + head
+        self.vocab_size * h + self.num_layers * attn + mlps + h + head
     }
 
     /// The config written as a Hugging Face `config.json`.
@@ -642,6 +760,18 @@ impl ModelConfig {
             v["sliding_window"] = self.sliding_window.into();
             v["sliding_window_pattern"] = a.sliding_window_pattern.into();
             v["rope_local_base_freq"] = a.rope_local_theta.into();
+        }
+        if let Some(m) = &a.moe {
+            v["num_experts_per_tok"] = m.experts_per_token.into();
+            if self.architecture == "MixtralForCausalLM" {
+                v["num_local_experts"] = m.num_experts.into();
+            } else {
+                v["num_experts"] = m.num_experts.into();
+                v["moe_intermediate_size"] = m.expert_intermediate_size.into();
+                v["norm_topk_prob"] = m.norm_topk_prob.into();
+                v["decoder_sparse_step"] = m.sparse_step.into();
+                v["mlp_only_layers"] = m.dense_layers.clone().into();
+            }
         }
         match &self.rope_scaling {
             None => {}
@@ -883,6 +1013,21 @@ mod tests {
                 },
             ),
             ("Phi3ForCausalLM", ArchOptions::default()),
+            (
+                "Qwen3MoeForCausalLM",
+                ArchOptions {
+                    qk_norm: true,
+                    moe: Some(MoeOptions {
+                        num_experts: 4,
+                        experts_per_token: 2,
+                        expert_intermediate_size: 32,
+                        norm_topk_prob: false,
+                        sparse_step: 2,
+                        dense_layers: vec![3],
+                    }),
+                    ..ArchOptions::default()
+                },
+            ),
         ];
         for (arch, options) in families {
             let cfg = ModelConfig {
@@ -896,6 +1041,47 @@ mod tests {
             let n: usize = w.values().map(|t| t.elem_count()).sum();
             assert_eq!(cfg.num_params(), n, "{arch}");
         }
+    }
+
+    /// Qwen3-MoE's expert fields (with transformers' defaults), which
+    /// layers are MoE ones, the round trip, and impossible expert counts
+    /// refused by name.
+    #[test]
+    fn moe_configs() {
+        let q = parse(
+            "Qwen3MoeForCausalLM",
+            r#","moe_intermediate_size":4,"num_experts":6,"num_experts_per_tok":2,
+            "norm_topk_prob":true,"decoder_sparse_step":2,"mlp_only_layers":[3]"#,
+        )
+        .unwrap();
+        let m = q.arch.moe.clone().unwrap();
+        assert_eq!(
+            (
+                m.num_experts,
+                m.experts_per_token,
+                m.expert_intermediate_size
+            ),
+            (6, 2, 4)
+        );
+        assert!(m.norm_topk_prob && q.arch.qk_norm);
+        let moe: Vec<bool> = (0..6).map(|l| q.layer_is_moe(l)).collect();
+        assert_eq!(moe, [false, true, false, false, false, true]);
+        assert_eq!(ModelConfig::from_hf_json(&q.to_hf_json()).unwrap(), q);
+        let x = parse("MixtralForCausalLM", "").unwrap();
+        let m = x.arch.moe.clone().unwrap();
+        assert_eq!((m.num_experts, m.experts_per_token), (8, 2));
+        assert_eq!(m.expert_intermediate_size, x.intermediate_size);
+        assert!(m.norm_topk_prob && (0..6).all(|l| x.layer_is_moe(l)));
+        assert_eq!(ModelConfig::from_hf_json(&x.to_hf_json()).unwrap(), x);
+        for extra in [r#","num_experts_per_tok":9"#, r#","num_experts_per_tok":0"#] {
+            let e = parse("MixtralForCausalLM", extra).unwrap_err().to_string();
+            assert!(e.contains("per token"), "{e}");
+        }
+        let e = parse("Qwen3MoeForCausalLM", r#","num_experts":4"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("moe_intermediate_size"), "{e}");
+        assert!(!parse("Qwen3ForCausalLM", "").unwrap().layer_is_moe(0));
     }
 
     #[test]

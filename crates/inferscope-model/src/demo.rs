@@ -207,9 +207,30 @@ pub fn random_weights(cfg: &ModelConfig, seed: u64) -> Result<HashMap<String, Te
                 m.insert(format!("{p}.{n}.weight"), tensor(norm(&mut rng, h), &[h])?);
             }
         }
-        lin(&mut m, &mut rng, format!("{p}.mlp.gate_proj.weight"), i, h)?;
-        lin(&mut m, &mut rng, format!("{p}.mlp.up_proj.weight"), i, h)?;
-        lin(&mut m, &mut rng, format!("{p}.mlp.down_proj.weight"), h, i)?;
+        match &cfg.arch.moe {
+            Some(moe) if cfg.layer_is_moe(l) => {
+                let names = crate::loader::hf_expert_names(&cfg.architecture);
+                let (b, ei) = (format!("{p}.{}", names.block), moe.expert_intermediate_size);
+                lin(
+                    &mut m,
+                    &mut rng,
+                    format!("{b}.gate.weight"),
+                    moe.num_experts,
+                    h,
+                )?;
+                for e in 0..moe.num_experts {
+                    let name = |w: &str| format!("{b}.experts.{e}.{w}.weight");
+                    lin(&mut m, &mut rng, name(names.gate), ei, h)?;
+                    lin(&mut m, &mut rng, name(names.up), ei, h)?;
+                    lin(&mut m, &mut rng, name(names.down), h, ei)?;
+                }
+            }
+            _ => {
+                lin(&mut m, &mut rng, format!("{p}.mlp.gate_proj.weight"), i, h)?;
+                lin(&mut m, &mut rng, format!("{p}.mlp.up_proj.weight"), i, h)?;
+                lin(&mut m, &mut rng, format!("{p}.mlp.down_proj.weight"), h, i)?;
+            }
+        }
     }
     if cfg.architecture == "Phi3ForCausalLM" {
         // Phi-3 checkpoints fuse q/k/v and gate/up along the output rows.

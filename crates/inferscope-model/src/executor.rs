@@ -56,8 +56,9 @@ impl CpuCost {
             (c.num_heads * c.head_dim) as f64,
             (c.num_kv_heads * c.head_dim) as f64,
         );
-        let per_layer = h * q + 2.0 * h * kv + q * h + 3.0 * h * c.intermediate_size as f64;
-        let linear = per_layer * c.num_layers as f64 + h * c.vocab_size as f64;
+        let attn = h * q + 2.0 * h * kv + q * h;
+        let linear =
+            attn * c.num_layers as f64 + c.mlp_macs_per_token() as f64 + h * c.vocab_size as f64;
         Self {
             linear_flops_per_token: 2.0 * linear,
             attn_flops_per_pair: 4.0 * c.num_layers as f64 * q,
@@ -187,6 +188,7 @@ impl CpuExecutor {
         };
         let kv_dtype = KvDtype::default();
         let cost = CpuCost::of(&model, kv_dtype);
+        let scratch = Scratch::for_model(&model.cfg);
         Ok(Self {
             name,
             model,
@@ -197,7 +199,7 @@ impl CpuExecutor {
             threads,
             ctx: Vec::new(),
             rows: Vec::new(),
-            scratch: Scratch::default(),
+            scratch,
             masked: Vec::new(),
             sampler: Sampler::default(),
             logprobs_mode: LogprobsMode::default(),
@@ -492,6 +494,10 @@ impl Executor for CpuExecutor {
 
     fn step_cost(&self, batch: &ScheduledBatch) -> Option<StepCost> {
         Some(self.cost.step_cost(batch))
+    }
+
+    fn take_expert_tokens(&mut self, out: &mut Vec<u64>) {
+        self.scratch.take_expert_tokens(out);
     }
 
     fn execute(

@@ -18,12 +18,14 @@ use memmap2::{Mmap, UncheckedAdvice};
 
 use crate::embedding::{Embedding, SharedBytes};
 
-use crate::config::{Activation, ArchOptions, ModelConfig, RopeScaling, architecture_of_gguf};
+use crate::config::{
+    Activation, ArchOptions, ModelConfig, MoeOptions, RopeScaling, architecture_of_gguf,
+};
 use crate::error::ModelError;
 use crate::gguf_file::{GgufFile, TensorType, invalid};
 use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
-use crate::llama::{Layer, Linear, LlamaModel};
+use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp};
 use crate::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Tensors of the mapped file, checked for names, shapes and extent.
@@ -149,6 +151,30 @@ impl Tensors<'_> {
         Ok(l)
     }
 
+    /// The `n` experts' weights of a stacked `[n, out, in]` tensor, each
+    /// repacked from its own slice of the map (the experts lie one after
+    /// the other, in whole blocks, in the stored type).
+    fn expert_linears(
+        &mut self,
+        name: &str,
+        n: usize,
+        out: usize,
+        inp: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let (dtype, range) = self.locate(name, &[n, out, inp])?;
+        let each = range.len() / n.max(1);
+        let experts = (0..n)
+            .map(|e| {
+                let at = range.start + e * each;
+                Linear::from_stored(dtype, &self.map[at..at + each], out, inp, None)
+                    .map_err(|err| ModelError::Config(format!("tensor {name}, expert {e}: {err}")))
+            })
+            .collect::<Result<_, _>>()?;
+        self.repacked += range.len();
+        self.release(range);
+        Ok(experts)
+    }
+
     fn linear(
         &mut self,
         name: &str,
@@ -189,7 +215,14 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         .str("general.architecture")
         .ok_or_else(|| ModelError::Config("GGUF metadata lacks general.architecture".into()))?
         .to_string();
-    let Some(architecture) = architecture_of_gguf(&arch) else {
+    // llama.cpp writes Mixtral as `llama` with experts.
+    let experts = meta.opt_usize(&format!("{arch}.expert_count")).unwrap_or(0);
+    let mixtral = arch == "llama" && experts > 0;
+    let Some(architecture) = (if mixtral {
+        Some("MixtralForCausalLM")
+    } else {
+        architecture_of_gguf(&arch)
+    }) else {
         return Err(ModelError::UnsupportedArchitecture {
             name: arch,
             supported: crate::config::supported_architectures(),
@@ -224,7 +257,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     let sliding_window = match arch.as_str() {
         // Written by llama.cpp where the architecture has one; Qwen's
         // only applies to some layers, and llama.cpp ignores it too.
-        "qwen2" | "qwen3" => None,
+        "qwen2" | "qwen3" | "qwen3moe" => None,
         _ => meta
             .opt_usize(&format!("{arch}.attention.sliding_window"))
             .filter(|&w| w > 0),
@@ -232,7 +265,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
     let f32_key = |k: &str| meta.opt_f64(&format!("{arch}.{k}")).map(|x| x as f32);
     let gemma2 = arch == "gemma2";
     let arch_options = ArchOptions {
-        qk_norm: matches!(arch.as_str(), "qwen3" | "gemma3"),
+        qk_norm: matches!(arch.as_str(), "qwen3" | "qwen3moe" | "gemma3"),
         post_norms: is_gemma,
         // convert_hf_to_gguf.py already added Gemma's 1 to the norms.
         norm_offset: false,
@@ -256,6 +289,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         },
         rope_local_theta: (arch == "gemma3")
             .then(|| f32_key("rope.freq_base_swa").unwrap_or(10_000.0)),
+        moe: moe_of_gguf(&meta, &arch, experts)?,
     };
     // llama.cpp writes linear scaling (Gemma 3 4B–27B) as a type and a
     // factor; Llama 3's comes as `rope_freqs.weight` (below). Any other
@@ -287,7 +321,13 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         architecture: architecture.to_string(),
         vocab_size,
         hidden_size,
-        intermediate_size: meta.usize(&format!("{arch}.feed_forward_length"))?,
+        intermediate_size: match &arch_options.moe {
+            // Every layer is a MoE one: the dense width is the experts'.
+            Some(m) => meta
+                .opt_usize(&format!("{arch}.feed_forward_length"))
+                .unwrap_or(m.expert_intermediate_size),
+            None => meta.usize(&format!("{arch}.feed_forward_length"))?,
+        },
         num_layers,
         num_heads,
         num_kv_heads: meta
@@ -365,16 +405,42 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
             o: tensors.linear(&format!("{p}.attn_output"), h, q_dim, false)?,
             post_attn_norm,
             mlp_norm: tensors.vec(&format!("{p}.ffn_norm.weight"), h)?,
-            // Phi-3's gate and up are one `ffn_up` of twice the rows.
-            gate_up: if tensors.has(&format!("{p}.ffn_gate.weight")) {
-                vec![
-                    tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
-                    tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
-                ]
-            } else {
-                vec![tensors.linear(&format!("{p}.ffn_up"), 2 * i, h, false)?]
+            mlp: match &cfg.arch.moe {
+                // The router, and the experts stacked along a third dimension.
+                Some(m) => {
+                    let (n, ei) = (m.num_experts, m.expert_intermediate_size);
+                    let stacked = |t: &mut Tensors, name: &str, out, inp| {
+                        t.expert_linears(&format!("{p}.{name}.weight"), n, out, inp)
+                    };
+                    let gates = stacked(&mut tensors, "ffn_gate_exps", ei, h)?;
+                    let ups = stacked(&mut tensors, "ffn_up_exps", ei, h)?;
+                    let downs = stacked(&mut tensors, "ffn_down_exps", h, ei)?;
+                    Mlp::Moe {
+                        router: tensors.linear(&format!("{p}.ffn_gate_inp"), n, h, false)?,
+                        experts: gates
+                            .into_iter()
+                            .zip(ups)
+                            .zip(downs)
+                            .map(|((g, u), down)| Expert {
+                                gate_up: vec![g, u],
+                                down,
+                            })
+                            .collect(),
+                    }
+                }
+                None => Mlp::Dense(Expert {
+                    // Phi-3's gate and up are one `ffn_up` of twice the rows.
+                    gate_up: if tensors.has(&format!("{p}.ffn_gate.weight")) {
+                        vec![
+                            tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
+                            tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
+                        ]
+                    } else {
+                        vec![tensors.linear(&format!("{p}.ffn_up"), 2 * i, h, false)?]
+                    },
+                    down: tensors.linear(&format!("{p}.ffn_down"), h, i, false)?,
+                }),
             },
-            down: tensors.linear(&format!("{p}.ffn_down"), h, i, false)?,
             post_mlp_norm,
         });
     }
@@ -413,4 +479,44 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         Arc::new(tokens_meta.build(&meta)?)
     };
     Ok((model, tokenizer))
+}
+
+/// The experts of a GGUF file's `{arch}.expert_*` keys (`n` of them; `None`
+/// without). As llama.cpp runs `llama` (Mixtral) and `qwen3moe` files: every
+/// layer is a MoE one, and the top-k probabilities are renormalised.
+fn moe_of_gguf(meta: &Meta, arch: &str, n: usize) -> Result<Option<MoeOptions>, ModelError> {
+    if n == 0 {
+        return Ok(None);
+    }
+    if !matches!(arch, "llama" | "qwen3moe") {
+        return Err(ModelError::Config(format!(
+            "{arch} with experts ({arch}.expert_count = {n}) is not supported \
+             (mixtures of experts: llama (Mixtral), qwen3moe)"
+        )));
+    }
+    let used = meta.usize(&format!("{arch}.expert_used_count"))?;
+    // llama.cpp: the experts' width, else the dense one per chosen expert.
+    let width = match meta.opt_usize(&format!("{arch}.expert_feed_forward_length")) {
+        Some(w) if arch == "qwen3moe" && w > 0 => w,
+        _ if arch == "qwen3moe" => {
+            meta.usize(&format!("{arch}.feed_forward_length"))? / used.max(1)
+        }
+        _ => meta.usize(&format!("{arch}.feed_forward_length"))?,
+    };
+    if let Some(scale) = meta.opt_f64(&format!("{arch}.expert_weights_scale"))
+        && scale != 0.0
+        && scale != 1.0
+    {
+        return Err(ModelError::Config(format!(
+            "{arch}.expert_weights_scale {scale} is not supported (only 1)"
+        )));
+    }
+    Ok(Some(MoeOptions {
+        num_experts: n,
+        experts_per_token: used,
+        expert_intermediate_size: width,
+        norm_topk_prob: true,
+        sparse_step: 1,
+        dense_layers: Vec::new(),
+    }))
 }

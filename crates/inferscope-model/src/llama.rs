@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Module, Tensor};
 use half::f16;
 
 use crate::attention::{AttnShape, Queries, TokenCtx, paged_attention};
-use crate::config::ModelConfig;
+use crate::config::{Activation, ModelConfig};
 use crate::elementwise::{gated_rows, rms_norm, rms_norm_in_place};
 use crate::embedding::Embedding;
 use crate::error::ModelError;
@@ -364,6 +364,75 @@ impl Projection {
     }
 }
 
+/// A gated MLP as the forward pass runs it: gate and up fused where they can be.
+struct GatedMlp {
+    gate_up: Projection,
+    down: Linear,
+}
+
+impl GatedMlp {
+    fn new(gate_up: Vec<Linear>, down: Linear) -> Self {
+        Self {
+            gate_up: Projection::new(gate_up),
+            down,
+        }
+    }
+
+    fn with_dtype(self, dtype: WeightDtype) -> Self {
+        Self {
+            gate_up: self.gate_up.with_dtype(dtype),
+            down: self.down.with_dtype(dtype),
+        }
+    }
+
+    fn gate_up_bytes(&self) -> usize {
+        self.gate_up.parts.iter().map(Linear::stored_bytes).sum()
+    }
+}
+
+/// A mixture-of-experts MLP as the forward pass runs it.
+struct MoeBlock {
+    router: Linear,
+    experts: Vec<GatedMlp>,
+    top_k: usize,
+    norm_topk: bool,
+    /// One expert's width.
+    inter: usize,
+}
+
+/// A layer's MLP as the forward pass runs it.
+enum BlockMlp {
+    Dense(GatedMlp),
+    Moe(MoeBlock),
+}
+
+impl BlockMlp {
+    fn with_dtype(self, dtype: WeightDtype) -> Self {
+        match self {
+            BlockMlp::Dense(m) => BlockMlp::Dense(m.with_dtype(dtype)),
+            BlockMlp::Moe(m) => BlockMlp::Moe(MoeBlock {
+                router: m.router.with_dtype(dtype),
+                experts: m.experts.into_iter().map(|e| e.with_dtype(dtype)).collect(),
+                ..m
+            }),
+        }
+    }
+
+    /// The stored bytes of the router (none for a dense MLP), of the gate/up
+    /// products and of the down products: every expert's, as all of them
+    /// are kept (a step reads those its tokens are routed to).
+    fn bytes(&self) -> [usize; 3] {
+        match self {
+            BlockMlp::Dense(m) => [0, m.gate_up_bytes(), m.down.stored_bytes()],
+            BlockMlp::Moe(m) => [
+                m.router.stored_bytes(),
+                m.experts.iter().map(GatedMlp::gate_up_bytes).sum(),
+                m.experts.iter().map(|e| e.down.stored_bytes()).sum(),
+            ],
+        }
+    }
+}
+
 /// A layer as the forward pass runs it.
 struct Block {
     attn_norm: Vec<f32>,
@@ -373,8 +442,7 @@ struct Block {
     o: Linear,
     post_attn_norm: Option<Vec<f32>>,
     mlp_norm: Vec<f32>,
-    gate_up: Projection,
-    down: Linear,
+    mlp: BlockMlp,
     post_mlp_norm: Option<Vec<f32>>,
     /// The attention window (`None`: the whole sequence).
     window: Option<usize>,
@@ -400,11 +468,30 @@ pub struct Layer {
     pub post_mlp_norm: Option<Vec<f32>>,
     /// RMSNorm weight before the MLP.
     pub mlp_norm: Vec<f32>,
+    /// The MLP: dense, or a mixture of experts.
+    pub mlp: Mlp,
+}
+
+/// A gated MLP's weights.
+pub struct Expert {
     /// The gate and up projections, or their fused product (Phi-3's
     /// `gate_up_proj`): gate, then up.
     pub gate_up: Vec<Linear>,
-    /// SwiGLU down projection.
+    /// The down projection.
     pub down: Linear,
+}
+
+/// A decoder layer's MLP.
+pub enum Mlp {
+    /// One gated MLP for every token.
+    Dense(Expert),
+    /// A router (`[experts, hidden]`) and the experts it picks from.
+    Moe {
+        /// The router's product: one logit per expert.
+        router: Linear,
+        /// The experts, in the router's order.
+        experts: Vec<Expert>,
+    },
 }
 
 /// A loaded Llama-family model (weights only; the KV cache is per executor).
@@ -451,6 +538,9 @@ pub enum Part {
     O,
     /// The two residual additions per layer.
     Residual,
+    /// A mixture of experts' router product, top-k choice and grouping of
+    /// the tokens per expert.
+    Route,
     /// The fused (or separate) gate/up projection.
     GateUp,
     /// The gated activation (SwiGLU; GeGLU for Gemma).
@@ -465,7 +555,7 @@ pub enum Part {
 
 impl Part {
     /// Every part, in step order.
-    pub const ALL: [Part; 13] = [
+    pub const ALL: [Part; 14] = [
         Part::Prepare,
         Part::Embed,
         Part::Norm,
@@ -474,6 +564,7 @@ impl Part {
         Part::Attention,
         Part::O,
         Part::Residual,
+        Part::Route,
         Part::GateUp,
         Part::Swiglu,
         Part::Down,
@@ -492,6 +583,7 @@ impl Part {
             Part::Attention => "attention",
             Part::O => "o",
             Part::Residual => "residual",
+            Part::Route => "moe_route",
             Part::GateUp => "gate_up",
             Part::Swiglu => "swiglu",
             Part::Down => "down",
@@ -618,16 +710,42 @@ impl LlamaModel {
             cfg.num_kv_heads * cfg.head_dim,
         );
         let rows = |parts: &[Linear]| parts.iter().map(|l| l.out_dim).sum::<usize>();
-        if let Some(l) = layers.iter().find(|l| {
-            rows(&l.qkv) != q_dim + 2 * kv_dim || rows(&l.gate_up) != 2 * cfg.intermediate_size
-        }) {
+        if let Some(l) = layers.iter().find(|l| rows(&l.qkv) != q_dim + 2 * kv_dim) {
             return Err(ModelError::Config(format!(
-                "q/k/v projections have {} rows (want {}), gate/up {} (want {})",
+                "q/k/v projections have {} rows (want {})",
                 rows(&l.qkv),
                 q_dim + 2 * kv_dim,
-                rows(&l.gate_up),
-                2 * cfg.intermediate_size
             )));
+        }
+        for (li, l) in layers.iter().enumerate() {
+            // What the config says this layer's MLP is, against what was loaded.
+            let (want_experts, width) = match &cfg.arch.moe {
+                Some(m) if cfg.layer_is_moe(li) => (m.num_experts, m.expert_intermediate_size),
+                _ => (0, cfg.intermediate_size),
+            };
+            let experts: &[Expert] = match &l.mlp {
+                Mlp::Dense(e) => std::slice::from_ref(e),
+                Mlp::Moe { router, experts } => {
+                    if want_experts == 0 || router.out_dim != want_experts {
+                        return Err(ModelError::Config(format!(
+                            "layer {li}: a router over {} experts (want {want_experts})",
+                            router.out_dim
+                        )));
+                    }
+                    experts
+                }
+            };
+            if (want_experts > 0 && experts.len() != want_experts)
+                || experts.iter().any(|e| rows(&e.gate_up) != 2 * width)
+            {
+                return Err(ModelError::Config(format!(
+                    "layer {li}: {} MLPs with gate/up of {:?} rows (want {} of {})",
+                    experts.len(),
+                    experts.iter().map(|e| rows(&e.gate_up)).collect::<Vec<_>>(),
+                    want_experts.max(1),
+                    2 * width
+                )));
+            }
         }
         if layers
             .iter()
@@ -668,8 +786,22 @@ impl LlamaModel {
                     o: l.o,
                     post_attn_norm: l.post_attn_norm,
                     mlp_norm: l.mlp_norm,
-                    gate_up: Projection::new(l.gate_up),
-                    down: l.down,
+                    mlp: match l.mlp {
+                        Mlp::Dense(e) => BlockMlp::Dense(GatedMlp::new(e.gate_up, e.down)),
+                        Mlp::Moe { router, experts } => {
+                            let m = cfg.arch.moe.as_ref().expect("checked above");
+                            BlockMlp::Moe(MoeBlock {
+                                router,
+                                experts: experts
+                                    .into_iter()
+                                    .map(|e| GatedMlp::new(e.gate_up, e.down))
+                                    .collect(),
+                                top_k: m.experts_per_token,
+                                norm_topk: m.norm_topk_prob,
+                                inter: m.expert_intermediate_size,
+                            })
+                        }
+                    },
                     post_mlp_norm: l.post_mlp_norm,
                     window: cfg.layer_window(li),
                     rope,
@@ -715,8 +847,7 @@ impl LlamaModel {
             .map(|b| Block {
                 qkv: b.qkv.with_dtype(dtype),
                 o: b.o.with_dtype(dtype),
-                gate_up: b.gate_up.with_dtype(dtype),
-                down: b.down.with_dtype(dtype),
+                mlp: b.mlp.with_dtype(dtype),
                 ..b
             })
             .collect();
@@ -736,28 +867,25 @@ impl LlamaModel {
             .map(|b| {
                 b.qkv.parts.iter().map(Linear::stored_bytes).sum::<usize>()
                     + b.o.stored_bytes()
-                    + b.gate_up
-                        .parts
-                        .iter()
-                        .map(Linear::stored_bytes)
-                        .sum::<usize>()
-                    + b.down.stored_bytes()
+                    + b.mlp.bytes().iter().sum::<usize>()
             })
             .sum();
         layers + self.lm_head.stored_bytes()
     }
 
-    /// Bytes of the stored weights per product kind (q/k/v, o, gate/up,
-    /// down over all layers, and the LM head): what each reads per step.
+    /// Bytes of the stored weights per product kind (q/k/v, o, the MoE
+    /// routers, gate/up, down over all layers — every expert's — and the LM
+    /// head): what each reads per step at most.
     #[doc(hidden)]
-    pub fn weight_bytes_by_part(&self) -> [(Part, usize); 5] {
+    pub fn weight_bytes_by_part(&self) -> [(Part, usize); 6] {
         let proj = |p: &Projection| p.parts.iter().map(Linear::stored_bytes).sum::<usize>();
         let sum = |f: &dyn Fn(&Block) -> usize| self.layers.iter().map(f).sum::<usize>();
         [
             (Part::Qkv, sum(&|b| proj(&b.qkv))),
             (Part::O, sum(&|b| b.o.stored_bytes())),
-            (Part::GateUp, sum(&|b| proj(&b.gate_up))),
-            (Part::Down, sum(&|b| b.down.stored_bytes())),
+            (Part::Route, sum(&|b| b.mlp.bytes()[0])),
+            (Part::GateUp, sum(&|b| b.mlp.bytes()[1])),
+            (Part::Down, sum(&|b| b.mlp.bytes()[2])),
             (Part::LmHead, self.lm_head.stored_bytes()),
         ]
     }
@@ -823,7 +951,6 @@ impl LlamaModel {
         };
         sc.normed.resize(n * h, 0.0);
         sc.attn.resize(n * q_dim, 0.0);
-        sc.act.resize(n * inter, 0.0);
         sc.laps.lap(Part::Embed);
         for (li, layer) in self.layers.iter().enumerate() {
             rms_norm(&sc.x, &layer.attn_norm, eps, &mut sc.normed);
@@ -885,20 +1012,21 @@ impl LlamaModel {
             sc.laps.lap(Part::Residual);
             rms_norm(&sc.x, &layer.mlp_norm, eps, &mut sc.normed);
             sc.laps.lap(Part::Norm);
-            // gate and up side by side; SwiGLU reads both halves of a row.
-            layer
-                .gate_up
-                .forward_into(&sc.normed, n, &mut sc.fused, &mut sc.part)?;
-            if sc.fused.len() != n * 2 * inter {
-                return Err(ModelError::Config(
-                    "gate/up projection has the wrong size".into(),
-                ));
+            match &layer.mlp {
+                BlockMlp::Dense(mlp) => {
+                    let act = cfg.arch.activation;
+                    mlp.forward(&sc.normed, n, inter, act, &mut sc.mlp, &mut sc.laps)?;
+                    std::mem::swap(&mut sc.out, &mut sc.mlp.y);
+                }
+                BlockMlp::Moe(moe) => moe.forward(
+                    &sc.normed,
+                    n,
+                    cfg.arch.activation,
+                    &mut sc.out,
+                    &mut sc.mlp,
+                    &mut sc.laps,
+                )?,
             }
-            sc.laps.lap(Part::GateUp);
-            gated_rows(&sc.fused, inter, &mut sc.act, cfg.arch.activation);
-            sc.laps.lap(Part::Swiglu);
-            layer.down.forward_into(&sc.act, n, &mut sc.out)?;
-            sc.laps.lap(Part::Down);
             if let Some(w) = &layer.post_mlp_norm {
                 rms_norm(&sc.out, w, eps, &mut sc.normed);
                 sc.laps.lap(Part::Norm);
@@ -933,6 +1061,163 @@ impl LlamaModel {
     }
 }
 
+impl GatedMlp {
+    /// `rows` rows of `x` through the MLP (of width `inter`), into `s.y`.
+    fn forward(
+        &self,
+        x: &[f32],
+        rows: usize,
+        inter: usize,
+        act: Activation,
+        s: &mut MlpScratch,
+        laps: &mut Laps,
+    ) -> Result<(), ModelError> {
+        // gate and up side by side; SwiGLU reads both halves of a row.
+        self.gate_up
+            .forward_into(x, rows, &mut s.gate_up, &mut s.part)?;
+        if s.gate_up.len() != rows * 2 * inter {
+            return Err(ModelError::Config(
+                "gate/up projection has the wrong size".into(),
+            ));
+        }
+        laps.lap(Part::GateUp);
+        s.act.resize(rows * inter, 0.0);
+        gated_rows(&s.gate_up, inter, &mut s.act, act);
+        laps.lap(Part::Swiglu);
+        self.down.forward_into(&s.act, rows, &mut s.y)?;
+        laps.lap(Part::Down);
+        Ok(())
+    }
+}
+
+impl MoeBlock {
+    /// The `n` tokens of `x` through their experts, the weighted sum into
+    /// `out` (`[n][hidden]`). The tokens are grouped per expert, so that a
+    /// step reads each chosen expert's weights once, in one product over
+    /// all the tokens routed to it.
+    fn forward(
+        &self,
+        x: &[f32],
+        n: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+        s: &mut MlpScratch,
+        laps: &mut Laps,
+    ) -> Result<(), ModelError> {
+        let (e, k) = (self.experts.len(), self.top_k);
+        let h = x.len() / n.max(1);
+        self.router.forward_into(x, n, &mut s.logits)?;
+        if s.logits.len() != n * e {
+            return Err(ModelError::Config(
+                "router product has the wrong size".into(),
+            ));
+        }
+        s.routes.resize(n * k, (0, 0.0));
+        for (l, r) in s.logits.chunks_exact(e).zip(s.routes.chunks_exact_mut(k)) {
+            route(l, self.norm_topk, r);
+        }
+        // A counting sort of the (token, weight) pairs by expert: expert
+        // i's are `order[starts[i]..starts[i + 1]]`, in token order.
+        s.starts.clear();
+        s.starts.resize(e + 1, 0);
+        for &(ex, _) in &s.routes {
+            s.starts[ex as usize + 1] += 1;
+        }
+        for i in 0..e {
+            s.starts[i + 1] += s.starts[i];
+        }
+        s.fill.clone_from(&s.starts);
+        s.order.resize(n * k, (0, 0.0));
+        for (i, &(ex, w)) in s.routes.iter().enumerate() {
+            let slot = &mut s.fill[ex as usize];
+            s.order[*slot] = ((i / k) as u32, w);
+            *slot += 1;
+        }
+        if s.expert_tokens.len() == e {
+            for (count, w) in s.expert_tokens.iter_mut().zip(s.starts.windows(2)) {
+                *count += (w[1] - w[0]) as u64;
+            }
+        }
+        out.clear();
+        out.resize(n * h, 0.0);
+        laps.lap(Part::Route);
+        for (i, expert) in self.experts.iter().enumerate() {
+            let (a, b) = (s.starts[i], s.starts[i + 1]);
+            if a == b {
+                continue;
+            }
+            // Taken out of the scratch (no copy) while the expert uses the rest.
+            let mut rows = std::mem::take(&mut s.rows);
+            rows.clear();
+            for &(t, _) in &s.order[a..b] {
+                let t = t as usize;
+                rows.extend_from_slice(&x[t * h..(t + 1) * h]);
+            }
+            laps.lap(Part::Route);
+            let done = expert.forward(&rows, b - a, self.inter, act, s, laps);
+            s.rows = rows;
+            done?;
+            for (&(t, w), y) in s.order[a..b].iter().zip(s.y.chunks_exact(h)) {
+                let t = t as usize;
+                for (o, v) in out[t * h..(t + 1) * h].iter_mut().zip(y) {
+                    *o += w * v;
+                }
+            }
+            laps.lap(Part::Route);
+        }
+        Ok(())
+    }
+}
+
+/// One token's experts from the router's `logits`: the `route.len()` most
+/// probable (softmax over every expert; ties to the lower index), each with
+/// its probability, renormalised over the chosen ones if `norm` (which is
+/// the softmax of the chosen logits).
+fn route(logits: &[f32], norm: bool, route: &mut [(u32, f32)]) {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &l| m.max(l));
+    let k = route.len();
+    for j in 0..k {
+        // k is small (2 to 8): a scan per pick beats sorting the experts.
+        let mut best: Option<usize> = None;
+        for (i, &l) in logits.iter().enumerate() {
+            let taken = route[..j].iter().any(|&(e, _)| e as usize == i);
+            if !taken && best.is_none_or(|b| l > logits[b]) {
+                best = Some(i);
+            }
+        }
+        let b = best.unwrap_or(0);
+        route[j] = (b as u32, (logits[b] - max).exp());
+    }
+    let sum: f32 = if norm {
+        route.iter().map(|&(_, p)| p).sum()
+    } else {
+        logits.iter().map(|&l| (l - max).exp()).sum()
+    };
+    for r in route.iter_mut() {
+        r.1 /= sum;
+    }
+}
+
+impl Scratch {
+    /// A step's working memory for a model of `cfg`: with experts, it
+    /// counts the tokens routed to each (a few adds per MoE layer and step).
+    pub(crate) fn for_model(cfg: &ModelConfig) -> Self {
+        let mut s = Self::default();
+        if let Some(m) = &cfg.arch.moe {
+            s.mlp.expert_tokens = vec![0; m.num_experts];
+        }
+        s
+    }
+
+    /// Moves the tokens routed to each expert since the last call into
+    /// `out` (empty without experts) and restarts the count.
+    pub(crate) fn take_expert_tokens(&mut self, out: &mut Vec<u64>) {
+        out.clear();
+        out.extend_from_slice(&self.mlp.expert_tokens);
+        self.mlp.expert_tokens.fill(0);
+    }
+}
+
 /// `x += y`, element-wise (the residual connections).
 fn add(x: &mut [f32], y: &[f32]) {
     for (xi, yi) in x.iter_mut().zip(y) {
@@ -961,6 +1246,33 @@ struct Angles {
     interleaved: bool,
 }
 
+/// The MLPs' working memory (a dense MLP's, and a mixture of experts').
+#[derive(Default)]
+struct MlpScratch {
+    /// gate/up outputs, `[rows][2 · intermediate]`.
+    gate_up: Vec<f32>,
+    /// One projection's output when the parts are not fused (quantized).
+    part: Vec<f32>,
+    /// Gated activations, `[rows][intermediate]`.
+    act: Vec<f32>,
+    /// The down projection's output, `[rows][hidden]`.
+    y: Vec<f32>,
+    /// Router logits, `[tokens][experts]`.
+    logits: Vec<f32>,
+    /// Each token's (expert, weight) pairs, `[tokens][top-k]`.
+    routes: Vec<(u32, f32)>,
+    /// Where each expert's tokens start in `order` (and the end).
+    starts: Vec<usize>,
+    fill: Vec<usize>,
+    /// The (token, weight) pairs grouped by expert.
+    order: Vec<(u32, f32)>,
+    /// The rows of one expert's tokens.
+    rows: Vec<f32>,
+    /// Tokens routed to each expert, summed over the MoE layers and steps
+    /// (counted only when sized to the number of experts).
+    expert_tokens: Vec<u64>,
+}
+
 /// A step's working memory, kept by the executor from step to step so that
 /// the forward pass does not allocate (or fault in fresh pages) per layer.
 #[derive(Default)]
@@ -975,12 +1287,35 @@ pub(crate) struct Scratch {
     attn: Vec<f32>,
     /// The o and down projections' outputs.
     out: Vec<f32>,
-    /// SwiGLU activations, `[tokens][intermediate]`.
-    act: Vec<f32>,
+    /// The MLPs' working memory.
+    mlp: MlpScratch,
     /// One set per RoPE base.
     angles: Vec<Angles>,
     /// The step's profile, when on.
     pub laps: Laps,
     /// The step's result: `[sampling tokens][vocab]`.
     pub logits: Vec<f32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route;
+
+    /// The top-k by probability, ties to the lower index, weighted by the
+    /// softmax over every expert, or over the chosen ones when renormalised.
+    #[test]
+    fn routes_to_the_most_probable_experts() {
+        let logits = [0.5f32, 2.0, -1.0, 2.0, 1.0];
+        let mut r = [(0u32, 0f32); 3];
+        route(&logits, false, &mut r);
+        assert_eq!(r.map(|(e, _)| e), [1, 3, 4]);
+        let all: f32 = logits.iter().map(|l| l.exp()).sum();
+        for (e, w) in r {
+            assert!((w - logits[e as usize].exp() / all).abs() < 1e-6, "{r:?}");
+        }
+        route(&logits, true, &mut r);
+        let chosen: f32 = [2.0f32, 2.0, 1.0].iter().map(|l| l.exp()).sum();
+        assert!((r[2].1 - 1f32.exp() / chosen).abs() < 1e-6, "{r:?}");
+        assert!((r.iter().map(|x| x.1).sum::<f32>() - 1.0).abs() < 1e-6);
+    }
 }

@@ -12,7 +12,7 @@ use crate::chat_template::ChatTemplate;
 use crate::config::ModelConfig;
 use crate::embedding::Embedding;
 use crate::error::ModelError;
-use crate::llama::{Layer, Linear, LlamaModel};
+use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp};
 use crate::tokenizer::HfTokenizer;
 
 fn read_to_string(path: &Path) -> Result<String, ModelError> {
@@ -209,6 +209,40 @@ impl TensorSource {
     }
 }
 
+/// How a MoE family's checkpoints name a layer's experts:
+/// `{layer}.{block}.gate` is the router, `{layer}.{block}.experts.{e}.{gate|up|down}`
+/// the expert's products.
+pub(crate) struct ExpertNames {
+    /// The MoE block under the layer.
+    pub block: &'static str,
+    /// An expert's gate product.
+    pub gate: &'static str,
+    /// Its up product.
+    pub up: &'static str,
+    /// Its down product.
+    pub down: &'static str,
+}
+
+/// The expert names of `architecture`'s checkpoints (Mixtral's `w1`, `w3`,
+/// `w2` under `block_sparse_moe`; Qwen3-MoE's Llama names under `mlp`).
+pub(crate) fn hf_expert_names(architecture: &str) -> ExpertNames {
+    if architecture == "MixtralForCausalLM" {
+        ExpertNames {
+            block: "block_sparse_moe",
+            gate: "w1",
+            up: "w3",
+            down: "w2",
+        }
+    } else {
+        ExpertNames {
+            block: "mlp",
+            gate: "gate_proj",
+            up: "up_proj",
+            down: "down_proj",
+        }
+    }
+}
+
 /// Builds the model from tensors named as in Hugging Face checkpoints.
 pub fn model_from_tensors(
     cfg: ModelConfig,
@@ -277,15 +311,37 @@ pub fn model_from_tensors(
             o: src.linear(&format!("{p}.self_attn.o_proj"), h, q_dim, false)?,
             post_attn_norm: post_norm(&mut src, "post_attention_layernorm")?,
             mlp_norm: src.norm(&format!("{p}.{mlp_norm}.weight"), h)?,
-            gate_up: if fused {
-                vec![src.linear(&format!("{p}.mlp.gate_up_proj"), 2 * i, h, false)?]
-            } else {
-                vec![
-                    src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
-                    src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
-                ]
+            mlp: match &cfg.arch.moe {
+                Some(m) if cfg.layer_is_moe(l) => {
+                    let names = hf_expert_names(&cfg.architecture);
+                    let (block, ei) = (format!("{p}.{}", names.block), m.expert_intermediate_size);
+                    let router = src.linear(&format!("{block}.gate"), m.num_experts, h, false)?;
+                    let experts = (0..m.num_experts)
+                        .map(|e| {
+                            let name = |w: &str| format!("{block}.experts.{e}.{w}");
+                            Ok(Expert {
+                                gate_up: vec![
+                                    src.linear(&name(names.gate), ei, h, false)?,
+                                    src.linear(&name(names.up), ei, h, false)?,
+                                ],
+                                down: src.linear(&name(names.down), h, ei, false)?,
+                            })
+                        })
+                        .collect::<Result<_, ModelError>>()?;
+                    Mlp::Moe { router, experts }
+                }
+                _ => Mlp::Dense(Expert {
+                    gate_up: if fused {
+                        vec![src.linear(&format!("{p}.mlp.gate_up_proj"), 2 * i, h, false)?]
+                    } else {
+                        vec![
+                            src.linear(&format!("{p}.mlp.gate_proj"), i, h, false)?,
+                            src.linear(&format!("{p}.mlp.up_proj"), i, h, false)?,
+                        ]
+                    },
+                    down: src.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
+                }),
             },
-            down: src.linear(&format!("{p}.mlp.down_proj"), h, i, false)?,
             post_mlp_norm: post_norm(&mut src, "post_feedforward_layernorm")?,
         });
     }

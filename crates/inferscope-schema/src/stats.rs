@@ -181,6 +181,10 @@ pub struct IterationStats {
     pub estimated_read_bytes: u64,
     /// Estimated bytes the step wrote to device memory.
     pub estimated_write_bytes: u64,
+    /// Tokens the step routed to each expert of a mixture of experts,
+    /// summed over its MoE layers (`--expert-metrics`; reused buffer, empty
+    /// when off or for a dense model).
+    pub expert_tokens: Vec<u64>,
     /// Sequences in the step's batch.
     pub batch_size: usize,
     /// Building the batch (scheduler).
@@ -240,9 +244,12 @@ impl IterationStats {
         finished.clear();
         let mut tenants = std::mem::take(&mut self.tenant_tokens);
         tenants.clear();
+        let mut experts = std::mem::take(&mut self.expert_tokens);
+        experts.clear();
         *self = IterationStats {
             finished_requests: finished,
             tenant_tokens: tenants,
+            expert_tokens: experts,
             ..Default::default()
         };
     }

@@ -242,6 +242,11 @@ pub struct ServeArgs {
     #[arg(long)]
     pub enable_mfu_metrics: bool,
 
+    /// Serve `moe_expert_tokens_total{expert}`: the tokens a mixture-of-experts
+    /// model (cpu executor) routes to each expert, one series per expert.
+    #[arg(long)]
+    pub expert_metrics: bool,
+
     /// Override a histogram bucket group: `GROUP=b1,b2,...` with GROUP one of
     /// time_to_first_token, inter_token_latency, request_latency, request_tokens,
     /// iteration_tokens. Repeatable.

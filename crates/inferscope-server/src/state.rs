@@ -343,6 +343,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         max_model_len,
         kv_cache_metrics_sample: args.kv_cache_metrics.then_some(sample),
         enable_mfu_metrics: mfu_metrics,
+        enable_expert_metrics: args.expert_metrics,
         scheduling_policy: match args.scheduling_policy.as_str() {
             "fcfs" => SchedulingPolicy::Fcfs,
             _ => SchedulingPolicy::Fair,
@@ -398,6 +399,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         optional_metrics: inferscope_metrics::OptionalMetrics {
             kv_cache_metrics: args.kv_cache_metrics,
             mfu_metrics,
+            expert_metrics: args.expert_metrics,
         },
         max_tenant_labels: args.max_tenant_labels,
     })?);

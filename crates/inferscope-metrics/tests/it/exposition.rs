@@ -68,6 +68,9 @@ fn values_land_where_expected() {
     let source = |s: &str| v("inferscope_prompt_tokens_by_source_total", &[("source", s)]);
     assert_eq!(source("local_cache_hit"), 16.0);
     assert_eq!(source("local_compute"), 24.0);
+    // Each expert's tokens of the one step, a series per expert.
+    let expert = |x: &str| v("inferscope_moe_expert_tokens_total", &[("expert", x)]);
+    assert_eq!([expert("0"), expert("1"), expert("2")], [3.0, 0.0, 5.0]);
     // Two finished requests of 40 prompt tokens with 16 cached.
     let kv = "inferscope_request_prefill_kv_computed_tokens_sum";
     assert_eq!(v(kv, &[]), 48.0);

@@ -26,6 +26,7 @@ pub fn config(namespace: &str, engines: &[usize]) -> MetricsConfig {
         optional_metrics: OptionalMetrics {
             kv_cache_metrics: true,
             mfu_metrics: true,
+            expert_metrics: true,
         },
         ..Default::default()
     }
@@ -60,6 +61,8 @@ pub fn step(prompt: u64, generation: u64) -> IterationStats {
         postprocess_time: Duration::from_micros(120),
         device_time: Duration::from_millis(5),
         finished_requests: vec![finished(FinishReason::Stop)],
+        // A mixture of three experts: the first and the last chosen.
+        expert_tokens: vec![3, 0, 5],
         ..Default::default()
     }
 }

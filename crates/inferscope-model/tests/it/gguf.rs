@@ -13,6 +13,7 @@ use common::*;
 use inferscope_engine::{Executor, StepOutput};
 use inferscope_model::config::ModelConfig;
 use inferscope_model::demo::random_weights;
+use inferscope_model::llama::Part;
 use inferscope_model::loader::model_from_tensors;
 use inferscope_model::{CpuExecutor, KvBudget, LoadedModel, ModelOptions};
 
@@ -524,7 +525,8 @@ fn gguf_embeddings_stay_in_their_stored_type() {
         assert_eq!(e.dtype(), embd.into(), "{name}");
         let row_bytes = h / embd.block_size() * embd.type_size();
         assert_eq!(e.stored_bytes(), v * row_bytes, "{name}");
-        let head = m.model().weight_bytes_by_part()[4].1;
+        let by_part = m.model().weight_bytes_by_part();
+        let head = by_part.iter().find(|(p, _)| *p == Part::LmHead).unwrap().1;
         if tied {
             // Packed in 16-row panels of the stored blocks: about the
             // table's size, under a third of f32 rows.
@@ -1102,6 +1104,7 @@ fn gguf_families_match_the_safetensors_path() {
         final_logit_softcapping: None,
         sliding_window_pattern: Some(6),
         rope_local_theta: Some(10_000.0),
+        moe: None,
     };
     // Gemma 3 4B–27B: linear RoPE scaling on the global layers.
     let mut gemma3_scaled = gemma3.clone();

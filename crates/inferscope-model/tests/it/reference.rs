@@ -9,11 +9,11 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::{gemma2, gemma3, llama, phi3, qwen2, qwen3};
+use candle_transformers::models::{gemma2, gemma3, llama, mixtral, phi3, qwen2, qwen3, qwen3_moe};
 use common::*;
 use inferscope_engine::Executor;
 use inferscope_model::config::{
-    Activation, ArchOptions, Llama3RopeScaling, ModelConfig, RopeScaling,
+    Activation, ArchOptions, Llama3RopeScaling, ModelConfig, MoeOptions, RopeScaling,
 };
 use inferscope_model::demo::random_weights;
 use inferscope_model::{CpuExecutor, KvDtype, LoadedModel, ModelOptions};
@@ -106,6 +106,40 @@ fn qwen3_config() -> ModelConfig {
     c
 }
 
+/// Qwen3-MoE: Qwen3 whose odd layers (`decoder_sparse_step` 2) route each
+/// token to 3 of 8 experts, the chosen probabilities not renormalised.
+fn qwen3_moe_config() -> ModelConfig {
+    let mut c = qwen3_config();
+    c.architecture = "Qwen3MoeForCausalLM".into();
+    c.num_layers = 4;
+    c.arch.moe = Some(MoeOptions {
+        num_experts: 8,
+        experts_per_token: 3,
+        expert_intermediate_size: 48,
+        norm_topk_prob: false,
+        sparse_step: 2,
+        dense_layers: Vec::new(),
+    });
+    c
+}
+
+/// Mixtral: Mistral with every layer's MLP 8 experts, 2 per token (the
+/// softmax of the two chosen logits).
+fn mixtral_config() -> ModelConfig {
+    let mut c = config("MixtralForCausalLM", false);
+    c.rope_theta = 1_000_000.0;
+    c.intermediate_size = 48;
+    c.arch.moe = Some(MoeOptions {
+        num_experts: 8,
+        experts_per_token: 2,
+        expert_intermediate_size: 48,
+        norm_topk_prob: true,
+        sparse_step: 1,
+        dense_layers: Vec::new(),
+    });
+    c
+}
+
 /// The sliding window of the Gemma test models: shorter than the prompts.
 const GEMMA_WINDOW: usize = 6;
 
@@ -130,6 +164,7 @@ fn gemma3_config() -> ModelConfig {
         final_logit_softcapping: None,
         sliding_window_pattern: Some(3),
         rope_local_theta: Some(10_000.0),
+        moe: None,
     };
     c
 }
@@ -159,13 +194,27 @@ enum Reference {
     Gemma3(gemma3::Model),
     Phi3(phi3::Model),
     Gemma2(gemma2::Model),
+    Qwen3Moe(qwen3_moe::ModelForCausalLM),
+    Mixtral(mixtral::Model),
 }
 
 impl Reference {
     fn new(cfg: &ModelConfig, w: &HashMap<String, Tensor>) -> Self {
         let vb = VarBuilder::from_tensors(w.clone(), DType::F32, &Device::Cpu);
         let mut j: serde_json::Value = serde_json::from_str(&cfg.to_hf_json()).unwrap();
-        if cfg.architecture == "Qwen3ForCausalLM" {
+        if cfg.architecture == "Qwen3MoeForCausalLM" {
+            j["max_window_layers"] = 0.into();
+            j["use_sliding_window"] = false.into();
+            j["hidden_act"] = "silu".into();
+            let c: qwen3_moe::Config = serde_json::from_value(j).unwrap();
+            Reference::Qwen3Moe(qwen3_moe::ModelForCausalLM::new(&c, vb).unwrap())
+        } else if cfg.architecture == "MixtralForCausalLM" {
+            j["hidden_act"] = "silu".into();
+            j["sliding_window"] = 4096.into();
+            j["use_flash_attn"] = false.into();
+            let c: mixtral::Config = serde_json::from_value(j).unwrap();
+            Reference::Mixtral(mixtral::Model::new(&c, vb).unwrap())
+        } else if cfg.architecture == "Qwen3ForCausalLM" {
             j["max_window_layers"] = 0.into();
             j["use_sliding_window"] = false.into();
             j["hidden_act"] = "silu".into();
@@ -208,6 +257,8 @@ impl Reference {
             Reference::Llama(m, cache) => m.forward(&input, pos, cache).unwrap(),
             Reference::Qwen2(m) => m.forward(&input, pos).unwrap(),
             Reference::Qwen3(m) => m.forward(&input, pos).unwrap(),
+            Reference::Qwen3Moe(m) => m.forward(&input, pos).unwrap(),
+            Reference::Mixtral(m) => m.forward(&input, pos).unwrap(),
             Reference::Phi3(m) => m.forward(&input, pos).unwrap(),
             Reference::Gemma2(m) => m.forward(&input, pos).unwrap(),
             Reference::Gemma3(m) => {
@@ -792,6 +843,24 @@ fn gemma3_query_pre_attn_scalar_scales_the_scores() {
         .map(|(a, b)| (a - b).abs())
         .fold(0f32, f32::max);
     assert!(diff > 1e-2, "the scalar made no difference ({diff})");
+}
+
+/// Qwen3-MoE: dense and MoE layers alternating, top-3 of 8 experts without
+/// renormalisation, through prefill, decodes, a preemption and batching
+/// (where a step's tokens go to different experts).
+#[test]
+fn qwen3_moe_matches_candle_transformers() {
+    let mut s = setup("qwen3moe", qwen3_moe_config(), 1, 16);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
+}
+
+/// Mixtral: every layer top-2 of 8 experts, softmax over the chosen two.
+#[test]
+fn mixtral_matches_candle_transformers() {
+    let mut s = setup("mixtral", mixtral_config(), 2, BLOCK_SIZE);
+    prefill_decode_and_recompute(&mut s);
+    batched_sequences(&mut s);
 }
 
 /// Phi-3: q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj` (split by

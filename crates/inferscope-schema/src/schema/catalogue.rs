@@ -308,6 +308,10 @@ metrics! {
     KV_EVENTS_DROPPED_BATCHES = KV_EVENTS_DROPPED_BATCHES: Counter "kv_events_dropped_batches", unit Steps, scope Engine, labels ENGINE, buckets NB,
         "Engine steps whose KV-cache event batch was dropped because the publisher's queue was full (--kv-events-config); a router fed by these events misses those changes until it replays";
 
+    // Mixture-of-experts routing (only with --expert-metrics; one series per expert).
+    MOE_EXPERT_TOKENS = MOE_EXPERT_TOKENS: Counter "moe_expert_tokens", unit Tokens, scope Engine, labels &["model_name", "engine", "expert"], buckets NB,
+        "Tokens routed to each expert of a mixture-of-experts model (--expert-metrics), summed over its MoE layers (a token counts once per layer that routes it there); one series per expert index, so at most the model's expert count";
+
     // HTTP (prometheus-fastapi-instrumentator's names, no namespace).
     HTTP_REQUESTS = HTTP_REQUESTS: Counter "http_requests", unit Requests, scope Http, labels &["handler", "method", "status"], buckets NB,
         "Total number of requests by method, status and handler";
@@ -372,6 +376,7 @@ pub const ENGINE_METRICS: &[MetricDef] = &[
     ESTIMATED_READ_BYTES,
     ESTIMATED_WRITE_BYTES,
     KV_EVENTS_DROPPED_BATCHES,
+    MOE_EXPERT_TOKENS,
 ];
 
 /// The flag that turns a metric on, for those off by default (vLLM's flag
@@ -391,6 +396,8 @@ pub fn enabling_flag(def: &MetricDef) -> Option<&'static str> {
         .any(|d| d.name == def.name)
     {
         Some(MFU_METRICS_FLAG)
+    } else if def.name == MOE_EXPERT_TOKENS.name {
+        Some(EXPERT_METRICS_FLAG)
     } else {
         None
     }
@@ -400,6 +407,8 @@ pub fn enabling_flag(def: &MetricDef) -> Option<&'static str> {
 pub const KV_CACHE_METRICS_FLAG: &str = "--kv-cache-metrics";
 /// The server flag that turns the estimated FLOPs and bytes counters on.
 pub const MFU_METRICS_FLAG: &str = "--enable-mfu-metrics";
+/// The server flag that turns the per-expert token counter on.
+pub const EXPERT_METRICS_FLAG: &str = "--expert-metrics";
 
 /// The `reason` label values of `num_requests_waiting_by_reason`.
 pub const WAITING_REASONS: [&str; 2] = ["capacity", "deferred"];
