@@ -108,8 +108,8 @@ def write_family_gguf(path: Path, arch: str, seed: int = 0) -> Path:
     w.add_context_length(CONTEXT)
     w.add_embedding_length(HIDDEN)
     w.add_block_count(fam.layers)
-    # Mixtral's (`llama`) is the experts' width.
-    w.add_feed_forward_length(EXPERT_FFN if arch == "llama" else FFN)
+    # Mixtral's (`llama` with experts) is the experts' width.
+    w.add_feed_forward_length(EXPERT_FFN if arch == "llama" and fam.experts else FFN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
     w.add_key_length(HEAD_DIM)
