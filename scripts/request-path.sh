@@ -31,7 +31,11 @@
 #   STREAM=1 OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
 #
 # Needs wrk and taskset. SERVER_CPU and CLIENT_CPU pick the cores (1 and 0).
-# Extra server flags: SERVER_ARGS (e.g. "--validation-workers 1").
+# Extra server flags: SERVER_ARGS (e.g. "--validation-workers 1"); OLD_ARGS
+# adds flags to the second server only, so one binary can be measured against
+# itself with a feature off:
+#
+#   OLD_BIN=target/release/inferscope OLD_ARGS=--disable-console scripts/request-path.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -45,6 +49,7 @@ SERVER_CPU=${SERVER_CPU:-1}
 CLIENT_CPU=${CLIENT_CPU:-0}
 PORT=${PORT:-18300}
 SERVER_ARGS=${SERVER_ARGS:-}
+OLD_ARGS=${OLD_ARGS:-}
 STREAM=${STREAM:-0}
 BODY='{"model":"m","prompt":"hello world","max_tokens":16}'
 [ "$STREAM" = 1 ] && BODY='{"model":"m","prompt":"hello world","max_tokens":16,"stream":true}'
@@ -90,14 +95,17 @@ start() { # name port command...
   cat "$tmp/$name.log" >&2
   exit 1
 }
-serve() { # name port binary
+serve() { # name port binary [flags...]
+  local name=$1 port=$2 bin=$3
+  shift 3
   # shellcheck disable=SC2086 # SERVER_ARGS is a list of flags
-  start "$1" "$2" "$3" serve --executor sim --sim-profile "$PROFILE" --served-model-name m \
-    --host 127.0.0.1 --port "$2" --disable-log-stats $SERVER_ARGS
+  start "$name" "$port" "$bin" serve --executor sim --sim-profile "$PROFILE" --served-model-name m \
+    --host 127.0.0.1 --port "$port" --disable-log-stats $SERVER_ARGS "$@"
 }
 start bare "$PORT" "$BARE" "$PORT"
 serve new $((PORT + 1)) "$BIN"
-[ -n "$OLD_BIN" ] && serve old $((PORT + 2)) "$OLD_BIN"
+# shellcheck disable=SC2086 # OLD_ARGS is a list of flags
+[ -n "$OLD_BIN" ] && serve old $((PORT + 2)) "$OLD_BIN" $OLD_ARGS
 
 # CPU time (user + system, all threads) a process has used, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
