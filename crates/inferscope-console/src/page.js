@@ -251,8 +251,8 @@ function renderEngines() {
   });
 }
 
-// The tab10 palette's red, orange, blue and green, by severity.
-const SEVERITY_COLOUR = {critical: 3, warning: 1, info: 0, ok: 2};
+// The palette's red, orange, blue and green (inferscope_schema::palette::SERIES), by severity.
+const SEVERITY_COLOUR = {critical: 1, warning: 3, info: 0, ok: 2};
 
 function evidenceText(e) {
   if (e.unit === "s") return secs(e.value);
@@ -274,7 +274,7 @@ function renderFindings() {
   $("findings-note").textContent = "Over the last " + num(f.window_s) + " s: " + note +
     ". Evidence is measured over that window; latency figures from histograms are bucket bounds.";
   for (const x of f.findings) {
-    const c = colour(SEVERITY_COLOUR[x.severity] ?? 7);
+    const c = colour(SEVERITY_COLOUR[x.severity] ?? 5);
     const div = el("div", {class: "finding", "data-id": x.id, "data-severity": x.severity});
     div.style.borderLeftColor = c;
     const h = el("h3");

@@ -8,7 +8,7 @@
   const KEEP_US = 10e6;       // steps kept here per engine: the last 10 s
   const WINDOWS = [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10];
   const st = {engines: new Map(), since: null, window: 1, paused: false, end: 0, now: 0};
-  const PHASES = [["schedule_us", "schedule", 7], ["execute_us", "execute", 0], ["postprocess_us", "postprocess", 1]];
+  const PHASES = [["schedule_us", "schedule", 5], ["execute_us", "execute", 0], ["postprocess_us", "postprocess", 2]];
 
   const controls = el("div", {class: "filters"});
   const sel = el("select", {id: "steps-window"});
