@@ -20,8 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Server
-from test_model_families import TOKENS, greedy_text, llama_cpp_greedy
+from test_model_families import TOKENS, inferscope_steps, llama_cpp_greedy, mismatches
 from tiny_families import quantize, tensor_types, write_family_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,18 +63,9 @@ def test_same_greedy_tokens_as_llama_cpp(llama_f16, ftype, workdir):
         f"{ftype}: only {sum(decisive)} of llama.cpp's steps have their top two logits "
         f"{MIN_MARGIN} apart (margins {np.round(margins, 3).tolist()}): pick another SEED")
 
-    name = "tiny-llama"
-    ours = Server([], workdir, model_args=["--executor", "cpu", "--model", str(path),
-                                           "--served-model-name", name])
-    try:
-        got = greedy_text(ours.base, name)
-        steps = [greedy_text(ours.base, name, prompt=prompt + tokens[:i], max_tokens=1)
-                 for i in range(TOKENS)]
-    finally:
-        ours.stop()
-    mismatches = [(i, steps[i], texts[i], round(margins[i], 4)) for i in range(TOKENS)
-                  if decisive[i] and steps[i] != texts[i]]
-    assert not mismatches, f"{ftype}: (step, inferscope, llama.cpp, llama.cpp's margin) {mismatches}"
+    got, steps = inferscope_steps(path, "tiny-llama", workdir, prompt, tokens)
+    wrong = mismatches(steps, texts, margins, decisive)
+    assert not wrong, f"{ftype}: (step, inferscope, llama.cpp, llama.cpp's margin) {wrong}"
     # Free-running: the same text as far as llama.cpp's steps are decisive.
     sure = decisive.index(False) if False in decisive else TOKENS
     want = "".join(texts[:sure])

@@ -70,6 +70,29 @@ def greedy_text(base_url: str, model: str, prompt=PROMPT, max_tokens=TOKENS, **e
     return c.choices[0].text
 
 
+def inferscope_steps(path, name: str, workdir, prompt: list[int], tokens: list[int],
+                     free_running: bool = True) -> tuple[str | None, list[str]]:
+    """`inferscope serve --executor cpu` on `path`: its free-running greedy
+    text (when asked), and at each of llama.cpp's steps the text of the token
+    it picks given llama.cpp's prompt and tokens so far (a tokenized prompt
+    gets no BOS added: llama.cpp's already has it)."""
+    ours = Server([], workdir, model_args=["--executor", "cpu", "--model", str(path),
+                                           "--served-model-name", name])
+    try:
+        got = greedy_text(ours.base, name) if free_running else None
+        steps = [greedy_text(ours.base, name, prompt=prompt + tokens[:i], max_tokens=1)
+                 for i in range(TOKENS)]
+    finally:
+        ours.stop()
+    return got, steps
+
+
+def mismatches(steps: list[str], texts: list[str], margins: list[float], decisive: list[bool]):
+    """(step, inferscope, llama.cpp, llama.cpp's margin) where a decisive step differs."""
+    return [(i, steps[i], texts[i], round(margins[i], 4)) for i in range(TOKENS)
+            if decisive[i] and steps[i] != texts[i]]
+
+
 @pytest.fixture(scope="module", params=sorted(SEEDS))
 def f16_gguf(request, workdir):
     arch = request.param
@@ -95,20 +118,9 @@ def test_same_greedy_tokens_as_llama_cpp(f16_gguf, quant, workdir):
         "seed in SEEDS")
 
     name = f"tiny-{arch}"
-    ours = Server([], workdir, model_args=["--executor", "cpu", "--model", str(path),
-                                           "--served-model-name", name])
-    try:
-        got = greedy_text(ours.base, name) if quant == "f16" else None
-        # Step by step on llama.cpp's path (a tokenized prompt gets no BOS
-        # added: llama.cpp's already has it).
-        steps = [greedy_text(ours.base, name, prompt=prompt + tokens[:i], max_tokens=1)
-                 for i in range(TOKENS)]
-    finally:
-        ours.stop()
-    mismatches = [(i, steps[i], texts[i], round(margins[i], 4)) for i in range(TOKENS)
-                  if decisive[i] and steps[i] != texts[i]]
-    assert not mismatches, (
-        f"{arch} {quant}: (step, inferscope, llama.cpp, llama.cpp's margin) {mismatches}")
+    got, steps = inferscope_steps(path, name, workdir, prompt, tokens, free_running=quant == "f16")
+    wrong = mismatches(steps, texts, margins, decisive)
+    assert not wrong, f"{arch} {quant}: (step, inferscope, llama.cpp, llama.cpp's margin) {wrong}"
 
     if quant == "f16":
         theirs = LlamaCppServer(path, workdir, model=name)

@@ -301,6 +301,26 @@ impl Coordinator {
     /// `None` for an engine that did not answer within `timeout`. Blocks
     /// the engine thread for a moment: debugging and tests only.
     pub fn cached_block_hashes(&self, timeout: Duration) -> Vec<(usize, Option<Vec<BlockHash>>)> {
+        self.ask_every_core(CoreMessage::CachedBlocks, timeout)
+            .into_iter()
+            .map(|(engine, hashes)| {
+                let hashes = hashes.map(|mut h| {
+                    h.sort_unstable();
+                    h
+                });
+                (engine, hashes)
+            })
+            .collect()
+    }
+
+    /// Sends every core the message `ask` makes around a reply channel, then
+    /// collects each core's reply by global engine index; `None` for a core
+    /// that did not answer within `timeout` (all share one deadline).
+    fn ask_every_core<T>(
+        &self,
+        ask: impl Fn(std::sync::mpsc::Sender<T>) -> CoreMessage,
+        timeout: Duration,
+    ) -> Vec<(usize, Option<T>)> {
         let replies: Vec<_> = self
             .shared
             .cores
@@ -308,7 +328,7 @@ impl Coordinator {
             .enumerate()
             .map(|(i, c)| {
                 let (tx, rx) = std::sync::mpsc::channel();
-                self.shared.send(i, CoreMessage::CachedBlocks(tx));
+                self.shared.send(i, ask(tx));
                 (c.state.engine_index, rx)
             })
             .collect();
@@ -317,11 +337,7 @@ impl Coordinator {
             .into_iter()
             .map(|(engine, rx)| {
                 let left = deadline.saturating_duration_since(Instant::now());
-                let hashes = rx.recv_timeout(left).ok().map(|mut h| {
-                    h.sort_unstable();
-                    h
-                });
-                (engine, hashes)
+                (engine, rx.recv_timeout(left).ok())
             })
             .collect()
     }
@@ -338,24 +354,9 @@ impl Coordinator {
     /// engine index; `None` for an engine that recorded none or did not
     /// answer within `timeout`. Blocks until they answer.
     pub fn stop_profile(&self, timeout: Duration) -> Vec<(usize, Option<EngineProfile>)> {
-        let replies: Vec<_> = self
-            .shared
-            .cores
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let (tx, rx) = std::sync::mpsc::channel();
-                self.shared.send(i, CoreMessage::StopProfile(tx));
-                (c.state.engine_index, rx)
-            })
-            .collect();
-        let deadline = Instant::now() + timeout;
-        replies
+        self.ask_every_core(CoreMessage::StopProfile, timeout)
             .into_iter()
-            .map(|(engine, rx)| {
-                let left = deadline.saturating_duration_since(Instant::now());
-                (engine, rx.recv_timeout(left).ok().flatten())
-            })
+            .map(|(engine, profile)| (engine, profile.flatten()))
             .collect()
     }
 
