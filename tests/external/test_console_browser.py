@@ -230,3 +230,41 @@ def test_the_console_through_the_proxy_shows_llama_cpps_requests(llama_cpp_serve
         assert not errors, errors
     finally:
         proxy.stop()
+
+
+def test_the_console_names_the_busiest_tenants(make_server, workdir, browser):
+    """With an API key file the page asks for a key, then lists each request's
+    tenant, the busiest tenants by the tokens of the requests listed (their
+    `usage` summed), and filters by tenant."""
+    import json
+
+    keys = workdir / "console-tenant-keys.json"
+    keys.write_text(json.dumps({"tenants": [{"name": "team-a", "key": "key-a"},
+                                            {"name": "team-b", "key": "key-b"}]}))
+    server = make_server(["--sim-profile", "tiny", "--api-key-file", str(keys)])
+    tokens = {"team-a": 0, "team-b": 0}
+    for i, (key, tenant) in enumerate([("key-a", "team-a")] * 3 + [("key-b", "team-b")]):
+        r = requests.post(server.base + "/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "sim-llama", "prompt": "hello " * (i + 1), "max_tokens": 5,
+                                "ignore_eos": True}, timeout=30)
+        assert r.status_code == 200, r.text
+        tokens[tenant] += r.json()["usage"]["total_tokens"]
+
+    browser.get(server.base + "/")
+    wait_for("the key form", lambda: browser.find_element(By.ID, "keyform").is_displayed())
+    browser.find_element(By.ID, "key").send_keys("key-b")
+    browser.find_element(By.CSS_SELECTOR, "#keyform button").click()
+    summary = wait_for("the tenants line", lambda: browser.find_element(By.ID, "tenants").text)
+    share = round(100 * tokens["team-a"] / sum(tokens.values()))
+    assert summary == (f"Busiest tenants over the 4 requests listed: team-a {tokens['team-a']} tokens "
+                       f"({share} %), team-b {tokens['team-b']} tokens ({100 - share} %)"), (summary, tokens)
+    browser.execute_script(
+        "const s = document.getElementById('tenant-filter'); s.value = 'team-b';"
+        "s.dispatchEvent(new Event('change'));")
+    rows = browser.execute_script(
+        "return [...document.querySelectorAll('#recent tbody tr')]"
+        ".map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent));")
+    assert [r[2] for r in rows] == ["team-b"], rows
+    errors = [l for l in browser.get_log("browser") if l["level"] == "SEVERE"
+              and "401" not in l["message"]]  # the first snapshot, before the key
+    assert not errors, errors

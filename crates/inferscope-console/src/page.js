@@ -348,12 +348,40 @@ function renderLatency() {
   }
 }
 
+// With tenants (API keys), the busiest ones over the requests listed:
+// their prompt + generated tokens and share, and the tenant filter's options.
+function renderTenants() {
+  const tokens = new Map();
+  for (const r of state.recent) {
+    if (!r.tenant) continue;
+    tokens.set(r.tenant, (tokens.get(r.tenant) || 0) + (r.prompt_tokens || 0) + (r.completion_tokens || 0));
+  }
+  // A server without keys has one tenant, `anonymous`: nothing to compare.
+  const shown = [...tokens.keys()].some((t) => t !== "anonymous");
+  $("tenants").hidden = !shown;
+  $("tenant-filter-label").hidden = !shown;
+  for (const th of document.querySelectorAll(".tenant-col")) th.hidden = !shown;
+  if (!shown) return false;
+  const total = [...tokens.values()].reduce((a, b) => a + b, 0) || 1;
+  const ranked = [...tokens.entries()].sort((a, b) => b[1] - a[1]);
+  const top = ranked.slice(0, 5).map(([t, n]) => `${t} ${n} tokens (${(100 * n / total).toFixed(0)} %)`);
+  const more = ranked.length > 5 ? ` +${ranked.length - 5} more` : "";
+  $("tenants").textContent = `Busiest tenants over the ${state.recent.length} requests listed: ${top.join(", ")}${more}`;
+  const select = $("tenant-filter");
+  const have = new Set([...select.options].map((o) => o.value));
+  for (const [t] of ranked) if (!have.has(t)) select.appendChild(el("option", {value: t}, t));
+  return true;
+}
+
 function renderRecent() {
   const body = $("recent").tBodies[0];
   body.textContent = "";
   const filter = $("filter").value;
   const slow = Number($("slow-ms").value) || 0;
+  const tenants = renderTenants();
+  const tenant = $("tenant-filter").value;
   const rows = state.recent.slice().reverse().filter((r) => {
+    if (tenant && r.tenant !== tenant) return false;
     if (filter === "failed") return r.finish_reason === "abort" || r.finish_reason === "error";
     if (filter === "slow") return r.generation_time_ms > slow;
     return true;
@@ -366,9 +394,11 @@ function renderRecent() {
     const cells = [clock(r.timestamp), r.request_id, text(r.engine), r.finish_reason, text(r.prompt_tokens),
       text(r.completion_tokens), ms(r.queue_time_ms), ms(r.prefill_time_ms), ms(r.decode_time_ms),
       ms(r.time_to_first_token_ms), ms(r.generation_time_ms)];
+    if (tenants) cells.splice(2, 0, text(r.tenant));
     cells.forEach((c, i) => {
       const td = el("td", {}, c);
       if (i === 1) td.title = (r.trace_id ? "trace " + r.trace_id + "\n" : "") + r.request_id;
+      if (c === r.finish_reason && i === (tenants ? 4 : 3)) td.className = "reason";
       tr.appendChild(td);
     });
     const td = el("td", {class: "bar-col"});
@@ -577,6 +607,7 @@ $("keyform").addEventListener("submit", (ev) => {
   connect();
 });
 $("filter").addEventListener("change", renderRecent);
+$("tenant-filter").addEventListener("change", renderRecent);
 $("playground").addEventListener("submit", sendPlayground);
 $("slow-ms").addEventListener("input", renderRecent);
 for (const [cls, i] of [["q", 2], ["p", 3], ["d", 4]]) {
