@@ -28,7 +28,7 @@ pub struct Findings {
     diagnose: Diagnose,
     /// `(unix seconds, /metrics text)`, oldest first, spanning at most
     /// [`WINDOW_SECONDS`].
-    renders: Mutex<VecDeque<(f64, String)>>,
+    renders: Mutex<VecDeque<(f64, Arc<str>)>>,
     /// The latest findings and their number (0: none yet).
     latest: Mutex<(u64, Value)>,
 }
@@ -48,9 +48,9 @@ impl Findings {
     /// runtime.
     pub fn update(&self, metrics: &StatLoggerManager, now: f64) {
         let (_, text) = metrics.render(Format::Prometheus);
-        let window: Vec<(f64, String)> = {
+        let window: Vec<(f64, Arc<str>)> = {
             let mut renders = self.renders.lock().unwrap_or_else(|e| e.into_inner());
-            renders.push_back((now, text));
+            renders.push_back((now, text.into()));
             while renders
                 .front()
                 .is_some_and(|(t, _)| now - t > WINDOW_SECONDS as f64 + 0.5)
@@ -60,25 +60,38 @@ impl Findings {
             if renders.len() < 2 {
                 return;
             }
-            // A copy, so the diagnosis runs without the lock (a few hundred
-            // KB every 5 s).
+            // The texts are shared, not copied: the diagnosis runs
+            // without the lock.
             renders.iter().cloned().collect()
         };
         let start = window[0].0;
         let scrapes: Vec<(f64, &str)> = window
             .iter()
-            .map(|(t, text)| (t - start, text.as_str()))
+            .map(|(t, text)| (t - start, &**text))
             .collect();
         let found = (self.diagnose)(&scrapes);
         let mut latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
         *latest = (latest.0 + 1, found);
     }
 
-    /// The latest findings and their number (0 and `null` before the first).
-    pub fn latest(&self) -> (u64, Value) {
+    /// The latest findings (`null` before the first).
+    pub fn latest(&self) -> Value {
         self.latest
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .1
             .clone()
+    }
+
+    /// The latest findings' number (0 before the first).
+    pub fn number(&self) -> u64 {
+        self.latest.lock().unwrap_or_else(|e| e.into_inner()).0
+    }
+
+    /// The latest findings, with their number, when that is not `seen`: a
+    /// reader that has them gets nothing (and nothing is copied).
+    pub fn newer_than(&self, seen: u64) -> Option<(u64, Value)> {
+        let latest = self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        (latest.0 != seen).then(|| latest.clone())
     }
 }

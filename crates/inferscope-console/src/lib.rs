@@ -144,14 +144,6 @@ impl Console {
         })
     }
 
-    /// The latest findings and their number (`null` before the first, or
-    /// without the rules).
-    fn findings(&self) -> (u64, Value) {
-        self.findings
-            .as_ref()
-            .map_or((0, Value::Null), Findings::latest)
-    }
-
     /// The snapshot route's body: everything kept so far.
     pub fn snapshot(&self) -> Value {
         let mut m = api::meta(
@@ -160,7 +152,9 @@ impl Console {
             self.serving,
             self.findings.is_some(),
         );
-        m.insert("findings".into(), self.findings().1);
+        // `null` before the first, or without the rules.
+        let findings = self.findings.as_ref().map_or(Value::Null, Findings::latest);
+        m.insert("findings".into(), findings);
         let samples: Vec<Value> = self.history.all().iter().map(|s| api::sample(s)).collect();
         m.insert("samples".into(), Value::Array(samples));
         m.insert("recent".into(), api::recent(self.recent.after(0)));
@@ -230,7 +224,7 @@ async fn events(
         None => c.recent.after(0).last().map_or(0, |(seq, _)| *seq),
     };
     // The findings the reader has: those of the snapshot it took before.
-    let findings_seen = c.findings().0;
+    let findings_seen = c.findings.as_ref().map_or(0, Findings::number);
     let state = (c, rx, seen, findings_seen);
     let stream = futures::stream::unfold(state, |(c, mut rx, seen, findings_seen)| async move {
         // Ends when the console is gone (the server is shutting down).
@@ -240,8 +234,9 @@ async fn events(
         let seen = recent.last().map_or(seen, |(seq, _)| *seq);
         let mut data = json!({"sample": api::sample(&sample), "recent": api::recent(recent)});
         // New findings ride on the next sample's event, once.
-        let (number, findings) = c.findings();
-        if number != findings_seen {
+        let mut number = findings_seen;
+        if let Some((newer, findings)) = c.findings.as_ref().and_then(|f| f.newer_than(number)) {
+            number = newer;
             data["findings"] = findings;
         }
         let event = Bytes::from(format!("event: sample\ndata: {data}\n\n"));

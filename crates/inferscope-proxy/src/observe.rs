@@ -513,11 +513,8 @@ fn recent_entry(
     e2e: std::time::Duration,
 ) -> serde_json::Value {
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
-    let timestamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
     serde_json::json!({
-        "timestamp": timestamp,
+        "timestamp": inferscope_console::history::unix_now(),
         "request_id": request_id,
         "trace_id": null,
         "engine": null,

@@ -16,7 +16,6 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use inferscope_engine::FinishReason;
 use inferscope_metrics::StatLoggerManager;
@@ -101,16 +100,12 @@ pub struct Line<'a> {
 }
 
 /// Unix time now, in seconds.
-fn unix_seconds() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
 impl RequestLogEntry {
     fn write_json(&self, out: &mut impl Write) -> io::Result<()> {
-        serde_json::to_writer(&mut *out, &self.line(unix_seconds()))?;
+        serde_json::to_writer(
+            &mut *out,
+            &self.line(inferscope_console::history::unix_now()),
+        )?;
         out.write_all(b"\n")
     }
 
@@ -170,7 +165,7 @@ impl RecentRequests {
 
     /// Adds `entry`, finished now, dropping the oldest when full.
     pub fn push(&self, entry: RequestLogEntry) {
-        let now = unix_seconds();
+        let now = inferscope_console::history::unix_now();
         // A panic elsewhere while holding the lock leaves the ring whole.
         let mut ring = self.ring.lock().unwrap_or_else(PoisonError::into_inner);
         if ring.entries.len() == ring.capacity {

@@ -10,7 +10,7 @@
 //! step.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{Query, State};
@@ -45,9 +45,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(
     console: &Arc<Console>,
     state: Arc<AppState>,
 ) -> Router<S> {
-    let epoch_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
+    let epoch_unix = inferscope_console::history::unix_now();
     let steps = Arc::new(Steps {
         console: Arc::clone(console),
         state,
