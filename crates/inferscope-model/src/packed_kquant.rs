@@ -146,11 +146,24 @@ impl PackedKQuant {
         if parts.iter().any(|p| p.kind != kind || p.inp != inp) {
             return None;
         }
+        let out = parts.iter().map(|p| p.out).sum();
+        let whole: Vec<_> = parts.iter().map(|p| (&p.panels, p.out)).collect();
+        if parts.iter().all(|p| p.layout == first.layout)
+            && let Some(panels) = KPanels::concat(&whole)
+        {
+            return Some(Self {
+                kind,
+                layout: first.layout,
+                panels,
+                out,
+                inp,
+            });
+        }
+        // A part ending inside a panel: its rows are repacked.
         let mut all = Rows::default();
         for p in parts {
             all.extend(p.rows());
         }
-        let out = parts.iter().map(|p| p.out).sum();
         Some(Self::pack(kind, &all, out, inp, first.layout))
     }
 
@@ -360,24 +373,28 @@ mod tests {
 
     #[test]
     fn stacked_parts_are_the_rows_one_after_the_other() {
-        // Fused q/k/v: part sizes not multiples of a panel.
-        for kind in KINDS {
-            let parts: Vec<(Vec<u8>, Vec<f32>, usize)> = [(24, 1), (8, 2), (37, 3)]
-                .into_iter()
-                .map(|(out, seed)| {
-                    let (b, d) = weight(kind, out, 256, seed);
-                    (b, d, out)
-                })
-                .collect();
-            let packed: Vec<PackedKQuant> = parts
-                .iter()
-                .map(|(b, _, out)| PackedKQuant::from_blocks(kind, b, *out, 256).unwrap())
-                .collect();
-            let s = PackedKQuant::stack(&packed.iter().collect::<Vec<_>>()).unwrap();
-            let deq: Vec<f32> = parts.iter().flat_map(|(_, d, _)| d.clone()).collect();
-            assert_eq!(s.out_dim(), 69);
-            assert_eq!(s.dequantize(), deq, "{kind:?}");
-            check_product(&s, &deq, 5);
+        // Fused q/k/v: part sizes not multiples of a panel (rows repacked),
+        // then whole panels but the last (panels concatenated).
+        for sizes in [[(24, 1), (8, 2), (37, 3)], [(32, 1), (16, 2), (37, 3)]] {
+            for kind in KINDS {
+                let parts: Vec<(Vec<u8>, Vec<f32>, usize)> = sizes
+                    .into_iter()
+                    .map(|(out, seed)| {
+                        let (b, d) = weight(kind, out, 512, seed);
+                        (b, d, out)
+                    })
+                    .collect();
+                let packed: Vec<PackedKQuant> = parts
+                    .iter()
+                    .map(|(b, _, out)| PackedKQuant::from_blocks(kind, b, *out, 512).unwrap())
+                    .collect();
+                let s = PackedKQuant::stack(&packed.iter().collect::<Vec<_>>()).unwrap();
+                let deq: Vec<f32> = parts.iter().flat_map(|(_, d, _)| d.clone()).collect();
+                let out: usize = sizes.iter().map(|(out, _)| out).sum();
+                assert_eq!(s.out_dim(), out);
+                assert_eq!(s.dequantize(), deq, "{kind:?} {sizes:?}");
+                check_product(&s, &deq, 5);
+            }
         }
         let (b4, _) = quantized(GgmlDType::Q4K, 16, 256, 0);
         let (b6, _) = quantized(GgmlDType::Q6K, 16, 256, 0);

@@ -37,6 +37,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use super::format::{IQ4, KQuant, Q4, Q5, Q6, QK_K, Rows};
 use crate::packed::tiling::LANES;
 
@@ -142,16 +144,21 @@ impl KPanels {
         }
     }
 
-    /// Packs unpacked rows into panels laid out as `layout`.
+    /// Packs unpacked rows into panels laid out as `layout`. The panels are
+    /// independent, so their quants (all but a few percent of the bytes)
+    /// are packed in parallel; loading a model is mostly this.
     pub(super) fn pack(layout: Layout, kind: KQuant, r: &Rows, out: usize, inp: usize) -> Self {
         let mut k = Self::zeroed(kind, out, inp);
         let ((lq, ls, ld), nsub, nsb) = (panel_lens(kind, inp), inp / kind.sub(), inp / QK_K);
+        k.qs.par_chunks_mut(lq)
+            .zip(r.q.par_chunks(LANES * inp))
+            .for_each(|(qs, rows)| {
+                for (l, row) in rows.chunks_exact(inp).enumerate() {
+                    layout.put_row(kind, qs, l, row);
+                }
+            });
         for o in 0..out {
             let (p, l) = (o / LANES, o % LANES);
-            let qs = &mut k.qs[p * lq..][..lq];
-            for (kk, &q) in r.q[o * inp..][..inp].iter().enumerate() {
-                layout.put_quant(kind, qs, l, kk, q);
-            }
             for j in 0..nsub {
                 let at = p * ls + layout.scale_at(l, j);
                 k.sc[at] = r.sc[o * nsub + j];
@@ -168,6 +175,31 @@ impl KPanels {
             }
         }
         k
+    }
+
+    /// `parts` one after the other along `out`, when every part but the
+    /// last fills its panels (`out` a multiple of [`LANES`]): the panels
+    /// then just follow each other. `None` otherwise.
+    pub(super) fn concat(parts: &[(&Self, usize)]) -> Option<Self> {
+        let (_, init) = parts.split_last()?;
+        if init.iter().any(|(_, out)| !out.is_multiple_of(LANES)) {
+            return None;
+        }
+        let mut k = Self {
+            qs: Vec::new(),
+            sc: Vec::new(),
+            mn: Vec::new(),
+            d: Vec::new(),
+            dmin: Vec::new(),
+        };
+        for (p, _) in parts {
+            k.qs.extend_from_slice(&p.qs);
+            k.sc.extend_from_slice(&p.sc);
+            k.mn.extend_from_slice(&p.mn);
+            k.d.extend_from_slice(&p.d);
+            k.dmin.extend_from_slice(&p.dmin);
+        }
+        Some(k)
     }
 
     /// The rows back from panels laid out as `layout`.
@@ -222,6 +254,48 @@ impl KPanels {
 }
 
 impl Layout {
+    /// Sets row `l`'s quants `row` (all `inp` of them) in a panel's quants
+    /// `qs` (zero before). The integer layouts, which the common kinds use,
+    /// are written four bytes at a time; the rest value by value.
+    fn put_row(self, kind: KQuant, qs: &mut [u8], l: usize, row: &[i8]) {
+        let (h, r) = (l / 8, l % 8);
+        match (self, kind) {
+            (Layout::Integer, KQuant::Q4K | KQuant::Iq4Xs) => {
+                let shift = 4 * h;
+                for (dst, src) in qs
+                    .chunks_exact_mut(kind.int_sb_bytes())
+                    .zip(row.chunks_exact(QK_K))
+                {
+                    for (g, four) in src.chunks_exact(4).enumerate() {
+                        let at = &mut dst[g * 32 + 4 * r..][..4];
+                        for (b, &q) in at.iter_mut().zip(four) {
+                            *b |= (q as u8 & 0xF) << shift;
+                        }
+                    }
+                }
+            }
+            (Layout::Integer, KQuant::Q6K) => {
+                for (dst, src) in qs
+                    .chunks_exact_mut(kind.int_sb_bytes())
+                    .zip(row.chunks_exact(QK_K))
+                {
+                    for (g, four) in src.chunks_exact(4).enumerate() {
+                        let at = &mut dst[(g * 2 + h) * 32 + 4 * r..][..4];
+                        for (b, &q) in at.iter_mut().zip(four) {
+                            // `q − 32` back to 0..64: unsigned for `maddubs`.
+                            *b = (q + 32) as u8;
+                        }
+                    }
+                }
+            }
+            _ => {
+                for (kk, &q) in row.iter().enumerate() {
+                    self.put_quant(kind, qs, l, kk, q);
+                }
+            }
+        }
+    }
+
     /// Sets row `l`'s quant `q` of element `kk` in a panel's quants `qs`
     /// (zero before).
     fn put_quant(self, kind: KQuant, qs: &mut [u8], l: usize, kk: usize, q: i8) {
