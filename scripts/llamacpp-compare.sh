@@ -18,7 +18,12 @@
 #   PYTHON          a Python with `numpy` and `gguf` (tests/external's venv has both)
 #   WORK            where the GGUF files and prompts are kept between runs
 #                   (default: ${TMPDIR:-/tmp}/inferscope-llamacpp)
-#   FORMATS         subset of "f32 f16 q8_0 q4_k_m q6_k" (the default: all)
+#   FORMATS         subset of "f32 f16 q8_0 q4_k_m q6_k" (the default: all) for the Llama file,
+#                   and/or model families at Q4_K_M (issue #35): "qwen3 gemma3 gemma2 phi3
+#                   qwen3moe mixtral" (`all-families` for the six), each a random-weight file of
+#                   tests/external/tiny_families.py's `bench` shape (the Llama file's sizes;
+#                   the mixtures of experts 8 experts of width 512, 2 per token), in F16 and
+#                   then quantized by llama-quantize
 #   N1, N8          prompts at concurrency 1 and 8 (default 8 and 24)
 #   RUNS            repeat the whole comparison (default 1); odd runs start each format
 #                   with inferscope, even runs with llama-server
@@ -39,6 +44,8 @@ LLAMA_BIN_DIR=${LLAMA_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/inferscope/llama.
 PYTHON=${PYTHON:-python3}
 WORK=${WORK:-${TMPDIR:-/tmp}/inferscope-llamacpp}
 FORMATS=${FORMATS:-f32 f16 q8_0 q4_k_m q6_k}
+FAMILIES="qwen3 gemma3 gemma2 phi3 qwen3moe mixtral"
+FORMATS=${FORMATS//all-families/$FAMILIES}
 N1=${N1:-8}
 N8=${N8:-24}
 RUNS=${RUNS:-1}
@@ -56,7 +63,7 @@ done
 "$PYTHON" -c 'import gguf, numpy' 2>/dev/null ||
   die "$PYTHON lacks numpy/gguf: set PYTHON, e.g. PYTHON=/path/to/.venv-external/bin/python"
 for f in $FORMATS; do
-  case $f in f32 | f16 | q8_0 | q4_k_m | q6_k) ;; *) die "unknown format '$f' in FORMATS (f32 f16 q8_0 q4_k_m q6_k)" ;; esac
+  case " f32 f16 q8_0 q4_k_m q6_k $FAMILIES " in *" $f "*) ;; *) die "unknown format '$f' in FORMATS (f32 f16 q8_0 q4_k_m q6_k $FAMILIES all-families)" ;; esac
 done
 for v in N1 N8 RUNS THREADS PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
@@ -83,13 +90,22 @@ if [ ! -s "$F32" ]; then
   echo "== writing $F32"
   "$PYTHON" "$ROOT/scripts/make-llama-gguf.py" "$F32.tmp" --type f32 && mv "$F32.tmp" "$F32"
 fi
-gguf_of() { echo "$WORK/llama-$1.gguf"; }
+is_family() { case " $FAMILIES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+gguf_of() { if is_family "$1"; then echo "$WORK/$1-q4_k_m.gguf"; else echo "$WORK/llama-$1.gguf"; fi; }
 for f in $FORMATS; do
   [ "$f" = f32 ] && continue
   file=$(gguf_of "$f")
   if [ ! -s "$file" ]; then
-    echo "== llama-quantize $f"
-    "$LLAMA_BIN_DIR/llama-quantize" "$F32" "$file.tmp" "${f^^}" "$THREADS" >"$WORK/quantize-$f.log" 2>&1 ||
+    src=$F32 type=${f^^}
+    if is_family "$f"; then
+      src="$WORK/$f-f16.gguf" type=Q4_K_M
+      if [ ! -s "$src" ]; then
+        echo "== writing $src"
+        "$PYTHON" "$ROOT/tests/external/tiny_families.py" "$f" "$src.tmp" --shape bench >/dev/null && mv "$src.tmp" "$src"
+      fi
+    fi
+    echo "== llama-quantize $f ($type)"
+    "$LLAMA_BIN_DIR/llama-quantize" "$src" "$file.tmp" "$type" "$THREADS" >"$WORK/quantize-$f.log" 2>&1 ||
       die "llama-quantize $f failed: $(tail -n 5 "$WORK/quantize-$f.log")"
     mv "$file.tmp" "$file"
   fi
@@ -195,9 +211,12 @@ for run in $(seq "$RUNS"); do
   done
 done
 
-"$PYTHON" - "$OUT" "$FORMATS" "$RUNS" "$N1" "$N8" "$OUT_LEN" <<'EOF' | tee "$OUT/table.md"
+"$PYTHON" - "$OUT" "$FORMATS" "$RUNS" "$N1" "$N8" "$OUT_LEN" "$FAMILIES" <<'EOF' | tee "$OUT/table.md"
 import json, os, statistics, sys
 out, formats, runs, n1, n8, out_len = sys.argv[1], sys.argv[2].split(), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+families = sys.argv[7].split()
+def label(fmt):
+    return f"{fmt} Q4_K_M" if fmt in families else fmt.upper()
 names = ["inferscope", "llama-server"]
 problems = []
 ratios = {}  # (format, concurrency) -> [(tok/s ratio, TTFT ratio)] over the rounds
@@ -217,7 +236,7 @@ for fmt in formats:
                                     f"counted by {got.get('output_tokens_counted_by')})")
             a, b = r["inferscope"], r["llama-server"]
             ta, tb = a["median_ttft_ms"], b["median_ttft_ms"]
-            print(f"| {fmt.upper()} | {c} ({n} prompts) | {run} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
+            print(f"| {label(fmt)} | {c} ({n} prompts) | {run} | {a['output_throughput']:.1f} | {b['output_throughput']:.1f} | "
                   f"{a['output_throughput'] / b['output_throughput']:.2f}× | {ta:.0f} / {tb:.0f} ms | {ta / tb:.2f}× |")
             ratios.setdefault((fmt, c), []).append((a["output_throughput"] / b["output_throughput"], ta / tb))
 print()
@@ -225,13 +244,13 @@ if runs > 1:
     # Runs spread by ±15 % between server processes: the median over the
     # rounds, and how many rounds met issue #18's goal.
     print(f"Over the {runs} rounds: the median ratio, and the rounds that met issue #18's goal "
-          "(output tok/s ≥ 1.3×, TTFT p50 ≤ 0.8×):")
+          "(output tok/s ≥ 1.3×, TTFT p50 ≤ 0.8×) and issue #35's (output tok/s ≥ 1.0×):")
     print()
-    print("| format | concurrency | tok/s ratio, median | rounds ≥ 1.3× | TTFT ratio, median | rounds ≤ 0.8× |")
-    print("|---|---|---|---|---|---|")
+    print("| format | concurrency | tok/s ratio, median | rounds ≥ 1.3× | rounds ≥ 1.0× | TTFT ratio, median | rounds ≤ 0.8× |")
+    print("|---|---|---|---|---|---|---|")
     for (fmt, c), v in ratios.items():
         tp, tt = [x for x, _ in v], [y for _, y in v]
-        print(f"| {fmt.upper()} | {c} | {statistics.median(tp):.2f}× | {sum(x >= 1.3 for x in tp)} of {runs} | "
+        print(f"| {label(fmt)} | {c} | {statistics.median(tp):.2f}× | {sum(x >= 1.3 for x in tp)} of {runs} | {sum(x >= 1.0 for x in tp)} of {runs} | "
               f"{statistics.median(tt):.2f}× | {sum(y <= 0.8 for y in tt)} of {runs} |")
     print()
 for fmt in formats:
@@ -242,7 +261,7 @@ for fmt in formats:
         u = j.get("usage") or {}
         usage[name] = (u.get("prompt_tokens"), u.get("completion_tokens"))
     same = "same" if texts["inferscope"] == texts["llama-server"] else "DIFFERENT"
-    print(f"- greedy, {fmt.upper()}: {same} text; " + "; ".join(
+    print(f"- greedy, {label(fmt)}: {same} text; " + "; ".join(
         f"{k}: {texts[k]!r} (usage: {usage[k][0]} prompt / {usage[k][1]} completion tokens)" for k in names))
 for p in problems:
     print(f"- WARNING: {p}")
