@@ -194,6 +194,11 @@ pub struct BenchServeArgs {
     /// Gauge sampling interval during the run, seconds.
     #[arg(long, default_value_t = 0.5)]
     pub scrape_interval: f64,
+    /// Profile the run on the server (vLLM's `--profile`): `POST /start_profile`
+    /// before it and `POST /stop_profile` after; the server must have been
+    /// started with its profile directory (inferscope: `--profile-dir`).
+    #[arg(long)]
+    pub profile: bool,
     /// Write a self-contained HTML report (tables and charts, no network needed to view it).
     #[arg(long, value_name = "FILE")]
     pub report_html: Option<PathBuf>,

@@ -597,9 +597,34 @@ pub async fn get_text(
     timeout: Duration,
     api_key: Option<&str>,
 ) -> Result<String, BenchError> {
+    let (status, body) = send_empty(http::Method::GET, url, timeout, api_key).await?;
+    if status != StatusCode::OK {
+        return Err(BenchError::Server(format!("{url}: HTTP {status}")));
+    }
+    Ok(body)
+}
+
+/// `POST url` with an empty body (vLLM's `/start_profile`), with `api_key`
+/// as a bearer token when given: the status and the body as text, whatever
+/// the status (the caller explains the ones it expects).
+pub async fn post_text(
+    url: &str,
+    timeout: Duration,
+    api_key: Option<&str>,
+) -> Result<(StatusCode, String), BenchError> {
+    send_empty(http::Method::POST, url, timeout, api_key).await
+}
+
+/// `METHOD url` with an empty body: the status and the body as text.
+async fn send_empty(
+    method: http::Method,
+    url: &str,
+    timeout: Duration,
+    api_key: Option<&str>,
+) -> Result<(StatusCode, String), BenchError> {
     let uri = parse_http_uri(url)?;
     let client = http_client();
-    let mut builder = Request::get(uri);
+    let mut builder = Request::builder().method(method).uri(uri);
     if let Some(key) = api_key {
         builder = builder.header(http::header::AUTHORIZATION, format!("Bearer {key}"));
     }
@@ -618,10 +643,7 @@ pub async fn get_text(
             .await
             .map_err(|e| BenchError::Server(format!("{url}: {}", error_chain(&e))))?
             .to_bytes();
-        if status != StatusCode::OK {
-            return Err(BenchError::Server(format!("{url}: HTTP {status}")));
-        }
-        Ok(String::from_utf8_lossy(&body).into_owned())
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(timeout, fut)
         .await

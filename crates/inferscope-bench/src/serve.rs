@@ -3,7 +3,7 @@
 use crate::arrivals;
 use crate::cli::{Backend, BenchServeArgs, DatasetName};
 use crate::client::{
-    ApiClient, ApiKind, ClientConfig, RequestIds, RequestOutput, Sampling, discover_model,
+    self, ApiClient, ApiKind, ClientConfig, RequestIds, RequestOutput, Sampling, discover_model,
 };
 use crate::dataset::{self, CountedBy, DatasetSpec, PromptSource, SampleRequest, WordSource};
 use crate::error::BenchError;
@@ -213,6 +213,48 @@ pub fn resent_line(outputs: &[RequestOutput]) -> Option<String> {
     ))
 }
 
+/// How long the server may take to answer a profiler call (a stop writes
+/// the whole profile before it answers).
+const PROFILER_ANSWER: Duration = Duration::from_secs(120);
+
+/// `--profile`: `POST {base}/{start|stop}_profile`; the server's JSON answer
+/// (`null` for an empty one, as vLLM's), or why it refused.
+async fn profiler(base: &str, action: &str, api_key: Option<&str>) -> Result<Value, BenchError> {
+    let url = format!("{base}/{action}_profile");
+    let (status, body) = client::post_text(&url, PROFILER_ANSWER, api_key).await?;
+    let answer: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    if status.is_success() {
+        return Ok(answer);
+    }
+    let message = answer
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .map_or_else(|| body.trim().to_string(), str::to_string);
+    // vLLM answers 404 without its profiler directory; some servers 400 or 405.
+    let hint = if matches!(status.as_u16(), 400 | 404 | 405) {
+        " (the server was not started with --profile-dir; vLLM needs its profiler directory)"
+    } else {
+        ""
+    };
+    Err(BenchError::Server(format!(
+        "--profile: POST {url}: HTTP {status}{hint}: {message}"
+    )))
+}
+
+/// The line printed after the profile stopped: where the server wrote it.
+fn profile_written_line(answer: &Value) -> String {
+    match answer.get("path").and_then(Value::as_str) {
+        Some(path) => format!(
+            "Profile written by the server to {path} ({} steps, {} requests)",
+            answer.get("steps").and_then(Value::as_u64).unwrap_or(0),
+            answer.get("requests").and_then(Value::as_u64).unwrap_or(0)
+        ),
+        None => {
+            "Profiler stopped (the server wrote the profile into its profile directory)".to_string()
+        }
+    }
+}
+
 /// Runs one benchmark: prints the report (and the server-side view) and saves
 /// the result when asked.
 pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError> {
@@ -409,10 +451,27 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         max_concurrency: args.max_concurrency,
         progress: progress::wanted(args.disable_tqdm),
     };
+    if args.profile {
+        println!("Starting the server's profiler...");
+        profiler(&base, "start", api_key.as_deref()).await?;
+    }
     // The runner starts its clock right after this; the server's samples are
     // put on the same axis.
     let run_start = Instant::now();
     let mut run = runner::execute(client.clone(), plan).await;
+    // The report and the result are still made when the stop fails; the
+    // error is returned after them.
+    let mut profile_error = None;
+    if args.profile {
+        println!("Stopping the server's profiler...");
+        match profiler(&base, "stop", api_key.as_deref()).await {
+            Ok(answer) => println!("{}", profile_written_line(&answer)),
+            Err(e) => {
+                println!("{e}");
+                profile_error = Some(e);
+            }
+        }
+    }
     if exact.is_some()
         && let Err(e) = count_outputs(&mut run.outputs, source.clone()).await
     {
@@ -587,6 +646,9 @@ pub async fn run_serve(args: &BenchServeArgs) -> Result<ServeOutcome, BenchError
         std::fs::write(&path, text).map_err(|e| BenchError::io(&path, e))?;
         println!("Result saved to {}", path.display());
         saved_to = Some(path);
+    }
+    if let Some(e) = profile_error {
+        return Err(e);
     }
     Ok(ServeOutcome {
         metrics: m,

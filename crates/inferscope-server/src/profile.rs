@@ -161,9 +161,14 @@ pub fn batch_json(batch: &[StepSeq]) -> Value {
     )
 }
 
-/// Microseconds, the unit of Trace Event Format timestamps.
+/// Microseconds, the unit of Trace Event Format timestamps, in steps of
+/// 1/1024 µs: sums and differences of these are exact in f64, so a viewer
+/// adding `ts + dur` finds a phase's end exactly at its step's (with decimal
+/// fractions it can land one ulp past it, and DevTools then no longer nests
+/// the phase in its step).
 fn us(d: Duration) -> f64 {
-    d.as_nanos() as f64 / 1e3
+    let ticks = (d.as_nanos() * 1024 + 500) / 1000;
+    ticks as f64 / 1024.0
 }
 
 /// The Trace Event Format document of `profiles`.
@@ -225,11 +230,12 @@ fn step_events(
     ts: &impl Fn(Instant) -> f64,
 ) {
     let start = ts(step.start);
+    let end = ts(step.start + step.wall());
     let prefill: u32 = step.batch.iter().map(|q| q.prefill_tokens).sum();
     let decode: u32 = step.batch.iter().map(|q| q.decode_tokens).sum();
     events.push(json!({
         "ph": "X", "name": "step", "cat": "step", "pid": pid, "tid": 1,
-        "ts": start, "dur": us(step.wall()),
+        "ts": start, "dur": end - start,
         "args": {
             "step": index,
             "batch": batch_json(&step.batch),
@@ -239,17 +245,20 @@ fn step_events(
             "host_time_us": us(step.host_time()),
         },
     }));
-    let mut at = start;
+    // Each phase from the step's own instants, so the last one ends exactly
+    // where the step does.
+    let mut at = step.start;
     for (name, d) in [
         ("schedule", step.schedule),
         ("execute", step.execute),
         ("postprocess", step.postprocess),
     ] {
+        let (from, to) = (ts(at), ts(at + d));
         events.push(
             json!({"ph": "X", "name": name, "cat": "step", "pid": pid, "tid": 1,
-            "ts": at, "dur": us(d)}),
+            "ts": from, "dur": to - from}),
         );
-        at += us(d);
+        at += d;
     }
 }
 
@@ -332,6 +341,58 @@ mod tests {
 
     fn ms(base: Instant, n: u64) -> Instant {
         base + Duration::from_millis(n)
+    }
+
+    /// Steps of odd nanosecond lengths, far from the origin: each phase a
+    /// viewer reads as `ts + dur` ends no later than its step (DevTools
+    /// un-nests one that ends an ulp past it), and the last ends exactly there.
+    #[test]
+    fn phases_end_within_their_step_in_f64() {
+        let origin = Instant::now();
+        let steps: Vec<StepRecord> = (0..500u64)
+            .map(|i| StepRecord {
+                start: origin + Duration::from_nanos(3_600_000_000_123 + i * 7_654_321),
+                schedule: Duration::from_nanos(100_003 + i * 17),
+                execute: Duration::from_nanos(2_200_011 + i * 31),
+                postprocess: Duration::from_nanos(45_007 + i * 13),
+                device_time: Duration::from_nanos(2_000_000),
+                batch: vec![],
+            })
+            .collect();
+        let profile = EngineProfile {
+            engine: 0,
+            started: origin,
+            stopped: origin,
+            steps,
+            dropped_steps: 0,
+            requests: vec![],
+        };
+        let trace = trace_events(&[profile], 0.0, 0.0, &[]);
+        let slices: Vec<(&str, f64, f64)> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X")
+            .map(|e| {
+                let ts = e["ts"].as_f64().unwrap();
+                (
+                    e["name"].as_str().unwrap(),
+                    ts,
+                    ts + e["dur"].as_f64().unwrap(),
+                )
+            })
+            .collect();
+        for step in slices.chunks(4) {
+            let (name, begin, end) = step[0];
+            assert_eq!(name, "step");
+            for &(phase, b, e) in &step[1..] {
+                assert!(
+                    b >= begin && e <= end,
+                    "{phase} [{b}, {e}] outside [{begin}, {end}]"
+                );
+            }
+            assert_eq!(step[3].2, end, "postprocess ends where its step does");
+        }
     }
 
     /// A request preempted while decoding (its recompute nests in decode)

@@ -3,6 +3,7 @@
 //! `cargo test -p inferscope --test it architecture_doc::`.
 
 mod architecture_doc;
+mod bench_profile;
 mod bench_tokens;
 mod chat_template;
 mod common;
