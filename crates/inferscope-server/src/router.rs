@@ -18,7 +18,7 @@ use crate::handlers;
 use crate::kv_debug;
 use crate::profile;
 use crate::state::AppState;
-use crate::tenants::Tenant;
+use inferscope_tenants::Tenant;
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
 /// `/metrics` and the console's routes when `serve_metrics` (else they answer 404:

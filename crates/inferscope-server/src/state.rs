@@ -33,8 +33,8 @@ use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
-use crate::tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
 use crate::validation_workers::ValidationWorkers;
+use inferscope_tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
 
 /// Everything a handler needs.
 pub struct AppState {

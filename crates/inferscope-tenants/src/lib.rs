@@ -1,5 +1,6 @@
-//! Tenants: who sent a request, from the API key that authenticated it
-//! (`--api-key-file`), never from a header a client could set.
+//! inferscope-tenants: who sent a request, from the API key that
+//! authenticated it (`--api-key-file`), never from a header a client could
+//! set; `serve` and `proxy` both authenticate and limit with it.
 //!
 //! The key file is JSON:
 //! `{"tenants": [{"name": "team-a", "key": "…", "weight": 2}, {"name": "team-b", "key_sha256": "…"}]}`.
@@ -17,7 +18,7 @@ use std::time::Instant;
 
 use inferscope_schema::schema::{TENANT_ANONYMOUS, TENANT_OTHER};
 
-use axum::http::{HeaderMap, header};
+use http::{HeaderMap, header};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -96,33 +97,31 @@ pub enum TenantRejection {
 pub const REASON_TENANT_LIMIT: &str = "tenant_limit";
 
 impl TenantRejection {
-    /// The 429 answered, naming the tenant and the limit.
-    pub fn to_api_error(&self, tenant: &str) -> crate::error::ApiError {
-        let (message, retry_after) = match self {
-            Self::MaxConcurrent { limit } => (
-                format!(
-                    "tenant `{tenant}` is at its max_concurrent limit ({limit} requests in flight); retry later"
-                ),
-                1,
+    /// The error message of the 429, naming the tenant and the limit.
+    pub fn message(&self, tenant: &str) -> String {
+        match self {
+            Self::MaxConcurrent { limit } => format!(
+                "tenant `{tenant}` is at its max_concurrent limit ({limit} requests in flight); retry later"
             ),
-            Self::MaxWaiting { limit } => (
-                format!(
-                    "tenant `{tenant}` is at its max_waiting limit ({limit} requests waiting to start); retry later"
-                ),
-                1,
+            Self::MaxWaiting { limit } => format!(
+                "tenant `{tenant}` is at its max_waiting limit ({limit} requests waiting to start); retry later"
             ),
             Self::TokensPerMinute {
                 limit,
                 used,
                 retry_after,
-            } => (
-                format!(
-                    "tenant `{tenant}` is over its tokens_per_minute limit ({used} of {limit} tokens in the last minute); retry after {retry_after} s"
-                ),
-                *retry_after,
+            } => format!(
+                "tenant `{tenant}` is over its tokens_per_minute limit ({used} of {limit} tokens in the last minute); retry after {retry_after} s"
             ),
-        };
-        crate::error::ApiError::rate_limited(message, retry_after)
+        }
+    }
+
+    /// The 429's `Retry-After`, in seconds.
+    pub fn retry_after(&self) -> u64 {
+        match self {
+            Self::MaxConcurrent { .. } | Self::MaxWaiting { .. } => 1,
+            Self::TokensPerMinute { retry_after, .. } => *retry_after,
+        }
     }
 }
 
@@ -321,7 +320,7 @@ pub struct TenantKeys {
 /// `--tenant-header` with the `--trusted-proxy` peers it is believed from.
 #[derive(Debug, Clone)]
 pub struct TenantHeader {
-    name: axum::http::HeaderName,
+    name: http::HeaderName,
     trusted: Vec<(std::net::IpAddr, u8)>,
 }
 
@@ -331,7 +330,7 @@ const MAX_HEADER_TENANT_BYTES: usize = 128;
 impl TenantHeader {
     /// Parses the header name and the trusted peers (`ADDR` or `ADDR/BITS`).
     pub fn new(name: &str, trusted: &[String]) -> Result<Self, String> {
-        let name = axum::http::HeaderName::try_from(name)
+        let name = http::HeaderName::try_from(name)
             .map_err(|e| format!("--tenant-header {name:?}: {e}"))?;
         if trusted.is_empty() {
             return Err("--tenant-header needs at least one --trusted-proxy".into());
@@ -567,9 +566,13 @@ mod tests {
         drop((a, c));
         assert_eq!(t.usage.in_flight.load(Ordering::Acquire), 0);
         assert_eq!(t.usage.waiting.load(Ordering::Acquire), 0);
-        let e = TenantRejection::MaxConcurrent { limit: 2 }.to_api_error("t");
-        assert_eq!((e.status.as_u16(), e.retry_after), (429, Some(1)));
-        assert!(e.message.contains("max_concurrent"), "{}", e.message);
+        let e = TenantRejection::MaxConcurrent { limit: 2 };
+        assert_eq!(e.retry_after(), 1);
+        assert!(
+            e.message("t").contains("max_concurrent"),
+            "{}",
+            e.message("t")
+        );
     }
 
     #[test]
