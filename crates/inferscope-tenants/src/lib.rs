@@ -518,6 +518,105 @@ impl TenantKeys {
     }
 }
 
+/// Who may call the API, and as which tenant: `--api-key-file`, the single
+/// `--api-key` (tenant `default`), `--tenant-header`; `serve` and `proxy`
+/// apply the same rule.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// The keys (the single `--api-key` is a file of one tenant).
+    keys: Option<TenantKeys>,
+    header: Option<TenantHeader>,
+}
+
+/// Why a request was not let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessRefusal {
+    /// No key, or a key that names no tenant: 401.
+    Unauthorized,
+    /// A trusted peer's tenant header is not a usable name: 400.
+    BadTenantHeader(String),
+}
+
+impl Access {
+    /// From the flags; an empty `api_key` counts as none. The error names
+    /// the flag and the problem.
+    pub fn new(
+        api_key: Option<&str>,
+        key_file: Option<&Path>,
+        header: Option<TenantHeader>,
+    ) -> Result<Self, String> {
+        let keys = match (key_file, api_key.filter(|k| !k.is_empty())) {
+            (Some(path), _) => Some(TenantKeys::from_file(path)?),
+            (None, Some(key)) => {
+                let mut keys = TenantKeys::default();
+                let digest = Sha256::digest(key.as_bytes()).into();
+                keys.by_digest
+                    .insert(digest, Arc::new(Tenant::unlimited(DEFAULT_TENANT)));
+                Some(keys)
+            }
+            (None, None) => None,
+        };
+        Ok(Self { keys, header })
+    }
+
+    /// Whether requests need a key (a trusted tenant header aside).
+    pub fn requires_key(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The key file's tenants (`default` for `--api-key`), for fair
+    /// admission's weights and the first label slots.
+    pub fn keys(&self) -> Option<&TenantKeys> {
+        self.keys.as_ref()
+    }
+
+    /// The tenant of a request from `peer` (`None`: anonymous, no keys are
+    /// set): a trusted peer's tenant header, else the bearer key's tenant.
+    pub fn identify(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<Tenant>>, AccessRefusal> {
+        if let Some(header) = &self.header {
+            match header.tenant(peer, headers) {
+                // The gateway authenticated the caller: no key is asked for.
+                Ok(Some(name)) => {
+                    let tenant = self
+                        .keys
+                        .as_ref()
+                        .and_then(|k| k.by_name(name))
+                        .unwrap_or_else(|| Arc::new(Tenant::unlimited(name)));
+                    return Ok(Some(tenant));
+                }
+                Ok(None) => {}
+                Err(message) => return Err(AccessRefusal::BadTenantHeader(message)),
+            }
+        }
+        match &self.keys {
+            None => Ok(None),
+            Some(keys) => keys
+                .authenticate(headers)
+                .map(Some)
+                .ok_or(AccessRefusal::Unauthorized),
+        }
+    }
+
+    /// Whether `headers` carry a key that opens the API (the console's check).
+    pub fn authorizes(&self, headers: &HeaderMap) -> bool {
+        self.keys
+            .as_ref()
+            .is_none_or(|k| k.authenticate(headers).is_some())
+    }
+}
+
+/// `--max-tenant-labels`: 1 to 4096 (each value is a set of series per engine).
+pub fn parse_max_tenant_labels(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!("expected a number from 1 to 4096, got {s:?}")),
+    }
+}
+
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim();
     if hex.len() != 64 || !hex.is_ascii() {
@@ -671,6 +770,43 @@ mod tests {
             keys.weights(),
             BTreeMap::from([("team-a".into(), 3.0), ("team-b".into(), 1.0)])
         );
+    }
+
+    #[test]
+    fn access_takes_a_trusted_header_then_the_key() {
+        let header = TenantHeader::new("x-tenant", &["10.0.0.0/8".into()]).expect("valid");
+        let access = Access::new(Some("sekrit"), None, Some(header)).expect("valid");
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().expect("ip"));
+        let named = |r: Result<Option<Arc<Tenant>>, AccessRefusal>| {
+            r.map(|t| t.map(|t| t.name.to_string()))
+        };
+        assert_eq!(
+            named(access.identify(None, &bearer("sekrit"))),
+            Ok(Some("default".into()))
+        );
+        assert_eq!(
+            named(access.identify(None, &bearer("other"))),
+            Err(AccessRefusal::Unauthorized)
+        );
+        assert_eq!(
+            named(access.identify(None, &HeaderMap::new())),
+            Err(AccessRefusal::Unauthorized)
+        );
+        let mut h = HeaderMap::new();
+        h.insert("x-tenant", "gw-team".parse().expect("header"));
+        assert_eq!(
+            named(access.identify(ip("10.1.1.1"), &h)),
+            Ok(Some("gw-team".into()))
+        );
+        assert_eq!(
+            named(access.identify(ip("11.1.1.1"), &h)),
+            Err(AccessRefusal::Unauthorized)
+        );
+        assert!(access.authorizes(&bearer("sekrit")) && !access.authorizes(&h));
+        let open = Access::new(Some(""), None, None).expect("no key");
+        assert_eq!(named(open.identify(None, &HeaderMap::new())), Ok(None));
+        assert!(!open.requires_key() && access.requires_key());
+        assert!(parse_max_tenant_labels("0").is_err() && parse_max_tenant_labels("32") == Ok(32));
     }
 
     #[test]
