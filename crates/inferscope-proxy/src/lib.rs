@@ -24,6 +24,7 @@
 //! proxy can measure), [`relay`] (the measured routes' upstream client) and
 //! [`upstream`] (hyper's client, URL, failures).
 
+pub mod admission;
 pub mod cli;
 mod handlers;
 mod inbound;
