@@ -20,7 +20,7 @@ use crate::observe::{
     BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
 };
 use crate::relay::Sent;
-use crate::state::{AppState, Peer};
+use crate::state::{AppState, Peer, refusal_response};
 use crate::upstream::{self, UpstreamFailure, copy_end_to_end, error_response, is_hop_by_hop};
 use crate::upstream_metrics::{append_upstream, fetch_upstream_metrics};
 use inferscope_schema::schema::TENANT_ANONYMOUS;
@@ -316,7 +316,7 @@ pub(crate) async fn generation(State(app): State<Arc<AppState>>, req: Request) -
             let peer = parts.extensions.get::<Peer>().copied();
             let tenant = match app.identify(peer, &parts.headers) {
                 Ok(t) => t,
-                Err(refused) => return refused,
+                Err(refusal) => return refusal_response(refusal),
             };
             let bytes = match axum::body::to_bytes(body, app.max_body).await {
                 Ok(b) => b,

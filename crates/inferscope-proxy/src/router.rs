@@ -11,7 +11,7 @@ use axum::response::Response;
 use axum::routing::{any, get, post};
 
 use crate::handlers::{generation, metrics, pass_through};
-use crate::state::{AppState, Peer};
+use crate::state::{AppState, Peer, refusal_response};
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let mut v1 = Router::new()
@@ -44,7 +44,7 @@ pub(crate) async fn require_api_key(
 ) -> Response {
     let peer = req.extensions().get::<Peer>().copied();
     match s.identify(peer, req.headers()) {
-        Err(refused) => refused,
+        Err(refusal) => refusal_response(refusal),
         Ok(_) => next.run(req).await,
     }
 }

@@ -52,28 +52,17 @@ impl AppState {
         self.access.requires_key() || self.tenant_header_set
     }
 
-    /// The request's tenant (`None`: anonymous), or the 401 (no key, or one
-    /// that names no tenant) or 400 (a trusted peer's bad tenant header).
+    /// The request's tenant (`None`: anonymous), or why it is refused
+    /// ([`refusal_response`]).
     pub(crate) fn identify(
         &self,
         peer: Option<Peer>,
         headers: &HeaderMap,
-    ) -> Result<Option<Arc<Tenant>>, Response> {
+    ) -> Result<Option<Arc<Tenant>>, AccessRefusal> {
         if !self.checks_access() {
             return Ok(None);
         }
-        self.access
-            .identify(peer.map(|p| p.0), headers)
-            .map_err(|refusal| match refusal {
-                AccessRefusal::Unauthorized => error_response(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid_request_error",
-                    "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
-                ),
-                AccessRefusal::BadTenantHeader(message) => {
-                    error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message)
-                }
-            })
+        self.access.identify(peer.map(|p| p.0), headers)
     }
 
     /// A copy for another thread's runtime: the same metrics and settings,
@@ -106,3 +95,18 @@ impl AppState {
 /// The client's address (a request extension), for `--trusted-proxy`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Peer(pub(crate) std::net::IpAddr);
+
+/// The 401 (no key, or one that names no tenant) or 400 (a trusted peer's
+/// bad tenant header) for a refused request.
+pub(crate) fn refusal_response(refusal: AccessRefusal) -> Response {
+    match refusal {
+        AccessRefusal::Unauthorized => error_response(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
+        ),
+        AccessRefusal::BadTenantHeader(message) => {
+            error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+}
