@@ -28,6 +28,8 @@ pub struct FairQueue<T> {
 struct Lane<T> {
     weight: f64,
     credit: f64,
+    /// Its visit is under way (its weight added for this turn).
+    visited: bool,
     waiting: VecDeque<T>,
 }
 
@@ -60,6 +62,7 @@ impl<T> FairQueue<T> {
             .or_insert_with(|| Lane {
                 weight,
                 credit: 0.0,
+                visited: false,
                 waiting: VecDeque::new(),
             });
         if lane.waiting.is_empty() {
@@ -71,13 +74,21 @@ impl<T> FairQueue<T> {
 
     /// The next request by deficit round robin.
     pub fn pop(&mut self) -> Option<T> {
-        // Each pass adds at least the smallest weight to the front's credit,
-        // so this ends; weights are positive (the key file checks them).
+        // A visit to the front tenant earns it its weight once, then it
+        // sends while its credit lasts and the turn passes on; each pass
+        // adds credit, so this ends (weights are positive: the key file
+        // checks them).
         loop {
             let tenant = self.turns.front()?;
             let lane = self.lanes.get_mut(tenant)?;
-            if lane.credit < 1.0 {
+            if !lane.visited {
+                lane.visited = true;
                 lane.credit += lane.weight;
+            }
+            if lane.credit < 1.0 {
+                // Its visit is over: a tenant that arrived meanwhile is
+                // next, not behind this one's next visit.
+                lane.visited = false;
                 let t = self.turns.pop_front()?;
                 self.turns.push_back(t);
                 continue;
@@ -323,6 +334,18 @@ mod tests {
         }
         q.push(&b, 0.5, "b1");
         assert_eq!(drain(&mut q), ["a1", "a2", "b1", "a3", "a4"]);
+    }
+
+    #[test]
+    fn a_tenant_that_arrives_is_next_once_the_current_visit_ends() {
+        let (a, b): (Arc<str>, Arc<str>) = ("a".into(), "b".into());
+        let mut q = FairQueue::default();
+        for x in ["a1", "a2", "a3", "a4"] {
+            q.push(&a, 1.0, x);
+        }
+        assert_eq!(q.pop(), Some("a1"));
+        q.push(&b, 1.0, "b1");
+        assert_eq!(drain(&mut q), ["b1", "a2", "a3", "a4"]);
     }
 
     #[test]
