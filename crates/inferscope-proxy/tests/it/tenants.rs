@@ -83,7 +83,8 @@ async fn tenants_are_attributed_limited_and_refused_without_a_key() {
     let keys = key_file(
         r#"{"tenants": [{"name": "team-a", "key": "secret-a"},
                         {"name": "team-b", "key": "secret-b", "max_concurrent": 1},
-                        {"name": "team-c", "key": "secret-c"}]}"#,
+                        {"name": "team-c", "key": "secret-c"},
+                        {"name": "team-d", "key": "secret-d", "tokens_per_minute": 5}]}"#,
     );
     // 30 ms steps: a 20-token stream is in flight for ~0.6 s.
     let server = serve(&[
@@ -150,7 +151,8 @@ async fn tenants_are_attributed_limited_and_refused_without_a_key() {
             "{label}: {ttft} {e2e}"
         );
     }
-    assert!(text.contains("inferscope_tenant_labels_folded{model_name=\"m\"} 1"));
+    // team-c and team-d fold into `other`.
+    assert!(text.contains("inferscope_tenant_labels_folded{model_name=\"m\"} 2"));
     assert!(!text.contains("secret-"), "a key reached the metrics");
 
     // team-b may have one request in flight: a second gets 429 (naming the
@@ -182,6 +184,24 @@ async fn tenants_are_attributed_limited_and_refused_without_a_key() {
         ),
         1.0
     );
+    assert!(!text.contains("secret-"), "a key reached the metrics");
+
+    // team-d's first request is admitted into an empty window and charged
+    // its usage at the end; the window is then over its 5 tokens a minute.
+    assert_eq!(complete(addr, "secret-d", 2, false).await.status, 200);
+    let over = complete(addr, "secret-d", 2, false).await;
+    assert_eq!(over.status, 429, "{}", over.body);
+    assert!(
+        over.json()["error"]["message"]
+            .to_string()
+            .contains("tokens_per_minute")
+    );
+    let retry: u64 = over.headers["retry-after"]
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
 
     // A client that goes away mid-stream gives its hold back too.
     let gone = tokio::spawn(async move { complete(addr, "secret-b", 40, true).await });
