@@ -282,3 +282,78 @@ async fn a_light_tenant_is_not_queued_behind_a_flood() {
     );
     p.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A failed upstream gives back the request's upstream slot and its
+/// tenant's hold: with one slot and `max_concurrent: 1`, every request in
+/// turn gets the upstream's 502, none waits for a slot that was never freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_failure_gives_the_slot_and_the_hold_back() {
+    let keys =
+        key_file(r#"{"tenants": [{"name": "solo", "key": "key-solo", "max_concurrent": 1}]}"#);
+    // A port nobody listens on.
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let keys_arg = keys.0.to_string_lossy().into_owned();
+    let p = proxy(
+        &format!("http://{free}"),
+        &[
+            "--served-model-name",
+            "m",
+            "--api-key-file",
+            &keys_arg,
+            "--max-upstream-concurrency",
+            "1",
+        ],
+    )
+    .await;
+    for stream in [true, false, true] {
+        let r = complete(p.addr, "key-solo", 2, stream).await;
+        assert_eq!(r.status, 502, "{}", r.body);
+    }
+    p.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `--tenant-header` is believed from a `--trusted-proxy` peer only: from
+/// 127.0.0.1 trusted, the header names the tenant and no key is needed;
+/// with another address trusted, the same request needs its key (401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tenant_header_counts_only_from_trusted_peers() {
+    let server = serve(&["--sim-profile", "tiny", "--served-model-name", "m"]).await;
+    let upstream = format!("http://{}", server.addr);
+    let body = r#"{"model":"m","prompt":"hi","max_tokens":2}"#;
+    let headers = [("x-tenant", "gw-team")];
+    let trusted = proxy(
+        &upstream,
+        &[
+            "--api-key",
+            "k",
+            "--tenant-header",
+            "x-tenant",
+            "--trusted-proxy",
+            "127.0.0.0/8",
+        ],
+    )
+    .await;
+    let r = call(trusted.addr, "POST", "/v1/completions", body, &headers).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = metrics(trusted.addr).await;
+    assert!(by_tenant(&text, "inferscope_prompt_tokens_total", "gw-team") > 0.0);
+    let other = proxy(
+        &upstream,
+        &[
+            "--api-key",
+            "k",
+            "--tenant-header",
+            "x-tenant",
+            "--trusted-proxy",
+            "10.0.0.1",
+        ],
+    )
+    .await;
+    let r = call(other.addr, "POST", "/v1/completions", body, &headers).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    trusted.shutdown(Duration::from_secs(5)).await;
+    other.shutdown(Duration::from_secs(5)).await;
+}
