@@ -15,13 +15,17 @@ use bytes::Bytes;
 use inferscope_metrics::http::RequestStart;
 use inferscope_metrics::{Format, negotiate};
 
+use crate::admission::{Holds, weight_of};
 use crate::observe::{
     BodyKind, ObservedBody, Observer, Outcome, RequestView, with_usage_requested,
 };
 use crate::relay::Sent;
-use crate::state::AppState;
+use crate::state::{AppState, Peer, refusal_response};
 use crate::upstream::{self, UpstreamFailure, copy_end_to_end, error_response, is_hop_by_hop};
 use crate::upstream_metrics::{append_upstream, fetch_upstream_metrics};
+use inferscope_schema::schema::TENANT_ANONYMOUS;
+use inferscope_schema::stats::RequestRef;
+use inferscope_tenants::{REASON_TENANT_LIMIT, Tenant, TenantRejection};
 
 /// The upstream request for a client's `parts` and `body`.
 pub(crate) fn upstream_request(
@@ -178,7 +182,16 @@ pub(crate) fn outgoing(app: &AppState, bytes: Bytes) -> (Bytes, bool, RequestVie
 /// bookkeeping (a request extension, taken once by [`generation`]; the lock
 /// is only there because extensions must be `Clone` and `Sync`).
 #[derive(Clone)]
-pub(crate) struct SentEarly(Arc<std::sync::Mutex<Option<(Sent, bool, RequestView)>>>);
+pub(crate) struct SentEarly(Arc<std::sync::Mutex<Option<Early>>>);
+
+/// What [`send_early`] did: the request sent, with its tenant and holds.
+pub(crate) struct Early {
+    sent: Sent,
+    strip_usage: bool,
+    view: RequestView,
+    tenant: Option<Arc<Tenant>>,
+    holds: Holds,
+}
 
 /// Sends a generation post upstream now, on an idle pooled connection,
 /// before the HTTP metrics layer and the handler run (they then take it
@@ -193,12 +206,18 @@ pub(crate) fn send_early(
     method: &http::Method,
     path: &str,
     headers: &HeaderMap,
+    peer: Option<Peer>,
     bytes: Bytes,
 ) -> Option<SentEarly> {
-    if app.api_key.is_some() && app.refuse_without_key(headers).is_some() {
-        return None;
-    }
+    let tenant = app.identify(peer, headers).ok()?;
     let (body, strip_usage, view) = outgoing(app, bytes);
+    // Only a request that waits for nothing: a refusal, or a wait for an
+    // upstream slot, is the handler's to answer.
+    let mut holds = admit(tenant.as_ref(), view.n).ok()?;
+    if let Some(gate) = &app.gate {
+        holds.slot = Some(gate.try_acquire()?);
+    }
+    holds.started();
     let authority = app.base.authority();
     let head = crate::relay::request_head(
         method,
@@ -208,12 +227,54 @@ pub(crate) fn send_early(
         body.len(),
     );
     let sent = app.relay.send_on_idle(method, authority, head, body).ok()?;
-    Some(SentEarly(Arc::new(std::sync::Mutex::new(Some((
+    Some(SentEarly(Arc::new(std::sync::Mutex::new(Some(Early {
         sent,
         strip_usage,
         view,
-    ))))))
+        tenant,
+        holds,
+    })))))
 }
+
+/// A request's holds on its tenant's limits (`n` choices), or the 429.
+fn admit(tenant: Option<&Arc<Tenant>>, n: u64) -> Result<Holds, TenantRefusal> {
+    let Some(tenant) = tenant else {
+        return Ok(Holds::default());
+    };
+    let choices = usize::try_from(n).unwrap_or(usize::MAX).clamp(1, 128);
+    match tenant.admit(choices) {
+        Ok(permit) => Ok(Holds {
+            choices: permit.into_choices(),
+            slot: None,
+        }),
+        Err(rejection) => Err(TenantRefusal(rejection, Arc::clone(&tenant.name))),
+    }
+}
+
+/// A tenant's limit refused the request.
+struct TenantRefusal(TenantRejection, Arc<str>);
+
+impl TenantRefusal {
+    /// The 429 with `Retry-After`, naming the tenant and the limit (as `serve`'s).
+    fn into_response(self, app: &AppState) -> Response {
+        let TenantRefusal(rejection, tenant) = self;
+        app.manager.record_admission_rejection(REASON_TENANT_LIMIT);
+        let mut resp = error_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            rejection.message(&tenant),
+        );
+        resp.headers_mut().insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(rejection.retry_after().max(1)),
+        );
+        resp
+    }
+}
+
+/// The queue key of anonymous requests under `--max-upstream-concurrency`.
+static ANONYMOUS: std::sync::LazyLock<Arc<str>> =
+    std::sync::LazyLock::new(|| Arc::from(TENANT_ANONYMOUS));
 
 /// The request's id as the console lists it: the client's `x-request-id`
 /// (at most 128 bytes), else one made here.
@@ -243,9 +304,20 @@ pub(crate) async fn generation(State(app): State<Arc<AppState>>, req: Request) -
         .extensions
         .remove::<SentEarly>()
         .and_then(|e| e.0.lock().ok()?.take());
-    let (outbound, strip_usage, view) = match early {
-        Some((sent, strip_usage, view)) => (Outbound::Sent(sent), strip_usage, view),
+    let (outbound, strip_usage, view, tenant, holds) = match early {
+        Some(e) => (
+            Outbound::Sent(e.sent),
+            e.strip_usage,
+            e.view,
+            e.tenant,
+            Some(e.holds),
+        ),
         None => {
+            let peer = parts.extensions.get::<Peer>().copied();
+            let tenant = match app.identify(peer, &parts.headers) {
+                Ok(t) => t,
+                Err(refusal) => return refusal_response(refusal),
+            };
             let bytes = match axum::body::to_bytes(body, app.max_body).await {
                 Ok(b) => b,
                 Err(e) => return unreadable_body(&app, &e),
@@ -255,19 +327,46 @@ pub(crate) async fn generation(State(app): State<Arc<AppState>>, req: Request) -
                 body,
                 measured: true,
             };
-            (outbound, strip_usage, view)
+            (outbound, strip_usage, view, tenant, None)
         }
+    };
+    // A tenant's limits before anything is counted: a refused request
+    // never ran, as on `serve`.
+    let holds = match holds {
+        Some(h) => h,
+        None => match admit(tenant.as_ref(), view.n) {
+            Ok(h) => h,
+            Err(refusal) => return refusal.into_response(&app),
+        },
     };
     // From here a drop (the client went away) counts as an abort.
     let engine = app.models.for_request(view.model.as_deref()).clone();
     let mut observer = Observer::new(engine, start, view);
-    if let Some(ring) = &app.recent {
-        observer.list_in(Arc::clone(ring), request_id(&parts.headers));
+    let id = (app.recent.is_some() || tenant.is_some()).then(|| request_id(&parts.headers));
+    if let Some(t) = &tenant {
+        let slot = app.tenant_labels.slot(Some(&t.name));
+        let request = RequestRef::new(id.as_deref().unwrap_or_default(), None).with_tenant(slot);
+        observer.for_tenant(Arc::clone(&t.name), request);
     }
+    if let (Some(ring), Some(id)) = (&app.recent, id) {
+        observer.list_in(Arc::clone(ring), id);
+    }
+    let mut holds = holds;
+    if holds.slot.is_none()
+        && let Some(gate) = &app.gate
+    {
+        // Waits in its tenant's queue; a client that goes away drops this
+        // future, and the wait with it (it leaves the queue).
+        let lane = tenant.as_ref().map_or(&*ANONYMOUS, |t| &t.name);
+        holds.slot = Some(gate.acquire(lane, weight_of(tenant.as_ref())).await);
+    }
+    holds.started();
+    observer.hold(holds);
     let resp = match relay(&app, &parts, outbound).await {
         Ok(resp) => resp,
         Err(failure) => {
-            tracing::warn!(error = ?failure, "upstream failed");
+            let tenant = tenant.as_ref().map_or(TENANT_ANONYMOUS, |t| &*t.name);
+            tracing::warn!(error = ?failure, tenant, "upstream failed");
             observer.finish(Outcome::Failed);
             return failure.into_response();
         }

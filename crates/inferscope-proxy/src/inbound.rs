@@ -31,6 +31,7 @@ use tokio::sync::watch;
 
 use crate::handlers::send_early;
 use crate::services::{ProxyService, generation_route};
+use crate::state::Peer;
 
 /// The most header lines a fast-path head may have (more: hyper's turn).
 const MAX_HEADERS: usize = 64;
@@ -180,6 +181,13 @@ pub(crate) async fn serve_connection(
     service: ProxyService,
     mut stop: watch::Receiver<bool>,
 ) {
+    // Only `--trusted-proxy` needs the client's address.
+    let peer = service
+        .app
+        .tenant_header_set
+        .then(|| stream.peer_addr().ok().map(|a| Peer(a.ip())))
+        .flatten();
+    let service = ProxyService { peer, ..service };
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(8 * 1024);
     loop {
@@ -225,6 +233,9 @@ pub(crate) async fn serve_connection(
         let body = buf.split_to(content_length.min(buf.len())).freeze();
         let mut request = request;
         request.extensions_mut().insert(read_at);
+        if let Some(peer) = peer {
+            request.extensions_mut().insert(peer);
+        }
         if !truncated
             && request.extensions().get::<RouteTemplate>().is_some()
             && let Some(early) = send_early(
@@ -232,6 +243,7 @@ pub(crate) async fn serve_connection(
                 request.method(),
                 request.uri().path_and_query().map_or("/", |p| p.as_str()),
                 request.headers(),
+                peer,
                 body.clone(),
             )
         {

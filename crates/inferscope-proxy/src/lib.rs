@@ -21,9 +21,11 @@
 //! to their handler, the rest through `router`) → `handlers` (generation,
 //! pass-through, `/metrics` with `upstream_metrics` appended) → `state` (what
 //! the handlers share) → [`observe`] (the measured body and the series a
-//! proxy can measure), [`relay`] (the measured routes' upstream client) and
+//! proxy can measure) → [`admission`] (a request's holds on its tenant's
+//! limits, the fair queue to the upstream's slots), [`relay`] (the measured routes' upstream client) and
 //! [`upstream`] (hyper's client, URL, failures).
 
+pub mod admission;
 pub mod cli;
 mod handlers;
 mod inbound;

@@ -13,6 +13,7 @@ use inferscope_metrics::{MetricsConfig, StatLoggerManager};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
+use crate::admission::UpstreamGate;
 use crate::models::{ModelSeries, OTHER_MODEL, discover_models, model_names};
 use crate::observe::measurable_by_proxy;
 use crate::relay::RelayPool;
@@ -93,6 +94,21 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
         .map_err(|_| {
             ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into())
         })?;
+    let tenant_header = args
+        .tenant_header
+        .as_deref()
+        .map(|h| inferscope_tenants::TenantHeader::new(h, &args.trusted_proxy))
+        .transpose()
+        .map_err(ProxyError::Flag)?;
+    let tenant_header_set = tenant_header.is_some();
+    let access = Arc::new(
+        inferscope_tenants::Access::new(
+            args.api_key.as_deref(),
+            args.api_key_file.as_deref(),
+            tenant_header,
+        )
+        .map_err(ProxyError::Flag)?,
+    );
     let client = upstream::client(connect_timeout);
     let listed = if args.served_model_name.is_empty() {
         discover_models(&client, &base).await
@@ -114,8 +130,14 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
         max_model_len: args.max_model_len.max(1),
         enable_log_stats: false,
         metric_filter: measurable_by_proxy,
+        max_tenant_labels: args.max_tenant_labels,
         ..Default::default()
     })?);
+    // The key file's tenants take their labels first, as on `serve`.
+    let tenant_labels = Arc::clone(manager.tenant_labels());
+    for name in access.keys().iter().flat_map(|k| k.weights().into_keys()) {
+        tenant_labels.slot(Some(&name));
+    }
     let series = |name: &str| {
         manager
             .model_frontend(name, 0)
@@ -134,11 +156,8 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
     let models = Arc::new(ModelSeries { known, fallback });
     let recent = (!args.disable_console).then(|| Arc::new(RecentRing::default()));
     let console = recent.as_ref().map(|recent| {
-        let key = args.api_key.clone();
-        let authorize: Authorize = Arc::new(move |headers| {
-            key.as_deref()
-                .is_none_or(|k| inferscope_metrics::http::bearer_key_matches(headers, k))
-        });
+        let access = Arc::clone(&access);
+        let authorize: Authorize = Arc::new(move |headers| access.authorizes(headers));
         Console::new(
             Arc::clone(&manager),
             Arc::clone(recent) as Arc<dyn RecentSource>,
@@ -155,7 +174,12 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
         relay: RelayPool::new(connect_timeout),
         manager,
         models,
-        api_key: args.api_key.clone(),
+        access,
+        tenant_header_set,
+        tenant_labels,
+        gate: args
+            .max_upstream_concurrency
+            .map(|n| UpstreamGate::new(n as usize)),
         upstream_auth,
         upstream_timeout,
         max_body: args.max_request_body,

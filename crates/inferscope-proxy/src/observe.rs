@@ -21,9 +21,12 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use inferscope_console::RecentRing;
+use inferscope_schema::schema::TENANT_ANONYMOUS;
+
+use crate::admission::Holds;
 use inferscope_metrics::FrontendRecorder;
 use inferscope_schema::schema::{self, MetricDef};
-use inferscope_schema::stats::{FinishReason, FrontendStats, ObservedRequest};
+use inferscope_schema::stats::{FinishReason, FrontendStats, ObservedRequest, RequestRef};
 use serde::Deserialize;
 
 /// JSON bodies larger than this are passed on but not read for usage.
@@ -293,6 +296,20 @@ pub struct Observer {
     recorded: bool,
     /// The console's ring and the request's id, when the console is on.
     recent: Option<(Arc<RecentRing>, String)>,
+    /// The request with its tenant's label slot (and the exemplars' id),
+    /// when a tenant sent it; `None`: anonymous.
+    tenant: Option<(RequestRef, Arc<str>)>,
+    /// Its holds on its tenant's limits and its upstream slot.
+    holds: Option<Holds>,
+}
+
+/// Records `stats`, for `request`'s tenant when there is one.
+#[inline]
+fn record(recorder: &FrontendRecorder, request: Option<&RequestRef>, stats: &FrontendStats) {
+    match request {
+        Some(r) => recorder.record_for(stats, r),
+        None => recorder.record(stats),
+    }
 }
 
 impl Observer {
@@ -308,7 +325,21 @@ impl Observer {
             streamed: false,
             recorded: false,
             recent: None,
+            tenant: None,
+            holds: None,
         }
+    }
+
+    /// Attributes the request to tenant `name`: `request` carries its label
+    /// slot (and is the exemplar of the series it lands in).
+    pub fn for_tenant(&mut self, name: Arc<str>, request: RequestRef) {
+        self.tenant = Some((request, name));
+    }
+
+    /// Keeps `holds` until the request ends (then the tokens of its `usage`
+    /// are charged to its tenant), however it ends.
+    pub fn hold(&mut self, holds: Holds) {
+        self.holds = Some(holds);
     }
 
     /// Lists each of the request's choices, when it ends, in the console's
@@ -338,6 +369,7 @@ impl Observer {
         };
         // Borrowed, not cloned: this runs once per chunk.
         let recorder = &self.recorder;
+        let request = self.tenant.as_ref().map(|(r, _)| r);
         let start = self.start;
         for c in &chunk.choices {
             let content = c.has_content();
@@ -349,9 +381,13 @@ impl Observer {
                 match seen.last_content {
                     None => {
                         seen.first_content = Some(now);
-                        recorder.record(&FrontendStats::FirstToken {
-                            ttft: now.duration_since(start),
-                        });
+                        record(
+                            recorder,
+                            request,
+                            &FrontendStats::FirstToken {
+                                ttft: now.duration_since(start),
+                            },
+                        );
                     }
                     Some(prev) => {
                         let gap = now.duration_since(prev);
@@ -368,7 +404,7 @@ impl Observer {
                             itl: gap.div_f64(tokens as f64),
                         };
                         for _ in 0..tokens.min(MAX_TOKENS_PER_CHUNK) {
-                            recorder.record(&itl);
+                            record(recorder, request, &itl);
                         }
                     }
                 }
@@ -392,7 +428,7 @@ impl Observer {
                         itl: now.duration_since(prev),
                     },
                 };
-                recorder.record(&stats);
+                record(recorder, request, &stats);
             }
             if let Some(r) = finish {
                 seen.finish = Some(r);
@@ -420,6 +456,7 @@ impl Observer {
 
     /// Forgets the request without recording it (the upstream refused it).
     pub fn discard(&mut self) {
+        self.holds = None;
         if !self.recorded {
             self.recorded = true;
             self.recorder.record(&FrontendStats::Ended);
@@ -435,6 +472,12 @@ impl Observer {
         self.recorder.record(&FrontendStats::Ended);
         let e2e = self.start.elapsed();
         let (prompt_tokens, generation_tokens) = self.usage.unwrap_or((None, None));
+        // The holds go now (the upstream slot to the next waiter), the
+        // tokens charged to the tenant's tokens per minute.
+        if let Some(mut holds) = self.holds.take() {
+            holds.charge(prompt_tokens.unwrap_or(0) + generation_tokens.unwrap_or(0));
+        }
+        let request = self.tenant.as_ref().map(|(r, _)| r);
         let n = usize::try_from(self.request.n)
             .unwrap_or(MAX_CHOICES)
             .clamp(1, MAX_CHOICES)
@@ -457,7 +500,7 @@ impl Observer {
         };
         let split = n > 1 && generation_tokens.is_some_and(|g| chunks != g);
         if split && let Some(g) = generation_tokens {
-            self.recorder.record(&FrontendStats::GenerationTokens(g));
+            record(&self.recorder, request, &FrontendStats::GenerationTokens(g));
         }
         let mut max_generation_tokens = Some(0);
         for (index, c) in self.choices.iter().enumerate() {
@@ -472,18 +515,22 @@ impl Observer {
                 Outcome::Complete => c.finish.unwrap_or(FinishReason::Error),
             };
             let ttft = c.first_content.map(|t| t.duration_since(self.start));
-            self.recorder
-                .record(&FrontendStats::Observed(ObservedRequest {
+            record(
+                &self.recorder,
+                request,
+                &FrontendStats::Observed(ObservedRequest {
                     finish_reason: reason,
                     prompt_tokens,
                     generation_tokens,
                     max_tokens: self.request.max_tokens,
                     ttft,
                     e2e,
-                }));
+                }),
+            );
             if let Some((ring, id)) = &self.recent {
                 ring.push(recent_entry(
                     format!("{id}-{index}"),
+                    self.tenant.as_ref().map_or(TENANT_ANONYMOUS, |(_, t)| t),
                     reason,
                     prompt_tokens,
                     generation_tokens,
@@ -506,6 +553,7 @@ impl Observer {
 /// prefill, engine, preemptions) is `null`.
 fn recent_entry(
     request_id: String,
+    tenant: &str,
     reason: FinishReason,
     prompt_tokens: Option<u64>,
     generation_tokens: Option<u64>,
@@ -517,6 +565,7 @@ fn recent_entry(
         "timestamp": inferscope_console::history::unix_now(),
         "request_id": request_id,
         "trace_id": null,
+        "tenant": tenant,
         "engine": null,
         "finish_reason": reason.as_str(),
         "prompt_tokens": prompt_tokens,
@@ -910,8 +959,10 @@ where
 
 /// The metrics the proxy can measure from outside an engine; the rest of the
 /// schema (queue, prefill and decode time, KV cache, steps, device time,
-/// preemptions, waiting requests, admission) is left unregistered, so absent.
-/// `num_requests_running` is the number of requests in flight through the proxy.
+/// preemptions, waiting requests) is left unregistered, so absent.
+/// `num_requests_running` is the number of requests in flight through the
+/// proxy (waiting for an upstream slot included); `admission_rejections`
+/// counts its tenants' limits (`reason="tenant_limit"`).
 pub const PROXY_METRICS: &[MetricDef] = &[
     schema::NUM_REQUESTS_RUNNING,
     schema::PROMPT_TOKENS,
@@ -926,6 +977,8 @@ pub const PROXY_METRICS: &[MetricDef] = &[
     schema::REQUEST_PARAMS_MAX_TOKENS,
     schema::REQUEST_MAX_NUM_GENERATION_TOKENS,
     schema::REQUEST_PARAMS_N,
+    schema::ADMISSION_REJECTIONS,
+    schema::TENANT_LABELS_FOLDED,
 ];
 
 /// The proxy's [`inferscope_metrics::MetricFilter`]: [`PROXY_METRICS`] only.

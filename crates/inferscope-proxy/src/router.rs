@@ -11,7 +11,7 @@ use axum::response::Response;
 use axum::routing::{any, get, post};
 
 use crate::handlers::{generation, metrics, pass_through};
-use crate::state::AppState;
+use crate::state::{AppState, Peer, refusal_response};
 
 pub(crate) fn router(state: Arc<AppState>) -> Router {
     let mut v1 = Router::new()
@@ -21,7 +21,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/{*rest}", any(pass_through));
     // Only when there is a key to check: a middleware is a boxed future and
     // a clone of the request's state more on every request's path.
-    if state.api_key.is_some() {
+    if state.checks_access() {
         v1 = v1.route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -42,8 +42,9 @@ pub(crate) async fn require_api_key(
     req: Request,
     next: Next,
 ) -> Response {
-    match s.refuse_without_key(req.headers()) {
-        Some(refused) => refused,
-        None => next.run(req).await,
+    let peer = req.extensions().get::<Peer>().copied();
+    match s.identify(peer, req.headers()) {
+        Err(refusal) => refusal_response(refusal),
+        Ok(_) => next.run(req).await,
     }
 }

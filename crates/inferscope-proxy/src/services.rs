@@ -17,7 +17,7 @@ use tower::Layer;
 
 use crate::handlers::generation;
 use crate::router::router;
-use crate::state::AppState;
+use crate::state::{AppState, Peer};
 
 /// The routes served without axum's router: the generation routes, matched
 /// by method and exact path; the `handler` label the router would give.
@@ -51,6 +51,8 @@ pub(crate) struct ProxyService {
     pub(crate) max_body: usize,
     /// The handlers' state (the fast path sends generation posts early).
     pub(crate) app: Arc<AppState>,
+    /// The connection's client, when `--trusted-proxy` needs it.
+    pub(crate) peer: Option<Peer>,
 }
 
 impl ProxyService {
@@ -63,6 +65,7 @@ impl ProxyService {
             app: Arc::clone(&state),
             router: router(state),
             generation,
+            peer: None,
         }
     }
 }
@@ -73,6 +76,9 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyServ
     type Future = BoxFuture<Result<Response, Infallible>>;
 
     fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
+        if let Some(peer) = self.peer {
+            req.extensions_mut().insert(peer);
+        }
         if let Some(route) = generation_route(req.method(), req.uri().path()) {
             req.extensions_mut().insert(RouteTemplate(route));
             let served = tower::Service::call(&mut self.generation.clone(), req);
@@ -82,7 +88,7 @@ impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyServ
     }
 }
 
-/// [`generation`] (after the API key check) as a tower service.
+/// [`generation`] as a tower service.
 #[derive(Clone)]
 pub(crate) struct GenerationService {
     app: Arc<AppState>,
@@ -103,12 +109,7 @@ where
 
     fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
         let app = Arc::clone(&self.app);
-        Box::pin(async move {
-            if let Some(refused) = app.refuse_without_key(req.headers()) {
-                return Ok(refused);
-            }
-            Ok(generation(State(app), req.map(Body::new)).await)
-        })
+        Box::pin(async move { Ok(generation(State(app), req.map(Body::new)).await) })
     }
 }
 

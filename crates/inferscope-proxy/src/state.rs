@@ -8,9 +8,10 @@ use std::time::Duration;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
 use inferscope_console::{Console, RecentRing};
-use inferscope_metrics::StatLoggerManager;
-use inferscope_metrics::http::bearer_key_matches;
+use inferscope_metrics::{StatLoggerManager, TenantLabels};
+use inferscope_tenants::{Access, AccessRefusal, Tenant};
 
+use crate::admission::UpstreamGate;
 use crate::models::ModelSeries;
 use crate::relay::RelayPool;
 use crate::upstream::{self, BaseUrl, UpstreamClient, error_response};
@@ -25,7 +26,15 @@ pub(crate) struct AppState {
     pub(crate) relay: RelayPool,
     pub(crate) manager: Arc<StatLoggerManager>,
     pub(crate) models: Arc<ModelSeries>,
-    pub(crate) api_key: Option<String>,
+    /// Who may call /v1/* and as which tenant (`--api-key`,
+    /// `--api-key-file`, `--tenant-header`).
+    pub(crate) access: Arc<Access>,
+    /// `--tenant-header` is set (the peer's address matters).
+    pub(crate) tenant_header_set: bool,
+    /// The bounded `tenant` label.
+    pub(crate) tenant_labels: Arc<TenantLabels>,
+    /// `--max-upstream-concurrency` (shared by every thread).
+    pub(crate) gate: Option<Arc<UpstreamGate>>,
     pub(crate) upstream_auth: Option<HeaderValue>,
     pub(crate) upstream_timeout: Duration,
     pub(crate) max_body: usize,
@@ -38,17 +47,22 @@ pub(crate) struct AppState {
 }
 
 impl AppState {
-    /// The 401 for a request without the `--api-key` (none when no key is set
-    /// or the request has it).
-    pub(crate) fn refuse_without_key(&self, headers: &HeaderMap) -> Option<Response> {
-        let key = self.api_key.as_ref()?;
-        (!bearer_key_matches(headers, key)).then(|| {
-            error_response(
-                StatusCode::UNAUTHORIZED,
-                "invalid_request_error",
-                "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
-            )
-        })
+    /// Whether requests are checked at all (a key or a tenant header is set).
+    pub(crate) fn checks_access(&self) -> bool {
+        self.access.requires_key() || self.tenant_header_set
+    }
+
+    /// The request's tenant (`None`: anonymous), or why it is refused
+    /// ([`refusal_response`]).
+    pub(crate) fn identify(
+        &self,
+        peer: Option<Peer>,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<Tenant>>, AccessRefusal> {
+        if !self.checks_access() {
+            return Ok(None);
+        }
+        self.access.identify(peer.map(|p| p.0), headers)
     }
 
     /// A copy for another thread's runtime: the same metrics and settings,
@@ -63,7 +77,10 @@ impl AppState {
             relay: RelayPool::new(connect_timeout),
             manager: Arc::clone(&self.manager),
             models: Arc::clone(&self.models),
-            api_key: self.api_key.clone(),
+            access: Arc::clone(&self.access),
+            tenant_header_set: self.tenant_header_set,
+            tenant_labels: Arc::clone(&self.tenant_labels),
+            gate: self.gate.clone(),
             upstream_auth: self.upstream_auth.clone(),
             upstream_timeout: self.upstream_timeout,
             max_body: self.max_body,
@@ -71,6 +88,25 @@ impl AppState {
             warned_collisions: Arc::clone(&self.warned_collisions),
             recent: self.recent.clone(),
             console: self.console.clone(),
+        }
+    }
+}
+
+/// The client's address (a request extension), for `--trusted-proxy`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) std::net::IpAddr);
+
+/// The 401 (no key, or one that names no tenant) or 400 (a trusted peer's
+/// bad tenant header) for a refused request.
+pub(crate) fn refusal_response(refusal: AccessRefusal) -> Response {
+    match refusal {
+        AccessRefusal::Unauthorized => error_response(
+            StatusCode::UNAUTHORIZED,
+            "invalid_request_error",
+            "Invalid or missing API key: send `Authorization: Bearer <key>`.".into(),
+        ),
+        AccessRefusal::BadTenantHeader(message) => {
+            error_response(StatusCode::BAD_REQUEST, "invalid_request_error", message)
         }
     }
 }

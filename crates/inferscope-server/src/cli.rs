@@ -173,7 +173,7 @@ pub struct ServeArgs {
     /// Distinct `tenant` label values on the request metrics (`anonymous`
     /// included); every later tenant is counted under `other`, and how many
     /// were is the `tenant_labels_folded` gauge.
-    #[arg(long, value_name = "N", default_value_t = inferscope_schema::schema::DEFAULT_MAX_TENANT_LABELS, value_parser = parse_max_tenant_labels)]
+    #[arg(long, value_name = "N", default_value_t = inferscope_schema::schema::DEFAULT_MAX_TENANT_LABELS, value_parser = inferscope_tenants::parse_max_tenant_labels)]
     pub max_tenant_labels: usize,
 
     /// How the engines admit waiting requests: fair (across tenants, in
@@ -406,14 +406,6 @@ impl ServeArgs {
         let argv = std::iter::once(std::ffi::OsString::from("serve"))
             .chain(flags.into_iter().map(Into::into));
         Wrapper::try_parse_from(argv).map(|w| w.args)
-    }
-}
-
-/// `--max-tenant-labels`: 1 to 4096 (each value is a set of series per engine).
-fn parse_max_tenant_labels(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n) if (1..=4096).contains(&n) => Ok(n),
-        _ => Err(format!("expected a number from 1 to 4096, got {s:?}")),
     }
 }
 

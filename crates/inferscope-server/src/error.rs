@@ -92,11 +92,11 @@ impl ApiError {
         }
     }
 
-    /// 429 with `Retry-After: seconds`: a tenant's own limit refused it.
-    pub fn rate_limited(message: impl Into<String>, retry_after: u64) -> Self {
+    /// 429 with `Retry-After`: `tenant`'s own limit refused it.
+    pub fn tenant_limit(rejection: &inferscope_tenants::TenantRejection, tenant: &str) -> Self {
         Self {
-            retry_after: Some(retry_after.max(1)),
-            ..Self::overloaded(message)
+            retry_after: Some(rejection.retry_after().max(1)),
+            ..Self::overloaded(rejection.message(tenant))
         }
     }
 

@@ -18,8 +18,8 @@ use crate::openai::response::{self, Api, Shape};
 use crate::openai::validation::{self, Validated};
 use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
-use crate::tenants::Tenant;
 use crate::validation_workers::{INLINE_MAX_BYTES, REASON_VALIDATION_QUEUE};
+use inferscope_tenants::Tenant;
 
 type AppStateRef = State<Arc<AppState>>;
 

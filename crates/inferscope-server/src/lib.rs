@@ -24,7 +24,6 @@ pub mod request_ids;
 pub mod request_log;
 pub mod router;
 pub mod state;
-pub mod tenants;
 pub mod timings;
 pub mod validation_workers;
 

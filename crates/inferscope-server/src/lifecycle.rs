@@ -202,13 +202,8 @@ pub fn limit_allocator_arenas() {
 /// Who may read the console's data: with `--api-key-file`, any tenant's
 /// key; with `--api-key`, that key; else anyone.
 fn console_authorize(state: &AppState) -> Authorize {
-    let keys = state.tenant_keys.clone();
-    let key = state.api_key.clone();
-    Arc::new(move |headers| match (&keys, &key) {
-        (Some(keys), _) => keys.authenticate(headers).is_some(),
-        (None, Some(key)) => inferscope_metrics::http::bearer_key_matches(headers, key),
-        (None, None) => true,
-    })
+    let access = state.access.clone();
+    Arc::new(move |headers| access.authorizes(headers))
 }
 
 /// Serves until SIGINT or SIGTERM, then shuts down gracefully; the console's

@@ -10,7 +10,6 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use inferscope_metrics::http::bearer_key_matches;
 
 use crate::console::{Console, steps};
 use crate::error::ApiError;
@@ -18,7 +17,7 @@ use crate::handlers;
 use crate::kv_debug;
 use crate::profile;
 use crate::state::AppState;
-use crate::tenants::Tenant;
+use inferscope_tenants::AccessRefusal;
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
 /// `/metrics` and the console's routes when `serve_metrics` (else they answer 404:
@@ -112,38 +111,19 @@ pub async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if let Some(header) = &s.tenant_header {
-        let peer = req
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map(|c| c.0.ip());
-        match header.tenant(peer, req.headers()) {
-            Ok(Some(name)) => {
-                // The gateway authenticated the caller: no key is asked for.
-                let tenant = s
-                    .tenant_keys
-                    .as_ref()
-                    .and_then(|k| k.by_name(name))
-                    .unwrap_or_else(|| Arc::new(Tenant::unlimited(name)));
-                req.extensions_mut().insert(tenant);
-                return next.run(req).await;
-            }
-            Ok(None) => {}
-            Err(message) => return ApiError::invalid(message, None).into_response(),
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.ip());
+    match s.access.identify(peer, req.headers()) {
+        Ok(Some(tenant)) => {
+            req.extensions_mut().insert(tenant);
         }
-    }
-    if let Some(keys) = &s.tenant_keys {
-        match keys.authenticate(req.headers()) {
-            Some(tenant) => {
-                req.extensions_mut().insert(tenant);
-            }
-            None => return ApiError::unauthorized().into_response(),
+        Ok(None) => {}
+        Err(AccessRefusal::Unauthorized) => return ApiError::unauthorized().into_response(),
+        Err(AccessRefusal::BadTenantHeader(message)) => {
+            return ApiError::invalid(message, None).into_response();
         }
-    } else if let Some(key) = &s.api_key {
-        if !bearer_key_matches(req.headers(), key) {
-            return ApiError::unauthorized().into_response();
-        }
-        req.extensions_mut().insert(s.default_tenant.clone());
     }
     next.run(req).await
 }

@@ -33,8 +33,8 @@ use crate::openai::validation::{Limits, Validator};
 use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
-use crate::tenants::{DEFAULT_TENANT, Tenant, TenantHeader, TenantKeys};
 use crate::validation_workers::ValidationWorkers;
+use inferscope_tenants::{Access, TenantHeader, TenantKeys};
 
 /// Everything a handler needs.
 pub struct AppState {
@@ -55,14 +55,9 @@ pub struct AppState {
     pub model_root: String,
     /// Validation limits.
     pub limits: Limits,
-    /// Bearer token required on /v1/*.
-    pub api_key: Option<String>,
-    /// `--api-key-file`: the tenants' keys (every /v1/* request needs one).
-    pub tenant_keys: Option<TenantKeys>,
-    /// `--tenant-header` and its `--trusted-proxy` peers.
-    pub tenant_header: Option<TenantHeader>,
-    /// The tenant of requests authenticated by `--api-key`.
-    pub default_tenant: Arc<Tenant>,
+    /// Who may call /v1/* and as which tenant (`--api-key`,
+    /// `--api-key-file`, `--tenant-header`).
+    pub access: Access,
     /// Start time, unix seconds (`created` of the model card).
     pub created: u64,
     /// Admission control (waiting requests, queued prompt tokens).
@@ -323,18 +318,18 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         )));
     }
     let mfu_metrics = args.enable_mfu_metrics;
-    let tenant_keys = args
-        .api_key_file
-        .as_deref()
-        .map(TenantKeys::from_file)
-        .transpose()
-        .map_err(config_err)?;
     let tenant_header = args
         .tenant_header
         .as_deref()
         .map(|h| TenantHeader::new(h, &args.trusted_proxy))
         .transpose()
         .map_err(config_err)?;
+    let access = Access::new(
+        args.api_key.as_deref(),
+        args.api_key_file.as_deref(),
+        tenant_header,
+    )
+    .map_err(config_err)?;
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens(),
         max_num_seqs: args.max_num_seqs,
@@ -348,10 +343,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             "fcfs" => SchedulingPolicy::Fcfs,
             _ => SchedulingPolicy::Fair,
         },
-        tenant_weights: tenant_keys
-            .as_ref()
-            .map(TenantKeys::weights)
-            .unwrap_or_default(),
+        tenant_weights: access.keys().map(TenantKeys::weights).unwrap_or_default(),
         grammar_threads: args.grammar_threads,
     };
     let engine_indices: Vec<usize> =
@@ -407,10 +399,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
     // The key file's tenants (by name) and `default` take their labels
     // first, so the ones that fold into `other` are the later header-named.
     let labels = metrics.tenant_labels();
-    if args.api_key.is_some() {
-        labels.slot(Some(DEFAULT_TENANT));
-    }
-    for name in tenant_keys.iter().flat_map(|k| k.weights().into_keys()) {
+    for name in access.keys().iter().flat_map(|k| k.weights().into_keys()) {
         labels.slot(Some(&name));
     }
 
@@ -473,10 +462,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         served_model_names,
         model_root: args.model.clone(),
         limits,
-        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
-        tenant_keys,
-        tenant_header,
-        default_tenant: Arc::new(Tenant::unlimited(DEFAULT_TENANT)),
+        access,
         created: unix_now(),
         admission: Admission::new(args.max_waiting_requests, args.max_queued_tokens),
         request_ids: RequestIds::default(),

@@ -6,3 +6,4 @@ mod common;
 mod console;
 mod inbound;
 mod proxy;
+mod tenants;

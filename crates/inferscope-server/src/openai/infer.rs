@@ -24,8 +24,8 @@ pub use crate::openai::protocol::{PromptLogprobs, RankedLogprob, TokenLogprob};
 use crate::openai::validation::{LogprobsPlan, Plan};
 use crate::request_ids::RequestIds;
 use crate::request_log::{RequestLog, RequestLogEntry};
-use crate::tenants::{REASON_TENANT_LIMIT, Tenant, TenantChoice};
 use crate::timings::ChoiceTimings;
+use inferscope_tenants::{REASON_TENANT_LIMIT, Tenant, TenantChoice};
 
 /// What generation needs of the server: borrowed from its state per request.
 pub struct Infer<'a> {
@@ -82,7 +82,7 @@ impl Infer<'_> {
             Err(rejection) => {
                 self.metrics.record_admission_rejection(REASON_TENANT_LIMIT);
                 let name = tenant.as_ref().map_or("", |t| &*t.name);
-                return Err(rejection.to_api_error(name));
+                return Err(ApiError::tenant_limit(&rejection, name));
             }
         };
         let mut reservations = match self

@@ -1,5 +1,6 @@
-//! Tenants: who sent a request, from the API key that authenticated it
-//! (`--api-key-file`), never from a header a client could set.
+//! inferscope-tenants: who sent a request, from the API key that
+//! authenticated it (`--api-key-file`), never from a header a client could
+//! set; `serve` and `proxy` both authenticate and limit with it.
 //!
 //! The key file is JSON:
 //! `{"tenants": [{"name": "team-a", "key": "…", "weight": 2}, {"name": "team-b", "key_sha256": "…"}]}`.
@@ -17,7 +18,7 @@ use std::time::Instant;
 
 use inferscope_schema::schema::{TENANT_ANONYMOUS, TENANT_OTHER};
 
-use axum::http::{HeaderMap, header};
+use http::{HeaderMap, header};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -96,33 +97,31 @@ pub enum TenantRejection {
 pub const REASON_TENANT_LIMIT: &str = "tenant_limit";
 
 impl TenantRejection {
-    /// The 429 answered, naming the tenant and the limit.
-    pub fn to_api_error(&self, tenant: &str) -> crate::error::ApiError {
-        let (message, retry_after) = match self {
-            Self::MaxConcurrent { limit } => (
-                format!(
-                    "tenant `{tenant}` is at its max_concurrent limit ({limit} requests in flight); retry later"
-                ),
-                1,
+    /// The error message of the 429, naming the tenant and the limit.
+    pub fn message(&self, tenant: &str) -> String {
+        match self {
+            Self::MaxConcurrent { limit } => format!(
+                "tenant `{tenant}` is at its max_concurrent limit ({limit} requests in flight); retry later"
             ),
-            Self::MaxWaiting { limit } => (
-                format!(
-                    "tenant `{tenant}` is at its max_waiting limit ({limit} requests waiting to start); retry later"
-                ),
-                1,
+            Self::MaxWaiting { limit } => format!(
+                "tenant `{tenant}` is at its max_waiting limit ({limit} requests waiting to start); retry later"
             ),
             Self::TokensPerMinute {
                 limit,
                 used,
                 retry_after,
-            } => (
-                format!(
-                    "tenant `{tenant}` is over its tokens_per_minute limit ({used} of {limit} tokens in the last minute); retry after {retry_after} s"
-                ),
-                *retry_after,
+            } => format!(
+                "tenant `{tenant}` is over its tokens_per_minute limit ({used} of {limit} tokens in the last minute); retry after {retry_after} s"
             ),
-        };
-        crate::error::ApiError::rate_limited(message, retry_after)
+        }
+    }
+
+    /// The 429's `Retry-After`, in seconds.
+    pub fn retry_after(&self) -> u64 {
+        match self {
+            Self::MaxConcurrent { .. } | Self::MaxWaiting { .. } => 1,
+            Self::TokensPerMinute { retry_after, .. } => *retry_after,
+        }
     }
 }
 
@@ -321,7 +320,7 @@ pub struct TenantKeys {
 /// `--tenant-header` with the `--trusted-proxy` peers it is believed from.
 #[derive(Debug, Clone)]
 pub struct TenantHeader {
-    name: axum::http::HeaderName,
+    name: http::HeaderName,
     trusted: Vec<(std::net::IpAddr, u8)>,
 }
 
@@ -331,7 +330,7 @@ const MAX_HEADER_TENANT_BYTES: usize = 128;
 impl TenantHeader {
     /// Parses the header name and the trusted peers (`ADDR` or `ADDR/BITS`).
     pub fn new(name: &str, trusted: &[String]) -> Result<Self, String> {
-        let name = axum::http::HeaderName::try_from(name)
+        let name = http::HeaderName::try_from(name)
             .map_err(|e| format!("--tenant-header {name:?}: {e}"))?;
         if trusted.is_empty() {
             return Err("--tenant-header needs at least one --trusted-proxy".into());
@@ -519,6 +518,105 @@ impl TenantKeys {
     }
 }
 
+/// Who may call the API, and as which tenant: `--api-key-file`, the single
+/// `--api-key` (tenant `default`), `--tenant-header`; `serve` and `proxy`
+/// apply the same rule.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// The keys (the single `--api-key` is a file of one tenant).
+    keys: Option<TenantKeys>,
+    header: Option<TenantHeader>,
+}
+
+/// Why a request was not let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AccessRefusal {
+    /// No key, or a key that names no tenant: 401.
+    Unauthorized,
+    /// A trusted peer's tenant header is not a usable name: 400.
+    BadTenantHeader(String),
+}
+
+impl Access {
+    /// From the flags; an empty `api_key` counts as none. The error names
+    /// the flag and the problem.
+    pub fn new(
+        api_key: Option<&str>,
+        key_file: Option<&Path>,
+        header: Option<TenantHeader>,
+    ) -> Result<Self, String> {
+        let keys = match (key_file, api_key.filter(|k| !k.is_empty())) {
+            (Some(path), _) => Some(TenantKeys::from_file(path)?),
+            (None, Some(key)) => {
+                let mut keys = TenantKeys::default();
+                let digest = Sha256::digest(key.as_bytes()).into();
+                keys.by_digest
+                    .insert(digest, Arc::new(Tenant::unlimited(DEFAULT_TENANT)));
+                Some(keys)
+            }
+            (None, None) => None,
+        };
+        Ok(Self { keys, header })
+    }
+
+    /// Whether requests need a key (a trusted tenant header aside).
+    pub fn requires_key(&self) -> bool {
+        self.keys.is_some()
+    }
+
+    /// The key file's tenants (`default` for `--api-key`), for fair
+    /// admission's weights and the first label slots.
+    pub fn keys(&self) -> Option<&TenantKeys> {
+        self.keys.as_ref()
+    }
+
+    /// The tenant of a request from `peer` (`None`: anonymous, no keys are
+    /// set): a trusted peer's tenant header, else the bearer key's tenant.
+    pub fn identify(
+        &self,
+        peer: Option<std::net::IpAddr>,
+        headers: &HeaderMap,
+    ) -> Result<Option<Arc<Tenant>>, AccessRefusal> {
+        if let Some(header) = &self.header {
+            match header.tenant(peer, headers) {
+                // The gateway authenticated the caller: no key is asked for.
+                Ok(Some(name)) => {
+                    let tenant = self
+                        .keys
+                        .as_ref()
+                        .and_then(|k| k.by_name(name))
+                        .unwrap_or_else(|| Arc::new(Tenant::unlimited(name)));
+                    return Ok(Some(tenant));
+                }
+                Ok(None) => {}
+                Err(message) => return Err(AccessRefusal::BadTenantHeader(message)),
+            }
+        }
+        match &self.keys {
+            None => Ok(None),
+            Some(keys) => keys
+                .authenticate(headers)
+                .map(Some)
+                .ok_or(AccessRefusal::Unauthorized),
+        }
+    }
+
+    /// Whether `headers` carry a key that opens the API (the console's check).
+    pub fn authorizes(&self, headers: &HeaderMap) -> bool {
+        self.keys
+            .as_ref()
+            .is_none_or(|k| k.authenticate(headers).is_some())
+    }
+}
+
+/// `--max-tenant-labels`: 1 to 4096 (each value is a set of series per engine).
+pub fn parse_max_tenant_labels(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!("expected a number from 1 to 4096, got {s:?}")),
+    }
+}
+
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim();
     if hex.len() != 64 || !hex.is_ascii() {
@@ -567,9 +665,13 @@ mod tests {
         drop((a, c));
         assert_eq!(t.usage.in_flight.load(Ordering::Acquire), 0);
         assert_eq!(t.usage.waiting.load(Ordering::Acquire), 0);
-        let e = TenantRejection::MaxConcurrent { limit: 2 }.to_api_error("t");
-        assert_eq!((e.status.as_u16(), e.retry_after), (429, Some(1)));
-        assert!(e.message.contains("max_concurrent"), "{}", e.message);
+        let e = TenantRejection::MaxConcurrent { limit: 2 };
+        assert_eq!(e.retry_after(), 1);
+        assert!(
+            e.message("t").contains("max_concurrent"),
+            "{}",
+            e.message("t")
+        );
     }
 
     #[test]
@@ -668,6 +770,43 @@ mod tests {
             keys.weights(),
             BTreeMap::from([("team-a".into(), 3.0), ("team-b".into(), 1.0)])
         );
+    }
+
+    #[test]
+    fn access_takes_a_trusted_header_then_the_key() {
+        let header = TenantHeader::new("x-tenant", &["10.0.0.0/8".into()]).expect("valid");
+        let access = Access::new(Some("sekrit"), None, Some(header)).expect("valid");
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().expect("ip"));
+        let named = |r: Result<Option<Arc<Tenant>>, AccessRefusal>| {
+            r.map(|t| t.map(|t| t.name.to_string()))
+        };
+        assert_eq!(
+            named(access.identify(None, &bearer("sekrit"))),
+            Ok(Some("default".into()))
+        );
+        assert_eq!(
+            named(access.identify(None, &bearer("other"))),
+            Err(AccessRefusal::Unauthorized)
+        );
+        assert_eq!(
+            named(access.identify(None, &HeaderMap::new())),
+            Err(AccessRefusal::Unauthorized)
+        );
+        let mut h = HeaderMap::new();
+        h.insert("x-tenant", "gw-team".parse().expect("header"));
+        assert_eq!(
+            named(access.identify(ip("10.1.1.1"), &h)),
+            Ok(Some("gw-team".into()))
+        );
+        assert_eq!(
+            named(access.identify(ip("11.1.1.1"), &h)),
+            Err(AccessRefusal::Unauthorized)
+        );
+        assert!(access.authorizes(&bearer("sekrit")) && !access.authorizes(&h));
+        let open = Access::new(Some(""), None, None).expect("no key");
+        assert_eq!(named(open.identify(None, &HeaderMap::new())), Ok(None));
+        assert!(!open.requires_key() && access.requires_key());
+        assert!(parse_max_tenant_labels("0").is_err() && parse_max_tenant_labels("32") == Ok(32));
     }
 
     #[test]
