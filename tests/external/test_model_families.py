@@ -8,17 +8,24 @@ The vocabulary's control and byte tokens carry (almost) no logit, so the
 greedy text is made of whole pieces and equal texts mean equal tokens.
 
 Greedy decoding of a random model is reproducible only where its top two
-logits are further apart than the two implementations' rounding differences:
-about 1e-4 of the logits in F16, but about 3e-2 in Q4_K_M (llama.cpp's and
-inferscope's quantized products differ by ~1 % of the logits, on Llama
-files too). So:
+logits are further apart than the two implementations' differences: in F16
+about 1e-4 of the logits, but in Q4_K_M about 2 % (3 Dec 2026, over the
+prompt and llama.cpp's 16 greedy tokens: the top-two margins of the two
+differ by at most 0.028-0.084, 0.084 for gemma3). That is not a bug on
+either side (docs/results/cpu-executor.md, "Q4_K_M logits against
+llama.cpp"): both quantize each product's activations to 8 bits (Q8_K) the
+same way, and that rounding turns any float difference before it (a sum in
+another order, llama.cpp's F16 KV cache) into a different rounding of some
+activations, which moves the logits by about as much as the 8-bit rounding
+itself (llama.cpp against itself, prompt in one batch or token by token:
+0.6 % of the logits). So:
 
 - F16: the two servers generate the same first 16 greedy tokens, free-running;
 - both types, step by step: at each of llama.cpp's 16 greedy steps,
   inferscope, given llama.cpp's prompt and tokens so far, picks llama.cpp's
   token wherever llama.cpp's top two logits are at least `MIN_MARGIN` apart
-  (every step in F16; in Q4_K_M most of them, and the test requires a
-  minimum so that it cannot pass vacuously).
+  (every step in F16; in Q4_K_M those 3x the measured difference apart, and
+  the test requires a minimum so that it cannot pass vacuously).
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ TOKENS = 16
 # The weights' seed per family.
 SEEDS = {"qwen3": 0, "gemma3": 0, "phi3": 0, "gemma2": 0, "qwen3moe": 0, "mixtral": 0}
 # How far apart llama.cpp's top two logits must be for inferscope to have to
-# pick the same token: ~3x the two implementations' measured differences.
-MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.1}
-# Of the 16 steps, how many must be that decisive.
-MIN_DECISIVE = {"f16": TOKENS, "q4_k_m": 8}
+# pick the same token: in Q4_K_M 3x the largest difference of the two
+# margins measured (0.084, see above).
+MIN_MARGIN = {"f16": 0.002, "q4_k_m": 0.25}
+# Of the 16 steps, how many must be that decisive (in Q4_K_M, 6 to 12 of
+# them are, per family, with these seeds).
+MIN_DECISIVE = {"f16": TOKENS, "q4_k_m": 6}
 
 
 def llama_cpp_greedy(path) -> tuple[list[int], list[int], list[float], list[str]]:

@@ -1,14 +1,22 @@
 //! Activations quantized to Q8_K for the K-quant integer products.
 //!
-//! As llama.cpp's `quantize_row_q8_K` and candle's `BlockQ8K::from_float`:
-//! per block of 256 values of a row, `max` is the value of largest
+//! As llama.cpp's `quantize_row_q8_K` (the reference its x86 CPU backend
+//! calls): per block of 256 values of a row, `max` is the value of largest
 //! magnitude (the first one on ties), `iscale = −127 / max`, each value
-//! becomes `round(iscale·x)` (half away from zero) as int8, the scale kept
-//! is `d = 1 / iscale` (negative when `max` is positive: `x ≈ d·q`), and
+//! becomes `nearest_int(iscale·x)` as int8, the scale kept is
+//! `d = 1 / iscale` (negative when `max` is positive: `x ≈ d·q`), and
 //! `bsums` holds the sum of each 16 consecutive int8 values (the K-quant
 //! products use them for the mins and Q6_K's `−32`). A block of zeros has
-//! `d = 0` and zero quants. The same operations in the same order as
-//! candle's, so the quants and scales are bit-identical to its.
+//! `d = 0` and zero quants. The same operations in the same order, so the
+//! quants and scales are bit-identical to llama.cpp's.
+//!
+//! `nearest_int` rounds halves to even, as do llama.cpp's AVX2 quantizer of
+//! 4 rows (`_MM_ROUND_NEAREST`, before its repacked Q4_K products); candle's
+//! `BlockQ8K::from_float` rounds them away from zero. Matching llama.cpp
+//! matters beyond the rare halves themselves: a product's outputs feed the
+//! next product's rounding, so one activation rounded the other way can move
+//! the logits by about as much as the 8-bit rounding does (see
+//! docs/results/cpu-executor.md, "Q4_K_M logits against llama.cpp").
 
 use std::cell::Cell;
 
@@ -103,14 +111,15 @@ impl Q8K {
     }
 }
 
-/// `round(v)` half away from zero, as `f32::round` (which is a libm call
-/// on baseline x86-64): exact for |v| < 2²³, which the quants are.
+/// `v` rounded to the nearest integer, halves to even: llama.cpp's
+/// `nearest_int`, for |v| < 2²² (the quants are within ±128). Adding
+/// 1.5·2²³ leaves no fraction bits in the f32 sum, so the addition itself
+/// rounds (to nearest, ties to even) and the low mantissa bits hold the
+/// result; `f32::round_ties_even` would be a libm call on baseline x86-64.
 #[inline(always)]
-fn round_i32(v: f32) -> i32 {
-    let t = v as i32;
-    // `v − t` is exact: both lie within the same binade or below.
-    let frac = v - t as f32;
-    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+fn nearest_int(v: f32) -> i32 {
+    let sum = v + 12_582_912.0;
+    (sum.to_bits() & 0x007F_FFFF) as i32 - 0x0040_0000
 }
 
 /// Quantizes one block of 256 values into `q` and `bsums`; returns `d`.
@@ -129,7 +138,7 @@ fn quantize_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     }
     let iscale = -127f32 / max;
     for (q, &v) in q.iter_mut().zip(x) {
-        *q = round_i32(iscale * v).clamp(-128, 127) as i8;
+        *q = nearest_int(iscale * v).clamp(-128, 127) as i8;
     }
     for (s, q) in bsums.iter_mut().zip(q.chunks_exact(BSUM)) {
         *s = q.iter().map(|&v| i16::from(v)).sum();
@@ -137,9 +146,8 @@ fn quantize_block(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
     1.0 / iscale
 }
 
-/// [`quantize_block`] with AVX2: the same multiply, the same rounding
-/// (truncate, then a step away from zero where the exact remainder is at
-/// least a half), the same clamp, so the same quants.
+/// [`quantize_block`] with AVX2: the same multiply, the same rounding (to
+/// nearest, halves to even), the same clamp, so the same quants.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA.
@@ -170,11 +178,7 @@ fn quantize_block_avx2(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
         .find(|v| v.abs() == amax)
         .expect("amax is one of them");
     let iscale = -127f32 / max;
-    let (vs, half, one) = (
-        _mm256_set1_ps(iscale),
-        _mm256_set1_ps(0.5),
-        _mm256_set1_ps(1.0),
-    );
+    let vs = _mm256_set1_ps(iscale);
     let (lo, hi) = (_mm256_set1_ps(-128.0), _mm256_set1_ps(127.0));
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for i in (0..QK_K).step_by(32) {
@@ -182,14 +186,7 @@ fn quantize_block_avx2(x: &[f32], q: &mut [i8], bsums: &mut [i16]) -> f32 {
         for (j, v) in v.iter_mut().enumerate() {
             // SAFETY: i + 8j + 8 ≤ 256.
             let s = _mm256_mul_ps(vs, unsafe { _mm256_loadu_ps(xp.add(i + 8 * j)) });
-            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(s);
-            let f = _mm256_sub_ps(s, t);
-            let up = _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(f, half), one);
-            let down = _mm256_and_ps(
-                _mm256_cmp_ps::<_CMP_LE_OQ>(f, _mm256_sub_ps(_mm256_setzero_ps(), half)),
-                one,
-            );
-            let r = _mm256_sub_ps(_mm256_add_ps(t, up), down);
+            let r = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(s);
             *v = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
         }
         // Packing works per 128-bit lane: the permute puts the 32 bytes
@@ -213,7 +210,8 @@ mod tests {
     use super::*;
 
     /// The quantizer written out from llama.cpp's reference
-    /// (`quantize_row_q8_K_ref`), with `f32::round`.
+    /// (`quantize_row_q8_K_ref`), with `f32::round_ties_even` for its
+    /// `nearest_int`.
     fn reference(x: &[f32]) -> (Vec<i8>, Vec<f32>, Vec<i16>) {
         let (mut qs, mut ds, mut bs) = (Vec::new(), Vec::new(), Vec::new());
         for b in x.chunks(QK_K) {
@@ -232,7 +230,7 @@ mod tests {
             let iscale = -127f32 / max;
             let q: Vec<i8> = b
                 .iter()
-                .map(|&v| (iscale * v).round().clamp(-128.0, 127.0) as i8)
+                .map(|&v| (iscale * v).round_ties_even().min(127.0) as i8)
                 .collect();
             for c in q.chunks(BSUM) {
                 bs.push(c.iter().map(|&v| v as i16).sum());
@@ -286,20 +284,39 @@ mod tests {
     }
 
     #[test]
-    fn rounds_half_away_from_zero() {
-        for v in [
-            0.5f32,
-            1.5,
-            2.5,
-            -0.5,
-            -1.5,
-            0.49999997,
-            -0.49999997,
-            126.5,
-            -127.0,
-            0.0,
+    fn nearest_int_rounds_halves_to_even() {
+        for (v, want) in [
+            (0.5f32, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (-2.5, -2),
+            (0.50000006, 1),
+            (0.49999997, 0),
+            (-0.49999997, 0),
+            (126.5, 126),
+            (-127.0, -127),
+            (0.0, 0),
         ] {
-            assert_eq!(round_i32(v), v.round() as i32, "{v}");
+            assert_eq!(nearest_int(v), want, "{v}");
+            assert_eq!(v.round_ties_even() as i32, want, "{v}");
+        }
+    }
+
+    #[test]
+    fn halves_round_to_even_as_llama_cpp() {
+        // `max` = −127 makes `iscale` 1, so these values are the scaled
+        // ones: exact halves, where candle's quantizer (halves away from
+        // zero) gives 1, 3, −1, −3, 127 and llama.cpp's 0, 2, 0, −2, 126.
+        let mut x = vec![0f32; QK_K];
+        x[..6].copy_from_slice(&[-127.0, 0.5, 2.5, -0.5, -2.5, 126.5]);
+        for isa in crate::kernel_reference::isas_checked(module_path!()) {
+            let mut q = Q8K::default();
+            q.quantize(isa, &x, 1, QK_K);
+            assert_eq!(q.qs[..6], [-127, 0, 2, 0, -2, 126], "{isa:?}");
+            assert_eq!(q.d, [1.0], "{isa:?}");
+            assert_eq!(q.bsums[0], -1, "{isa:?}");
         }
     }
 
