@@ -490,10 +490,7 @@ fn avoid_bad_words(
         0
     };
     let ordinary = (0..span).map(|k| tokens.lo + (next + k) % span);
-    ordinary
-        .chain(0..tokens.vocab_size())
-        .find(ok)
-        .unwrap_or(t)
+    ordinary.chain(0..tokens.vocab_size()).find(ok).unwrap_or(t)
 }
 
 /// SplitMix64: a small, well-mixed generator step.
@@ -630,13 +627,7 @@ impl Executor for SimExecutor {
                         mask,
                     );
                     *tok = restrict(&self.tokens, s, *tok, Some(mask));
-                    *tok = avoid_bad_words(
-                        &self.tokens,
-                        s,
-                        batch.output_tail(s),
-                        *tok,
-                        Some(mask),
-                    );
+                    *tok = avoid_bad_words(&self.tokens, s, batch.output_tail(s), *tok, Some(mask));
                 }
             }
         }
