@@ -51,7 +51,8 @@ pub struct ScheduledSeq {
     /// The request's parameters.
     pub params: Arc<SamplingParams>,
     /// What an executor that keeps per-sequence token counts needs beyond
-    /// the new tokens (only filled when `params` use them).
+    /// the new tokens (only filled when `params` use them), and where the
+    /// latest generated tokens that `bad_words` read are.
     pub history: SeqHistory,
     /// Where this sequence's grammar mask is in [`ScheduledBatch::masks`]
     /// (structured outputs); `None`: it samples unconstrained.
