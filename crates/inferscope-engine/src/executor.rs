@@ -51,7 +51,8 @@ pub struct ScheduledSeq {
     /// The request's parameters.
     pub params: Arc<SamplingParams>,
     /// What an executor that keeps per-sequence token counts needs beyond
-    /// the new tokens (only filled when `params` use them).
+    /// the new tokens (only filled when `params` use them), and where the
+    /// latest generated tokens that `bad_words` read are.
     pub history: SeqHistory,
     /// Where this sequence's grammar mask is in [`ScheduledBatch::masks`]
     /// (structured outputs); `None`: it samples unconstrained.
@@ -92,7 +93,8 @@ impl ScheduledSeq {
 }
 
 /// The token history a sequence's step carries for executors that keep
-/// per-sequence token counts (penalties, [`SamplingParams::uses_token_counts`]).
+/// per-sequence token counts (penalties, [`SamplingParams::uses_token_counts`]),
+/// and the latest generated tokens that `bad_words` read.
 ///
 /// An executor that counts the tokens of every batch sees each position once,
 /// except those a prefix-cache hit skips: the scheduler hands those over in
@@ -105,6 +107,12 @@ pub struct SeqHistory {
     pub offset: usize,
     /// Number of skipped tokens: positions `start_pos - len .. start_pos`.
     pub len: usize,
+    /// Offset of the latest generated tokens in
+    /// [`ScheduledBatch::output_tail_ids`] (requests with `bad_words`).
+    pub output_tail_offset: usize,
+    /// Number of them: at most [`SamplingParams::bad_words`]'s context, on
+    /// steps that sample.
+    pub output_tail_len: usize,
 }
 
 impl ScheduledSeq {
@@ -155,6 +163,9 @@ pub struct ScheduledBatch {
     /// Tokens before a sequence's `start_pos` that no earlier batch carried
     /// (see [`SeqHistory`]), flattened.
     pub history_token_ids: Vec<u32>,
+    /// The latest generated tokens of the sampling sequences with
+    /// `bad_words` (see [`ScheduledBatch::output_tail`]), flattened.
+    pub output_tail_ids: Vec<u32>,
     /// The grammar masks of the sequences with a
     /// [`ScheduledSeq::mask_slot`], computed while the step runs: an
     /// executor calls [`StepMasks::wait`] only when it samples.
@@ -171,6 +182,34 @@ impl ScheduledBatch {
     /// batch carried (empty unless its parameters use token counts).
     pub fn history(&self, seq: &ScheduledSeq) -> &[u32] {
         &self.history_token_ids[seq.history.offset..seq.history.offset + seq.history.len]
+    }
+
+    /// The last generated tokens of `seq` that its `bad_words` read before
+    /// the token this step samples (empty unless it has them).
+    pub fn output_tail(&self, seq: &ScheduledSeq) -> &[u32] {
+        let h = &seq.history;
+        &self.output_tail_ids[h.output_tail_offset..h.output_tail_offset + h.output_tail_len]
+    }
+
+    /// Adds the latest generated tokens of a sequence that samples after
+    /// `tokens` (its prompt, then its output), as many as its `bad_words`
+    /// read, and records where in `history` (whose `num_prompt_tokens` is
+    /// set): a copy of a few ids, so that no executor keeps state for them.
+    pub fn push_output_tail(
+        &mut self,
+        history: &mut SeqHistory,
+        tokens: &[u32],
+        params: &SamplingParams,
+    ) {
+        let context = params.bad_words.context_len();
+        let end = tokens.len();
+        let from = history
+            .num_prompt_tokens
+            .max(end.saturating_sub(context))
+            .min(end);
+        history.output_tail_offset = self.output_tail_ids.len();
+        history.output_tail_len = end - from;
+        self.output_tail_ids.extend_from_slice(&tokens[from..]);
     }
 
     /// The block table of `seq`.
@@ -195,6 +234,7 @@ impl ScheduledBatch {
         self.block_tables.clear();
         self.finished_seq_ids.clear();
         self.history_token_ids.clear();
+        self.output_tail_ids.clear();
         self.masks = None;
     }
 }

@@ -2,6 +2,7 @@
 //! prefix caching, the engine-core loop, the data-parallel coordinator, the
 //! [`Executor`] seam and the simulated-accelerator executor.
 
+pub mod bad_words;
 pub mod block_pool;
 pub mod config;
 pub mod coordinator;
@@ -18,6 +19,7 @@ mod structural_tag;
 pub mod structured;
 mod waiting_queue;
 
+pub use bad_words::BadWords;
 pub use config::EngineConfig;
 pub use coordinator::{Coordinator, EngineError, RequestHandle};
 pub use cost::ModelCost;

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use inferscope_schema::FinishReason;
 
+use crate::bad_words::BadWords;
+
 /// Per-request generation parameters the engine and the executor honour.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -49,6 +51,9 @@ pub struct SamplingParams {
     /// Only these token ids may be sampled (vLLM's `allowed_token_ids`),
     /// sorted and each once; empty: any.
     pub allowed_token_ids: Vec<u32>,
+    /// Token sequences the output must not contain (vLLM's `bad_words`,
+    /// tokenized by the server); empty: none.
+    pub bad_words: BadWords,
     /// Log-probabilities of each sampled token plus this many of the most
     /// likely ones (`logprobs`, `top_logprobs`); `None`: none computed.
     pub logprobs: Option<usize>,
@@ -76,6 +81,7 @@ impl Default for SamplingParams {
             min_p: 0.0,
             logit_bias: Vec::new(),
             allowed_token_ids: Vec::new(),
+            bad_words: BadWords::default(),
             logprobs: None,
             prompt_logprobs: None,
         }

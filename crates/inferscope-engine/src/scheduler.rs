@@ -559,11 +559,16 @@ impl Scheduler {
         let seq = &mut self.running[running_idx];
         let start = seq.num_computed;
         let end = start + num_new;
+        let sample = end == seq.tokens.len();
         let mut history = SeqHistory {
             num_prompt_tokens: seq.num_prompt_tokens,
             offset: self.batch.history_token_ids.len(),
-            len: 0,
+            ..SeqHistory::default()
         };
+        if sample && !seq.params.bad_words.is_empty() {
+            self.batch
+                .push_output_tail(&mut history, &seq.tokens, &seq.params);
+        }
         // Only a prefix-cache hit skips tokens, and only executors that
         // count tokens need them: the common case copies nothing.
         if seq.params.uses_token_counts() && start > seq.num_delivered {
@@ -573,7 +578,6 @@ impl Scheduler {
             history.len = start - seq.num_delivered;
         }
         seq.num_delivered = seq.num_delivered.max(end);
-        let sample = end == seq.tokens.len();
         // Rows of positions whose next token is a prompt token, once each.
         let prompt_rows = seq.params.prompt_logprobs.and_then(|_| {
             let lo = start.max(seq.prompt_rows_done);

@@ -458,6 +458,41 @@ fn restrict(tokens: &SimTokens, s: &ScheduledSeq, t: u32, mask: Option<&TokenMas
         .unwrap_or(allowed[start])
 }
 
+/// `t`, or when the request's `bad_words` ban it after `tail` (the latest
+/// generated tokens), the first token after it that nothing bans and that
+/// the grammar `mask`, `allowed_token_ids` and `min_tokens` allow: ordinary
+/// tokens first, cyclically, then the rest of the vocabulary; `t` when none
+/// is (as a model would sample from all -inf logits).
+fn avoid_bad_words(
+    tokens: &SimTokens,
+    s: &ScheduledSeq,
+    tail: &[u32],
+    t: u32,
+    mask: Option<&TokenMask>,
+) -> u32 {
+    let bad = &s.params.bad_words;
+    if bad.is_empty() || !bad.bans(tail, t) {
+        return t;
+    }
+    let allowed = &s.params.allowed_token_ids;
+    let stops = s.mask_stop_tokens();
+    let ok = |a: &u32| {
+        let a = *a;
+        mask.is_none_or(|m| m.is_allowed(a))
+            && (allowed.is_empty() || allowed.binary_search(&a).is_ok())
+            && !(stops && (a == tokens.eos_token_id || s.params.stop_token_ids.contains(a)))
+            && !bad.bans(tail, a)
+    };
+    let span = tokens.hi.saturating_sub(tokens.lo);
+    let next = if (tokens.lo..tokens.hi).contains(&t) {
+        t - tokens.lo + 1
+    } else {
+        0
+    };
+    let ordinary = (0..span).map(|k| tokens.lo + (next + k) % span);
+    ordinary.chain(0..tokens.vocab_size()).find(ok).unwrap_or(t)
+}
+
 /// SplitMix64: a small, well-mixed generator step.
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -563,6 +598,7 @@ impl Executor for SimExecutor {
                 }
             }
             let t = restrict(&self.tokens, s, t, None);
+            let t = avoid_bad_words(&self.tokens, s, batch.output_tail(s), t, None);
             out.sampled.push(Some(t));
             if let Some(n) = s.params.logprobs {
                 out.logprobs.push(LogprobRow {
@@ -591,6 +627,7 @@ impl Executor for SimExecutor {
                         mask,
                     );
                     *tok = restrict(&self.tokens, s, *tok, Some(mask));
+                    *tok = avoid_bad_words(&self.tokens, s, batch.output_tail(s), *tok, Some(mask));
                 }
             }
         }

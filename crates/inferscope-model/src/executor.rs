@@ -550,6 +550,9 @@ impl Executor for CpuExecutor {
                 masked.extend_from_slice(&self.eos);
                 masked.extend(s.params.stop_token_ids.iter());
             }
+            // Masked with the stop tokens, before `logit_bias`, as vLLM
+            // masks them with `allowed_token_ids`.
+            masked.extend(s.params.bad_words.banned(batch.output_tail(s)));
             if let (Some(slot), Some(ready)) = (s.mask_slot, &grammar)
                 && let Some(mask) = ready.get(slot as usize)
             {

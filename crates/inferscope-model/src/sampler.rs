@@ -102,7 +102,8 @@ pub struct Sampler {
 
 impl Sampler {
     /// Samples one token from `logits` (modified in place). `masked` ids get
-    /// -inf first (EOS and stop tokens before `min_tokens`); `counts` are
+    /// -inf first (EOS and stop tokens before `min_tokens`, the tokens that
+    /// would complete one of the `bad_words`); `counts` are
     /// the sequence's tokens, required when the parameters use them.
     pub fn sample(
         &mut self,
@@ -292,6 +293,7 @@ pub fn apply_penalties(logits: &mut [f32], params: &SamplingParams, counts: &Tok
 #[cfg(test)]
 mod tests {
     use super::*;
+    use inferscope_engine::BadWords;
 
     fn sample(
         logits: &mut [f32],
@@ -445,6 +447,35 @@ mod tests {
         };
         process_logits(&mut l, &p, &[], None);
         assert_eq!(l, LOGITS);
+    }
+
+    /// `bad_words` on known logits (best first: 3, 0, 5, 2, 1, 4): the
+    /// executor masks what [`BadWords::banned`] names after the output so
+    /// far, and greedy takes the best of the rest. A one-token word is
+    /// always banned, a longer word's last token only right after the rest
+    /// of it, never after a part of it.
+    #[test]
+    fn bad_words_ban_the_completion_of_a_prefix() {
+        let bad = BadWords::new([vec![3], vec![1, 0], vec![2, 4, 0]]);
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        };
+        let pick = |output: &[u32]| {
+            let masked: Vec<u32> = bad.banned(output).collect();
+            let mut l = LOGITS.to_vec();
+            let t = sample(&mut l, &greedy, &masked, &mut token_rng(1, 0));
+            let inf = l.iter().filter(|x| x.is_infinite()).count();
+            (t, inf)
+        };
+        assert_eq!(pick(&[]), (0, 1), "3 is banned from the start");
+        assert_eq!(pick(&[1]), (5, 2), "0 after 1");
+        assert_eq!(pick(&[5, 2, 1]), (5, 2), "0 after 1");
+        assert_eq!(pick(&[1, 2]), (0, 1), "1 is not the last token");
+        assert_eq!(pick(&[2, 4]), (5, 2), "0 after 2, 4");
+        assert_eq!(pick(&[4]), (0, 1), "4 alone is half a prefix");
+        assert_eq!(pick(&[2, 5, 4]), (0, 1), "2, 4 not back to back");
+        assert_eq!(pick(&[4, 2]), (0, 1), "the prefix reversed");
     }
 
     /// Only the allowed ids keep their logits: the argmax and every draw

@@ -158,6 +158,7 @@ mod tests {
             num_prompt_tokens: 5,
             offset: 0,
             len: 4,
+            ..Default::default()
         };
         let mut c = TokenCounts::new(5);
         c.extend_from_batch(&batch, &seq).unwrap();

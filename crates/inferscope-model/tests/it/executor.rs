@@ -3,7 +3,7 @@
 use crate::common;
 
 use common::*;
-use inferscope_engine::{Executor, SamplingParams, StepOutput};
+use inferscope_engine::{BadWords, Executor, SamplingParams, StepOutput};
 use inferscope_model::{CpuExecutor, LoadedModel, ModelOptions};
 
 fn demo() -> (LoadedModel, CpuExecutor) {
@@ -183,6 +183,54 @@ fn penalties_follow_the_whole_sequence_across_preemption() {
         assert_eq!(got, want, "sequence {}", seq.id);
         assert_eq!(counts.len(), fed.len());
     }
+}
+
+/// `bad_words`, greedily: a one-token word never comes out; for a
+/// two-token word `[a, b]` taken from the greedy output, `a` still comes
+/// out, then `b` is refused there, so the output follows the greedy one up
+/// to `a`, differs right after, and nowhere holds `a, b`; the prompt is not
+/// output (a word of the prompt's last token and the first greedy token
+/// changes nothing). The same through chunked prefill, batching and a
+/// preemption with recompute.
+#[test]
+fn bad_words_ban_their_token_sequences() {
+    let (_, mut e) = demo();
+    let prompt = [256, 72, 101, 108, 108, 111];
+    let steps = 24;
+    let mut alloc = Alloc::new(0);
+    let banning = |words: &[&[u32]]| SamplingParams {
+        bad_words: BadWords::new(words),
+        ..greedy()
+    };
+    let run = |e: &mut CpuExecutor, alloc: &mut Alloc, params: SamplingParams| {
+        let mut s = Seq::new(1, &prompt, params);
+        generate(e, &mut [&mut s], alloc, steps, 512);
+        s.tokens[prompt.len()..].to_vec()
+    };
+    let out = run(&mut e, &mut alloc, greedy());
+    let holds = |o: &[u32], w: [u32; 2]| o.windows(2).any(|x| x == w);
+
+    let banned = run(&mut e, &mut alloc, banning(&[&[out[0]]]));
+    assert!(!banned.contains(&out[0]), "{banned:?} holds {}", out[0]);
+
+    let (a, b) = (out[2], out[3]);
+    let i = out.windows(2).position(|w| w == [a, b]).expect("pair");
+    let banned = run(&mut e, &mut alloc, banning(&[&[a, b]]));
+    assert_eq!(banned[..=i], out[..=i], "{banned:?} vs {out:?}");
+    assert_ne!(banned[i + 1], b);
+    assert!(!holds(&banned, [a, b]), "{banned:?} holds {a}, {b}");
+
+    let last = prompt[prompt.len() - 1];
+    let unchanged = run(&mut e, &mut alloc, banning(&[&[last, out[0]]]));
+    assert_eq!(unchanged, out, "the prompt is not output");
+
+    let mut s = Seq::new(5, &prompt, banning(&[&[a, b]]));
+    let mut other = Seq::new(6, &[256, 40, 41], banning(&[&[a]]));
+    generate(&mut e, &mut [&mut s, &mut other], &mut alloc, steps / 2, 3);
+    s.preempt();
+    generate(&mut e, &mut [&mut s, &mut other], &mut alloc, steps, 3);
+    assert_eq!(s.tokens[prompt.len()..], banned);
+    assert!(!other.tokens[3..].contains(&a));
 }
 
 #[test]

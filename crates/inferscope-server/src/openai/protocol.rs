@@ -100,6 +100,9 @@ pub struct SamplingFields {
     pub min_p: Option<f64>,
     /// Token id (a decimal string) to a bias in [-100, 100] added to its logit.
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// Words the output must not contain (vLLM extension): a list of
+    /// strings, checked and tokenized in validation.
+    pub bad_words: Option<serde_json::Value>,
     /// Candidates to sample per choice: only `n` (or absent) is supported.
     pub best_of: Option<i64>,
     /// Leave special tokens out of the text (vLLM extension; default true).

@@ -101,7 +101,6 @@ pub const COMMON: &[Refusal] = &[
         empty,
         "JSON is written without free whitespace; no other pattern is read",
     ),
-    refuse("bad_words", empty, "banning words is not implemented"),
     refuse(
         "logits_processors",
         empty,

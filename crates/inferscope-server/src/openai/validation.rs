@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use inferscope_engine::{
-    CompiledGrammar, GrammarCompiler, SamplingParams, StopTokenIds, StructuredOutput,
+    BadWords, CompiledGrammar, GrammarCompiler, SamplingParams, StopTokenIds, StructuredOutput,
 };
 use inferscope_model::chat_template::Value;
 use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
@@ -78,7 +78,7 @@ pub struct Validated {
 /// bytes (the fuzz target and the proptests call it directly).
 pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
     let req: CompletionRequest = parse_json(body)?;
-    let sampling: SamplingFields = parse_json(body)?;
+    let mut sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     refusals::check(body, &[COMMON, COMPLETIONS])?;
     // `echo` repeats a text prompt as sent; token prompts are decoded below.
@@ -99,6 +99,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         req.max_tokens
     };
     let (prompt_logprobs, stream) = (sampling.prompt_logprobs, sampling.stream);
+    let bad_words = sampling.bad_words.take();
     let mut plan = plan(
         prompts,
         max_tokens,
@@ -120,6 +121,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
         },
     };
     apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, echo, v.limits)?;
+    apply_bad_words(&mut plan, bad_words, v)?;
     plan.logprobs.prefill_only = prefill_only;
     if echo {
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
@@ -190,6 +192,89 @@ fn apply_logprobs(
     Ok(())
 }
 
+/// Most token sequences and most tokens in all of them that `bad_words`
+/// may make once tokenized (vLLM's defaults of `VLLM_MAX_NUM_BAD_WORDS` and
+/// `VLLM_MAX_BAD_WORDS_TOTAL_TOKENS`): every sampling step checks them all.
+const MAX_BAD_WORD_SEQUENCES: usize = 128;
+const MAX_BAD_WORD_TOKENS: usize = 1024;
+
+/// Sets the engine's `bad_words` from the field's value: tokenized here,
+/// once, so that sampling compares token ids only.
+fn apply_bad_words(
+    plan: &mut Plan,
+    value: Option<serde_json::Value>,
+    v: &Validator,
+) -> Result<(), ApiError> {
+    let words = bad_words(value, v.tokenizer, v.limits)?;
+    if !words.is_empty() {
+        // The `Arc` is the plan's own until the request is started.
+        Arc::make_mut(&mut plan.params).bad_words = words;
+    }
+    Ok(())
+}
+
+/// vLLM's `bad_words`: each word (leading whitespace dropped) tokenized
+/// without special tokens as it is, and with a leading space when that
+/// gives as many tokens starting with a different one (the word in the
+/// middle of a text). Not a list, an entry that is not a string or is
+/// empty, or too many tokens: a 400 naming the field.
+fn bad_words(
+    value: Option<serde_json::Value>,
+    tokenizer: &dyn Tokenizer,
+    limits: &Limits,
+) -> Result<BadWords, ApiError> {
+    const P: &str = "bad_words";
+    let invalid = |msg: String| ApiError::invalid(msg, Some(P));
+    let words = match value {
+        None | Some(serde_json::Value::Null) => return Ok(BadWords::default()),
+        Some(serde_json::Value::Array(words)) => words,
+        Some(other) => {
+            return Err(invalid(format!(
+                "`{P}` must be a list of strings, got {}",
+                truncate(&other.to_string(), 64)
+            )));
+        }
+    };
+    let encode = |text: &str| {
+        tokenizer
+            .encode(text, false)
+            .map_err(|e| invalid(format!("cannot tokenize a word of `{P}`: {e}")))
+    };
+    let mut seqs: Vec<Vec<u32>> = Vec::with_capacity(words.len().min(MAX_BAD_WORD_SEQUENCES));
+    for w in &words {
+        let Some(word) = w.as_str() else {
+            return Err(invalid(format!(
+                "`{P}` must be a list of strings, got the entry {}",
+                truncate(&w.to_string(), 64)
+            )));
+        };
+        let word = word.trim_start();
+        let plain = encode(word)?;
+        if plain.is_empty() {
+            return Err(invalid(format!(
+                "`{P}` entries must not be empty or only whitespace"
+            )));
+        }
+        let spaced = encode(&format!(" {word}"))?;
+        let new_first = spaced.first() != plain.first();
+        let same_len = spaced.len() == plain.len();
+        seqs.push(plain);
+        if new_first && same_len {
+            seqs.push(spaced);
+        }
+        let tokens: usize = seqs.iter().map(Vec::len).sum();
+        if seqs.len() > MAX_BAD_WORD_SEQUENCES || tokens > MAX_BAD_WORD_TOKENS {
+            return Err(invalid(format!(
+                "`{P}` makes too many token sequences: at most {MAX_BAD_WORD_SEQUENCES} sequences of {MAX_BAD_WORD_TOKENS} tokens in all are allowed"
+            )));
+        }
+    }
+    for &id in seqs.iter().flatten() {
+        token_id(i64::from(id), limits, "token id", P)?;
+    }
+    Ok(BadWords::new(seqs))
+}
+
 /// The text `echo` puts before each prompt's choices: the prompt as sent
 /// (`sent`, for text prompts) or its token ids decoded.
 fn echo_texts(
@@ -216,7 +301,7 @@ fn echo_texts(
 /// the chat template and tokenized. Never panics, whatever the bytes.
 pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
     let req: ChatRequest = parse_json(body)?;
-    let sampling: SamplingFields = parse_json(body)?;
+    let mut sampling: SamplingFields = parse_json(body)?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
     refusals::check(body, &[COMMON, CHAT])?;
     let tools = tools::plan_tools(
@@ -240,6 +325,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
     };
     let max_len = v.limits.max_model_len;
     let (prompt_logprobs, stream) = (sampling.prompt_logprobs, sampling.stream);
+    let bad_words = sampling.bad_words.take();
     let mut plan = plan(
         vec![prompt],
         max_tokens,
@@ -285,6 +371,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         }
     };
     apply_logprobs(&mut plan, tokens, prompt_logprobs, stream, false, v.limits)?;
+    apply_bad_words(&mut plan, bad_words, v)?;
     plan.note_features(tools.offered);
     Ok(Validated { model, plan })
 }
@@ -803,6 +890,7 @@ pub fn plan(
             min_p: min_p as f32,
             logit_bias,
             allowed_token_ids,
+            bad_words: BadWords::default(),
             logprobs: None,
             prompt_logprobs: None,
         }),

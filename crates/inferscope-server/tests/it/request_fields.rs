@@ -36,7 +36,6 @@ async fn unhonoured_fields_are_refused_by_name() {
         (&both, "guided_decoding_backend", json!("xgrammar")),
         (&both, "guided_whitespace_pattern", json!("[ ]*")),
         (&both, "return_tokens_as_token_ids", json!(true)),
-        (&both, "bad_words", json!(["foo"])),
         (&both, "use_beam_search", json!(true)),
         (&both, "priority", json!(1)),
         (&[COMPLETIONS], "suffix", json!("tail")),
@@ -73,6 +72,7 @@ async fn unhonoured_fields_are_refused_by_name() {
         (&both, "response_format", json!({"type": "text"})),
         (&both, "guided_json", Value::Null),
         (&both, "bad_words", json!([])),
+        (&both, "bad_words", Value::Null),
         (&[COMPLETIONS], "suffix", Value::Null),
         (&both, "best_of", json!(1)),
         (&[CHAT], "tools", json!([])),
@@ -410,6 +410,154 @@ async fn allowed_token_ids_restrict_the_output() {
             "{text:?} is not made of {pa:?} and {pb:?}"
         );
     }
+    cpu.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `bad_words` on the sim (the byte tokenizer: `A` is 65, `B` 66): with
+/// only `A` and `B` allowed, banning `AB` leaves outputs without it (`B`s
+/// then `A`s), where the same seeds unbanned hold it; banning `A` leaves
+/// only `B`s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_words_are_never_generated_by_the_sim() {
+    let sim = start(&[]).await;
+    let text = |j: &Value| {
+        j["choices"][0]["text"]
+            .as_str()
+            .or(j["choices"][0]["message"]["content"].as_str())
+            .expect("text")
+            .to_owned()
+    };
+    for path in [COMPLETIONS, CHAT] {
+        let mut unbanned_hold_it = 0;
+        for seed in 0..6 {
+            let mut b = body(path, "allowed_token_ids", json!([65, 66]));
+            b["max_tokens"] = json!(24);
+            b["seed"] = json!(seed);
+            let r = post(sim.addr, path, &b).await;
+            unbanned_hold_it += usize::from(text(&r.json()).contains("AB"));
+            for (words, never) in [(json!(["AB"]), "AB"), (json!([" A", "Q"]), "A")] {
+                b["bad_words"] = words;
+                let r = post(sim.addr, path, &b).await;
+                assert_eq!(r.status, 200, "{}", r.body);
+                let t = text(&r.json());
+                assert_eq!(t.len(), 24, "{t}");
+                assert!(t.bytes().all(|c| c == b'A' || c == b'B'), "{t}");
+                assert!(!t.contains(never), "{never} in {t}");
+            }
+        }
+        assert!(unbanned_hold_it > 3, "the seeds' outputs hold AB unbanned");
+    }
+    sim.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `bad_words` that are not a list of non-empty strings, or too many words,
+/// are a 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_words_values_are_checked() {
+    let sim = start(&[]).await;
+    for path in [COMPLETIONS, CHAT] {
+        let many: Vec<String> = (0..200).map(|i| format!("w{i}")).collect();
+        for bad in [
+            json!("AB"),
+            json!({"AB": 1}),
+            json!([1]),
+            json!(["ok", null]),
+            json!([""]),
+            json!(["  "]),
+            json!(many),
+        ] {
+            let r = post(sim.addr, path, &body(path, "bad_words", bad.clone())).await;
+            assert_eq!(r.status, 400, "{bad}: {}", r.body);
+            let err = &r.json()["error"];
+            assert_eq!(err["param"], "bad_words", "{}", r.body);
+            let msg = err["message"].as_str().unwrap_or_default();
+            assert!(msg.contains("`bad_words`"), "{msg}");
+        }
+    }
+    sim.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A completion on the demo model with `logprobs: 0`: its text and its
+/// tokens' texts.
+async fn text_and_tokens(addr: std::net::SocketAddr, body: &Value) -> (String, Vec<String>) {
+    let r = post(addr, COMPLETIONS, body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = &r.json()["choices"][0];
+    let tokens = c["logprobs"]["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_str().expect("token").to_owned())
+        .collect();
+    (c["text"].as_str().expect("text").to_owned(), tokens)
+}
+
+/// The ids of `text` without special tokens.
+async fn tokenize(addr: std::net::SocketAddr, text: &str) -> Vec<u64> {
+    let r = post(
+        addr,
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    )
+    .await;
+    r.json()["tokens"]
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_u64().expect("id"))
+        .collect()
+}
+
+/// `bad_words` on the demo model, greedily: a word of two tokens that the
+/// greedy text holds in the middle (so banned as vLLM tokenizes it with a
+/// leading space; the demo model's words are one token each, so the "word"
+/// is two of them, as `bad_words` allows) comes out as its first token, then
+/// something else: the text follows the greedy one up to there and never
+/// holds the two tokens back to back; a one-token word never comes out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_words_steer_the_demo_model() {
+    let cpu = start_cpu().await;
+    let addr = cpu.addr;
+    let greedy = json!({"prompt": "It is a truth universally acknowledged", "max_tokens": 32,
+                        "temperature": 0, "logprobs": 0});
+    let (text, toks) = text_and_tokens(addr, &greedy).await;
+    // The first two tokens that make a word whose spaced form vLLM bans.
+    let mut found = None;
+    for i in 0..toks.len() - 1 {
+        let (x, y) = (&toks[i], &toks[i + 1]);
+        if !x.starts_with(' ') || x.trim().is_empty() || y.trim().is_empty() {
+            continue;
+        }
+        let word = format!("{}{y}", x.trim_start());
+        let plain = tokenize(addr, &word).await;
+        let spaced = tokenize(addr, &format!(" {word}")).await;
+        if spaced.len() == 2
+            && plain.len() == 2
+            && plain[0] != spaced[0]
+            && detokenize(addr, &[spaced[0] as u32]).await == *x
+            && detokenize(addr, &[spaced[1] as u32]).await == *y
+        {
+            found = Some((i, word));
+            break;
+        }
+    }
+    let (i, word) = found.unwrap_or_else(|| panic!("no two-token word in {toks:?}"));
+    assert!(text.contains(&word));
+    let mut banned = greedy.clone();
+    banned["bad_words"] = json!([word]);
+    let (text2, toks2) = text_and_tokens(addr, &banned).await;
+    assert_eq!(toks2[..=i], toks[..=i], "{text2:?} vs {text:?}");
+    assert_ne!(toks2[i + 1], toks[i + 1], "{text2:?}");
+    let pair = [toks[i].clone(), toks[i + 1].clone()];
+    assert!(
+        !toks2.windows(2).any(|w| w == pair),
+        "{pair:?} in {toks2:?}"
+    );
+    // The word's first token alone: never generated.
+    let single = toks[i].trim_start().to_owned();
+    banned["bad_words"] = json!([single]);
+    let (text3, toks3) = text_and_tokens(addr, &banned).await;
+    assert!(!toks3.contains(&toks[i]), "{:?} in {text3:?}", toks[i]);
     cpu.shutdown(Duration::from_secs(5)).await;
 }
 

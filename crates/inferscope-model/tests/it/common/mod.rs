@@ -87,6 +87,14 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
             s.blocks.push(alloc.next);
             alloc.next += 1;
         }
+        let sample = end == s.tokens.len();
+        let mut history = SeqHistory {
+            num_prompt_tokens: s.prompt_len,
+            ..SeqHistory::default()
+        };
+        if sample {
+            b.push_output_tail(&mut history, &s.tokens, &s.params);
+        }
         b.seqs.push(ScheduledSeq {
             seq_id: s.id,
             token_offset: b.token_ids.len(),
@@ -95,14 +103,11 @@ pub fn build_batch(seqs: &mut [&mut Seq], alloc: &mut Alloc, chunk: usize) -> Sc
             block_table_offset: b.block_tables.len(),
             block_table_len: s.blocks.len(),
             is_prefill: s.num_generated == 0 || n > 1,
-            sample: end == s.tokens.len(),
+            sample,
             num_generated: s.num_generated,
             seed: s.seed,
             params: s.params.clone(),
-            history: SeqHistory {
-                num_prompt_tokens: s.prompt_len,
-                ..SeqHistory::default()
-            },
+            history,
             mask_slot: None,
             prompt_rows: None,
         });
