@@ -26,7 +26,10 @@
 # requests wrk completed) and its ratio to the bare handler's. On a machine
 # where other work competes for the server's core, requests/s falls with the
 # share of the core the server gets, while CPU time per request barely moves:
-# that ratio is the one to quote there.
+# that ratio is the one to quote there. It also reports the process's
+# context switches per request (all threads, from /proc): on the one core,
+# each is a hand-over between the server's threads or to wrk, a cost the
+# bare handler barely pays, and a count the machine's load does not inflate.
 #
 #   STREAM=1 OLD_BIN=/tmp/inferscope-before scripts/request-path.sh
 #
@@ -110,50 +113,59 @@ serve new $((PORT + 1)) "$BIN"
 # CPU time (user + system, all threads) a process has used, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 TICK=$(getconf CLK_TCK)
+# Context switches (voluntary and not, all threads) a process has made: on
+# one shared core each is a hand-over between its threads (or to wrk), and
+# unlike CPU time the count does not grow with the machine's load.
+switches() { cat /proc/"$1"/task/*/status | awk '/^(non)?voluntary_ctxt_switches/ {n += $2} END {print n}'; }
 
-# "requests/s µs-of-CPU-per-request" of one wrk run; a run with errors or
-# non-2xx answers fails.
+# "requests/s µs-of-CPU-per-request switches-per-request" of one wrk run; a
+# run with errors or non-2xx answers fails.
 measure() { # name port seconds
-  local out before after
+  local out before after sw_before sw_after
   before=$(cpu_ticks "${pid_of[$1]}")
+  sw_before=$(switches "${pid_of[$1]}")
   out=$(taskset -c "$CLIENT_CPU" wrk -t1 -c"$CONNS" -d"$3"s -s "$tmp/post.lua" \
     "http://127.0.0.1:$2/v1/completions")
   after=$(cpu_ticks "${pid_of[$1]}")
+  sw_after=$(switches "${pid_of[$1]}")
   if grep -qE 'Non-2xx|Socket errors' <<<"$out"; then
     echo "errors in the run on port $2:" >&2
     echo "$out" >&2
     exit 1
   fi
-  awk -v ticks=$((after - before)) -v tick="$TICK" '
+  awk -v ticks=$((after - before)) -v tick="$TICK" -v sw=$((sw_after - sw_before)) '
     /requests in/ {n = $1}
     /^Requests\/sec:/ {rps = $2}
-    END {printf "%.0f %.2f\n", rps, ticks / tick * 1e6 / n}' <<<"$out"
+    END {printf "%.0f %.2f %.3f\n", rps, ticks / tick * 1e6 / n, sw / n}' <<<"$out"
 }
 for t in "${targets[@]}"; do measure "${t%%:*}" "${t##*:}" 1 >/dev/null; done # warm-up
 
 names=()
 for t in "${targets[@]}"; do names+=("${t%%:*}"); done
-declare -A all cpu
+declare -A all cpu csw
 printf 'round'
 for n in "${names[@]}"; do printf '  %9s' "$n req/s"; done
 for n in "${names[@]}"; do [ "$n" = bare ] || printf '  %9s' "$n/bare"; done
 for n in "${names[@]}"; do printf '  %10s' "$n µs/req"; done
 for n in "${names[@]}"; do [ "$n" = bare ] || printf '  %12s' "bare/$n cpu"; done
+for n in "${names[@]}"; do printf '  %10s' "$n cs/req"; done
 echo
 for r in $(seq "$ROUNDS"); do
   k=${#targets[@]}
-  declare -A got=() gotcpu=()
+  declare -A got=() gotcpu=() gotcs=()
   for i in $(seq 0 $((k - 1))); do
     t=${targets[$(((i + r) % k))]}
-    read -r rps us < <(measure "${t%%:*}" "${t##*:}" "$DURATION")
+    read -r rps us cs < <(measure "${t%%:*}" "${t##*:}" "$DURATION")
     got[${t%%:*}]=$rps
     gotcpu[${t%%:*}]=$us
+    gotcs[${t%%:*}]=$cs
   done
   printf '%5d' "$r"
   for n in "${names[@]}"; do
     printf '  %9s' "${got[$n]}"
     all[$n]="${all[$n]:-} ${got[$n]}"
     cpu[$n]="${cpu[$n]:-} ${gotcpu[$n]}"
+    csw[$n]="${csw[$n]:-} ${gotcs[$n]}"
   done
   for n in "${names[@]}"; do
     [ "$n" = bare ] || awk -v a="${got[$n]}" -v b="${got[bare]}" 'BEGIN {printf "  %9.3f", a / b}'
@@ -162,8 +174,9 @@ for r in $(seq "$ROUNDS"); do
   for n in "${names[@]}"; do
     [ "$n" = bare ] || awk -v a="${gotcpu[$n]}" -v b="${gotcpu[bare]}" 'BEGIN {printf "  %12.3f", b / a}'
   done
+  for n in "${names[@]}"; do printf '  %10s' "${gotcs[$n]}"; done
   echo
-  unset got gotcpu
+  unset got gotcpu gotcs
 done
 
 median() { printf '%s\n' $1 | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
@@ -176,6 +189,7 @@ for n in "${names[@]}"; do printf '  %10s' "$(median "${cpu[$n]}")"; done
 for n in "${names[@]}"; do
   [ "$n" = bare ] || awk -v a="$(median "${cpu[$n]}")" -v b="$(median "${cpu[bare]}")" 'BEGIN {printf "  %12.3f", b / a}'
 done
+for n in "${names[@]}"; do printf '  %10s' "$(median "${csw[$n]}")"; done
 echo
 [ "$STREAM" = 1 ] && mode="streamed" || mode="non-streamed"
 echo "($mode, $CONNS connections, ${DURATION}s runs, server on cpu $SERVER_CPU, wrk on cpu $CLIENT_CPU;" \
