@@ -138,7 +138,7 @@ def test_the_console_shows_what_metrics_says(make_server, browser):
         t2, m2 = time.time(), server.metrics_text()
         measured = (counter(m2, "generation_tokens_total") - counter(m1, "generation_tokens_total")) / (t2 - t1)
         bands = browser.execute_script(
-            "return [...document.querySelectorAll('#tokens-chart rect.hover')]"
+            "return [...document.querySelectorAll('#tokens-chart .hover rect')]"
             ".map(r => [Number(r.dataset.x), r.querySelector('title').textContent]);")
         assert len(bands) > 1, bands
         at, title = bands[-1]

@@ -362,53 +362,65 @@ pub fn svg(chart: &Chart) -> String {
     s
 }
 
-/// One transparent band per distinct x, from halfway to the previous x to
+/// One transparent band per distinct x (in a `<g class="hover">`), from halfway to the previous x to
 /// halfway to the next, whose `<title>` (the browser's tooltip) names the x
 /// and each series' exact value there. Drawn last, so it is on top.
 fn hover_bands(s: &mut String, chart: &Chart, f: &Frame, x_text: &dyn Fn(f64) -> String) {
-    let mut xs: Vec<f64> = chart
+    // Every finite point as (x, series, index), in x then series order: one
+    // sort, then each x's points are a run (no search per x).
+    let mut points: Vec<(f64, usize, usize)> = chart
         .series
         .iter()
-        .flat_map(|series| series.points.iter().map(|p| p.0))
-        .filter(|x| x.is_finite())
+        .enumerate()
+        .flat_map(|(i, series)| {
+            series
+                .points
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.0.is_finite() && p.1.is_finite())
+                .map(move |(j, p)| (p.0, i, j))
+        })
         .collect();
-    xs.sort_by(f64::total_cmp);
-    xs.dedup();
-    for (k, &x) in xs.iter().enumerate() {
+    points.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let runs: Vec<&[(f64, usize, usize)]> = points.chunk_by(|a, b| a.0 == b.0).collect();
+    // Painted (so it takes the pointer) but invisible; one group carries
+    // the paint so each band stays short.
+    let _ = writeln!(s, r##"<g class="hover" fill="#000" fill-opacity="0">"##);
+    for (k, run) in runs.iter().enumerate() {
+        let x = run[0].0;
         let lo = if k == 0 {
             f.x_min
         } else {
-            (xs[k - 1] + x) / 2.0
+            (runs[k - 1][0].0 + x) / 2.0
         };
-        let hi = xs.get(k + 1).map_or(f.x_max, |next| (x + next) / 2.0);
+        let hi = runs
+            .get(k + 1)
+            .map_or(f.x_max, |next| (x + next[0].0) / 2.0);
         let mut title = x_text(x);
-        for (i, series) in chart.series.iter().enumerate() {
-            let found = series
-                .points
-                .iter()
-                .position(|p| p.0 == x && p.1.is_finite());
-            if let Some(j) = found {
-                let value = chart
-                    .labels
-                    .get(i)
-                    .and_then(|l| l.get(j))
-                    .cloned()
-                    .unwrap_or_else(|| match chart.y_format {
-                        Some(fmt) => fmt(series.points[j].1),
-                        None => value_label(series.points[j].1),
-                    });
-                let _ = write!(title, "\n{}: {value}", series.name);
+        // A series with two points at one x shows its first.
+        for (n, &(_, i, j)) in run.iter().enumerate() {
+            if n > 0 && run[n - 1].1 == i {
+                continue;
             }
+            let y = chart.series[i].points[j].1;
+            let value = chart
+                .labels
+                .get(i)
+                .and_then(|l| l.get(j))
+                .cloned()
+                .unwrap_or_else(|| chart.y_format.map_or_else(|| value_label(y), |fmt| fmt(y)));
+            let _ = write!(title, "\n{}: {value}", chart.series[i].name);
         }
         let _ = writeln!(
             s,
-            r##"<rect class="hover" data-x="{x}" x="{:.1}" y="{TOP}" width="{:.1}" height="{:.1}" fill="#000" fill-opacity="0"><title>{}</title></rect>"##,
+            r#"<rect data-x="{x}" x="{:.1}" y="{TOP}" width="{:.1}" height="{:.1}"><title>{}</title></rect>"#,
             f.px(lo),
             (f.px(hi) - f.px(lo)).max(0.0),
             f.py(0.0) - TOP,
             esc(&title)
         );
     }
+    s.push_str("</g>\n");
 }
 
 #[cfg(test)]

@@ -55,27 +55,34 @@ fn rate(samples: &[Arc<Sample>], f: &dyn Fn(&EngineReading) -> u64) -> Vec<(f64,
         .collect()
 }
 
-/// The observations of latency `l` between samples `a` and `b`, over all
-/// engines, as a histogram over `bounds` (its finite bucket bounds).
-fn window(l: usize, a: &Sample, b: &Sample, bounds: &[f64]) -> Histogram {
-    let mut counts = vec![0u64; bounds.len() + 1];
-    for (j, e) in b.engines.iter().enumerate() {
-        let before = a.engines.get(j).map(|e| &e.latency[l]);
-        for (i, c) in e.latency[l].iter().enumerate() {
-            let prev = before.and_then(|p| p.get(i)).copied().unwrap_or(0);
-            if let Some(slot) = counts.get_mut(i) {
-                *slot += c.saturating_sub(prev);
+/// Each sample's bucket counts of latency `l` (`+Inf` last), summed over
+/// engines.
+fn latency_totals(l: usize, samples: &[Arc<Sample>], buckets: usize) -> Vec<Vec<u64>> {
+    samples
+        .iter()
+        .map(|s| {
+            let mut counts = vec![0u64; buckets];
+            for e in &s.engines {
+                for (slot, c) in counts.iter_mut().zip(e.latency[l].iter()) {
+                    *slot += c;
+                }
             }
-        }
-    }
+            counts
+        })
+        .collect()
+}
+
+/// The observations between the bucket counts `a` and `b` (a reset
+/// counts from 0) as a histogram over `bounds`, its finite bucket bounds.
+fn window(a: &[u64], b: &[u64], bounds: &[f64]) -> Histogram {
     let mut cumulative = 0.0;
     let buckets = bounds
         .iter()
         .copied()
         .chain([f64::INFINITY])
-        .zip(counts)
-        .map(|(le, c)| {
-            cumulative += c as f64;
+        .zip(b.iter().zip(a))
+        .map(|(le, (after, before))| {
+            cumulative += after.saturating_sub(*before) as f64;
             (le, cumulative)
         })
         .collect();
@@ -105,40 +112,42 @@ fn chart(title: &str, y_label: &str, utc_offset: i64, series: Vec<Series>) -> Ch
 /// last [`QUANTILE_WINDOW`] samples. Above the last bound there is no upper
 /// bound: drawn at the last one, labelled `> last`.
 fn latency_chart(l: usize, samples: &[Arc<Sample>], bounds: &[f64], utc_offset: i64) -> Chart {
-    let mut series = Vec::new();
-    let mut labels = Vec::new();
-    for (q, name) in [(0.5, "p50"), (0.99, "p99")] {
-        let mut points = Vec::new();
-        let mut texts = Vec::new();
-        for w in samples.windows(QUANTILE_WINDOW + 1) {
-            let (a, b) = (&w[0], &w[QUANTILE_WINDOW]);
-            let (Some(bucket), Some(&last)) =
-                (window(l, a, b, bounds).quantile_bucket(q), bounds.last())
-            else {
+    let title = format!("p50 and p99 over time ({QUANTILE_WINDOW} s windows)");
+    let y_label = "seconds (bucket bound)";
+    let Some(&last) = bounds.last() else {
+        return chart(&title, y_label, utc_offset, Vec::new());
+    };
+    let totals = latency_totals(l, samples, bounds.len() + 1);
+    let qs = [0.5, 0.99];
+    let mut points = [Vec::new(), Vec::new()];
+    let mut texts = [Vec::new(), Vec::new()];
+    for (k, w) in totals.windows(QUANTILE_WINDOW + 1).enumerate() {
+        let h = window(&w[0], &w[QUANTILE_WINDOW], bounds);
+        let t = samples[k + QUANTILE_WINDOW].t;
+        for (n, &q) in qs.iter().enumerate() {
+            let Some(bucket) = h.quantile_bucket(q) else {
                 continue;
             };
-            points.push((b.t, bucket.upper.min(last)));
-            texts.push(if bucket.upper.is_finite() {
+            points[n].push((t, bucket.upper.min(last)));
+            texts[n].push(if bucket.upper.is_finite() {
                 format!("≤ {}", secs(bucket.upper))
             } else {
                 format!("> {}", secs(last))
             });
         }
-        series.push(Series {
+    }
+    let series = ["p50", "p99"]
+        .iter()
+        .zip(points)
+        .map(|(name, points)| Series {
             name: format!("{name} (bucket bound)"),
             points,
-        });
-        labels.push(texts);
-    }
+        })
+        .collect();
     Chart {
         y_format: Some(secs),
-        labels,
-        ..chart(
-            &format!("p50 and p99 over time ({QUANTILE_WINDOW} s windows)"),
-            "seconds (bucket bound)",
-            utc_offset,
-            series,
-        )
+        labels: texts.into(),
+        ..chart(&title, y_label, utc_offset, series)
     }
 }
 
