@@ -116,8 +116,8 @@ fn time_chart(title: &str, y_label: &str, x_max: f64, s: Vec<Series>) -> Chart {
         y_label: y_label.to_string(),
         series: s,
         lines_only: true,
-        marker: None,
         x_max: Some(x_max),
+        ..Chart::default()
     }
 }
 

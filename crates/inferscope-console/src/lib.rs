@@ -1,6 +1,6 @@
 //! inferscope-console: the browser console (`GET /`, `/console`) and its
-//! data routes (`/console/api/snapshot`, `/console/api/events`;
-//! docs/console.md), served by `inferscope serve` and by `inferscope proxy`.
+//! data routes (`/console/api/snapshot`, `/console/api/events`,
+//! `/console/api/charts`; docs/console.md), served by `inferscope serve` and by `inferscope proxy`.
 //!
 //! The page is one HTML file with its CSS and script embedded in the binary:
 //! nothing is fetched from elsewhere, nothing is built. Its data is the
@@ -10,6 +10,7 @@
 //! [`RecentRing`]): the per-token path does no extra work for it.
 
 pub mod api;
+pub mod charts;
 pub mod findings;
 pub mod history;
 pub mod recent;
@@ -161,6 +162,16 @@ impl Console {
         Value::Object(m)
     }
 
+    /// The charts route's body: the line charts of the history as SVG,
+    /// with clock times `utc_offset` seconds east of UTC.
+    pub fn charts(&self, utc_offset: i64) -> Value {
+        let bounds: Vec<Vec<f64>> = inferscope_metrics::LATENCIES
+            .iter()
+            .map(|&l| self.metrics.latency_bounds(l))
+            .collect();
+        charts::render(&self.history.all(), &bounds, self.serving, utc_offset)
+    }
+
     /// Whether `headers` may read the console's data.
     pub fn authorized(&self, headers: &HeaderMap) -> bool {
         (self.authorize)(headers)
@@ -178,6 +189,7 @@ impl Console {
             .route("/console", get(page))
             .route("/console/api/snapshot", get(snapshot))
             .route("/console/api/events", get(events))
+            .route("/console/api/charts", get(charts))
             .with_state(Arc::clone(self))
     }
 }
@@ -199,6 +211,30 @@ async fn snapshot(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response
     }
     let body = c.snapshot();
     ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
+}
+
+/// The charts route's query: `utc_offset=SECONDS` east of UTC, the
+/// reader's clock (default 0, UTC).
+#[derive(Debug, serde::Deserialize)]
+struct ChartsQuery {
+    utc_offset: Option<i64>,
+}
+
+async fn charts(
+    State(c): State<Arc<Console>>,
+    Query(query): Query<ChartsQuery>,
+    headers: HeaderMap,
+) -> Response {
+    if !c.authorized(&headers) {
+        return unauthorized();
+    }
+    // Real offsets lie within a day; anything else is clamped, not trusted.
+    let offset = query.utc_offset.unwrap_or(0).clamp(-86_400, 86_400);
+    // Milliseconds of formatting (docs/console.md): off the runtime.
+    match tokio::task::spawn_blocking(move || c.charts(offset)).await {
+        Ok(body) => ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
 }
 
 /// The events route's query: `after=SEQ`, the last request the reader has.

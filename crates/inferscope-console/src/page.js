@@ -5,8 +5,6 @@ const API = "console/api/";
 const SVG = "http://www.w3.org/2000/svg";
 const LATENCIES = [["ttft", "Time to first token"], ["itl", "Inter-token latency"],
   ["e2e", "End-to-end latency"], ["queue", "Queue time"]];
-// Quantile-over-time window: samples back.
-const QWINDOW = 10;
 
 const state = {meta: null, samples: [], recent: [], findings: null, playground: null,
   key: sessionStorage.getItem("inferscope-key") || ""};
@@ -54,18 +52,6 @@ function addRecent(list) {
   for (const r of list) state.recent.push(r);
   if (state.recent.length > 256) state.recent.splice(0, state.recent.length - 256);
 }
-// Sum of `f(engine)` over the engines of sample `s`.
-function total(s, f) { return s.engines.reduce((a, e) => a + f(e), 0); }
-// Per-second rates of a counter summed over engines: [[t, rate]] (measured).
-function rate(f) {
-  const out = [];
-  const ss = state.samples;
-  for (let i = 1; i < ss.length; i++) {
-    const dt = ss[i].t - ss[i - 1].t;
-    if (dt > 0) out.push([ss[i].t, (total(ss[i], f) - total(ss[i - 1], f)) / dt]);
-  }
-  return out;
-}
 // Bucket counts of `key` between samples a and b, over all engines.
 function bucketDelta(key, a, b) {
   const n = state.meta.latency_bounds[key].length + 1;
@@ -110,67 +96,29 @@ function ticks(v) {
   return out;
 }
 
-// A line chart of `series` ([{name, colour, points: [[t, v]]}]) over the
-// history's time span; `fmt` formats values; hovering shows exact values.
-function lineChart(box, series, fmt, opts) {
-  opts = opts || {};
-  box.textContent = "";
-  const W = chartWidth(box);
-  const svg = svgEl("svg", {viewBox: `0 0 ${W} ${H}`, role: "img"});
-  box.appendChild(svg);
-  const ts = state.samples.map((s) => s.t);
-  if (ts.length < 2) {
-    svg.appendChild(svgEl("text", {x: W / 2, y: H / 2, "text-anchor": "middle"}, "waiting for samples…"));
-    return;
+// The line charts are drawn on the server by the bench report's chart code
+// (GET console/api/charts, in this page's clock time): one request at a
+// time, after each sample; their bands' <title>s are the hover text.
+let chartsBusy = false;
+async function renderCharts() {
+  if (chartsBusy || !state.meta) return;
+  chartsBusy = true;
+  try {
+    const offset = -new Date().getTimezoneOffset() * 60;
+    const r = await fetch(base + API + "charts?utc_offset=" + offset, {headers: headers(), cache: "no-store"});
+    if (!r.ok) throw new Error("HTTP " + r.status);
+    const charts = await r.json();
+    $("tokens-chart").innerHTML = charts.tokens;
+    $("requests-chart").innerHTML = charts.requests;
+    for (const [key, svg] of Object.entries(charts.latency)) {
+      const box = document.querySelector(`[data-latency="${key}"] .quant`);
+      if (box) box.innerHTML = svg;
+    }
+  } catch (e) {
+    status("charts: " + e.message);
+  } finally {
+    chartsBusy = false;
   }
-  const t0 = ts[0], t1 = ts[ts.length - 1];
-  let vmax = 0;
-  for (const s of series) for (const [, v] of s.points) if (isFinite(v)) vmax = Math.max(vmax, v);
-  const tk = ticks(vmax);
-  vmax = tk[tk.length - 1];
-  const x = (t) => L + (W - L - R) * (t - t0) / Math.max(t1 - t0, 1e-9);
-  const y = (v) => H - B - (H - T - B) * Math.min(v, vmax) / vmax;
-  for (const v of tk) {
-    svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "grid"}));
-    svg.appendChild(svgEl("text", {x: L - 4, y: y(v) + 4, "text-anchor": "end"}, opts.tick ? opts.tick(v) : num(v)));
-  }
-  const nt = W < 500 ? 2 : 4;
-  for (let k = 0; k <= nt; k++) {
-    const t = t0 + (t1 - t0) * k / nt;
-    svg.appendChild(svgEl("text", {x: x(t), y: H - B + 16, "text-anchor": "middle"}, clock(t)));
-  }
-  svg.appendChild(svgEl("line", {x1: L, x2: W - R, y1: H - B, y2: H - B, class: "axis"}));
-  svg.appendChild(svgEl("line", {x1: L, x2: L, y1: T, y2: H - B, class: "axis"}));
-  series.forEach((s) => {
-    const pts = s.points.filter(([, v]) => isFinite(v)).map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`);
-    if (pts.length) svg.appendChild(svgEl("polyline", {points: pts.join(" "), fill: "none", stroke: s.colour, "stroke-width": 2}));
-  });
-  // Legend.
-  let lx = L + 6;
-  series.forEach((s) => {
-    svg.appendChild(svgEl("rect", {x: lx, y: H - 12, width: 10, height: 10, fill: s.colour}));
-    const label = svgEl("text", {x: lx + 14, y: H - 3}, s.name);
-    svg.appendChild(label);
-    lx += 24 + 7 * s.name.length;
-  });
-  const cursor = svgEl("line", {y1: T, y2: H - B, stroke: "#555", "stroke-dasharray": "4 3", visibility: "hidden"});
-  svg.appendChild(cursor);
-  svg.addEventListener("mousemove", (ev) => {
-    const r = svg.getBoundingClientRect();
-    const px = (ev.clientX - r.left) * W / r.width;
-    const t = t0 + (px - L) / (W - L - R) * (t1 - t0);
-    const lines = [clock(t)];
-    let at = null;
-    series.forEach((s) => {
-      let best = null;
-      for (const p of s.points) if (!best || Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p;
-      if (best) { at = best[0]; lines.push(`${s.name}: ${fmt(best[1], s)}`); }
-    });
-    if (at !== null) { lines[0] = clock(at); cursor.setAttribute("x1", x(at)); cursor.setAttribute("x2", x(at)); }
-    cursor.setAttribute("visibility", "visible");
-    tip(ev, lines.join("\n"));
-  });
-  svg.addEventListener("mouseleave", () => { cursor.setAttribute("visibility", "hidden"); tip(null); });
 }
 
 // A bar chart of bucket counts with the buckets' bounds as labels.
@@ -291,16 +239,6 @@ function renderFindings() {
   }
 }
 
-function renderThroughput() {
-  lineChart($("tokens-chart"), [
-    {name: "prompt tok/s", colour: colour(0), points: rate((e) => e.prompt_tokens)},
-    {name: "generation tok/s", colour: colour(1), points: rate((e) => e.generation_tokens)},
-  ], (v) => num(v) + " tok/s");
-  lineChart($("requests-chart"), state.meta.finish_reasons.map((r, i) => ({
-    name: r, colour: colour(i), points: rate((e) => e.requests[r]),
-  })), (v) => num(v) + " req/s");
-}
-
 // The latency panels: a proxy measures no queue time.
 function latencies() {
   return state.meta.serving === "proxy" ? LATENCIES.filter(([key]) => key !== "queue") : LATENCIES;
@@ -331,20 +269,6 @@ function renderLatency() {
       ? `${n} ${key === "itl" ? "token gaps" : "requests"}; p50 ${boundText(key, q50)}, p99 ${boundText(key, q99)} (bucket bounds)`
       : "no observations in the window";
     bucketChart(f.querySelector(".dist"), key, counts);
-    const bounds = state.meta.latency_bounds[key];
-    const qs = [[0.5, "p50"], [0.99, "p99"]].map(([q, name], i) => {
-      const points = [];
-      for (let k = QWINDOW; k < ss.length; k++) {
-        const b = quantileBucket(bucketDelta(key, ss[k - QWINDOW], ss[k]), q);
-        // Above the last bound there is no upper bound: drawn at the last one.
-        if (b >= 0) points.push([ss[k].t, bounds[Math.min(b, bounds.length - 1)], b]);
-      }
-      return {name: name + " bucket bound (" + QWINDOW + " s)", colour: colour(i), points};
-    });
-    lineChart(f.querySelector(".quant"), qs, (v, s) => {
-      const p = s.points.find((pt) => pt[1] === v);
-      return p ? boundText(key, p[2]) : secs(v);
-    }, {tick: secs});
   }
 }
 
@@ -427,7 +351,6 @@ function render() {
   }
   renderEngines();
   renderFindings();
-  renderThroughput();
   renderLatency();
   renderRecent();
   renderPlaygroundTimings();
@@ -555,6 +478,7 @@ async function connect() {
   }
   $("keyform").hidden = true;
   render();
+  renderCharts();
   stream();
 }
 
@@ -593,6 +517,7 @@ async function stream() {
       if (msg.findings !== undefined) state.findings = msg.findings;
       status("live, " + clock(msg.sample.t));
       render();
+      renderCharts();
     });
   } catch (e) {
     status("disconnected (" + e.message + "); reconnecting");

@@ -265,6 +265,7 @@ async fn the_api_key_guards_the_data_not_the_page() {
         "/console/api/snapshot",
         "/console/api/events",
         "/console/api/steps",
+        "/console/api/charts",
     ] {
         assert_eq!(call(addr, "GET", path, "", &[]).await.status, 401, "{path}");
         assert_eq!(
@@ -290,6 +291,7 @@ async fn the_console_follows_metrics_to_their_listener() {
         "/console",
         "/console/api/snapshot",
         "/console/api/steps",
+        "/console/api/charts",
     ] {
         assert_eq!(
             call(metrics, "GET", path, "", &[]).await.status,
@@ -314,6 +316,7 @@ async fn disable_console_removes_every_route() {
         "/console/api/snapshot",
         "/console/api/events",
         "/console/api/steps",
+        "/console/api/charts",
     ] {
         let r = call(server.addr, "GET", path, "", &[]).await;
         assert_eq!(r.status, 404, "{path}");
