@@ -38,34 +38,10 @@ pub struct ProxyArgs {
     #[arg(long, env = "INFERSCOPE_API_KEY", value_name = "KEY")]
     pub api_key: Option<String>,
 
-    /// Tenants and their API keys, the JSON file of `serve --api-key-file`
-    /// (docs/tenants.md): each key names its tenant (the `tenant` label),
-    /// others get 401; a tenant's limits give 429 with Retry-After, and its
-    /// weight is its share under --max-upstream-concurrency.
-    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
-    pub api_key_file: Option<std::path::PathBuf>,
-
-    /// Take the tenant's name from this request header, set by a gateway
-    /// that already authenticated the caller; believed only on connections
-    /// from a --trusted-proxy address.
-    #[arg(long, value_name = "NAME", requires = "trusted_proxy")]
-    pub tenant_header: Option<String>,
-
-    /// Peers whose --tenant-header is believed: IP addresses or ADDR/BITS
-    /// networks, comma-separated or repeated.
-    #[arg(
-        long,
-        value_name = "ADDR",
-        value_delimiter = ',',
-        requires = "tenant_header"
-    )]
-    pub trusted_proxy: Vec<String>,
-
-    /// Distinct `tenant` label values on the request metrics (`anonymous`
-    /// included); later tenants are counted under `other` (the
-    /// `tenant_labels_folded` gauge says how many).
-    #[arg(long, value_name = "N", default_value_t = inferscope_schema::schema::DEFAULT_MAX_TENANT_LABELS, value_parser = inferscope_tenants::parse_max_tenant_labels)]
-    pub max_tenant_labels: usize,
+    /// Tenants: `--api-key-file`, `--tenant-header`, `--trusted-proxy`,
+    /// `--max-tenant-labels`.
+    #[command(flatten)]
+    pub tenants: inferscope_tenants::TenantArgs,
 
     /// Generation requests in flight to the upstream at once; beyond it they
     /// wait at the proxy in per-tenant queues, admitted in proportion to the

@@ -94,20 +94,11 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
         .map_err(|_| {
             ProxyError::Flag("--upstream-api-key has characters a header cannot carry".into())
         })?;
-    let tenant_header = args
-        .tenant_header
-        .as_deref()
-        .map(|h| inferscope_tenants::TenantHeader::new(h, &args.trusted_proxy))
-        .transpose()
-        .map_err(ProxyError::Flag)?;
-    let tenant_header_set = tenant_header.is_some();
+    let tenant_header_set = args.tenants.tenant_header.is_some();
     let access = Arc::new(
-        inferscope_tenants::Access::new(
-            args.api_key.as_deref(),
-            args.api_key_file.as_deref(),
-            tenant_header,
-        )
-        .map_err(ProxyError::Flag)?,
+        args.tenants
+            .access(args.api_key.as_deref())
+            .map_err(ProxyError::Flag)?,
     );
     let client = upstream::client(connect_timeout);
     let listed = if args.served_model_name.is_empty() {
@@ -130,7 +121,7 @@ async fn prepare(args: &ProxyArgs, diagnose: Option<Diagnose>) -> Result<Prepare
         max_model_len: args.max_model_len.max(1),
         enable_log_stats: false,
         metric_filter: measurable_by_proxy,
-        max_tenant_labels: args.max_tenant_labels,
+        max_tenant_labels: args.tenants.max_tenant_labels,
         ..Default::default()
     })?);
     // The key file's tenants take their labels first, as on `serve`.

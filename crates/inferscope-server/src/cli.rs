@@ -144,37 +144,10 @@ pub struct ServeArgs {
     #[arg(long, env = "INFERSCOPE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
-    /// Tenants and their API keys, a JSON file: {"tenants": [{"name": "team-a",
-    /// "key": "…" (or "key_sha256": "…"), "weight": 1, "max_concurrent": 8,
-    /// "max_waiting": 64, "tokens_per_minute": 100000}, …]} (limits optional:
-    /// over one, 429 with Retry-After). Each key names its tenant; requests
-    /// without a listed key get 401 (docs/tenants.md).
-    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
-    pub api_key_file: Option<std::path::PathBuf>,
-
-    /// Take the tenant's name from this request header, set by a gateway
-    /// that already authenticated the caller; believed only on connections
-    /// from a --trusted-proxy address (elsewhere the header is ignored and
-    /// the API key decides). A name from the key file gets that tenant's
-    /// weight and limits.
-    #[arg(long, value_name = "NAME", requires = "trusted_proxy")]
-    pub tenant_header: Option<String>,
-
-    /// Peers whose --tenant-header is believed: IP addresses or ADDR/BITS
-    /// networks, comma-separated or repeated.
-    #[arg(
-        long,
-        value_name = "ADDR",
-        value_delimiter = ',',
-        requires = "tenant_header"
-    )]
-    pub trusted_proxy: Vec<String>,
-
-    /// Distinct `tenant` label values on the request metrics (`anonymous`
-    /// included); every later tenant is counted under `other`, and how many
-    /// were is the `tenant_labels_folded` gauge.
-    #[arg(long, value_name = "N", default_value_t = inferscope_schema::schema::DEFAULT_MAX_TENANT_LABELS, value_parser = inferscope_tenants::parse_max_tenant_labels)]
-    pub max_tenant_labels: usize,
+    /// Tenants: `--api-key-file`, `--tenant-header`, `--trusted-proxy`,
+    /// `--max-tenant-labels`.
+    #[command(flatten)]
+    pub tenants: inferscope_tenants::TenantArgs,
 
     /// How the engines admit waiting requests: fair (across tenants, in
     /// proportion to their weights; FCFS within a tenant) or fcfs (arrival

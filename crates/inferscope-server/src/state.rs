@@ -34,7 +34,7 @@ use crate::otel::{TraceConfig, Traces};
 use crate::request_ids::RequestIds;
 use crate::request_log::{Destination, RECENT_CAPACITY, RecentRequests, RequestLog};
 use crate::validation_workers::ValidationWorkers;
-use inferscope_tenants::{Access, TenantHeader, TenantKeys};
+use inferscope_tenants::{Access, TenantKeys};
 
 /// Everything a handler needs.
 pub struct AppState {
@@ -318,18 +318,10 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
         )));
     }
     let mfu_metrics = args.enable_mfu_metrics;
-    let tenant_header = args
-        .tenant_header
-        .as_deref()
-        .map(|h| TenantHeader::new(h, &args.trusted_proxy))
-        .transpose()
+    let access = args
+        .tenants
+        .access(args.api_key.as_deref())
         .map_err(config_err)?;
-    let access = Access::new(
-        args.api_key.as_deref(),
-        args.api_key_file.as_deref(),
-        tenant_header,
-    )
-    .map_err(config_err)?;
     let engine_config = EngineConfig {
         max_num_batched_tokens: args.max_num_batched_tokens(),
         max_num_seqs: args.max_num_seqs,
@@ -393,7 +385,7 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             mfu_metrics,
             expert_metrics: args.expert_metrics,
         },
-        max_tenant_labels: args.max_tenant_labels,
+        max_tenant_labels: args.tenants.max_tenant_labels,
     })?);
     forward.set(metrics.clone());
     // The key file's tenants (by name) and `default` take their labels

@@ -609,6 +609,57 @@ impl Access {
     }
 }
 
+/// The flags that name each request's tenant, shared by `serve` and `proxy`
+/// (flattened into each one's arguments, beside its own `--api-key`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TenantArgs {
+    /// Tenants and their API keys, a JSON file: {"tenants": [{"name": "team-a",
+    /// "key": "…" (or "key_sha256": "…"), "weight": 1, "max_concurrent": 8,
+    /// "max_waiting": 64, "tokens_per_minute": 100000}, …]} (limits optional:
+    /// over one, 429 with Retry-After; the weight is the tenant's share under
+    /// fair admission). Each key names its tenant (the `tenant` label);
+    /// requests without a listed key get 401 (docs/tenants.md).
+    #[arg(long, value_name = "FILE", conflicts_with = "api_key")]
+    pub api_key_file: Option<std::path::PathBuf>,
+
+    /// Take the tenant's name from this request header, set by a gateway
+    /// that already authenticated the caller; believed only on connections
+    /// from a --trusted-proxy address (elsewhere the header is ignored and
+    /// the API key decides). A name from the key file gets that tenant's
+    /// weight and limits.
+    #[arg(long, value_name = "NAME", requires = "trusted_proxy")]
+    pub tenant_header: Option<String>,
+
+    /// Peers whose --tenant-header is believed: IP addresses or ADDR/BITS
+    /// networks, comma-separated or repeated.
+    #[arg(
+        long,
+        value_name = "ADDR",
+        value_delimiter = ',',
+        requires = "tenant_header"
+    )]
+    pub trusted_proxy: Vec<String>,
+
+    /// Distinct `tenant` label values on the request metrics (`anonymous`
+    /// included); every later tenant is counted under `other`, and how many
+    /// were is the `tenant_labels_folded` gauge.
+    #[arg(long, value_name = "N", default_value_t = inferscope_schema::schema::DEFAULT_MAX_TENANT_LABELS, value_parser = parse_max_tenant_labels)]
+    pub max_tenant_labels: usize,
+}
+
+impl TenantArgs {
+    /// The access rule of these flags and `--api-key`; the error names the
+    /// flag and the problem.
+    pub fn access(&self, api_key: Option<&str>) -> Result<Access, String> {
+        let header = self
+            .tenant_header
+            .as_deref()
+            .map(|h| TenantHeader::new(h, &self.trusted_proxy))
+            .transpose()?;
+        Access::new(api_key, self.api_key_file.as_deref(), header)
+    }
+}
+
 /// `--max-tenant-labels`: 1 to 4096 (each value is a set of series per engine).
 pub fn parse_max_tenant_labels(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
