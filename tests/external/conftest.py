@@ -189,6 +189,15 @@ def sim_server(workdir):
     s.stop()
 
 
+@pytest.fixture(scope="session")
+def demo_server(workdir):
+    """The built-in demo model on the cpu executor: for tests of what a real
+    model's logits do (structured outputs, bad_words)."""
+    s = Server([], workdir, model_args=["--executor", "cpu", "--model", "demo"])
+    yield s
+    s.stop()
+
+
 @pytest.fixture
 def make_server(workdir):
     started: list[Server] = []

@@ -14,17 +14,9 @@ import openai
 import pytest
 import requests
 
-from conftest import Server
 
 DEMO = "demo"
 PROMPT = "It is a truth universally acknowledged"
-
-
-@pytest.fixture(scope="module")
-def demo_server(workdir):
-    s = Server([], workdir, model_args=["--executor", "cpu", "--model", DEMO])
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

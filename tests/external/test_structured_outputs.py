@@ -17,7 +17,6 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from conftest import Server
 
 DEMO = "demo"
 
@@ -29,13 +28,6 @@ class Character(BaseModel):
     age: int = Field(ge=0, le=99)
     traits: List[Annotated[str, Field(max_length=12)]] = Field(max_length=3)
     married: bool
-
-
-@pytest.fixture(scope="module")
-def demo_server(workdir):
-    s = Server([], workdir, model_args=["--executor", "cpu", "--model", DEMO])
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")

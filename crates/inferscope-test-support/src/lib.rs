@@ -34,6 +34,33 @@ pub async fn start_sim_error(flags: &[&str]) -> String {
     }
 }
 
+/// A file in the temporary directory holding given text (a key file, a
+/// config), removed when dropped; `arg` is its path as a flag's value.
+pub struct TempFile {
+    path: std::path::PathBuf,
+    /// The path, as a command-line argument.
+    pub arg: String,
+}
+
+impl TempFile {
+    /// Writes `text` to a new file whose name starts with `prefix` and ends
+    /// with `.json`.
+    pub fn json(prefix: &str, text: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("{prefix}-{}-{n}.json", std::process::id()));
+        std::fs::write(&path, text).expect("write a temporary file");
+        let arg = path.to_string_lossy().into_owned();
+        Self { path, arg }
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// The arguments of [`start_sim`] with `flags` (for the other ways to start).
 pub fn sim_args(flags: &[&str]) -> ServeArgs {
     let mut all = vec![

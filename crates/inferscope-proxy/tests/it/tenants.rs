@@ -13,26 +13,11 @@ use std::time::Duration;
 
 use common::{proxy, serve};
 use inferscope_schema::promtext;
-use inferscope_test_support::{Reply, call};
+use inferscope_test_support::{Reply, TempFile, call};
 
 /// A key file holding `text`, removed when dropped.
-struct KeyFile(std::path::PathBuf);
-
-impl Drop for KeyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn key_file(text: &str) -> KeyFile {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "inferscope-proxy-tenants-{}-{n}.json",
-        std::process::id()
-    ));
-    std::fs::write(&path, text).expect("write key file");
-    KeyFile(path)
+fn key_file(text: &str) -> TempFile {
+    TempFile::json("inferscope-proxy-tenants", text)
 }
 
 async fn complete(addr: SocketAddr, key: &str, max_tokens: u32, stream: bool) -> Reply {
@@ -94,7 +79,7 @@ async fn tenants_are_attributed_limited_and_refused_without_a_key() {
         "m",
     ])
     .await;
-    let keys_arg = keys.0.to_string_lossy().into_owned();
+    let keys_arg = keys.arg.clone();
     let p = proxy(
         &format!("http://{}", server.addr),
         &["--api-key-file", &keys_arg, "--max-tenant-labels", "3"],
@@ -235,7 +220,7 @@ async fn a_light_tenant_is_not_queued_behind_a_flood() {
         "m",
     ])
     .await;
-    let keys_arg = keys.0.to_string_lossy().into_owned();
+    let keys_arg = keys.arg.clone();
     let p = proxy(
         &format!("http://{}", server.addr),
         &[
@@ -295,7 +280,7 @@ async fn an_upstream_failure_gives_the_slot_and_the_hold_back() {
         .expect("bind")
         .local_addr()
         .expect("addr");
-    let keys_arg = keys.0.to_string_lossy().into_owned();
+    let keys_arg = keys.arg.clone();
     let p = proxy(
         &format!("http://{free}"),
         &[

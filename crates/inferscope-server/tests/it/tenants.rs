@@ -7,35 +7,23 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use inferscope_test_support::TempFile;
 use serde_json::json;
 
-/// A key file for tenants `flood` and `light`, removed when dropped.
-struct KeyFile(std::path::PathBuf);
-
-impl Drop for KeyFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
-fn key_file() -> (KeyFile, String) {
+/// A key file for tenants `flood` and `light`, removed when dropped, and
+/// its path.
+fn key_file() -> (TempFile, String) {
     key_file_with(
         r#"{"tenants": [{"name": "flood", "key": "key-flood"},
                         {"name": "light", "key": "key-light"}]}"#,
     )
 }
 
-/// A key file holding `text`.
-fn key_file_with(text: &str) -> (KeyFile, String) {
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!(
-        "inferscope-tenants-{}-{n}.json",
-        std::process::id()
-    ));
-    std::fs::write(&path, text).expect("write key file");
-    let arg = path.to_string_lossy().into_owned();
-    (KeyFile(path), arg)
+/// A key file holding `text`, and its path.
+fn key_file_with(text: &str) -> (TempFile, String) {
+    let file = TempFile::json("inferscope-tenants", text);
+    let arg = file.arg.clone();
+    (file, arg)
 }
 
 async fn complete(addr: std::net::SocketAddr, key: &str) -> Reply {
