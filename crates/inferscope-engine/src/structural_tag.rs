@@ -9,8 +9,10 @@
 //!   `json_schema` (`json_schema`), `regex` (`pattern`), `any_text`,
 //!   `sequence` / `or` (`elements`), `tag` (`begin`, `content`, `end`),
 //!   `triggered_tags` (`triggers`, `tags`, `at_least_one`, `stop_after_first`)
-//!   and `tags_with_separator` (`tags`, `separator`, `at_least_one`,
-//!   `stop_after_first`).
+//!   `tags_with_separator` (`tags`, `separator`, `at_least_one`,
+//!   `stop_after_first`), `grammar` (`grammar`: GBNF/EBNF with a `root`
+//!   rule, or Lark) and `qwen_xml_parameter` (`json_schema`: the parameters
+//!   of a Qwen3-Coder XML tool call, `<parameter=NAME>VALUE</parameter>`).
 //!
 //! Triggers use llguidance's lazy lexemes (its documented pattern for tool
 //! calls): any text up to the first trigger, which then commits the output
@@ -21,10 +23,32 @@ use serde_json::{Value, json};
 /// Free text (greedy; lazy where a delimiter follows it).
 const TEXT: &str = "/(?s:.*)/";
 
+/// xgrammar's optional whitespace around XML parameters and their
+/// non-string values.
+const WS: &str = r"/[ \n\t]*/";
+
+/// The end of one XML parameter.
+const PARAM_END: &str = "\"</parameter>\"";
+
 /// The Lark grammar of a structural tag, or what is wrong with it (naming
 /// the offending key, e.g. `format.elements[1].type`). `schema` adds the
 /// caller's options to each JSON schema (the compact JSON of `structured.rs`).
 pub fn to_lark(tag: &Value, schema: fn(Value) -> Value) -> Result<String, String> {
+    translate(tag, schema).map(|(lark, _)| lark)
+}
+
+/// The `grammar` formats of a structural tag as Lark, each with the key it
+/// came from (`format.content.grammar`): compiled alone, the one that fails
+/// names the key of an invalid grammar.
+pub fn embedded_grammars(tag: &Value) -> Vec<(String, String)> {
+    translate(tag, |s| s).map(|(_, g)| g).unwrap_or_default()
+}
+
+/// The Lark grammar and the embedded grammars (see [`embedded_grammars`]).
+fn translate(
+    tag: &Value,
+    schema: fn(Value) -> Value,
+) -> Result<(String, Vec<(String, String)>), String> {
     let obj = tag
         .as_object()
         .ok_or("a structural tag must be an object")?;
@@ -45,6 +69,8 @@ pub fn to_lark(tag: &Value, schema: fn(Value) -> Value) -> Result<String, String
     let mut lark = Lark {
         rules: Vec::new(),
         schema,
+        grammars: Vec::new(),
+        raw_param: None,
     };
     let start = lark.format(&format, "format")?;
     let mut out = format!("start: {start}\n");
@@ -52,7 +78,7 @@ pub fn to_lark(tag: &Value, schema: fn(Value) -> Value) -> Result<String, String
         out.push_str(&rule);
         out.push('\n');
     }
-    Ok(out)
+    Ok((out, lark.grammars))
 }
 
 /// The original form as a `triggered_tags` format.
@@ -85,6 +111,10 @@ struct Lark {
     rules: Vec<String>,
     /// Adds the caller's options to a JSON schema.
     schema: fn(Value) -> Value,
+    /// The `grammar` formats met: (key, Lark).
+    grammars: Vec<(String, String)>,
+    /// The rule of a raw string parameter value and its end tag, once written.
+    raw_param: Option<String>,
 }
 
 impl Lark {
@@ -133,9 +163,26 @@ impl Lark {
                     (false, false) => format!("({items} ({sep} {items})*)?"),
                 }
             }
+            "grammar" => {
+                let g = string(f, path, "grammar")?;
+                if g.trim().is_empty() {
+                    return Err(format!("`{path}.grammar` must be a non-empty grammar"));
+                }
+                // A nested grammar has its own rule names: no collision with
+                // ours (`rN`) or with another embedded grammar's.
+                let lark = if g.contains("::=") {
+                    crate::structured::gbnf_to_lark(g)
+                } else {
+                    g.to_owned()
+                };
+                let body = format!("%lark {{\n{lark}\n}}");
+                self.grammars.push((format!("{path}.grammar"), lark));
+                body
+            }
+            "qwen_xml_parameter" => self.qwen_xml(f, path)?,
             other => {
                 return Err(format!(
-                    "`{path}.type` {other:?} is not a structural tag format read here (const_string, json_schema, regex, any_text, sequence, or, tag, triggered_tags, tags_with_separator)"
+                    "`{path}.type` {other:?} is not a structural tag format read here (const_string, json_schema, regex, any_text, sequence, or, tag, triggered_tags, tags_with_separator, grammar, qwen_xml_parameter)"
                 ));
             }
         };
@@ -219,6 +266,227 @@ impl Lark {
             (false, false) => format!("{items}* {TEXT}"),
         })
     }
+
+    /// `qwen_xml_parameter`: an object's properties as Qwen3-Coder XML
+    /// parameters, as xgrammar writes them: each `<parameter=NAME>` then the
+    /// value then `</parameter>`, in the schema's property order, optional
+    /// ones skippable, `[ \n\t]*` before, between and after them; a plain
+    /// string value is raw text up to the first `</parameter>`, any other
+    /// value JSON held to its schema, with `[ \n\t]*` around it.
+    fn qwen_xml(&mut self, f: &Value, path: &str) -> Result<String, String> {
+        let spath = format!("{path}.json_schema");
+        let root = f
+            .get("json_schema")
+            .filter(|s| s.is_object())
+            .ok_or_else(|| format!("`{spath}` must be a JSON schema of an object"))?;
+        let obj = resolve(root, root, &spath)?;
+        if let Some(t) = obj.get("type")
+            && t != "object"
+        {
+            return Err(format!(
+                "`{spath}.type` must be \"object\" (qwen_xml_parameter holds an object's parameters), got {t}"
+            ));
+        }
+        for key in [
+            "patternProperties",
+            "propertyNames",
+            "minProperties",
+            "maxProperties",
+            "unevaluatedProperties",
+            "anyOf",
+            "oneOf",
+            "allOf",
+        ] {
+            if obj.contains_key(key) {
+                return Err(format!(
+                    "`{spath}.{key}` is not supported in qwen_xml_parameter"
+                ));
+            }
+        }
+        // xgrammar compiles a structural tag's schemas in strict mode: no
+        // properties beyond the declared ones.
+        match obj.get("additionalProperties") {
+            None | Some(Value::Bool(false)) => {}
+            Some(_) => {
+                return Err(format!(
+                    "`{spath}.additionalProperties` other than false is not supported in qwen_xml_parameter"
+                ));
+            }
+        }
+        let empty = serde_json::Map::new();
+        let props = match obj.get("properties") {
+            None => &empty,
+            Some(Value::Object(p)) => p,
+            Some(_) => return Err(format!("`{spath}.properties` must be an object")),
+        };
+        let mut required = Vec::new();
+        if let Some(r) = obj.get("required") {
+            for (i, name) in r
+                .as_array()
+                .ok_or_else(|| format!("`{spath}.required` must be a list of property names"))?
+                .iter()
+                .enumerate()
+            {
+                let name = name
+                    .as_str()
+                    .filter(|n| props.contains_key(*n))
+                    .ok_or_else(|| {
+                        format!("`{spath}.required[{i}]` must name one of `{spath}.properties`")
+                    })?;
+                required.push(name);
+            }
+        }
+        let mut params = Vec::with_capacity(props.len());
+        for (name, schema) in props {
+            let value = self.xml_value(root, schema, &format!("{spath}.properties.{name}"))?;
+            params.push(self.rule(
+                "",
+                &format!("{} {value}", literal(&format!("<parameter={name}>"))),
+            ));
+        }
+        if params.is_empty() {
+            return Ok(WS.to_owned());
+        }
+        // tails[i]: what may follow parameter i (later ones, each optional
+        // unless required, in order); as in xgrammar, the first parameters
+        // may be skipped up to the first required one.
+        let is_required = |i: usize| {
+            required.contains(&props.keys().nth(i).map(String::as_str).unwrap_or_default())
+        };
+        let n = params.len();
+        let mut tails: Vec<Option<String>> = vec![None; n];
+        for i in (0..n - 1).rev() {
+            let next = &params[i + 1];
+            let with = match &tails[i + 1] {
+                Some(t) => format!("{WS} {next} {t}"),
+                None => format!("{WS} {next}"),
+            };
+            let body = match (&tails[i + 1], is_required(i + 1)) {
+                (_, true) => with,
+                (Some(t), false) => format!("{t} | {with}"),
+                (None, false) => format!("({with})?"),
+            };
+            tails[i] = Some(self.rule("", &body));
+        }
+        let mut starts = Vec::new();
+        for (i, p) in params.iter().enumerate() {
+            starts.push(match &tails[i] {
+                Some(t) => format!("{p} {t}"),
+                None => p.clone(),
+            });
+            if is_required(i) {
+                break;
+            }
+        }
+        let some = format!("{WS} ({}) {WS}", starts.join(" | "));
+        Ok(if required.is_empty() {
+            format!("{some} | {WS}")
+        } else {
+            some
+        })
+    }
+
+    /// One parameter's value and its `</parameter>`, for `schema` (under
+    /// `root`, which holds its `$defs`).
+    fn xml_value(&mut self, root: &Value, schema: &Value, path: &str) -> Result<String, String> {
+        let s = resolve(root, schema, path)?;
+        let quoted = |v: &Value| match v {
+            Value::String(s) => literal(s),
+            other => literal(&other.to_string()),
+        };
+        // Constants are written as they are: strings raw, others as JSON.
+        if let Some(c) = s.get("const") {
+            return Ok(format!("{WS} {} {WS} {PARAM_END}", quoted(c)));
+        }
+        if let Some(e) = s.get("enum") {
+            let alts = e
+                .as_array()
+                .filter(|e| !e.is_empty())
+                .ok_or_else(|| format!("`{path}.enum` must be a non-empty list"))?
+                .iter()
+                .map(quoted)
+                .collect::<Vec<_>>();
+            return Ok(format!("{WS} ({}) {WS} {PARAM_END}", alts.join(" | ")));
+        }
+        if s.get("type").and_then(Value::as_str) == Some("string") {
+            for key in ["format", "minLength", "maxLength"] {
+                if s.contains_key(key) {
+                    return Err(format!(
+                        "`{path}.{key}` is not supported for a string in qwen_xml_parameter"
+                    ));
+                }
+            }
+            if let Some(p) = s.get("pattern") {
+                let p = p
+                    .as_str()
+                    .ok_or_else(|| format!("`{path}.pattern` must be a string"))?;
+                // One lazy lexeme: it ends at the first `</parameter>`.
+                return Ok(self.rule("[lazy]", &format!("{WS} {} {WS} {PARAM_END}", regex(p))));
+            }
+            if self.raw_param.is_none() {
+                let raw = self.rule("[lazy]", &format!("{TEXT} {PARAM_END}"));
+                self.raw_param = Some(raw);
+            }
+            return Ok(self.raw_param.clone().unwrap_or_default());
+        }
+        if !may_be_string(s) {
+            let mut sub = Value::Object(s.clone());
+            // References into the root's definitions still resolve.
+            for defs in ["$defs", "definitions"] {
+                if let (Some(d), Some(o)) = (root.get(defs), sub.as_object_mut()) {
+                    o.entry(defs).or_insert_with(|| d.clone());
+                }
+            }
+            return Ok(format!(
+                "{WS} %json {} {WS} {PARAM_END}",
+                (self.schema)(sub)
+            ));
+        }
+        Err(format!(
+            "`{path}`: a value that may be a string or something else (no `type`, or a union with a string) is not supported in qwen_xml_parameter"
+        ))
+    }
+}
+
+/// `schema` as an object, a local `$ref` (`#/...`) followed (once).
+fn resolve<'a>(
+    root: &'a Value,
+    schema: &'a Value,
+    path: &str,
+) -> Result<&'a serde_json::Map<String, Value>, String> {
+    let s = match schema.get("$ref") {
+        Some(r) => {
+            let pointer = r
+                .as_str()
+                .and_then(|r| r.strip_prefix('#'))
+                .ok_or_else(|| format!("`{path}.$ref` must be a local reference (#/...)"))?;
+            root.pointer(pointer)
+                .ok_or_else(|| format!("`{path}.$ref` {r} does not resolve"))?
+        }
+        None => schema,
+    };
+    s.as_object()
+        .ok_or_else(|| format!("`{path}` must be a JSON schema object"))
+}
+
+/// Whether a value of `s` may be a string (xgrammar writes those raw, so
+/// they cannot share a JSON value grammar).
+fn may_be_string(s: &serde_json::Map<String, Value>) -> bool {
+    let union = ["anyOf", "oneOf"].iter().any(|k| {
+        s.get(*k)
+            .and_then(Value::as_array)
+            .is_some_and(|opts| opts.iter().any(|o| o.as_object().is_none_or(may_be_string)))
+    });
+    let typed = match s.get("type") {
+        Some(Value::String(t)) => t == "string",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "string"),
+        // No type: anything, strings too, unless it is plainly an object
+        // or an array.
+        _ => !["properties", "items", "anyOf", "oneOf"]
+            .iter()
+            .any(|k| s.contains_key(*k)),
+    };
+    union || typed || s.contains_key("allOf") || s.contains_key("$ref")
 }
 
 /// `at_least_one` and `stop_after_first` (both false when absent).
@@ -269,6 +537,7 @@ fn regex(pattern: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::structured::{Advance, GrammarCompiler, StructuredOutput};
 
     #[test]
     fn legacy_form_is_triggered_json_tags() {
@@ -309,6 +578,314 @@ mod tests {
             let err = to_lark(&tag, |s| s).expect_err(&tag.to_string());
             assert!(err.contains(needle), "{tag}: {err}");
         }
+    }
+
+    /// Bytes 0..=255, then EOS (256).
+    fn compiler() -> GrammarCompiler {
+        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        words.push(b"\xFF</s>".to_vec());
+        GrammarCompiler::new(words, 256).expect("compiler")
+    }
+
+    /// Whether the structural tag of `format` accepts all of `text` and
+    /// may end there.
+    fn accepts(c: &GrammarCompiler, format: &Value, text: &str) -> bool {
+        let g = c
+            .compile(StructuredOutput::StructuralTag(
+                json!({"type": "structural_tag", "format": format}),
+            ))
+            .expect("compiles")
+            .start();
+        for (i, b) in text.bytes().enumerate() {
+            match g.advance(u32::from(b)) {
+                Advance::Continue => {}
+                Advance::Finished => return i + 1 == text.len(),
+                Advance::Error(_) => return false,
+            }
+        }
+        g.advance(256) == Advance::Finished
+    }
+
+    fn check(c: &GrammarCompiler, format: &Value, cases: &[(&str, bool)]) {
+        for (text, ok) in cases {
+            assert_eq!(accepts(c, format, text), *ok, "{format}: {text:?}");
+        }
+    }
+
+    /// xgrammar's tests of the `grammar` format: EBNF with `root`, alone,
+    /// in a sequence and as a tag's content.
+    #[test]
+    fn structural_grammar_format_accepts_what_xgrammar_does() {
+        let c = compiler();
+        let ebnf = json!({"type": "grammar", "grammar": "root ::= \"Hello!\" number\n            number ::= [0-9] | [0-9] number"});
+        check(
+            &c,
+            &ebnf,
+            &[
+                ("Hello!12345", true),
+                ("Hello!0", true),
+                ("Hello!", false),
+                ("Hello!123a", false),
+                ("Hi!123", false),
+            ],
+        );
+        let seq = json!({"type": "sequence", "elements": [
+            {"type": "const_string", "value": "Hello!"},
+            {"type": "json_schema", "json_schema": {"type": "number"}},
+            {"type": "grammar", "grammar": "root ::= \"\" | [-+*/]"},
+            {"type": "regex", "pattern": "[simple]?"},
+        ]});
+        check(
+            &c,
+            &seq,
+            &[
+                ("Hello!123", true),
+                ("Hello!Hello!", false),
+                ("Hello!", false),
+                ("123Hello!", false),
+                ("Hello!123+", true),
+                ("Hello!123-", true),
+                ("Hello!123!", false),
+                ("Hello!123s", true),
+                ("Hello!123+s", true),
+                ("Hello!123q", false),
+            ],
+        );
+        let tag = json!({"type": "tag", "begin": "BEG",
+            "content": {"type": "grammar", "grammar": "root ::= [+\\-]?[1-9][0-9]*"}, "end": "END"});
+        check(
+            &c,
+            &tag,
+            &[
+                ("BEG12345END", true),
+                ("BEG1234567END", true),
+                ("BEG-1END", true),
+                ("BEG???END", false),
+                ("BEG12345ENDEND", false),
+            ],
+        );
+    }
+
+    /// Two embedded grammars with the same rule names (and ours, `rN`)
+    /// each keep their own rules; Lark is read too.
+    #[test]
+    fn structural_grammars_keep_their_own_rule_names() {
+        let c = compiler();
+        let two = json!({"type": "sequence", "elements": [
+            {"type": "grammar", "grammar": "root ::= r0 \"a\"\nr0 ::= [0-9]"},
+            {"type": "grammar", "grammar": "root ::= r0 \"b\"\nr0 ::= [x-z]"},
+            {"type": "grammar", "grammar": "start: r0\nr0: \"ab\" | \"cd\""},
+        ]});
+        check(
+            &c,
+            &two,
+            &[
+                ("1axbcd", true),
+                ("1azbab", true),
+                ("xa1bab", false),
+                ("1a1bab", false),
+                ("1axbxb", false),
+            ],
+        );
+    }
+
+    /// xgrammar's tests of `qwen_xml_parameter`, and what its grammar
+    /// rejects: missing or reordered required parameters, a value off its
+    /// schema, an unknown parameter.
+    #[test]
+    fn structural_qwen_xml_parameters_match_xgrammar() {
+        let c = compiler();
+        let f = json!({"type": "qwen_xml_parameter", "json_schema": {
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"],
+        }});
+        check(
+            &c,
+            &f,
+            &[
+                (
+                    "<parameter=name>Bob</parameter><parameter=age>\t100\n</parameter>",
+                    true,
+                ),
+                (
+                    "<parameter=name>Bob</parameter>\t\n<parameter=age>\t100\n</parameter>",
+                    true,
+                ),
+                (
+                    "<parameter=name>Bob</parameter><parameter=age>100</parameter>",
+                    true,
+                ),
+                (
+                    "\n\t<parameter=name>Bob</parameter><parameter=age>100</parameter>",
+                    true,
+                ),
+                (
+                    "<parameter=name>\"Bob&lt;\"</parameter><parameter=age>100</parameter>",
+                    true,
+                ),
+                (
+                    "<parameter=name><!DOCTYPE html>\n<html lang=\"en\">\n  <body><h1>Hello</h1></body>\n</html></parameter><parameter=age>100</parameter>",
+                    true,
+                ),
+                (
+                    "\n<parameter=name>\nBob\n</parameter>\n<parameter=age>\n100\n</parameter>\n",
+                    true,
+                ),
+                ("<parameter=name>Bob</parameter>", false),
+                (
+                    "<parameter=age>100</parameter><parameter=name>Bob</parameter>",
+                    false,
+                ),
+                (
+                    "<parameter=name>Bob</parameter><parameter=age>1x</parameter>",
+                    false,
+                ),
+                (
+                    "<parameter=name>Bob</parameter><parameter=age>\"100\"</parameter>",
+                    false,
+                ),
+                (
+                    "<parameter=name>Bob</parameter><parameter=age>100</parameter><parameter=x>1</parameter>",
+                    false,
+                ),
+                (
+                    "<parameter=name>Bob</parameter> x<parameter=age>100</parameter>",
+                    false,
+                ),
+            ],
+        );
+        let utf8 = json!({"type": "qwen_xml_parameter", "json_schema": {"type": "object",
+            "properties": {"参数": {"type": "string"}}, "required": ["参数"], "additionalProperties": false}});
+        check(&c, &utf8, &[("<parameter=参数>值</parameter>", true)]);
+    }
+
+    /// Optional parameters may be left out but keep the schema's order;
+    /// objects, arrays, booleans, enums and patterns are held to their
+    /// schemas (JSON, compact as for `json_schema`; enum strings raw).
+    #[test]
+    fn structural_qwen_xml_optional_and_typed_parameters() {
+        let c = compiler();
+        let f = json!({"type": "qwen_xml_parameter", "json_schema": {
+            "type": "object",
+            "properties": {
+                "a": {"type": "boolean"},
+                "b": {"$ref": "#/$defs/pair"},
+                "c": {"enum": ["x y", 3]},
+                "d": {"type": "string", "pattern": "[0-9]{2}"},
+                "e": {"type": "array", "items": {"$ref": "#/$defs/digit"}},
+            },
+            "required": ["b"],
+            "$defs": {
+                "pair": {"type": "array", "items": {"type": "integer"}, "maxItems": 2},
+                "digit": {"type": "integer", "minimum": 0, "maximum": 9},
+            },
+        }});
+        let p = |n: &str, v: &str| format!("<parameter={n}>{v}</parameter>");
+        let cases = [
+            (p("b", "[1,2]"), true),
+            (p("a", "true") + &p("b", "[]"), true),
+            (p("b", "[1]") + &p("c", "x y"), true),
+            (p("b", "[1]") + &p("c", " 3\n"), true),
+            (p("b", "[1]") + &p("d", "42"), true),
+            (
+                p("a", "false") + &p("b", "[1]") + &p("c", "3") + &p("d", "\n42\n"),
+                true,
+            ),
+            (p("a", "true"), false),
+            (String::new(), false),
+            (p("b", "[1,2,3]"), false),
+            (p("a", "yes") + &p("b", "[]"), false),
+            (p("b", "[]") + &p("a", "true"), false),
+            (p("b", "[1]") + &p("c", "x"), false),
+            (p("b", "[1]") + &p("c", "\"x y\""), false),
+            (p("b", "[1]") + &p("d", "4"), false),
+            (p("b", "[1]") + &p("e", "[3,4]"), true),
+            (p("b", "[1]") + &p("e", "[10]"), false),
+        ];
+        for (text, ok) in &cases {
+            assert_eq!(accepts(&c, &f, text), *ok, "{text:?}");
+        }
+        let none_required = json!({"type": "qwen_xml_parameter", "json_schema": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}});
+        check(
+            &c,
+            &none_required,
+            &[
+                ("", true),
+                (" \n", true),
+                ("<parameter=b>hi</parameter>", true),
+                (
+                    "<parameter=a>1</parameter> <parameter=b>hi</parameter>",
+                    true,
+                ),
+                (
+                    "<parameter=b>hi</parameter><parameter=a>1</parameter>",
+                    false,
+                ),
+            ],
+        );
+    }
+
+    /// What qwen_xml_parameter does not read is refused, naming the key.
+    #[test]
+    fn structural_qwen_xml_refusals_name_their_key() {
+        for (schema, needle) in [
+            (
+                json!("x"),
+                "`format.json_schema` must be a JSON schema of an object",
+            ),
+            (
+                json!({"type": "array"}),
+                "`format.json_schema.type` must be \"object\"",
+            ),
+            (
+                json!({"type": "object", "additionalProperties": true}),
+                "`format.json_schema.additionalProperties`",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}}}),
+                "`format.json_schema.properties.a.maxLength` is not supported",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}}}),
+                "`format.json_schema.properties.a`: a value that may be a string",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}),
+                "`format.json_schema.properties.a.$ref` \"#/$defs/none\" does not resolve",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {}}, "required": ["b"]}),
+                "`format.json_schema.required[0]` must name one of",
+            ),
+        ] {
+            let tag = json!({"format": {"type": "qwen_xml_parameter", "json_schema": schema}});
+            let err = to_lark(&tag, |s| s).expect_err(&tag.to_string());
+            assert!(err.contains(needle), "{tag}: {err}");
+        }
+    }
+
+    /// An invalid embedded grammar is an error naming its key.
+    #[test]
+    fn structural_invalid_grammar_names_its_key() {
+        let c = compiler();
+        let tag = json!({"format": {"type": "tag", "begin": "<a>", "end": "</a>",
+            "content": {"type": "grammar", "grammar": "root ::= missing"}}});
+        let err = c
+            .compile(StructuredOutput::StructuralTag(tag))
+            .expect_err("invalid grammar");
+        assert!(
+            err.0
+                .contains("`format.content.grammar` is not a valid grammar"),
+            "{err}"
+        );
+        let empty = json!({"format": {"type": "grammar", "grammar": " "}});
+        let err = to_lark(&empty, |s| s).expect_err("empty");
+        assert!(
+            err.contains("`format.grammar` must be a non-empty grammar"),
+            "{err}"
+        );
     }
 
     #[test]

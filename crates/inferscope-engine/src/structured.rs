@@ -113,7 +113,7 @@ fn compact(mut schema: serde_json::Value) -> serde_json::Value {
 /// classes become regexes (`/[a-z]/`), hyphens in rule names become
 /// underscores, and `root` is the start rule. Continuation
 /// lines are kept as they are.
-fn gbnf_to_lark(g: &str) -> String {
+pub(crate) fn gbnf_to_lark(g: &str) -> String {
     let mut out = String::with_capacity(g.len() + 16);
     if g.lines()
         .any(|l| l.trim_start().starts_with("root") && l.contains("::="))
@@ -218,18 +218,44 @@ impl GrammarCompiler {
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| GrammarError(e.to_string()))?;
+            .map_err(|e| self.blame(&constraint, e.to_string()))?;
         // The first mask builds the lexer: an error there (a regex no token
         // sequence can match, a grammar past the size limits) is the
         // client's, reported now rather than as a failed generation.
         let mut probe = Matcher::new(Ok(parser.deep_clone()));
         probe
             .compute_mask()
-            .map_err(|e| GrammarError(e.to_string()))?;
+            .map_err(|e| self.blame(&constraint, e.to_string()))?;
         Ok(CompiledGrammar {
             parser: Arc::new(Mutex::new(parser)),
             constraint: Arc::new(constraint),
         })
+    }
+}
+
+impl GrammarCompiler {
+    /// The error of a constraint that did not compile: for a structural tag
+    /// whose embedded `grammar` is at fault, that grammar's own error under
+    /// its key (`format.content.grammar: ...`), so the client knows which.
+    fn blame(&self, constraint: &StructuredOutput, error: String) -> GrammarError {
+        if let StructuredOutput::StructuralTag(tag) = constraint {
+            for (key, lark) in crate::structural_tag::embedded_grammars(tag) {
+                let alone = self
+                    .factory
+                    .create_parser(TopLevelGrammar::from_lark(lark))
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| {
+                        Matcher::new(Ok(p))
+                            .compute_mask()
+                            .map(drop)
+                            .map_err(|e| e.to_string())
+                    });
+                if let Err(e) = alone {
+                    return GrammarError(format!("`{key}` is not a valid grammar: {e}"));
+                }
+            }
+        }
+        GrammarError(error)
     }
 }
 
