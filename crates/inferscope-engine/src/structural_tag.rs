@@ -394,6 +394,11 @@ impl Lark {
             Value::String(s) => literal(s),
             other => literal(&other.to_string()),
         };
+        match s.get("type") {
+            None | Some(Value::String(_)) => {}
+            Some(Value::Array(ts)) if ts.iter().all(Value::is_string) => {}
+            Some(t) => return Err(format!("`{path}.type` must be a JSON schema type, got {t}")),
+        }
         // Constants are written as they are: strings raw, others as JSON.
         if let Some(c) = s.get("const") {
             return Ok(format!("{WS} {} {WS} {PARAM_END}", quoted(c)));
@@ -850,6 +855,10 @@ mod tests {
             (
                 json!({"type": "object", "properties": {"a": {"type": ["string", "null"]}}}),
                 "`format.json_schema.properties.a`: a value that may be a string",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {"type": 7}}}),
+                "`format.json_schema.properties.a.type` must be a JSON schema type, got 7",
             ),
             (
                 json!({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}),

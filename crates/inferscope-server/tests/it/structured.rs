@@ -53,6 +53,46 @@ fn matches_code(s: &str) -> bool {
         && b[3..].iter().all(u8::is_ascii_digit)
 }
 
+/// `t` is [`qwen_params`]'s XML parameters, as xgrammar's
+/// `qwen_xml_parameter` writes them: `<parameter=NAME>VALUE</parameter>`
+/// in order, `[ \n\t]*` before, between and after them and around the
+/// (non-string) values.
+fn is_qwen_params(t: &str) -> bool {
+    let ws = |s: &str| s.trim_start_matches([' ', '\n', '\t']).to_owned();
+    let mut rest = ws(t);
+    let mut values = Vec::new();
+    for name in ["n", "ok", "unit"] {
+        let Some(r) = rest.strip_prefix(&format!("<parameter={name}>")) else {
+            return false;
+        };
+        let Some((value, r)) = r.split_once("</parameter>") else {
+            return false;
+        };
+        values.push(value.trim_matches([' ', '\n', '\t']).to_owned());
+        rest = ws(r);
+    }
+    rest.is_empty()
+        && values[0]
+            .parse::<u8>()
+            .is_ok_and(|n| n <= 99 && values[0] == n.to_string())
+        && (values[1] == "true" || values[1] == "false")
+        && (values[2] == "c" || values[2] == "f")
+}
+
+/// A tool's parameters for `qwen_xml_parameter`: no free-text string, so
+/// the sim's random walk ends well within `max_tokens`.
+fn qwen_params() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "ok": {"type": "boolean"},
+            "unit": {"enum": ["c", "f"]}
+        },
+        "required": ["n", "ok", "unit"]
+    })
+}
+
 /// The schema the JSON tests hold output to: bounded, so a random walk
 /// through it ends well within `max_tokens`.
 fn person_schema() -> Value {
@@ -95,6 +135,7 @@ async fn every_field_constrains_the_output() {
     };
     let code: Check = |t, f| f == "stop" && matches_code(t);
     let yes_no: Check = |t, f| f == "stop" && (t == "yes" || t == "no");
+    let qwen: Check = |t, f| f == "stop" && is_qwen_params(t);
     let ab_cd: Check = |t, f| f == "stop" && (t == "ab" || t == "cd");
     let tagged_code: Check = |t, f| {
         f == "stop"
@@ -140,6 +181,23 @@ async fn every_field_constrains_the_output() {
                 "begin": "<f>", "content": {"type": "regex", "pattern": "[a-c]{2}-[0-9]{1,3}"},
                 "end": "</f>"}}}),
             tagged_code,
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "tag",
+                "begin": "<f>", "content": {"type": "grammar",
+                    "grammar": "root ::= letter letter \"-\" digits\nletter ::= [a-c]\ndigits ::= [0-9]{1,3}"},
+                "end": "</f>"}}}),
+            tagged_code,
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "grammar",
+                "grammar": "start: \"ab\" | \"cd\""}}}),
+            ab_cd,
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {
+                "type": "qwen_xml_parameter", "json_schema": qwen_params()}}}),
+            qwen,
         ),
     ];
     for (extra, check) in &cases {
@@ -244,9 +302,27 @@ async fn invalid_constraints_are_400s_naming_the_field() {
             "does not start with any of the triggers",
         ),
         (
-            json!({"response_format": {"type": "structural_tag", "format": {"type": "grammar", "grammar": "x"}}}),
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "tag",
+                "begin": "<a>", "content": {"type": "grammar", "grammar": "root ::= missing"}, "end": "</a>"}}}),
             "response_format",
-            "`format.type` \"grammar\" is not a structural tag format",
+            "`format.content.grammar` is not a valid grammar",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "qwen_xml_parameter",
+                "json_schema": {"type": "object", "properties": {"a": {"type": 7}}}}}}),
+            "response_format",
+            "`format.json_schema.properties.a.type` must be",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "qwen_xml_parameter",
+                "json_schema": {"type": "object", "additionalProperties": true}}}}),
+            "response_format",
+            "`format.json_schema.additionalProperties` other than false is not supported",
+        ),
+        (
+            json!({"response_format": {"type": "structural_tag", "format": {"type": "json", "grammar": "x"}}}),
+            "response_format",
+            "`format.type` \"json\" is not a structural tag format",
         ),
         (
             json!({"guided_regex": "a", "response_format": {"type": "json_object"}}),
