@@ -350,9 +350,11 @@ impl Lark {
         // tails[i]: what may follow parameter i (later ones, each optional
         // unless required, in order); as in xgrammar, the first parameters
         // may be skipped up to the first required one.
-        let is_required = |i: usize| {
-            required.contains(&props.keys().nth(i).map(String::as_str).unwrap_or_default())
-        };
+        let req: Vec<bool> = props
+            .keys()
+            .map(|k| required.contains(&k.as_str()))
+            .collect();
+        let is_required = |i: usize| req[i];
         let n = params.len();
         let mut tails: Vec<Option<String>> = vec![None; n];
         for i in (0..n - 1).rev() {
