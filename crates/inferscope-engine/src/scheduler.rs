@@ -27,7 +27,7 @@ use crate::request::{
 };
 use crate::step_trace::{RequestTrace, StepSeq};
 use crate::structured::{
-    Advance, CompiledGrammar, MaskPipeline, MaskTicket, SeqGrammar, default_grammar_threads,
+    Advance, CompiledGrammar, GrammarWorker, SeqGrammar, default_grammar_threads,
 };
 use crate::waiting_queue::WaitingQueue;
 
@@ -70,8 +70,6 @@ struct Sequence {
     tenant_slot: usize,
     /// Its matcher, when the output is constrained (structured outputs).
     grammar: Option<SeqGrammar>,
-    /// Where its next mask is being computed, since its last advance.
-    mask_ticket: Option<MaskTicket>,
     /// `prompt_logprobs`: positions whose row has been received (a
     /// recompute after preemption does not send them again) and the values,
     /// handed over with the first token. Empty without `prompt_logprobs`.
@@ -155,9 +153,9 @@ pub struct Scheduler {
     /// When set, outputs are collected here instead of sent (see
     /// [`Scheduler::defer_outputs`]).
     outbox: Option<Vec<(OutputSink, RequestOutput)>>,
-    /// Advances the matchers and computes their masks off the engine
-    /// thread; started at the first constrained request.
-    masks: Option<MaskPipeline>,
+    /// Computes grammar masks while a step runs; started at the first
+    /// constrained request.
+    grammar_worker: Option<GrammarWorker>,
     /// Sequences of this update whose token broke their grammar, and why.
     grammar_errors: Vec<(usize, String)>,
     /// Running sequences per tenant slot, counted when fair admission must
@@ -197,7 +195,7 @@ impl Scheduler {
             stats: IterationStats::default(),
             ended_seq_ids: Vec::new(),
             outbox: None,
-            masks: None,
+            grammar_worker: None,
             grammar_errors: Vec::new(),
             running_per_tenant: Vec::new(),
             traced: None,
@@ -359,7 +357,6 @@ impl Scheduler {
             sink,
             tenant_slot,
             grammar: req.grammar.as_ref().map(CompiledGrammar::start),
-            mask_ticket: None,
             prompt_rows_done: 0,
             prompt_logprobs: Vec::new(),
             token_logprobs: None,
@@ -620,36 +617,40 @@ impl Scheduler {
         self.batch_running_idx.push(running_idx);
     }
 
-    /// Gives each constrained sequence that samples this step its mask
-    /// slot: the one its mask is already being computed in since its last
-    /// advance, else a new one, whose mask the worker computes while the
+    /// Hands the matchers of the constrained sequences that sample this
+    /// step to the grammar worker, which computes their masks while the
     /// executor runs the forward pass. Nothing happens (no allocation) in a
     /// batch without constrained sequences.
     fn submit_masks(&mut self) {
-        let constrained = self
-            .batch
-            .seqs
-            .iter()
-            .zip(&self.batch_running_idx)
-            .any(|(sseq, &idx)| sseq.sample && self.running[idx].grammar.is_some());
-        if !constrained {
-            if let Some(p) = &mut self.masks {
-                p.skip();
+        let mut grammars = Vec::new();
+        for (k, sseq) in self.batch.seqs.iter_mut().enumerate() {
+            if !sseq.sample {
+                continue;
             }
+            if let Some(g) = &self.running[self.batch_running_idx[k]].grammar {
+                sseq.mask_slot = Some(grammars.len() as u32);
+                grammars.push(g.clone());
+            }
+        }
+        if grammars.is_empty() {
             return;
         }
-        let threads = self
-            .config
-            .grammar_threads
-            .unwrap_or_else(default_grammar_threads);
-        let p = self.masks.get_or_insert_with(|| MaskPipeline::new(threads));
-        for (sseq, &idx) in self.batch.seqs.iter_mut().zip(&self.batch_running_idx) {
-            let seq = &mut self.running[idx];
-            if let (true, Some(g)) = (sseq.sample, &seq.grammar) {
-                sseq.mask_slot = Some(p.slot(seq.mask_ticket.take(), g));
+        if self.grammar_worker.is_none() {
+            let threads = self
+                .config
+                .grammar_threads
+                .unwrap_or_else(default_grammar_threads);
+            match GrammarWorker::with_threads("engine-grammar".into(), threads) {
+                Ok(w) => self.grammar_worker = Some(w),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline")
+                }
             }
         }
-        self.batch.masks = Some(p.submit());
+        self.batch.masks = Some(match &self.grammar_worker {
+            Some(w) => w.submit(grammars),
+            None => GrammarWorker::compute_now(grammars),
+        });
     }
 
     fn preempt(&mut self, mut seq: Sequence) {
@@ -798,13 +799,7 @@ impl Scheduler {
                 let mut stopped =
                     check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len);
                 if let Some(g) = &seq.grammar {
-                    // Its next mask is computed off this thread from here on.
-                    let (verdict, ticket) = match &mut self.masks {
-                        Some(p) => p.advance(g, token),
-                        None => (g.advance(token), None),
-                    };
-                    seq.mask_ticket = ticket;
-                    match verdict {
+                    match g.advance(token) {
                         Advance::Continue => {}
                         // A complete grammar ends the output, as EOS would.
                         Advance::Finished => {
@@ -857,10 +852,6 @@ impl Scheduler {
                     seq.num_cached_blocks += 1;
                 }
             }
-        }
-        // One message for all of the step's next masks, as early as possible.
-        if let Some(p) = &mut self.masks {
-            p.send_advanced();
         }
         if self.finishing.is_empty() {
             return;

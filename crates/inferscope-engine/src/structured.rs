@@ -11,16 +11,14 @@
 //!   vocabulary into a [`CompiledGrammar`]; the server does this during
 //!   validation, on a validation worker, so a bad schema is a 400 and no
 //!   compilation ever runs on the async runtime or the engine thread.
-//! - The engine gives each sequence its own matcher ([`SeqGrammar`]). After
-//!   each step the scheduler advances each constrained sequence's matcher by
-//!   its sampled token, ends a sequence whose grammar has finished
-//!   (`finish_reason` stop), and hands the others to the [`GrammarWorker`]
-//!   thread in one message; its pool computes their next masks while the
-//!   engine thread schedules the next step and the executor runs it
-//!   ([`StepMasks`]). The executor waits for the masks only at sampling and
-//!   applies them to the logits ([`TokenMask::apply`]). Sequences with no
-//!   mask under way (new ones, ones that did not sample last step) go to the
-//!   worker at scheduling.
+//! - The engine gives each sequence its own matcher ([`SeqGrammar`]); each
+//!   step the scheduler hands the matchers of the sequences that will sample
+//!   to the [`GrammarWorker`] thread, which computes their token masks while
+//!   the executor runs the forward pass ([`StepMasks`]); the executor waits
+//!   for them only at sampling and applies them to the logits
+//!   ([`TokenMask::apply`]). After the step the scheduler advances each
+//!   matcher with its sampled token and ends a sequence whose grammar has
+//!   finished (`finish_reason` stop).
 //!
 //! A request without a constraint pays one `Option` check per sequence and
 //! step: no allocation, no lock.
@@ -265,10 +263,8 @@ impl CompiledGrammar {
 }
 
 /// One sequence's matcher: advanced by the engine thread after each step,
-/// then asked for its next mask by the grammar worker while the next step
-/// runs (never both at once: the step waits for its masks before its
-/// tokens come back, and a mask under way is waited for before its buffer
-/// is reused).
+/// read by the grammar worker while the next step runs (never both at once:
+/// the step waits for its masks before its tokens come back).
 #[derive(Clone)]
 pub struct SeqGrammar(Arc<Mutex<Matcher>>);
 
@@ -307,19 +303,8 @@ impl SeqGrammar {
         }
     }
 
-    #[cfg(test)]
     fn compute_mask(&self) -> Result<SimpleVob, String> {
         self.0.lock().compute_mask().map_err(|e| e.to_string())
-    }
-
-    /// The mask of the matcher's current state; none when its grammar has
-    /// ended (the sequence finishes) or the matcher failed.
-    fn next_mask(&self) -> Option<TokenMask> {
-        let mut m = self.0.lock();
-        if m.is_stopped() || m.is_error() {
-            return None;
-        }
-        m.compute_mask().ok().map(TokenMask)
     }
 }
 
@@ -385,11 +370,7 @@ impl TokenMask {
     }
 }
 
-/// One step's grammar work, shared by the scheduler (which fills it), the
-/// grammar worker (which advances the matchers and computes the masks) and
-/// the executor (which waits for the masks at sampling). An engine core
-/// keeps two and alternates ([`MaskPipeline`]), so that steps reuse their
-/// buffers instead of allocating them.
+/// The masks of one step, filled by the grammar worker while the step runs.
 #[derive(Debug, Default)]
 pub struct StepMasks {
     state: Mutex<MaskState>,
@@ -398,23 +379,12 @@ pub struct StepMasks {
 
 #[derive(Debug, Default)]
 struct MaskState {
-    /// Jobs sent and not finished: the masks are ready at 0.
-    pending: u32,
-    /// Sequences just advanced by their sampled token: slot `j` is
-    /// `advanced[j]`'s next mask. The worker takes these buffers while it
-    /// works and puts them back.
-    advanced: Vec<SeqGrammar>,
-    /// Sequences with no mask under way (new ones, ones that did not sample
-    /// last step): slots `advanced.len()..`.
-    extras: Vec<SeqGrammar>,
-    /// Slots taken by the advanced sequences (where the extras start).
-    num_advanced: usize,
+    done: bool,
     /// One per slot ([`crate::ScheduledSeq::mask_slot`]); `None` where the
     /// matcher failed (the sequence then samples unconstrained and the
-    /// scheduler ends it with the error when the token does not match) or
-    /// its grammar ended.
+    /// scheduler ends it with the error when the token does not match).
     masks: Vec<Option<TokenMask>>,
-    /// Wall time the worker spent computing masks (not advancing).
+    /// Host time the worker spent computing them.
     compute_time: Duration,
 }
 
@@ -432,13 +402,13 @@ impl StepMasks {
     /// Blocks until the worker has computed every mask of the step.
     pub fn wait(&self) -> ReadyMasks<'_> {
         let mut st = self.state.lock();
-        while st.pending > 0 {
+        while !st.done {
             self.ready.wait(&mut st);
         }
         ReadyMasks(st)
     }
 
-    /// Wall time spent computing the masks (after [`Self::wait`]).
+    /// Host time spent computing the masks (after [`Self::wait`]).
     pub fn compute_time(&self) -> Duration {
         self.wait().0.compute_time
     }
@@ -448,44 +418,24 @@ impl StepMasks {
     pub fn ready(masks: Vec<Option<TokenMask>>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(MaskState {
+                done: true,
                 masks,
-                ..MaskState::default()
+                compute_time: Duration::ZERO,
             }),
             ready: Condvar::new(),
         })
     }
 
-    /// Waits for the last use's jobs, then empties the buffers (keeping
-    /// their capacity) for the next step.
-    fn reset(&self) {
+    fn finish(&self, masks: Vec<Option<TokenMask>>, compute_time: Duration) {
         let mut st = self.state.lock();
-        while st.pending > 0 {
-            self.ready.wait(&mut st);
-        }
-        st.advanced.clear();
-        st.extras.clear();
-        st.num_advanced = 0;
-        st.masks.clear();
-        st.compute_time = Duration::ZERO;
-    }
-
-    /// Ends a job: counts it done, waking the executor at the last one.
-    fn job_done(&self, st: &mut MaskState) {
-        st.pending = st.pending.saturating_sub(1);
-        if st.pending == 0 {
-            self.ready.notify_all();
-        }
+        st.masks = masks;
+        st.compute_time = compute_time;
+        st.done = true;
+        self.ready.notify_all();
     }
 }
 
-/// Work for the grammar worker; everything it needs is in the step's state.
-enum Job {
-    /// Compute the next masks of the sequences just advanced (slots
-    /// `0..num_advanced`).
-    Advanced(Arc<StepMasks>),
-    /// Compute the masks of the extras (slots from `num_advanced`).
-    Extras(Arc<StepMasks>),
-}
+type Job = (Arc<StepMasks>, Vec<SeqGrammar>);
 
 /// Threads a grammar worker computes masks on by default: the machine's
 /// cores, at most 8 (a step's masks are a few milliseconds of work split
@@ -497,21 +447,12 @@ pub fn default_grammar_threads() -> usize {
         .min(8)
 }
 
-/// A thread that computes a core's grammar masks off the engine thread (one
-/// per engine core, started at its first constrained request), spreading
-/// the sequences of a step over a small pool of its own.
+/// A thread that computes a step's masks while the step runs (one per
+/// engine core, started at its first constrained request), spreading the
+/// sequences of a step over a small pool of its own.
 #[derive(Debug)]
 pub struct GrammarWorker {
     tx: Sender<Job>,
-}
-
-impl std::fmt::Debug for Job {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Advanced(_) => "Advanced",
-            Self::Extras(_) => "Extras",
-        })
-    }
 }
 
 impl GrammarWorker {
@@ -527,8 +468,8 @@ impl GrammarWorker {
         let pool = mask_pool(&name, threads)?;
         let (tx, rx) = channel::<Job>();
         std::thread::Builder::new().name(name).spawn(move || {
-            for job in rx {
-                run_guarded(&job, pool.as_ref());
+            for (step, grammars) in rx {
+                compute_guarded(&step, &grammars, pool.as_ref());
             }
         })?;
         Ok(Self { tx })
@@ -537,202 +478,23 @@ impl GrammarWorker {
     /// Computes the masks of `grammars` (in slot order) into a new
     /// [`StepMasks`], in the background.
     pub fn submit(&self, grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
-        let step = masks_of(grammars);
-        self.send(Job::Extras(Arc::clone(&step)));
+        let step = Arc::new(StepMasks::default());
+        if let Err(err) = self.tx.send((Arc::clone(&step), grammars)) {
+            // The thread is gone: compute here rather than leave the
+            // executor waiting forever.
+            let (step, grammars) = err.0;
+            compute_into(&step, &grammars, None);
+            return step;
+        }
         step
     }
 
     /// Computes the masks of `grammars` on this thread (when no worker
     /// thread could be started).
     pub fn compute_now(grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
-        let step = masks_of(grammars);
-        run_guarded(&Job::Extras(Arc::clone(&step)), None);
+        let step = Arc::new(StepMasks::default());
+        compute_into(&step, &grammars, None);
         step
-    }
-
-    fn send(&self, job: Job) {
-        if let Err(err) = self.tx.send(job) {
-            // The thread is gone: do the work here rather than leave the
-            // engine or the executor waiting for ever.
-            run_guarded(&err.0, None);
-        }
-    }
-}
-
-/// A step whose masks are those of `grammars`, one job pending.
-fn masks_of(grammars: Vec<SeqGrammar>) -> Arc<StepMasks> {
-    Arc::new(StepMasks {
-        state: Mutex::new(MaskState {
-            pending: 1,
-            extras: grammars,
-            ..MaskState::default()
-        }),
-        ready: Condvar::new(),
-    })
-}
-
-/// Where a sequence's next mask is being computed: slot `slot` of the
-/// step buffer prepared as `generation` (see [`MaskPipeline`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct MaskTicket {
-    generation: u64,
-    slot: u32,
-}
-
-/// An engine core's grammar work across steps. After a step, the engine
-/// thread advances each constrained sequence's matcher by its sampled token
-/// (it needs the verdict at once, to end the sequences whose grammar ended)
-/// and hands the advanced sequences to the worker in one message, which
-/// computes their next masks while the engine thread records the step,
-/// ships its outputs and schedules the next one, and while the device runs
-/// it. The scheduler then gives each sequence the slot its mask is computed
-/// in, and hands the worker only the sequences with no mask under way (new
-/// ones, or ones that did not sample last step) in a second message. Two
-/// step buffers alternate: the executor reads one while the worker fills
-/// the other.
-///
-/// The advances stay on the engine thread on purpose: done on the worker's
-/// pool, the round trip (a wake-up of the pool, then of the engine thread)
-/// cost more than the advances themselves on a loaded 2-core machine
-/// (`docs/results/structured-outputs.md`).
-#[derive(Debug)]
-pub(crate) struct MaskPipeline {
-    /// `None`: no thread could be started; the work runs on the engine thread.
-    worker: Option<GrammarWorker>,
-    bufs: [Arc<StepMasks>; 2],
-    /// The buffer the next batch uses.
-    next: usize,
-    /// `bufs[next]` has been reset for the next batch.
-    prepared: bool,
-    /// Counts resets, so a ticket of an earlier step never matches.
-    generation: u64,
-    /// Slots `bufs[next]`'s advanced sequences took.
-    num_advanced: usize,
-    /// Buffers filled here and swapped into the step's state, so that no
-    /// lock is held while the scheduler walks its batch.
-    advanced: Vec<SeqGrammar>,
-    extras: Vec<SeqGrammar>,
-}
-
-impl MaskPipeline {
-    /// A pipeline over a worker of `threads` threads (or the engine thread
-    /// itself, when no thread can be started).
-    pub(crate) fn new(threads: usize) -> Self {
-        let worker = match GrammarWorker::with_threads("engine-grammar".into(), threads) {
-            Ok(w) => Some(w),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start the grammar thread; masks are computed inline");
-                None
-            }
-        };
-        Self {
-            worker,
-            bufs: Default::default(),
-            next: 0,
-            prepared: false,
-            generation: 0,
-            num_advanced: 0,
-            advanced: Vec::new(),
-            extras: Vec::new(),
-        }
-    }
-
-    fn prepare(&mut self) {
-        if self.prepared {
-            return;
-        }
-        self.bufs[self.next].reset();
-        self.generation += 1;
-        self.num_advanced = 0;
-        self.prepared = true;
-    }
-
-    fn send(&self, job: Job) {
-        match &self.worker {
-            Some(w) => w.send(job),
-            None => run_guarded(&job, None),
-        }
-    }
-
-    /// Advances `grammar` by the sampled `token`. When its grammar goes on,
-    /// queues its next mask for [`Self::send_advanced`] and returns the
-    /// ticket naming that mask's slot.
-    pub(crate) fn advance(
-        &mut self,
-        grammar: &SeqGrammar,
-        token: u32,
-    ) -> (Advance, Option<MaskTicket>) {
-        let verdict = grammar.advance(token);
-        if verdict != Advance::Continue {
-            return (verdict, None);
-        }
-        self.prepare();
-        let slot = self.advanced.len() as u32;
-        self.advanced.push(grammar.clone());
-        let ticket = MaskTicket {
-            generation: self.generation,
-            slot,
-        };
-        (verdict, Some(ticket))
-    }
-
-    /// Hands the sequences advanced since the last call to the worker (one
-    /// message), which computes their next masks.
-    pub(crate) fn send_advanced(&mut self) {
-        if self.advanced.is_empty() {
-            return;
-        }
-        let buf = Arc::clone(&self.bufs[self.next]);
-        {
-            let mut st = buf.state.lock();
-            std::mem::swap(&mut st.advanced, &mut self.advanced);
-            self.num_advanced = st.advanced.len();
-            st.num_advanced = self.num_advanced;
-            st.pending += 1;
-        }
-        // What was swapped out is the buffer's previous use, already reset.
-        self.advanced.clear();
-        self.send(Job::Advanced(buf));
-    }
-
-    /// The mask slot, in the next batch, of a sequence with `grammar` that
-    /// samples in it: the slot its mask is already being computed in when
-    /// `ticket` is current, else a new one for the extras.
-    pub(crate) fn slot(&mut self, ticket: Option<MaskTicket>, grammar: &SeqGrammar) -> u32 {
-        self.prepare();
-        match ticket {
-            Some(t) if t.generation == self.generation => t.slot,
-            _ => {
-                self.extras.push(grammar.clone());
-                (self.num_advanced + self.extras.len() - 1) as u32
-            }
-        }
-    }
-
-    /// The next batch's masks: sends the extras (a second message, only when
-    /// there are some) and moves on to the other buffer.
-    pub(crate) fn submit(&mut self) -> Arc<StepMasks> {
-        self.prepare();
-        let buf = Arc::clone(&self.bufs[self.next]);
-        if !self.extras.is_empty() {
-            {
-                let mut st = buf.state.lock();
-                std::mem::swap(&mut st.extras, &mut self.extras);
-                st.num_advanced = self.num_advanced;
-                st.pending += 1;
-            }
-            self.extras.clear();
-            self.send(Job::Extras(Arc::clone(&buf)));
-        }
-        self.next ^= 1;
-        self.prepared = false;
-        buf
-    }
-
-    /// The next batch has no constrained sequence that samples: masks under
-    /// way for it are not used (their tickets expire at the next reset).
-    pub(crate) fn skip(&mut self) {
-        self.prepared = false;
     }
 }
 
@@ -750,87 +512,33 @@ fn mask_pool(name: &str, threads: usize) -> std::io::Result<Option<rayon::Thread
         .map_err(std::io::Error::other)
 }
 
-/// Runs `job`, and if it panics publishes the step anyway, so that the
-/// executor never waits for ever: the masks not computed leave their
-/// sequences unconstrained (they then end with an error when their tokens
-/// break the grammar).
-fn run_guarded(job: &Job, pool: Option<&rayon::ThreadPool>) {
-    let run = std::panic::AssertUnwindSafe(|| match job {
-        Job::Advanced(step) => advanced_into(step, pool),
-        Job::Extras(step) => extras_into(step, pool),
-    });
-    if std::panic::catch_unwind(run).is_ok() {
-        return;
+/// [`compute_into`], publishing no masks if it panics, so the executor
+/// never waits for ever: the step's constrained sequences then sample
+/// unconstrained and end with an error when their tokens break the grammar.
+fn compute_guarded(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::ThreadPool>) {
+    let run = std::panic::AssertUnwindSafe(|| compute_into(step, grammars, pool));
+    if std::panic::catch_unwind(run).is_err() {
+        tracing::error!("computing grammar masks panicked; the step samples unconstrained");
+        step.finish(Vec::new(), Duration::ZERO);
     }
-    tracing::error!("computing grammar masks panicked; the step samples unconstrained");
-    let (Job::Advanced(step) | Job::Extras(step)) = job;
-    step.job_done(&mut step.state.lock());
 }
 
-/// Calls `f(i, &mut slots[i])` for every slot: in parallel on `pool`, else
+/// Computes the masks of `grammars` into `step` (slot `i` is `grammars[i]`'s
+/// mask) and publishes them: in parallel across sequences on `pool`, else
 /// one after another. Each sequence's matcher has its own lock, so the
 /// sequences never wait on each other.
-fn for_each_slot<T: Send>(
-    pool: Option<&rayon::ThreadPool>,
-    slots: &mut [T],
-    f: impl Fn(usize, &mut T) + Sync + Send,
-) {
+fn compute_into(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::ThreadPool>) {
     use rayon::prelude::*;
-    match pool {
-        Some(pool) if slots.len() > 1 => pool.install(|| {
-            slots
-                .par_iter_mut()
-                .enumerate()
-                .for_each(|(i, slot)| f(i, slot))
-        }),
-        _ => {
-            for (i, slot) in slots.iter_mut().enumerate() {
-                f(i, slot);
-            }
+    let t0 = Instant::now();
+    let mask = |g: &SeqGrammar| g.compute_mask().ok().map(TokenMask);
+    let masks = match pool {
+        // An indexed parallel collect keeps the input order: slot order.
+        Some(pool) if grammars.len() > 1 => {
+            pool.install(|| grammars.par_iter().map(mask).collect())
         }
-    }
-}
-
-/// The next masks of the sequences just advanced.
-fn advanced_into(step: &StepMasks, pool: Option<&rayon::ThreadPool>) {
-    let (advanced, mut masks) = {
-        let mut st = step.state.lock();
-        (
-            std::mem::take(&mut st.advanced),
-            std::mem::take(&mut st.masks),
-        )
+        _ => grammars.iter().map(mask).collect(),
     };
-    let t0 = Instant::now();
-    masks.clear();
-    masks.resize_with(advanced.len(), || None);
-    for_each_slot(pool, &mut masks, |i, m| *m = advanced[i].next_mask());
-    let elapsed = t0.elapsed();
-    let mut st = step.state.lock();
-    st.masks = masks;
-    st.advanced = advanced;
-    st.compute_time += elapsed;
-    step.job_done(&mut st);
-}
-
-/// The extras job: the masks of sequences that need no advance first.
-fn extras_into(step: &StepMasks, pool: Option<&rayon::ThreadPool>) {
-    let (extras, mut masks, base) = {
-        let mut st = step.state.lock();
-        (
-            std::mem::take(&mut st.extras),
-            std::mem::take(&mut st.masks),
-            st.num_advanced,
-        )
-    };
-    let t0 = Instant::now();
-    masks.resize_with(base + extras.len(), || None);
-    for_each_slot(pool, &mut masks[base..], |i, m| *m = extras[i].next_mask());
-    let elapsed = t0.elapsed();
-    let mut st = step.state.lock();
-    st.masks = masks;
-    st.extras = extras;
-    st.compute_time += elapsed;
-    step.job_done(&mut st);
+    step.finish(masks, t0.elapsed());
 }
 
 #[cfg(test)]
@@ -1062,14 +770,15 @@ mod tests {
     fn parallel_masks_equal_serial_masks_in_slot_order() {
         let c = byte_compiler();
         let seqs = mixed_sequences(&c, 97);
-        let serial = GrammarWorker::compute_now(seqs.clone());
+        let serial = StepMasks::default();
+        compute_into(&serial, &seqs, None);
         let serial = serial.wait();
         let distinct: std::collections::HashSet<_> =
             (0..seqs.len()).map(|i| bits(serial.get(i))).collect();
         assert!(distinct.len() > 10, "the sequences' masks differ");
         let pool = mask_pool("grammar-test", 4).expect("pool");
-        let parallel = masks_of(seqs.clone());
-        run_guarded(&Job::Extras(Arc::clone(&parallel)), pool.as_ref());
+        let parallel = StepMasks::default();
+        compute_into(&parallel, &seqs, pool.as_ref());
         let worker = GrammarWorker::with_threads("grammar-test".into(), 3).expect("thread");
         let submitted = worker.submit(seqs.clone());
         for step in [parallel.wait(), submitted.wait()] {
