@@ -23,6 +23,7 @@
 //! A request without a constraint pays one `Option` check per sequence and
 //! step: no allocation, no lock.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
@@ -167,11 +168,53 @@ fn escape_regex(s: &str) -> String {
 #[error("{0}")]
 pub struct GrammarError(pub String);
 
+/// Compiled grammars a [`GrammarCompiler`] keeps, the oldest dropped first.
+pub const GRAMMAR_CACHE_CAPACITY: usize = 64;
+
 /// Compiles constraints against one tokenizer's vocabulary.
 #[derive(Clone)]
 pub struct GrammarCompiler {
     factory: Arc<ParserFactory>,
     vocab_size: usize,
+    /// The grammars compiled last, by constraint: clients send the same
+    /// schema with request after request, and compiling it again each time
+    /// (milliseconds of CPU) competes with the engine's masks for the cores.
+    cache: Arc<Mutex<GrammarCache>>,
+}
+
+/// A bounded map from a constraint's key ([`cache_key`]) to its grammar.
+#[derive(Default)]
+struct GrammarCache {
+    map: HashMap<String, CompiledGrammar>,
+    /// Keys in insertion order: the front is dropped when full.
+    order: VecDeque<String>,
+}
+
+impl GrammarCache {
+    fn insert(&mut self, key: String, grammar: CompiledGrammar) {
+        if self.map.contains_key(&key) {
+            return;
+        }
+        if self.order.len() >= GRAMMAR_CACHE_CAPACITY
+            && let Some(old) = self.order.pop_front()
+        {
+            self.map.remove(&old);
+        }
+        self.order.push_back(key.clone());
+        self.map.insert(key, grammar);
+    }
+}
+
+/// A string naming `c` exactly (equal strings, equal constraints).
+fn cache_key(c: &StructuredOutput) -> String {
+    match c {
+        StructuredOutput::Json(v) => format!("json:{v}"),
+        StructuredOutput::JsonObject => "json_object".to_owned(),
+        StructuredOutput::Regex(r) => format!("regex:{r}"),
+        StructuredOutput::Choice(cs) => format!("choice:{}", serde_json::json!(cs)),
+        StructuredOutput::Grammar(g) => format!("grammar:{g}"),
+        StructuredOutput::StructuralTag(v) => format!("structural_tag:{v}"),
+    }
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -202,6 +245,7 @@ impl GrammarCompiler {
         Ok(Self {
             factory: Arc::new(factory),
             vocab_size,
+            cache: Arc::default(),
         })
     }
 
@@ -211,9 +255,24 @@ impl GrammarCompiler {
     }
 
     /// Compiles `constraint`; an invalid schema, regex or grammar is an
-    /// error saying what is wrong. CPU work (milliseconds for a large
-    /// schema): call it off the async runtime.
+    /// error saying what is wrong. A constraint compiled lately is taken
+    /// from the cache ([`GRAMMAR_CACHE_CAPACITY`]). CPU work (milliseconds
+    /// for a large schema): call it off the async runtime.
     pub fn compile(&self, constraint: StructuredOutput) -> Result<CompiledGrammar, GrammarError> {
+        let key = cache_key(&constraint);
+        if let Some(g) = self.cache.lock().map.get(&key) {
+            return Ok(g.clone());
+        }
+        // Compiled outside the lock: a miss never holds up another request.
+        let compiled = self.compile_uncached(constraint)?;
+        self.cache.lock().insert(key, compiled.clone());
+        Ok(compiled)
+    }
+
+    fn compile_uncached(
+        &self,
+        constraint: StructuredOutput,
+    ) -> Result<CompiledGrammar, GrammarError> {
         let grammar = constraint.to_grammar()?;
         let parser = self
             .factory
@@ -612,6 +671,36 @@ mod tests {
             matches!(run(&g2, "axb"), Advance::Error(_)),
             "`.` is literal"
         );
+    }
+
+    /// The same constraint twice is one compilation; matchers started from
+    /// it are independent; the cache keeps at most its capacity.
+    #[test]
+    fn compiled_grammars_are_reused_and_bounded() {
+        let c = byte_compiler();
+        let rx = || StructuredOutput::Regex("[a-c]{3}".into());
+        let a = c.compile(rx()).expect("compiles");
+        let b = c.compile(rx()).expect("compiles");
+        assert!(Arc::ptr_eq(&a.parser, &b.parser), "compiled once");
+        let other = c.compile(StructuredOutput::Regex("[a-d]{3}".into()));
+        assert!(!Arc::ptr_eq(&a.parser, &other.expect("compiles").parser));
+        let (g1, g2) = (a.start(), b.start());
+        assert_eq!(run(&g1, "ab"), Advance::Continue);
+        assert_eq!(run(&g2, "c"), Advance::Continue);
+        assert_eq!(g1.advance(u32::from(b'c')), Advance::Finished);
+        assert_eq!(run(&g2, "ab"), Advance::Finished);
+        for i in 0..GRAMMAR_CACHE_CAPACITY + 5 {
+            c.compile(StructuredOutput::Regex(format!("x{{{i}}}")))
+                .expect("compiles");
+        }
+        let cache = c.cache.lock();
+        assert_eq!(cache.map.len(), GRAMMAR_CACHE_CAPACITY);
+        assert_eq!(cache.order.len(), GRAMMAR_CACHE_CAPACITY);
+        assert!(!cache.map.contains_key(&cache_key(&rx())), "oldest dropped");
+        // Invalid constraints are not cached: each is an error again.
+        drop(cache);
+        assert!(c.compile(StructuredOutput::Regex("a(b".into())).is_err());
+        assert!(c.compile(StructuredOutput::Regex("a(b".into())).is_err());
     }
 
     #[test]

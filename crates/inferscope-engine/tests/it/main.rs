@@ -4,6 +4,7 @@
 
 mod common;
 mod coordinator;
+mod grammar_masks;
 mod kv_events;
 mod parity_metrics;
 mod scheduler_props;
