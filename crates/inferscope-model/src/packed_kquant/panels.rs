@@ -144,9 +144,10 @@ impl KPanels {
         }
     }
 
-    /// Packs unpacked rows into panels laid out as `layout`. The panels are
-    /// independent, so their quants (all but a few percent of the bytes)
-    /// are packed in parallel; loading a model is mostly this.
+    /// Packs unpacked rows into panels laid out as `layout` (fused parts
+    /// that end inside a panel; loading uses [`KPanels::from_blocks`]). The
+    /// panels are independent, so their quants (all but a few percent of
+    /// the bytes) are packed in parallel.
     pub(super) fn pack(layout: Layout, kind: KQuant, r: &Rows, out: usize, inp: usize) -> Self {
         let mut k = Self::zeroed(kind, out, inp);
         let ((lq, ls, ld), nsub, nsb) = (panel_lens(kind, inp), inp / kind.sub(), inp / QK_K);
