@@ -3,7 +3,8 @@
 # served by `inferscope serve --executor cpu` and by llama-server with the same context length
 # and KV-cache type (f16), one after the other on 127.0.0.1. For each server it reports:
 #   - load time from process start to a ready /health, first with the file evicted from the page
-#     cache (posix_fadvise DONTNEED: "cold"), then again right after ("warm", the page cache full);
+#     cache (posix_fadvise DONTNEED: "cold"), then again right after ("warm", the page cache full),
+#     their ratio, and the CPU seconds (user + system, all threads) each start used until ready;
 #   - resident memory after load and after one request with a PROMPT_TOKENS-token prompt
 #     (/proc/PID/status: VmRSS, and its RssAnon and RssFile parts; VmHWM, the peak).
 # Not part of CI: it needs llama.cpp built (scripts/build-llama-server.sh).
@@ -22,6 +23,8 @@
 #   PROMPT_TOKENS   words in the long prompt, one token each (default 2000)
 #   THREADS         compute threads of each server (default 2)
 #   PORT            port of the server under test (default 18432); refused if busy
+#   SERVERS         which to run, in order (default "inferscope llama-server"; e.g. "inferscope"
+#                   to compare two inferscope builds through INFERSCOPE_BIN)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,12 +35,16 @@ CTX=${CTX:-4096}
 PROMPT_TOKENS=${PROMPT_TOKENS:-2000}
 THREADS=${THREADS:-2}
 PORT=${PORT:-18432}
+SERVERS=${SERVERS:-inferscope llama-server}
 
 die() { echo "error: $*" >&2; exit 1; }
 FILE=${1:-}
 [ -n "$FILE" ] && [ -s "$FILE" ] || die "usage: $0 FILE.gguf (a GGUF both servers load)"
 [ -x "$INFERSCOPE_BIN" ] || die "no inferscope binary at $INFERSCOPE_BIN (cargo build --release -p inferscope, or set INFERSCOPE_BIN)"
-[ -x "$LLAMA_BIN_DIR/llama-server" ] || die "no llama-server in $LLAMA_BIN_DIR (run scripts/build-llama-server.sh, or set LLAMA_BIN_DIR)"
+for name in $SERVERS; do
+  [ "$name" = inferscope ] || [ "$name" = llama-server ] || die "SERVERS: unknown server '$name' (inferscope, llama-server)"
+done
+[[ " $SERVERS " != *" llama-server "* ]] || [ -x "$LLAMA_BIN_DIR/llama-server" ] || die "no llama-server in $LLAMA_BIN_DIR (run scripts/build-llama-server.sh, or set LLAMA_BIN_DIR)"
 "$PYTHON" -c 'import gguf' 2>/dev/null || die "$PYTHON lacks gguf: set PYTHON, e.g. PYTHON=/path/to/venv/bin/python"
 for v in CTX PROMPT_TOKENS THREADS PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
@@ -117,20 +124,26 @@ start() {
   die "$name did not get ready in 300 s: $(tail -n 5 "$log")"
 }
 
+# cpu: CPU seconds (user + system) the server has used so far.
+cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15) / hz}' "/proc/$SERVER/stat"
+}
+
 # mem: "VmRSS RssAnon RssFile VmHWM" of the server, MiB.
 mem() {
   awk '/^(VmRSS|RssAnon|RssFile|VmHWM):/ {v[$1] = $2 / 1024} END {printf "%.0f %.0f %.0f %.0f\n", v["VmRSS:"], v["RssAnon:"], v["RssFile:"], v["VmHWM:"]}' "/proc/$SERVER/status"
 }
 
 echo "file: $FILE ($(du -m "$FILE" | cut -f1) MiB); context $CTX tokens, f16 KV ($((KV_PER_TOKEN * CTX / 1048576)) MiB); prompt $PROMPT_TOKENS words; threads $THREADS"
-echo "inferscope: $("$INFERSCOPE_BIN" --version 2>&1 | head -1); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?')"
+echo "inferscope: $INFERSCOPE_BIN ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| server | load cold s | load warm s | RSS after load MiB (anon + file) | RSS after the long request MiB (anon + file) | peak RSS MiB | prompt tokens |"
-echo "|---|---|---|---|---|---|---|"
-for name in inferscope llama-server; do
+echo "| server | load cold s | load warm s | cold / warm | CPU s of the cold, warm load | RSS after load MiB (anon + file) | RSS after the long request MiB (anon + file) | peak RSS MiB | prompt tokens |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for name in $SERVERS; do
   evict
   start "$name" "$OUT/$name-cold.log"
   cold=$LOAD_S
+  cold_cpu=$(cpu)
   read -r rss anon file _ < <(mem)
   curl -sf "127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' -d @"$OUT/long.json" >"$OUT/$name-long.json" ||
     die "$name: the long request failed"
@@ -139,8 +152,10 @@ for name in inferscope llama-server; do
   stop_server
   start "$name" "$OUT/$name-warm.log"
   warm=$LOAD_S
+  warm_cpu=$(cpu)
   stop_server
-  echo "| $name | $cold | $warm | $rss ($anon + $file) | $rss2 ($anon2 + $file2) | $hwm | $used |"
+  ratio=$(echo "$cold $warm" | awk '{printf "%.2f", $1 / $2}')
+  echo "| $name | $cold | $warm | $ratio | $cold_cpu, $warm_cpu | $rss ($anon + $file) | $rss2 ($anon2 + $file2) | $hwm | $used |"
 done
 echo
 echo "logs and responses: $OUT"

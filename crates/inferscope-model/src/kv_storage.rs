@@ -1,5 +1,6 @@
 //! The paged KV storage: the memory the scheduler's blocks (the engine's `BlockPool`) stand for.
 
+use half::vec::HalfBitsVecExt;
 use half::{bf16, f16};
 
 use crate::error::ModelError;
@@ -59,6 +60,9 @@ pub(crate) trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     /// Which it is, for the vector loads.
     const DTYPE: KvDtype;
+    /// `n` zeros, from zero-initialised memory: the OS maps its pages
+    /// lazily, so a pool costs no time or memory until written.
+    fn zeroed_vec(n: usize) -> Vec<Self>;
 }
 
 impl KvElem for f32 {
@@ -71,6 +75,10 @@ impl KvElem for f32 {
         self
     }
     const DTYPE: KvDtype = KvDtype::F32;
+    fn zeroed_vec(n: usize) -> Vec<Self> {
+        // The standard library allocates zeroed memory for 0.0.
+        vec![0.0; n]
+    }
 }
 
 impl KvElem for f16 {
@@ -83,6 +91,12 @@ impl KvElem for f16 {
         f16::to_f32(self)
     }
     const DTYPE: KvDtype = KvDtype::F16;
+    fn zeroed_vec(n: usize) -> Vec<Self> {
+        // `vec![f16::ZERO; n]` writes every element (the standard library
+        // zero-allocates only its own types); zero `u16`s are zero-allocated
+        // and reinterpreted in place.
+        vec![0u16; n].reinterpret_into()
+    }
 }
 
 impl KvElem for bf16 {
@@ -96,6 +110,10 @@ impl KvElem for bf16 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
     }
     const DTYPE: KvDtype = KvDtype::Bf16;
+    fn zeroed_vec(n: usize) -> Vec<Self> {
+        // As f16's.
+        vec![0u16; n].reinterpret_into()
+    }
 }
 
 /// The keys and values of every layer in one element type.
@@ -206,8 +224,8 @@ impl KvStorage {
         let n = num_layers * num_blocks * block_size * num_kv_heads * head_dim;
         fn zeroed<T: KvElem>(n: usize) -> KvArrays<T> {
             KvArrays {
-                k: vec![T::from_f32(0.0); n],
-                v: vec![T::from_f32(0.0); n],
+                k: T::zeroed_vec(n),
+                v: T::zeroed_vec(n),
             }
         }
         let data = match dtype {
@@ -334,6 +352,52 @@ mod tests {
         assert_eq!(KvDtype::parse("float32").unwrap(), KvDtype::F32);
         let e = KvDtype::parse("fp8").unwrap_err().to_string();
         assert!(e.contains("\"fp8\"") && e.contains("float16"), "{e}");
+    }
+
+    /// This process's resident anonymous memory, bytes (Linux).
+    #[cfg(target_os = "linux")]
+    fn rss_anon() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("RssAnon:")).unwrap();
+        let kb: usize = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        kb * 1024
+    }
+
+    /// A new pool of any element type is zeros the OS has not yet mapped:
+    /// 512 MiB of keys and values add (far) less than 64 MiB of resident
+    /// memory, however large the pool (a server starts without touching
+    /// its KV cache).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_new_pool_is_not_resident() {
+        for dtype in [KvDtype::F16, KvDtype::Bf16, KvDtype::F32] {
+            let before = rss_anon();
+            // 32 layers × 256 blocks × 16 slots × 8 heads × 128 = 2²⁷ elements each.
+            let p = KvStorage::with_dtype(dtype, 32, 256, 16, 8, 128);
+            let grown = rss_anon().saturating_sub(before);
+            assert!(p.size_bytes() >= 512 << 20, "{dtype:?}");
+            assert!(grown < 64 << 20, "{dtype:?}: {grown} bytes resident");
+            match &p.data {
+                KvData::F16(a) => assert!(
+                    a.k.iter()
+                        .chain(&a.v)
+                        .step_by(4099)
+                        .all(|x| x.to_bits() == 0)
+                ),
+                KvData::Bf16(a) => assert!(
+                    a.k.iter()
+                        .chain(&a.v)
+                        .step_by(4099)
+                        .all(|x| x.to_bits() == 0)
+                ),
+                KvData::F32(a) => assert!(
+                    a.k.iter()
+                        .chain(&a.v)
+                        .step_by(4099)
+                        .all(|x| x.to_bits() == 0)
+                ),
+            }
+        }
     }
 
     /// Writes round to the nearest 16-bit value and land where the

@@ -93,9 +93,9 @@ impl PackedKQuant {
         out: usize,
         inp: usize,
     ) -> Result<Self, ModelError> {
-        if !inp.is_multiple_of(QK_K) {
+        if inp == 0 || !inp.is_multiple_of(QK_K) {
             return Err(ModelError::Config(format!(
-                "{kind:?} weight [{out}, {inp}]: the input dimension is not a multiple of {QK_K}"
+                "{kind:?} weight [{out}, {inp}]: the input dimension is not a positive multiple of {QK_K}"
             )));
         }
         let expected = out * inp / QK_K * kind.block_bytes();
@@ -105,8 +105,14 @@ impl PackedKQuant {
                 data.len()
             )));
         }
-        let rows = Rows::from_blocks(kind, data, out, inp);
-        Ok(Self::pack(kind, &rows, out, inp, kind.layout()))
+        let layout = kind.layout();
+        Ok(Self {
+            kind,
+            layout,
+            panels: KPanels::from_blocks(layout, kind, data, out, inp),
+            out,
+            inp,
+        })
     }
 
     /// As [`PackedKQuant::from_blocks`], in the f32-rebuild layout whatever
@@ -119,7 +125,11 @@ impl PackedKQuant {
         inp: usize,
     ) -> Result<Self, ModelError> {
         let p = Self::from_blocks(kind, data, out, inp)?;
-        Ok(Self::pack(kind, &p.rows(), out, inp, Layout::Dequantized))
+        Ok(Self {
+            layout: Layout::Dequantized,
+            panels: KPanels::from_blocks(Layout::Dequantized, kind, data, out, inp),
+            ..p
+        })
     }
 
     /// Packs unpacked rows into panels laid out as `layout`.
@@ -487,7 +497,12 @@ mod tests {
     #[test]
     fn bad_blocks_are_errors() {
         let e = PackedKQuant::from_blocks(KQuant::Q4K, &[0; 144], 1, 128).unwrap_err();
-        assert!(e.to_string().contains("not a multiple of 256"), "{e}");
+        assert!(
+            e.to_string().contains("not a positive multiple of 256"),
+            "{e}"
+        );
+        let e = PackedKQuant::from_blocks(KQuant::Q6K, &[], 4, 0).unwrap_err();
+        assert!(e.to_string().contains("not a positive multiple"), "{e}");
         let e = PackedKQuant::from_blocks(KQuant::Q6K, &[0; 209], 1, 256).unwrap_err();
         assert!(
             e.to_string().contains("holds 209 bytes, expected 210"),

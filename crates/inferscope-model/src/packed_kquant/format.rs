@@ -5,8 +5,9 @@
 //! `w = d·sc·(q − 32)` over sub-blocks of 16 (Q6_K: 6-bit `q`, int8 `sc`).
 //! IQ4_XS has the same shape: `w = d·sc·KVALUES[q]` over sub-blocks of 32
 //! (4-bit `q`, an index into llama.cpp's non-linear table; `sc` 6-bit − 32).
-//! The blocks are decoded into [`Rows`], one value per element, the common
-//! form between the file and the panel layouts.
+//! Loading decodes each block on the stack ([`Block`]) and places it in
+//! its panel; [`Rows`], one value per element, is the common form of the
+//! slower paths (fusing parts that end inside a panel, dequantizing).
 
 use half::f16;
 
@@ -107,6 +108,81 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
+/// One super-block's scales unpacked, as [`Rows`] holds each (its quants
+/// go to the caller's buffer): decoded on the stack, then placed.
+#[derive(Default)]
+pub(super) struct Block {
+    /// Sub-block scales (the first `256 / sub`).
+    pub(super) sc: [i8; 16],
+    /// Sub-block mins (Q4_K, Q5_K).
+    pub(super) mn: [i8; 16],
+    /// Super-block scale.
+    pub(super) d: f32,
+    /// Super-block min scale (Q4_K, Q5_K).
+    pub(super) dmin: f32,
+}
+
+impl Block {
+    /// Decodes one GGUF super-block `blk` of `kind` (`kind.block_bytes()`
+    /// bytes): its quants into `q` (as [`Rows::q`]), its scales into
+    /// `self`, every field the kind has overwritten.
+    pub(super) fn decode(&mut self, kind: KQuant, blk: &[u8], q: &mut [i8; QK_K]) {
+        let sc = &mut self.sc;
+        match kind {
+            KQuant::Q4K | KQuant::Q5K => {
+                self.d = f16_at(blk, 0);
+                self.dmin = f16_at(blk, 2);
+                let scales = &blk[4..16];
+                for (j, (s, m)) in sc.iter_mut().zip(self.mn.iter_mut()).take(8).enumerate() {
+                    let (a, b) = scale_min_k4(j, scales);
+                    (*s, *m) = (a as i8, b as i8);
+                }
+                let (qh, qs) = if kind == KQuant::Q4K {
+                    (&[0u8; 32][..], &blk[16..144])
+                } else {
+                    (&blk[16..48], &blk[48..176])
+                };
+                for j in 0..4 {
+                    for l in 0..32 {
+                        let b = qs[j * 32 + l];
+                        let h = qh[l] >> (2 * j);
+                        q[j * 64 + l] = ((b & 0xF) | ((h & 1) << 4)) as i8;
+                        q[j * 64 + 32 + l] = ((b >> 4) | (((h >> 1) & 1) << 4)) as i8;
+                    }
+                }
+            }
+            KQuant::Iq4Xs => {
+                self.d = f16_at(blk, 0);
+                for (j, s) in sc.iter_mut().take(8).enumerate() {
+                    *s = crate::iq4::xs_scale(blk, j) as i8 - 32;
+                }
+                for (j, &b) in blk[8..].iter().enumerate() {
+                    let (sub, l) = (j / 16, j % 16);
+                    q[sub * 32 + l] = (b & 0xF) as i8;
+                    q[sub * 32 + 16 + l] = (b >> 4) as i8;
+                }
+            }
+            KQuant::Q6K => {
+                let (ql, qh) = (&blk[0..128], &blk[128..192]);
+                for (s, &b) in sc.iter_mut().zip(&blk[192..208]) {
+                    *s = b as i8;
+                }
+                self.d = f16_at(blk, 208);
+                for n in 0..2 {
+                    let (ql, qh, q) = (&ql[64 * n..], &qh[32 * n..], &mut q[128 * n..]);
+                    for l in 0..32 {
+                        let h = qh[l];
+                        q[l] = ((ql[l] & 0xF) | ((h & 3) << 4)) as i8 - 32;
+                        q[l + 32] = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) as i8 - 32;
+                        q[l + 64] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
+                        q[l + 96] = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Rows {
     /// `[out][inp]` of zeros (no mins for Q6_K).
     pub(super) fn zeroed(kind: KQuant, out: usize, inp: usize) -> Self {
@@ -121,65 +197,24 @@ impl Rows {
         }
     }
 
-    /// Unpacks the GGUF blocks of a row-major `[out][inp]` matrix.
+    /// Unpacks the GGUF blocks of a row-major `[out][inp]` matrix (loading
+    /// decodes each block straight into its panel instead; this is the
+    /// reference the tests compare that with).
+    #[cfg(test)]
     pub(super) fn from_blocks(kind: KQuant, data: &[u8], out: usize, inp: usize) -> Self {
         let mut r = Rows::zeroed(kind, out, inp);
+        let per = QK_K / kind.sub();
+        let mut b = Block::default();
         for (i, blk) in data.chunks_exact(kind.block_bytes()).enumerate() {
-            let q = &mut r.q[i * QK_K..][..QK_K];
-            let per = QK_K / kind.sub();
-            let sc = &mut r.sc[i * per..][..per];
-            match kind {
-                KQuant::Q4K | KQuant::Q5K => {
-                    r.d[i] = f16_at(blk, 0);
-                    r.dmin[i] = f16_at(blk, 2);
-                    let scales = &blk[4..16];
-                    let mn = &mut r.mn[i * per..][..per];
-                    for (j, (s, m)) in sc.iter_mut().zip(mn.iter_mut()).enumerate() {
-                        let (a, b) = scale_min_k4(j, scales);
-                        (*s, *m) = (a as i8, b as i8);
-                    }
-                    let (qh, qs) = if kind == KQuant::Q4K {
-                        (&[0u8; 32][..], &blk[16..144])
-                    } else {
-                        (&blk[16..48], &blk[48..176])
-                    };
-                    for j in 0..4 {
-                        for l in 0..32 {
-                            let b = qs[j * 32 + l];
-                            let h = qh[l] >> (2 * j);
-                            q[j * 64 + l] = ((b & 0xF) | ((h & 1) << 4)) as i8;
-                            q[j * 64 + 32 + l] = ((b >> 4) | (((h >> 1) & 1) << 4)) as i8;
-                        }
-                    }
-                }
-                KQuant::Iq4Xs => {
-                    r.d[i] = f16_at(blk, 0);
-                    for (j, s) in sc.iter_mut().enumerate() {
-                        *s = crate::iq4::xs_scale(blk, j) as i8 - 32;
-                    }
-                    for (j, &b) in blk[8..].iter().enumerate() {
-                        let (sub, l) = (j / 16, j % 16);
-                        q[sub * 32 + l] = (b & 0xF) as i8;
-                        q[sub * 32 + 16 + l] = (b >> 4) as i8;
-                    }
-                }
-                KQuant::Q6K => {
-                    let (ql, qh) = (&blk[0..128], &blk[128..192]);
-                    for (s, &b) in sc.iter_mut().zip(&blk[192..208]) {
-                        *s = b as i8;
-                    }
-                    r.d[i] = f16_at(blk, 208);
-                    for n in 0..2 {
-                        let (ql, qh, q) = (&ql[64 * n..], &qh[32 * n..], &mut q[128 * n..]);
-                        for l in 0..32 {
-                            let h = qh[l];
-                            q[l] = ((ql[l] & 0xF) | ((h & 3) << 4)) as i8 - 32;
-                            q[l + 32] = ((ql[l + 32] & 0xF) | (((h >> 2) & 3) << 4)) as i8 - 32;
-                            q[l + 64] = ((ql[l] >> 4) | (((h >> 4) & 3) << 4)) as i8 - 32;
-                            q[l + 96] = ((ql[l + 32] >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
-                        }
-                    }
-                }
+            let q = (&mut r.q[i * QK_K..][..QK_K])
+                .try_into()
+                .expect("256 quants");
+            b.decode(kind, blk, q);
+            r.sc[i * per..][..per].copy_from_slice(&b.sc[..per]);
+            r.d[i] = b.d;
+            if kind.has_min() {
+                r.mn[i * per..][..per].copy_from_slice(&b.mn[..per]);
+                r.dmin[i] = b.dmin;
             }
         }
         r

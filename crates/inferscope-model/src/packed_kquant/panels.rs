@@ -39,7 +39,7 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::format::{IQ4, KQuant, Q4, Q5, Q6, QK_K, Rows};
+use super::format::{Block, IQ4, KQuant, Q4, Q5, Q6, QK_K, Rows};
 use crate::packed::tiling::LANES;
 
 /// How a K-quant weight's panels are laid out, and so which product runs.
@@ -144,9 +144,10 @@ impl KPanels {
         }
     }
 
-    /// Packs unpacked rows into panels laid out as `layout`. The panels are
-    /// independent, so their quants (all but a few percent of the bytes)
-    /// are packed in parallel; loading a model is mostly this.
+    /// Packs unpacked rows into panels laid out as `layout` (fused parts
+    /// that end inside a panel; loading uses [`KPanels::from_blocks`]). The
+    /// panels are independent, so their quants (all but a few percent of
+    /// the bytes) are packed in parallel.
     pub(super) fn pack(layout: Layout, kind: KQuant, r: &Rows, out: usize, inp: usize) -> Self {
         let mut k = Self::zeroed(kind, out, inp);
         let ((lq, ls, ld), nsub, nsb) = (panel_lens(kind, inp), inp / kind.sub(), inp / QK_K);
@@ -174,6 +175,68 @@ impl KPanels {
                 }
             }
         }
+        k
+    }
+
+    /// Decodes the GGUF blocks of a row-major `[out][inp]` matrix straight
+    /// into panels laid out as `layout`: each block is unpacked on the stack
+    /// and placed, one parallel task per panel, so no row-major copy of the
+    /// weight is made (loading a model is mostly this; a restart repeats it
+    /// from the page cache). `data` holds `out · inp / 256` blocks.
+    pub(super) fn from_blocks(
+        layout: Layout,
+        kind: KQuant,
+        data: &[u8],
+        out: usize,
+        inp: usize,
+    ) -> Self {
+        let mut k = Self::zeroed(kind, out, inp);
+        let ((lq, ls, ld), nsb) = (panel_lens(kind, inp), inp / QK_K);
+        let (row_bytes, per) = (nsb * kind.block_bytes(), QK_K / kind.sub());
+        // Q6_K has no mins: one empty slice per panel stands for them.
+        fn split<T>(v: &mut [T], len: usize, n: usize) -> Vec<&mut [T]> {
+            if v.is_empty() {
+                (0..n).map(|_| <&mut [T]>::default()).collect()
+            } else {
+                v.chunks_mut(len).collect()
+            }
+        }
+        let panels = out.div_ceil(LANES);
+        let tasks: Vec<_> =
+            k.qs.chunks_mut(lq)
+                .zip(k.sc.chunks_mut(ls))
+                .zip(split(&mut k.mn, ls, panels))
+                .zip(k.d.chunks_mut(ld))
+                .zip(split(&mut k.dmin, ld, panels))
+                .zip(data.chunks(LANES * row_bytes))
+                .collect();
+        tasks
+            .into_par_iter()
+            .for_each(|(((((qs, sc), mn), d), dmin), rows)| {
+                let n = rows.len() / row_bytes;
+                // The panel's quants of one super-block, row by row (4 KiB,
+                // in L1); rows past `out` hold what packs to zero bytes.
+                let pad = if kind == KQuant::Q6K { -32 } else { 0 };
+                let mut tile = [[pad; QK_K]; LANES];
+                let mut blk = Block::default();
+                let bb = kind.block_bytes();
+                for b in 0..nsb {
+                    for (l, q) in tile.iter_mut().enumerate().take(n) {
+                        blk.decode(kind, &rows[l * row_bytes + b * bb..][..bb], q);
+                        d[b * LANES + l] = blk.d;
+                        for (j, &s) in blk.sc[..per].iter().enumerate() {
+                            sc[layout.scale_at(l, b * per + j)] = s;
+                        }
+                        if kind.has_min() {
+                            dmin[b * LANES + l] = blk.dmin;
+                            for (j, &m) in blk.mn[..per].iter().enumerate() {
+                                mn[layout.scale_at(l, b * per + j)] = m;
+                            }
+                        }
+                    }
+                    layout.put_tile(kind, qs, b, &tile, n);
+                }
+            });
         k
     }
 
@@ -255,42 +318,83 @@ impl KPanels {
 
 impl Layout {
     /// Sets row `l`'s quants `row` (all `inp` of them) in a panel's quants
+    /// `qs` (zero before).
+    fn put_row(self, kind: KQuant, qs: &mut [u8], l: usize, row: &[i8]) {
+        for (b, sb) in row.chunks_exact(QK_K).enumerate() {
+            self.put_sb(kind, qs, l, b, sb);
+        }
+    }
+
+    /// Sets row `l`'s quants `src` of super-block `b` in a panel's quants
     /// `qs` (zero before). The integer layouts, which the common kinds use,
     /// are written four bytes at a time; the rest value by value.
-    fn put_row(self, kind: KQuant, qs: &mut [u8], l: usize, row: &[i8]) {
+    #[inline]
+    fn put_sb(self, kind: KQuant, qs: &mut [u8], l: usize, b: usize, src: &[i8]) {
         let (h, r) = (l / 8, l % 8);
         match (self, kind) {
             (Layout::Integer, KQuant::Q4K | KQuant::Iq4Xs) => {
+                let dst = &mut qs[b * kind.int_sb_bytes()..][..kind.int_sb_bytes()];
                 let shift = 4 * h;
-                for (dst, src) in qs
-                    .chunks_exact_mut(kind.int_sb_bytes())
-                    .zip(row.chunks_exact(QK_K))
-                {
-                    for (g, four) in src.chunks_exact(4).enumerate() {
-                        let at = &mut dst[g * 32 + 4 * r..][..4];
-                        for (b, &q) in at.iter_mut().zip(four) {
-                            *b |= (q as u8 & 0xF) << shift;
+                for (g, four) in src.chunks_exact(4).enumerate() {
+                    let at = &mut dst[g * 32 + 4 * r..][..4];
+                    for (b, &q) in at.iter_mut().zip(four) {
+                        *b |= (q as u8 & 0xF) << shift;
+                    }
+                }
+            }
+            (Layout::Integer, KQuant::Q6K) => {
+                let dst = &mut qs[b * kind.int_sb_bytes()..][..kind.int_sb_bytes()];
+                for (g, four) in src.chunks_exact(4).enumerate() {
+                    let at = &mut dst[(g * 2 + h) * 32 + 4 * r..][..4];
+                    for (b, &q) in at.iter_mut().zip(four) {
+                        // `q − 32` back to 0..64: unsigned for `maddubs`.
+                        *b = (q + 32) as u8;
+                    }
+                }
+            }
+            _ => {
+                for (i, &q) in src.iter().enumerate() {
+                    self.put_quant(kind, qs, l, b * QK_K + i, q);
+                }
+            }
+        }
+    }
+
+    /// Sets super-block `b`'s quants of a panel's `n` rows, `tile[l]` row
+    /// `l`'s (rows `n..` hold values that pack to zero bytes), in the
+    /// panel's quants `qs` (zero before). The integer layouts, which the
+    /// common kinds use, write each byte once, in order.
+    #[inline]
+    fn put_tile(self, kind: KQuant, qs: &mut [u8], b: usize, tile: &[[i8; QK_K]; LANES], n: usize) {
+        let sb = kind.int_sb_bytes();
+        match (self, kind) {
+            (Layout::Integer, KQuant::Q4K | KQuant::Iq4Xs) => {
+                // Byte `4r + j` of group `g`: rows `r` and `r + 8`, element `4g + j`.
+                for (g, dst) in qs[b * sb..][..sb].chunks_exact_mut(32).enumerate() {
+                    for (r, four) in dst.chunks_exact_mut(4).enumerate() {
+                        let lo = &tile[r][4 * g..][..4];
+                        let hi = &tile[r + 8][4 * g..][..4];
+                        for ((o, &a), &c) in four.iter_mut().zip(lo).zip(hi) {
+                            *o = (a as u8 & 0xF) | ((c as u8 & 0xF) << 4);
                         }
                     }
                 }
             }
             (Layout::Integer, KQuant::Q6K) => {
-                for (dst, src) in qs
-                    .chunks_exact_mut(kind.int_sb_bytes())
-                    .zip(row.chunks_exact(QK_K))
-                {
-                    for (g, four) in src.chunks_exact(4).enumerate() {
-                        let at = &mut dst[(g * 2 + h) * 32 + 4 * r..][..4];
-                        for (b, &q) in at.iter_mut().zip(four) {
+                // Half `h` of group `g`, byte `4r + j`: row `8h + r`, element `4g + j`.
+                for (gh, dst) in qs[b * sb..][..sb].chunks_exact_mut(32).enumerate() {
+                    let (g, h) = (gh / 2, gh % 2);
+                    for (r, four) in dst.chunks_exact_mut(4).enumerate() {
+                        for (o, &q) in four.iter_mut().zip(&tile[8 * h + r][4 * g..][..4]) {
                             // `q − 32` back to 0..64: unsigned for `maddubs`.
-                            *b = (q + 32) as u8;
+                            *o = (q + 32) as u8;
                         }
                     }
                 }
             }
             _ => {
-                for (kk, &q) in row.iter().enumerate() {
-                    self.put_quant(kind, qs, l, kk, q);
+                for (l, row) in tile.iter().enumerate().take(n) {
+                    self.put_sb(kind, qs, l, b, row);
                 }
             }
         }
@@ -384,5 +488,42 @@ pub(super) fn int_at(kind: KQuant, l: usize, kk: usize) -> (usize, u32) {
     match kind {
         KQuant::Q4K | KQuant::Iq4Xs => (g * 32 + 4 * r + j, 4 * h as u32),
         _ => ((g * 2 + h) * 32 + 4 * r + j, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::packed_kquant::tests::weight;
+
+    /// The fields of `a` and `b` equal to the byte (f32s by their bits).
+    fn same(a: &KPanels, b: &KPanels) -> bool {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        a.qs == b.qs
+            && a.sc == b.sc
+            && a.mn == b.mn
+            && bits(&a.d) == bits(&b.d)
+            && bits(&a.dmin) == bits(&b.dmin)
+    }
+
+    #[test]
+    fn blocks_decoded_into_panels_equal_rows_packed() {
+        // Every kind in its layout and in the f32-rebuild one (Q5_K's are
+        // the same); `out` filling its panels, ending inside one, and large
+        // enough for several parallel tasks.
+        for kind in [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K, KQuant::Iq4Xs] {
+            for (out, inp) in [(16, 256), (61, 512), (40, 768), (300, 1024)] {
+                let (data, _) = weight(kind, out, inp, out + inp);
+                let rows = Rows::from_blocks(kind, &data, out, inp);
+                for layout in [kind.layout(), Layout::Dequantized] {
+                    let direct = KPanels::from_blocks(layout, kind, &data, out, inp);
+                    let packed = KPanels::pack(layout, kind, &rows, out, inp);
+                    assert!(
+                        same(&direct, &packed),
+                        "{kind:?} {layout:?} [{out}x{inp}]: the panels differ"
+                    );
+                }
+            }
+        }
     }
 }
