@@ -18,7 +18,8 @@
 #   PYTHON          a Python with `numpy` and `gguf` (tests/external's venv has both)
 #   WORK            where the GGUF files and prompts are kept between runs
 #                   (default: ${TMPDIR:-/tmp}/inferscope-llamacpp)
-#   FORMATS         subset of "f32 f16 q8_0 q4_k_m q6_k" (the default: all) for the Llama file,
+#   FORMATS         subset of "f32 f16 q8_0 q4_k_m q6_k" (the default: all) and "iq4_xs" (not in
+#                   the default) for the Llama file,
 #                   and/or model families at Q4_K_M (issue #35): "qwen3 gemma3 gemma2 phi3
 #                   qwen3moe mixtral" (`all-families` for the six), each a random-weight file of
 #                   tests/external/tiny_families.py's `bench` shape (the Llama file's sizes;
@@ -63,7 +64,7 @@ done
 "$PYTHON" -c 'import gguf, numpy' 2>/dev/null ||
   die "$PYTHON lacks numpy/gguf: set PYTHON, e.g. PYTHON=/path/to/.venv-external/bin/python"
 for f in $FORMATS; do
-  case " f32 f16 q8_0 q4_k_m q6_k $FAMILIES " in *" $f "*) ;; *) die "unknown format '$f' in FORMATS (f32 f16 q8_0 q4_k_m q6_k $FAMILIES all-families)" ;; esac
+  case " f32 f16 q8_0 q4_k_m q6_k iq4_xs $FAMILIES " in *" $f "*) ;; *) die "unknown format '$f' in FORMATS (f32 f16 q8_0 q4_k_m q6_k iq4_xs $FAMILIES all-families)" ;; esac
 done
 for v in N1 N8 RUNS THREADS PORT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "$v must be a positive integer, got '${!v}'"
