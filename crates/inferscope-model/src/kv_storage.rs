@@ -364,9 +364,8 @@ mod tests {
         let mut pages = vec![0u8; (end - start).div_ceil(page)];
         // SAFETY: the range covers the pages of a live allocation, and
         // `pages` holds one byte per page of it.
-        let rc = unsafe {
-            libc::mincore(start as *mut libc::c_void, end - start, pages.as_mut_ptr())
-        };
+        let rc =
+            unsafe { libc::mincore(start as *mut libc::c_void, end - start, pages.as_mut_ptr()) };
         assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
         pages.iter().filter(|&&p| p & 1 == 1).count() * page
     }
