@@ -9,6 +9,7 @@ pub mod coordinator;
 pub mod cost;
 pub mod engine_core;
 pub mod executor;
+mod gbnf;
 pub mod kv_events;
 pub mod kv_residency;
 pub mod request;

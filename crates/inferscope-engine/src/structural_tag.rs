@@ -171,7 +171,7 @@ impl Lark {
                 // A nested grammar has its own rule names: no collision with
                 // ours (`rN`) or with another embedded grammar's.
                 let lark = if g.contains("::=") {
-                    crate::structured::gbnf_to_lark(g)
+                    crate::gbnf::to_lark(g)
                 } else {
                     g.to_owned()
                 };

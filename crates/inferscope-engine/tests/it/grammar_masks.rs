@@ -6,7 +6,6 @@
 //! the last token was consumed), or another sequence's, fails the test.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::structured::{Advance, GrammarWorker, SeqGrammar};
@@ -87,18 +86,17 @@ fn masks_are_those_of_each_sequences_current_state() {
         rxs.push(rx);
         sched.add_request(
             EngineRequest {
-                request_id: format!("r{i}"),
-                prompt_token_ids: (0..(9 + 5 * i as u32) % 31 + 6).collect(),
+                // EOS counts here: a grammar's end is an EOS.
                 params: Arc::new(SamplingParams {
                     max_tokens: 40,
                     ..Default::default()
                 }),
-                seed_offset: 0,
-                arrival: Instant::now(),
-                trace_id: None,
-                tenant: None,
-                tenant_label: 0,
                 grammar,
+                ..crate::common::request(
+                    &format!("r{i}"),
+                    (0..(9 + 5 * i as u32) % 31 + 6).collect(),
+                    40,
+                )
             },
             tx,
         );
