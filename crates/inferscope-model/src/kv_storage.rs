@@ -358,6 +358,7 @@ mod tests {
     /// so tests allocating on other threads cannot change the answer.
     #[cfg(target_os = "linux")]
     fn resident_bytes<T>(buf: &[T]) -> usize {
+        // SAFETY: sysconf reads a constant of the system; no memory is passed.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as usize;
         let start = buf.as_ptr() as usize / page * page;
         let end = buf.as_ptr() as usize + std::mem::size_of_val(buf);
