@@ -354,7 +354,6 @@ impl Lark {
             .keys()
             .map(|k| required.contains(&k.as_str()))
             .collect();
-        let is_required = |i: usize| req[i];
         let n = params.len();
         let mut tails: Vec<Option<String>> = vec![None; n];
         for i in (0..n - 1).rev() {
@@ -363,7 +362,7 @@ impl Lark {
                 Some(t) => format!("{WS} {next} {t}"),
                 None => format!("{WS} {next}"),
             };
-            let body = match (&tails[i + 1], is_required(i + 1)) {
+            let body = match (&tails[i + 1], req[i + 1]) {
                 (_, true) => with,
                 (Some(t), false) => format!("{t} | {with}"),
                 (None, false) => format!("({with})?"),
@@ -376,7 +375,7 @@ impl Lark {
                 Some(t) => format!("{p} {t}"),
                 None => p.clone(),
             });
-            if is_required(i) {
+            if req[i] {
                 break;
             }
         }
@@ -544,6 +543,7 @@ fn regex(pattern: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::structured::tests::byte_compiler as compiler;
     use crate::structured::{Advance, GrammarCompiler, StructuredOutput};
 
     #[test]
@@ -585,13 +585,6 @@ mod tests {
             let err = to_lark(&tag, |s| s).expect_err(&tag.to_string());
             assert!(err.contains(needle), "{tag}: {err}");
         }
-    }
-
-    /// Bytes 0..=255, then EOS (256).
-    fn compiler() -> GrammarCompiler {
-        let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
-        words.push(b"\xFF</s>".to_vec());
-        GrammarCompiler::new(words, 256).expect("compiler")
     }
 
     /// Whether the structural tag of `format` accepts all of `text` and

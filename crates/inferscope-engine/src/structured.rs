@@ -232,43 +232,37 @@ impl GrammarCompiler {
         &self,
         constraint: StructuredOutput,
     ) -> Result<CompiledGrammar, GrammarError> {
-        let grammar = constraint.to_grammar()?;
         let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| self.blame(&constraint, e.to_string()))?;
-        // The first mask builds the lexer: an error there (a regex no token
-        // sequence can match, a grammar past the size limits) is the
-        // client's, reported now rather than as a failed generation.
-        let mut probe = Matcher::new(Ok(parser.deep_clone()));
-        probe
-            .compute_mask()
-            .map_err(|e| self.blame(&constraint, e.to_string()))?;
+            .parser(constraint.to_grammar()?)
+            .map_err(|e| self.blame(&constraint, e))?;
         Ok(CompiledGrammar {
             parser: Arc::new(Mutex::new(parser)),
             constraint: Arc::new(constraint),
         })
     }
-}
 
-impl GrammarCompiler {
+    /// The parser of `grammar`, probed once: the first mask builds the
+    /// lexer, and an error there (a regex no token sequence can match, a
+    /// grammar past the size limits) is the client's, reported now rather
+    /// than as a failed generation.
+    fn parser(&self, grammar: TopLevelGrammar) -> Result<TokenParser, String> {
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| e.to_string())?;
+        Matcher::new(Ok(parser.deep_clone()))
+            .compute_mask()
+            .map_err(|e| e.to_string())?;
+        Ok(parser)
+    }
+
     /// The error of a constraint that did not compile: for a structural tag
     /// whose embedded `grammar` is at fault, that grammar's own error under
     /// its key (`format.content.grammar: ...`), so the client knows which.
     fn blame(&self, constraint: &StructuredOutput, error: String) -> GrammarError {
         if let StructuredOutput::StructuralTag(tag) = constraint {
             for (key, lark) in crate::structural_tag::embedded_grammars(tag) {
-                let alone = self
-                    .factory
-                    .create_parser(TopLevelGrammar::from_lark(lark))
-                    .map_err(|e| e.to_string())
-                    .and_then(|p| {
-                        Matcher::new(Ok(p))
-                            .compute_mask()
-                            .map(drop)
-                            .map_err(|e| e.to_string())
-                    });
-                if let Err(e) = alone {
+                if let Err(e) = self.parser(TopLevelGrammar::from_lark(lark)) {
                     return GrammarError(format!("`{key}` is not a valid grammar: {e}"));
                 }
             }
@@ -586,11 +580,11 @@ fn compute_into(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// Bytes 0..=255, then EOS.
-    fn byte_compiler() -> GrammarCompiler {
+    /// Bytes 0..=255, then EOS (256); the structural-tag tests use it too.
+    pub(crate) fn byte_compiler() -> GrammarCompiler {
         let mut words: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
         words.push(b"\xFF</s>".to_vec());
         GrammarCompiler::new(words, 256).expect("compiler")
