@@ -26,6 +26,7 @@ use crate::gguf_file::{GgufFile, TensorType, invalid};
 use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp};
+use crate::packed_kquant::PackedKQuant;
 use crate::tokenizer::{HfTokenizer, Tokenizer};
 
 /// Tensors of the mapped file, checked for names, shapes and extent.
@@ -149,6 +150,120 @@ impl Tensors<'_> {
         self.repacked += range.len();
         self.release(range);
         Ok(l)
+    }
+
+    /// Projections of one input, `(name, out)` each (`[out, inp]`), in
+    /// order: a run of adjacent ones stored in one K-quant type that stack
+    /// is repacked straight into one fused weight (each block read once,
+    /// nothing copied again); the rest one by one, for the model to fuse
+    /// or keep apart.
+    fn linears(
+        &mut self,
+        names: &[(String, usize)],
+        inp: usize,
+        bias: bool,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let located = names
+            .iter()
+            .map(|(name, out)| self.locate(&format!("{name}.weight"), &[*out, inp]))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut linears = Vec::new();
+        let mut s = 0;
+        while s < names.len() {
+            // The longest run from `s` of one type whose parts stack.
+            let mut e = s + 1;
+            while e < names.len()
+                && located[e].0 == located[s].0
+                && PackedKQuant::stacks(&[names[e - 1].1, 0])
+            {
+                e += 1;
+            }
+            let run = &names[s..e];
+            let parts: Vec<(&[u8], usize)> = located[s..e]
+                .iter()
+                .zip(run)
+                .map(|((_, range), (_, out))| (&self.map[range.clone()], *out))
+                .collect();
+            let b = if bias {
+                let mut b = Vec::new();
+                for (name, out) in run {
+                    b.extend(self.vec(&format!("{name}.bias"), *out)?);
+                }
+                Some(b)
+            } else {
+                None
+            };
+            match Linear::from_stored_parts(located[s].0, &parts, inp, b) {
+                Some(fused) => {
+                    let fused = fused.map_err(|err| {
+                        ModelError::Config(format!(
+                            "tensors {}..{}: {err}",
+                            run[0].0,
+                            run[run.len() - 1].0
+                        ))
+                    })?;
+                    for (_, range) in &located[s..e] {
+                        self.repacked += range.len();
+                        self.release(range.clone());
+                    }
+                    linears.push(fused);
+                    s = e;
+                }
+                None => {
+                    linears.push(self.linear(&names[s].0, names[s].1, inp, bias)?);
+                    s += 1;
+                }
+            }
+        }
+        Ok(linears)
+    }
+
+    /// Each expert's gate and up from the stacked `[n, out, in]` tensors
+    /// `gate` and `up`: one fused weight per expert, repacked straight from
+    /// its two slices of the map, where they stack; else the two apart.
+    fn expert_gate_ups(
+        &mut self,
+        gate: &str,
+        up: &str,
+        n: usize,
+        out: usize,
+        inp: usize,
+    ) -> Result<Vec<Vec<Linear>>, ModelError> {
+        let (gt, gr) = self.locate(gate, &[n, out, inp])?;
+        let (ut, ur) = self.locate(up, &[n, out, inp])?;
+        let each = gr.len() / n.max(1);
+        if gt == ut && n > 0 {
+            let slice = |r: &Range<usize>, e: usize| &self.map[r.start + e * each..][..each];
+            let fused = (0..n)
+                .map_while(|e| {
+                    Linear::from_stored_parts(
+                        gt,
+                        &[(slice(&gr, e), out), (slice(&ur, e), out)],
+                        inp,
+                        None,
+                    )
+                    .map(|l| {
+                        l.map_err(|err| {
+                            ModelError::Config(format!("tensors {gate}, {up}, expert {e}: {err}"))
+                        })
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            if fused.len() == n {
+                for r in [gr, ur] {
+                    self.repacked += r.len();
+                    self.release(r);
+                }
+                return Ok(fused.into_iter().map(|l| vec![l]).collect());
+            }
+        }
+        let gates = self.expert_linears(gate, n, out, inp)?;
+        let ups = self.expert_linears(up, n, out, inp)?;
+        Ok(gates
+            .into_iter()
+            .zip(ups)
+            .map(|(g, u)| vec![g, u])
+            .collect())
     }
 
     /// The `n` experts' weights of a stacked `[n, out, in]` tensor, each
@@ -395,11 +510,9 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
             qkv: if tensors.has(&format!("{p}.attn_qkv.weight")) {
                 vec![tensors.linear(&format!("{p}.attn_qkv"), q_dim + 2 * kv_dim, h, bias)?]
             } else {
-                vec![
-                    tensors.linear(&format!("{p}.attn_q"), q_dim, h, bias)?,
-                    tensors.linear(&format!("{p}.attn_k"), kv_dim, h, bias)?,
-                    tensors.linear(&format!("{p}.attn_v"), kv_dim, h, bias)?,
-                ]
+                let qkv = [("q", q_dim), ("k", kv_dim), ("v", kv_dim)]
+                    .map(|(x, out)| (format!("{p}.attn_{x}"), out));
+                tensors.linears(&qkv, h, bias)?
             },
             qk_norm,
             o: tensors.linear(&format!("{p}.attn_output"), h, q_dim, false)?,
@@ -412,29 +525,29 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
                     let stacked = |t: &mut Tensors, name: &str, out, inp| {
                         t.expert_linears(&format!("{p}.{name}.weight"), n, out, inp)
                     };
-                    let gates = stacked(&mut tensors, "ffn_gate_exps", ei, h)?;
-                    let ups = stacked(&mut tensors, "ffn_up_exps", ei, h)?;
+                    let gate_ups = tensors.expert_gate_ups(
+                        &format!("{p}.ffn_gate_exps.weight"),
+                        &format!("{p}.ffn_up_exps.weight"),
+                        n,
+                        ei,
+                        h,
+                    )?;
                     let downs = stacked(&mut tensors, "ffn_down_exps", h, ei)?;
                     Mlp::Moe {
                         router: tensors.linear(&format!("{p}.ffn_gate_inp"), n, h, false)?,
-                        experts: gates
+                        experts: gate_ups
                             .into_iter()
-                            .zip(ups)
                             .zip(downs)
-                            .map(|((g, u), down)| Expert {
-                                gate_up: vec![g, u],
-                                down,
-                            })
+                            .map(|(gate_up, down)| Expert { gate_up, down })
                             .collect(),
                     }
                 }
                 None => Mlp::Dense(Expert {
                     // Phi-3's gate and up are one `ffn_up` of twice the rows.
                     gate_up: if tensors.has(&format!("{p}.ffn_gate.weight")) {
-                        vec![
-                            tensors.linear(&format!("{p}.ffn_gate"), i, h, false)?,
-                            tensors.linear(&format!("{p}.ffn_up"), i, h, false)?,
-                        ]
+                        let gate_up =
+                            [("gate", i), ("up", i)].map(|(x, out)| (format!("{p}.ffn_{x}"), out));
+                        tensors.linears(&gate_up, h, false)?
                     } else {
                         vec![tensors.linear(&format!("{p}.ffn_up"), 2 * i, h, false)?]
                     },

@@ -157,6 +157,32 @@ impl Linear {
         Ok(Self { w, b, out_dim: out })
     }
 
+    /// Weights stored as GGUF `ty`, `[out, inp]` each (`(bytes, out)`),
+    /// stacked along `out` into one layer straight from their bytes: fused
+    /// projections with each block read once and nothing copied again.
+    /// `None` unless `ty` is a K-quant (or IQ4_XS) and the parts
+    /// [stack](PackedKQuant::stacks); `b` is the stacked bias.
+    pub fn from_stored_parts(
+        ty: TensorType,
+        parts: &[(&[u8], usize)],
+        inp: usize,
+        b: Option<Vec<f32>>,
+    ) -> Option<Result<Self, ModelError>> {
+        let kind = match ty {
+            TensorType::IQ4_XS => KQuant::Iq4Xs,
+            t => kquant(t.candle()?)?,
+        };
+        let outs: Vec<usize> = parts.iter().map(|&(_, out)| out).collect();
+        if parts.len() < 2 || !PackedKQuant::stacks(&outs) {
+            return None;
+        }
+        Some(PackedKQuant::from_parts(kind, parts, inp).map(|w| Self {
+            w: Weight::KQuant(w),
+            b,
+            out_dim: outs.iter().sum(),
+        }))
+    }
+
     /// The same layer with its dense weight stored as `dtype`.
     fn with_dtype(self, dtype: WeightDtype) -> Self {
         let w = match self.w {

@@ -58,7 +58,7 @@ pub use format::{KQuant, QK_K};
 
 use crate::error::ModelError;
 use crate::isa::Isa;
-use crate::packed::tiling::{quantized_product, shape_output};
+use crate::packed::tiling::{LANES, quantized_product, shape_output};
 use crate::q8k::Q8K;
 use format::Rows;
 use panels::{KPanels, Layout};
@@ -93,23 +93,55 @@ impl PackedKQuant {
         out: usize,
         inp: usize,
     ) -> Result<Self, ModelError> {
+        Self::from_parts(kind, &[(data, out)], inp)
+    }
+
+    /// Whether parts with these output sizes stack straight into one
+    /// weight's panels ([`PackedKQuant::from_parts`]): every part but the
+    /// last fills its panels (q/k/v and gate/up of every real shape).
+    pub fn stacks(outs: &[usize]) -> bool {
+        outs.split_last()
+            .is_some_and(|(_, init)| init.iter().all(|o| o.is_multiple_of(LANES)))
+    }
+
+    /// Repacks the GGUF `kind` blocks of row-major `[out][inp]` matrices,
+    /// `(blocks, out)` each, stacked along `out` into one weight (fused
+    /// projections), each block read once; the parts must
+    /// [stack](PackedKQuant::stacks).
+    pub fn from_parts(
+        kind: KQuant,
+        parts: &[(&[u8], usize)],
+        inp: usize,
+    ) -> Result<Self, ModelError> {
         if inp == 0 || !inp.is_multiple_of(QK_K) {
             return Err(ModelError::Config(format!(
-                "{kind:?} weight [{out}, {inp}]: the input dimension is not a positive multiple of {QK_K}"
+                "{kind:?} weight [_, {inp}]: the input dimension is not a positive multiple of {QK_K}"
             )));
         }
-        let expected = out * inp / QK_K * kind.block_bytes();
-        if data.len() != expected {
+        for &(data, out) in parts {
+            let expected = out * inp / QK_K * kind.block_bytes();
+            if data.len() != expected {
+                return Err(ModelError::Config(format!(
+                    "{kind:?} weight [{out}, {inp}] holds {} bytes, expected {expected}",
+                    data.len()
+                )));
+            }
+        }
+        let outs: Vec<usize> = parts.iter().map(|&(_, out)| out).collect();
+        if !Self::stacks(&outs) {
             return Err(ModelError::Config(format!(
-                "{kind:?} weight [{out}, {inp}] holds {} bytes, expected {expected}",
-                data.len()
+                "{kind:?} parts of {outs:?} rows do not stack: all but the last must be multiples of {LANES}"
             )));
         }
+        let (out, data) = (
+            outs.iter().sum(),
+            parts.iter().map(|&(d, _)| d).collect::<Vec<_>>(),
+        );
         let layout = kind.layout();
         Ok(Self {
             kind,
             layout,
-            panels: KPanels::from_blocks(layout, kind, data, out, inp),
+            panels: KPanels::from_blocks(layout, kind, &data, out, inp),
             out,
             inp,
         })
@@ -127,7 +159,7 @@ impl PackedKQuant {
         let p = Self::from_blocks(kind, data, out, inp)?;
         Ok(Self {
             layout: Layout::Dequantized,
-            panels: KPanels::from_blocks(Layout::Dequantized, kind, data, out, inp),
+            panels: KPanels::from_blocks(Layout::Dequantized, kind, &[data], out, inp),
             ..p
         })
     }

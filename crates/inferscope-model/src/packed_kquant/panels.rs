@@ -178,15 +178,17 @@ impl KPanels {
         k
     }
 
-    /// Decodes the GGUF blocks of a row-major `[out][inp]` matrix straight
-    /// into panels laid out as `layout`: each block is unpacked on the stack
-    /// and placed, one parallel task per panel, so no row-major copy of the
-    /// weight is made (loading a model is mostly this; a restart repeats it
-    /// from the page cache). `data` holds `out · inp / 256` blocks.
+    /// Decodes the GGUF blocks of row-major `[out][inp]` matrices, `parts`
+    /// stacked along `out` (fused projections: every part but the last
+    /// fills its panels), straight into panels laid out as `layout`: each
+    /// block is unpacked on the stack and placed, one parallel task per
+    /// panel, so no row-major copy of the weight is made and fused parts are
+    /// not copied again (loading a model is mostly this; a restart repeats
+    /// it from the page cache). The parts hold `out · inp / 256` blocks.
     pub(super) fn from_blocks(
         layout: Layout,
         kind: KQuant,
-        data: &[u8],
+        parts: &[&[u8]],
         out: usize,
         inp: usize,
     ) -> Self {
@@ -202,13 +204,22 @@ impl KPanels {
             }
         }
         let panels = out.div_ceil(LANES);
+        let sources: Vec<&[u8]> = parts
+            .iter()
+            .flat_map(|data| data.chunks(LANES * row_bytes))
+            .collect();
+        assert_eq!(
+            sources.len(),
+            panels,
+            "every fused part but the last fills its panels"
+        );
         let tasks: Vec<_> =
             k.qs.chunks_mut(lq)
                 .zip(k.sc.chunks_mut(ls))
                 .zip(split(&mut k.mn, ls, panels))
                 .zip(k.d.chunks_mut(ld))
                 .zip(split(&mut k.dmin, ld, panels))
-                .zip(data.chunks(LANES * row_bytes))
+                .zip(sources)
                 .collect();
         tasks
             .into_par_iter()
@@ -516,7 +527,7 @@ mod tests {
                 let (data, _) = weight(kind, out, inp, out + inp);
                 let rows = Rows::from_blocks(kind, &data, out, inp);
                 for layout in [kind.layout(), Layout::Dequantized] {
-                    let direct = KPanels::from_blocks(layout, kind, &data, out, inp);
+                    let direct = KPanels::from_blocks(layout, kind, &[&data], out, inp);
                     let packed = KPanels::pack(layout, kind, &rows, out, inp);
                     assert!(
                         same(&direct, &packed),
