@@ -27,6 +27,7 @@ use crate::admission::Admission;
 use crate::cli::{ExecutorKind, ServeArgs};
 use crate::error::ServerError;
 use crate::openai::infer::Infer;
+use crate::openai::structured::StartupGrammar;
 use crate::openai::tool_parsers::ParserName;
 use crate::openai::tools::ToolSettings;
 use crate::openai::validation::{Limits, Validator};
@@ -43,8 +44,9 @@ pub struct AppState {
     /// Text to tokens and back.
     pub tokenizer: Arc<dyn Tokenizer>,
     /// Compiles structured-output constraints over the tokenizer's
-    /// vocabulary; `None` when it cannot be read (such requests get a 400).
-    pub grammar: Option<GrammarCompiler>,
+    /// vocabulary (built in the background from start-up; none when it
+    /// cannot be read: such requests get a 400).
+    pub grammar: StartupGrammar,
     /// The metrics system.
     pub metrics: Arc<StatLoggerManager>,
     /// Whether request-level metrics are recorded and `/metrics` served.
@@ -93,7 +95,7 @@ impl AppState {
             limits: &self.limits,
             tokenizer: self.tokenizer.as_ref(),
             tools: self.tool_settings,
-            grammar: self.grammar.as_ref(),
+            grammar: &self.grammar,
         }
     }
 
@@ -441,7 +443,10 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
             ))
         })?;
     }
-    let grammar = grammar_compiler(tokenizer.as_ref());
+    let grammar = {
+        let tokenizer = tokenizer.clone();
+        StartupGrammar::spawn(move || grammar_compiler(tokenizer.as_ref()))
+    };
     let tokenizer_info = args
         .enable_tokenizer_info_endpoint
         .then(|| tokenizer_info(tokenizer.as_ref(), limits.max_model_len));
@@ -506,7 +511,7 @@ pub fn tokenizer_info(tokenizer: &dyn Tokenizer, max_model_len: usize) -> serde_
 }
 
 /// The structured-output compiler over `tokenizer`'s vocabulary, built once
-/// at start-up (a trie of every token: tens of milliseconds for a 128k
+/// from start-up on (a trie of every token: tens of milliseconds for a 128k
 /// vocabulary). A vocabulary llguidance cannot read costs only structured
 /// outputs, with a warning now and a 400 per request that asks for them.
 fn grammar_compiler(tokenizer: &dyn Tokenizer) -> Option<GrammarCompiler> {

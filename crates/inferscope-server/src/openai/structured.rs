@@ -11,10 +11,62 @@
 //! At most one may ask for a constraint; every mistake is a 400 naming the
 //! field.
 
+use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
+
 use inferscope_engine::{CompiledGrammar, GrammarCompiler, StructuredOutput};
 use serde_json::Value;
 
 use crate::error::ApiError;
+
+/// The structured-output compiler, built on a thread of its own while the
+/// server starts (a trie of every token: tens of milliseconds for a 128k
+/// vocabulary, kept off the path to the first request); the first request
+/// that compiles a constraint waits for it, on a validation worker.
+pub struct StartupGrammar {
+    built: OnceLock<Option<GrammarCompiler>>,
+    building: Mutex<Option<JoinHandle<Option<GrammarCompiler>>>>,
+}
+
+impl StartupGrammar {
+    /// Starts `build` (`None`: the vocabulary cannot be read) on a thread.
+    pub fn spawn(build: impl FnOnce() -> Option<GrammarCompiler> + Send + 'static) -> Self {
+        let thread = std::thread::Builder::new()
+            .name("grammar-trie".into())
+            .spawn(build);
+        match thread {
+            Ok(h) => Self {
+                built: OnceLock::new(),
+                building: Mutex::new(Some(h)),
+            },
+            // No thread to be had: structured outputs are refused, as for
+            // a vocabulary that cannot be read.
+            Err(e) => {
+                tracing::warn!(error = %e, "structured outputs are unavailable: no thread to build the token trie");
+                Self::ready(None)
+            }
+        }
+    }
+
+    /// One already built (or none).
+    pub fn ready(compiler: Option<GrammarCompiler>) -> Self {
+        Self {
+            built: OnceLock::from(compiler),
+            building: Mutex::new(None),
+        }
+    }
+
+    /// The compiler, once built (waiting for it the first time); `None`
+    /// when the vocabulary cannot be read. Blocks: call it off the runtime.
+    pub fn get(&self) -> Option<&GrammarCompiler> {
+        self.built
+            .get_or_init(|| {
+                let h = self.building.lock().ok()?.take()?;
+                h.join().ok().flatten()
+            })
+            .as_ref()
+    }
+}
 
 /// The structured-output fields of a request body, as sent.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -86,12 +138,12 @@ pub fn read(f: &StructuredFields) -> Result<Option<(StructuredOutput, &'static s
 /// the tokenizer's vocabulary could not be read at start-up.
 pub fn compile(
     f: &StructuredFields,
-    compiler: Option<&GrammarCompiler>,
+    compiler: &StartupGrammar,
 ) -> Result<Option<CompiledGrammar>, ApiError> {
     let Some((constraint, field)) = read(f)? else {
         return Ok(None);
     };
-    compile_constraint(constraint, field, compiler).map(Some)
+    compile_constraint(constraint, field, compiler.get()).map(Some)
 }
 
 /// Compiles one constraint; errors name `field`, the request field it came
@@ -285,6 +337,29 @@ mod tests {
 
     fn fields(body: &str) -> StructuredFields {
         serde_json::from_str(body).expect("json")
+    }
+
+    #[test]
+    fn the_startup_grammar_is_waited_for_once_and_only_for_a_constraint() {
+        let words: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let g = StartupGrammar::spawn(move || {
+            // Held until the test lets it finish.
+            rx.recv().ok()?;
+            GrammarCompiler::new(words, 0).ok()
+        });
+        // A request without a constraint never asks for the compiler, so
+        // it does not wait for the build.
+        assert!(compile(&fields("{}"), &g).expect("no constraint").is_none());
+        tx.send(()).expect("builder waiting");
+        let body = r#"{"guided_regex": "a+"}"#;
+        let compiled = compile(&fields(body), &g).expect("compiled once built");
+        assert_eq!(compiled.expect("a constraint").constraint().kind(), "regex");
+        assert!(g.get().is_some(), "kept after the first wait");
+        // A vocabulary that could not be read: the fields are 400s.
+        let none = StartupGrammar::ready(None);
+        let e = compile(&fields(body), &none).expect_err("no compiler");
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
     }
 
     #[test]

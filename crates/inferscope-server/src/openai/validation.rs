@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use inferscope_engine::{
-    BadWords, CompiledGrammar, GrammarCompiler, SamplingParams, StopTokenIds, StructuredOutput,
+    BadWords, CompiledGrammar, SamplingParams, StopTokenIds, StructuredOutput,
 };
 use inferscope_model::chat_template::Value;
 use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
@@ -16,7 +16,7 @@ use crate::openai::protocol::{
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
 };
 use crate::openai::refusals::{self, CHAT, COMMON, COMPLETIONS};
-use crate::openai::structured::{self, StructuredFields};
+use crate::openai::structured::{self, StartupGrammar, StructuredFields};
 use crate::openai::tool_parsers::ToolCalls;
 use crate::openai::tools::{self, ToolSettings};
 
@@ -60,8 +60,9 @@ pub struct Validator<'a> {
     /// Tool calling (`--enable-auto-tool-choice`, `--tool-call-parser`).
     pub tools: ToolSettings,
     /// Compiles structured-output constraints over the tokenizer's
-    /// vocabulary; `None` when it could not be read (those fields are 400s).
-    pub grammar: Option<&'a GrammarCompiler>,
+    /// vocabulary (none when it could not be read: those fields are 400s);
+    /// asked only when a request has a constraint.
+    pub grammar: &'a StartupGrammar,
 }
 
 /// A request that passed every check: the served name it asked for and the plan.
@@ -352,7 +353,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         Some(schema) => Some(structured::compile_constraint(
             StructuredOutput::Json(schema),
             "tool_choice",
-            v.grammar,
+            v.grammar.get(),
         )?),
         None => constraint,
     };
