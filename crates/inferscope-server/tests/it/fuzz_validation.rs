@@ -10,6 +10,7 @@ use crate::common;
 use std::time::Duration;
 
 use inferscope_model::{ByteTokenizer, GenerationDefaults, Tokenizer};
+use inferscope_server::openai::structured::StartupGrammar;
 use inferscope_server::openai::tool_parsers::ParserName;
 use inferscope_server::openai::tools::ToolSettings;
 use inferscope_server::openai::validation::{
@@ -204,7 +205,7 @@ fn validation_never_panics_and_refuses_with_4xx() {
             parser: Some(ParserName::Hermes),
             exclude_tools_when_none: false,
         },
-        grammar: None,
+        grammar: &StartupGrammar::ready(None),
     };
     let accepted = std::cell::Cell::new(0usize);
     let mut runner = TestRunner::new(config());
@@ -238,7 +239,7 @@ fn tokenizer_routes_never_panic_and_refuse_with_4xx() {
             parser: Some(ParserName::Hermes),
             exclude_tools_when_none: false,
         },
-        grammar: None,
+        grammar: &StartupGrammar::ready(None),
     };
     let refused = |e: inferscope_server::ApiError| {
         assert!(e.status.is_client_error(), "{} {}", e.status, e.message);
