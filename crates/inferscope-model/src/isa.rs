@@ -72,6 +72,23 @@ impl Isa {
     pub(crate) fn kind(self) -> IsaKind {
         self.0
     }
+
+    /// Whether the integer K-quant products take AVX512-VNNI's `vpdpbusd`
+    /// (on 256-bit vectors): only under [`IsaKind::Avx512`], so that the
+    /// tests, which run every ISA this CPU has, check the AVX2 integer path
+    /// (under [`IsaKind::Avx2`]) and the VNNI one both.
+    pub(crate) fn vnni(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self.0 == IsaKind::Avx512
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
 }
 
 #[cfg(test)]

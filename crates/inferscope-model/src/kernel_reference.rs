@@ -38,6 +38,9 @@ pub(crate) fn rel_diff_f64(a: &[f32], b: &[f64]) -> (f64, usize) {
 pub(crate) fn isas_checked(test: &str) -> Vec<Isa> {
     let isas: Vec<Isa> = Isa::available().collect();
     let kinds: Vec<_> = isas.iter().map(|i| i.kind()).collect();
-    println!("{test}: ISA paths checked on this CPU: {kinds:?}");
+    let vnni = isas.iter().any(|i| i.vnni());
+    println!(
+        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant products with VNNI under Avx512: {vnni})"
+    );
     isas
 }

@@ -88,7 +88,8 @@ pub(crate) fn shape_output(
 /// The driver the quantized products share: checks that `x` is
 /// `[rows][inp]`, sizes `y` to `[rows][out]`, and runs `compute(isa, nv,
 /// rows, groups, out)` over [`schedule`]'s split. AVX-512 CPUs run the AVX2
-/// quantized kernels (no AVX-512 one could be tested here).
+/// quantized tiles (the integer K-quant ones with VNNI where the CPU has
+/// it: `Isa::vnni`, asked before this narrowing).
 pub(crate) fn quantized_product(
     isa: Isa,
     x: &[f32],

@@ -11,6 +11,11 @@
 //! IQ4_XS's indices become its table's int8 values in registers (a byte
 //! shuffle); being signed, they multiply the activations by the sign trick
 //! (`maddubs(|w|, x·sign(w))`), as ggml's `mul_sum_i8_pairs` does.
+//! Where the CPU has AVX512-VNNI (under [`IsaKind::Avx512`]), `vpdpbusd`
+//! takes the `maddubs`/`madd` pair's place: int32 sums per sub-block with no
+//! int16 step, and IQ4_XS's table offset to unsigned instead of the sign
+//! trick (1.1–1.4× Q4_K's and Q6_K's speed, 1.6–2.8× IQ4_XS's; see
+//! docs/results/cpu-executor.md).
 
 use std::ops::Range;
 
@@ -28,10 +33,11 @@ const INT_MR: usize = 4;
 
 impl PackedKQuant {
     /// Rows `rows` × panel groups `groups` (of `nv` panels) of the product
-    /// with the quantized activations `x`.
+    /// with the quantized activations `x`, with the VNNI tiles when `vnni`
+    /// (see [`Isa::vnni`]).
     pub(super) fn compute_integer(
         &self,
-        isa: Isa,
+        (isa, vnni): (Isa, bool),
         nv: usize,
         x: &Q8K,
         rows: Range<usize>,
@@ -58,7 +64,7 @@ impl PackedKQuant {
                     nsb,
                     np: qn,
                 };
-                int_kernel(isa, self.kind, mr, step, &t, r0, q0 * LANES, out);
+                int_kernel((isa, vnni), self.kind, mr, step, &t, r0, q0 * LANES, out);
             }
         });
     }
@@ -114,10 +120,11 @@ impl ITile<'_> {
 }
 
 /// Runs the integer micro-kernel for `kind`, `mr` rows and `nv` panels,
-/// storing at (`row0`, `col0`).
+/// storing at (`row0`, `col0`); `vnni` (see [`Isa::vnni`]) takes the VNNI
+/// tile where the ISA is AVX2's.
 #[allow(unused_unsafe, clippy::too_many_arguments)]
 fn int_kernel(
-    isa: Isa,
+    (isa, vnni): (Isa, bool),
     kind: KQuant,
     mr: usize,
     nv: usize,
@@ -134,8 +141,15 @@ fn int_kernel(
         };
     }
     // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
-    // (see `isa.rs`), so holding one means the CPU has its features.
+    // (see `isa.rs`), so holding one means the CPU has its features; `vnni`
+    // comes from `Isa::vnni`, which detects AVX512-VNNI and AVX512VL.
     match (isa.kind(), kind) {
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Q4K) if vnni => shapes!(int_tile_vnni, Q4),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Q6K) if vnni => shapes!(int_tile_vnni, Q6),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Iq4Xs) if vnni => shapes!(int_tile_vnni, IQ4),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
@@ -200,206 +214,319 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
     acc
 }
 
-/// The integer tile with AVX2: per group of 4 elements of `in`, each
-/// panel's 16 rows × 4 quants are two 32-byte vectors (Q4_K: one load, the
-/// nibbles split by and/shift), `maddubs` against each row's 4
-/// activations broadcast gives int16 pair sums, added up per sub-block
-/// (Q6_K: per 2 groups, where int16 would overflow further), then `madd`
-/// by the sub-block scales into int32 per super-block; at its end the
-/// mins (or `−32`) from the `bsums`, and one f32 multiply-add by `d·d_x`.
+/// The integer tiles on 256-bit vectors, written once for two instruction
+/// sets: `$name` is compiled with `$features`, and `$vnni` picks the dot
+/// products (the other branch is never taken, so never needs the features).
 ///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn int_tile_avx2<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -> TileSums<MR, NV> {
-    use std::arch::x86_64::*;
-    let kind = kind_of(K);
-    t.check::<MR>(kind);
-    let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
-    // Every loop runs over all NV panels (constant bounds: the arrays stay
-    // in registers); a missing last panel reads the last present one and
-    // is not stored.
-    let last = t.np.min(NV) - 1;
-    let inp = nsb * QK_K;
-    // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
-    // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵, IQ4_XS's one
-    // (2 × 127 × 127 fills an int16).
-    let gsub = kind.sub() / 4;
-    let gsum = match K {
-        Q4 => 8,
-        IQ4 => 1,
-        _ => 2,
-    };
-    let mask = _mm256_set1_epi8(0x0F);
-    // The table in both 128-bit halves, for `vpshufb`.
-    let table = {
-        let k = crate::iq4::KVALUES;
-        // SAFETY: the table is 16 bytes.
-        let lane = unsafe { _mm_loadu_si128(k.as_ptr().cast()) };
-        _mm256_set_m128i(lane, lane)
-    };
-    // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
-    let pick = [
-        _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
-        _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15),
-    ];
-    let (qs, sc) = (t.w.qs.as_ptr(), t.w.sc.as_ptr());
-    let corr_src = if K == Q4 { t.w.mn.as_ptr() } else { sc };
-    let mut facc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-    for b in 0..nsb {
-        if MR == 1 {
-            // Decode: the next super-block's scales (past a panel's last,
-            // the next panel's first), which lie in four arrays of their
-            // own; without this their misses held up the quants' stream
-            // (a Q4_K_M decode step took 1.5–6 % longer).
-            for p in 0..NV {
-                let pb = p.min(last) * nsb + b + 1;
-                let (at, bytes) = (pb * pairs * LANES * 2, pairs * LANES * 2);
-                for line in (at..at + bytes).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(line).cast());
-                    if K == Q4 {
-                        _mm_prefetch::<_MM_HINT_T0>(t.w.mn.as_ptr().wrapping_add(line).cast());
-                    }
-                }
-                _mm_prefetch::<_MM_HINT_T0>(t.w.d.as_ptr().wrapping_add(pb * LANES).cast());
-                if K == Q4 {
-                    _mm_prefetch::<_MM_HINT_T0>(t.w.dmin.as_ptr().wrapping_add(pb * LANES).cast());
-                }
-            }
-        }
-        let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-        for s in 0..QK_K / kind.sub() {
-            let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
-            for (p, v) in sc16.iter_mut().enumerate() {
-                for (h, v) in v.iter_mut().enumerate() {
-                    let at = (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
-                    // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
-                    // bytes inside `sc` (checked).
-                    let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
-                    *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
-                }
-            }
-            for a in 0..gsub / gsum {
-                let mut s16 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-                for gg in 0..gsum {
-                    let g = s * gsub + a * gsum + gg;
-                    let mut xb = [_mm256_setzero_si256(); MR];
-                    for (r, v) in xb.iter_mut().enumerate() {
-                        let at = r * inp + b * QK_K + 4 * g;
-                        // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
-                        *v = _mm256_set1_epi32(unsafe {
-                            t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
-                        });
-                    }
-                    for p in 0..NV {
-                        let base = (p.min(last) * nsb + b) * sbb;
-                        // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
-                        let (w0, w1) = unsafe {
-                            if K == Q4 || K == IQ4 {
-                                let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
-                                let (lo, hi) = (
-                                    _mm256_and_si256(v, mask),
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                );
-                                if K == IQ4 {
-                                    (
-                                        _mm256_shuffle_epi8(table, lo),
-                                        _mm256_shuffle_epi8(table, hi),
-                                    )
-                                } else {
-                                    (lo, hi)
-                                }
-                            } else {
-                                (
-                                    _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
-                                    _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
-                                )
-                            }
-                        };
-                        if K == IQ4 {
-                            // Signed weights: |w| times x with w's sign (the
-                            // activations are −127..127: no overflow).
-                            let (a0, a1) = (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
-                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                                let v = &mut s16_r[p];
-                                let (x0, x1) = (_mm256_sign_epi8(*x, w0), _mm256_sign_epi8(*x, w1));
-                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(a0, x0));
-                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(a1, x1));
-                            }
-                        } else {
-                            for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                                let v = &mut s16_r[p];
-                                v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
-                                v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
-                            }
-                        }
-                    }
-                }
-                for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
-                    for p in 0..NV {
-                        for h in 0..2 {
-                            let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
-                            ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
-                        }
-                    }
-                }
-            }
-        }
-        // The super-block's mins (or `−32`) and its f32 scale.
-        for p in 0..NV {
-            let pb = p.min(last) * nsb + b;
-            for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
-                let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
-                let mut c = [_mm256_setzero_si256(); 2];
-                // IQ4_XS has no min and no offset.
-                for i in 0..if K == IQ4 { 0 } else { pairs } {
-                    let (b0, b1) = t.bsum_pair(kind, r, b, i);
-                    let pair = _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
-                    for (h, c) in c.iter_mut().enumerate() {
-                        let at = ((pb * pairs + i) * LANES + 8 * h) * 2;
-                        // SAFETY: as for `sc16`.
-                        let v = unsafe { _mm_loadu_si128(corr_src.add(at).cast()) };
-                        let m = _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), pair);
-                        *c = _mm256_add_epi32(*c, m);
-                    }
-                }
-                for h in 0..2 {
-                    // SAFETY: pb < np · nsb: 16 floats of `d` (and `dmin`).
-                    let d = unsafe { _mm256_loadu_ps(t.w.d.as_ptr().add(pb * LANES + 8 * h)) };
-                    let a = &mut fa_r[p][h];
-                    if K == Q4 {
-                        // SAFETY: as `d`: Q4_K has `dmin` (checked).
-                        let dm =
-                            unsafe { _mm256_loadu_ps(t.w.dmin.as_ptr().add(pb * LANES + 8 * h)) };
-                        let i = _mm256_cvtepi32_ps(ia_r[p][h]);
-                        *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
-                        let m = _mm256_cvtepi32_ps(c[h]);
-                        *a = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, dx), *a);
-                    } else if K == IQ4 {
-                        let i = _mm256_cvtepi32_ps(ia_r[p][h]);
-                        *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
+/// AVX2 (`int_tile_avx2`): per group of 4 elements of `in`, each panel's 16
+/// rows × 4 quants are two 32-byte vectors (Q4_K: one load, the nibbles
+/// split by and/shift), `maddubs` against each row's 4 activations
+/// broadcast gives int16 pair sums, added up per sub-block (Q6_K: per 2
+/// groups, where int16 would overflow further), then `madd` by the
+/// sub-block scales into int32 per super-block; at its end the mins (or
+/// `−32`) from the `bsums`, and one f32 multiply-add by `d·d_x`. IQ4_XS's
+/// signed table values take the sign trick and a `madd` after every group.
+///
+/// VNNI (`int_tile_vnni`, AVX512-VNNI on 256-bit vectors): `vpdpbusd` sums
+/// each row's 4 products straight into int32, a sub-block's groups with no
+/// int16 step and no overflow, then one multiply by the sub-block's scales.
+/// IQ4_XS's table is offset to unsigned (`w + 128`), and `128·Σ sc·x`
+/// comes back out through the `bsums`, as Q6_K's `−32` does.
+macro_rules! int_tile_x86 {
+    ($name:ident, $features:literal, $vnni:literal) => {
+        /// The integer tile with the instruction sets of `#[target_feature]`
+        /// (see `int_tile_x86!`).
+        ///
+        /// # Safety
+        /// The CPU has those instruction sets.
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -> TileSums<MR, NV> {
+            use std::arch::x86_64::*;
+            const VNNI: bool = $vnni;
+            let kind = kind_of(K);
+            t.check::<MR>(kind);
+            let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
+            // Every loop runs over all NV panels (constant bounds: the arrays stay
+            // in registers); a missing last panel reads the last present one and
+            // is not stored.
+            let last = t.np.min(NV) - 1;
+            let inp = nsb * QK_K;
+            // Groups of 4 elements per sub-block, and per int16 sum: Q4_K's
+            // 8 × 2 × 15 × 128 < 2¹⁵, Q6_K's 2 × 2 × 63 × 128 < 2¹⁵, IQ4_XS's one
+            // (2 × 127 × 127 fills an int16).
+            let gsub = kind.sub() / 4;
+            let gsum = match K {
+                Q4 => 8,
+                IQ4 => 1,
+                _ => 2,
+            };
+            let mask = _mm256_set1_epi8(0x0F);
+            // The table in both 128-bit halves, for `vpshufb`.
+            let table = {
+                // With VNNI, offset to unsigned (`vpdpbusd` multiplies u8 by i8).
+                let k = crate::iq4::KVALUES.map(|v| {
+                    if VNNI {
+                        (i16::from(v) + 128) as u8 as i8
                     } else {
-                        let i = _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<5>(c[h]));
-                        let i = _mm256_cvtepi32_ps(i);
-                        *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
+                        v
+                    }
+                });
+                // SAFETY: the table is 16 bytes.
+                let lane = unsafe { _mm_loadu_si128(k.as_ptr().cast()) };
+                _mm256_set_m128i(lane, lane)
+            };
+            // Byte shuffles picking sub-block 0 or 1 of a pair, each twice.
+            let pick = [
+                _mm_setr_epi8(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14),
+                _mm_setr_epi8(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15),
+            ];
+            // VNNI: once each, in the low 8 bytes (widened to int32).
+            let pick_once = [
+                _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1),
+                _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1),
+            ];
+            let (qs, sc) = (t.w.qs.as_ptr(), t.w.sc.as_ptr());
+            let corr_src = if K == Q4 { t.w.mn.as_ptr() } else { sc };
+            let mut facc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
+            for b in 0..nsb {
+                if MR == 1 {
+                    // Decode: the next super-block's scales (past a panel's last,
+                    // the next panel's first), which lie in four arrays of their
+                    // own; without this their misses held up the quants' stream
+                    // (a Q4_K_M decode step took 1.5–6 % longer).
+                    for p in 0..NV {
+                        let pb = p.min(last) * nsb + b + 1;
+                        let (at, bytes) = (pb * pairs * LANES * 2, pairs * LANES * 2);
+                        for line in (at..at + bytes).step_by(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(sc.wrapping_add(line).cast());
+                            if K == Q4 {
+                                _mm_prefetch::<_MM_HINT_T0>(
+                                    t.w.mn.as_ptr().wrapping_add(line).cast(),
+                                );
+                            }
+                        }
+                        _mm_prefetch::<_MM_HINT_T0>(t.w.d.as_ptr().wrapping_add(pb * LANES).cast());
+                        if K == Q4 {
+                            _mm_prefetch::<_MM_HINT_T0>(
+                                t.w.dmin.as_ptr().wrapping_add(pb * LANES).cast(),
+                            );
+                        }
+                    }
+                }
+                let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
+                for s in 0..QK_K / kind.sub() {
+                    if VNNI {
+                        let mut s32 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
+                        for g in s * gsub..(s + 1) * gsub {
+                            let mut xb = [_mm256_setzero_si256(); MR];
+                            for (r, v) in xb.iter_mut().enumerate() {
+                                let at = r * inp + b * QK_K + 4 * g;
+                                // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
+                                *v = _mm256_set1_epi32(unsafe {
+                                    t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
+                                });
+                            }
+                            for p in 0..NV {
+                                let base = (p.min(last) * nsb + b) * sbb;
+                                // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
+                                let w = unsafe {
+                                    if K == Q6 {
+                                        [
+                                            _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
+                                            _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
+                                        ]
+                                    } else {
+                                        let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
+                                        let (lo, hi) = (
+                                            _mm256_and_si256(v, mask),
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                                        );
+                                        if K == IQ4 {
+                                            [
+                                                _mm256_shuffle_epi8(table, lo),
+                                                _mm256_shuffle_epi8(table, hi),
+                                            ]
+                                        } else {
+                                            [lo, hi]
+                                        }
+                                    }
+                                };
+                                for (s32_r, x) in s32.iter_mut().zip(&xb) {
+                                    for (acc, w) in s32_r[p].iter_mut().zip(w) {
+                                        // Unsafe to call only in the AVX2 tile,
+                                        // which never takes this branch.
+                                        #[allow(unused_unsafe)]
+                                        // SAFETY: reached only in the VNNI tile,
+                                        // whose target features include
+                                        // AVX512-VNNI and AVX512VL.
+                                        let v = unsafe { _mm256_dpbusd_epi32(*acc, w, *x) };
+                                        *acc = v;
+                                    }
+                                }
+                            }
+                        }
+                        for p in 0..NV {
+                            for h in 0..2 {
+                                let at =
+                                    (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
+                                // SAFETY: as for `sc16` below.
+                                let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
+                                let sc32 =
+                                    _mm256_cvtepi8_epi32(_mm_shuffle_epi8(raw, pick_once[s % 2]));
+                                for (ia_r, s32_r) in iacc.iter_mut().zip(&s32) {
+                                    let m = _mm256_mullo_epi32(s32_r[p][h], sc32);
+                                    ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
+                                }
+                            }
+                        }
+                        continue;
+                    }
+                    let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
+                    for (p, v) in sc16.iter_mut().enumerate() {
+                        for (h, v) in v.iter_mut().enumerate() {
+                            let at =
+                                (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
+                            // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
+                            // bytes inside `sc` (checked).
+                            let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
+                            *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
+                        }
+                    }
+                    for a in 0..gsub / gsum {
+                        let mut s16 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
+                        for gg in 0..gsum {
+                            let g = s * gsub + a * gsum + gg;
+                            let mut xb = [_mm256_setzero_si256(); MR];
+                            for (r, v) in xb.iter_mut().enumerate() {
+                                let at = r * inp + b * QK_K + 4 * g;
+                                // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
+                                *v = _mm256_set1_epi32(unsafe {
+                                    t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
+                                });
+                            }
+                            for p in 0..NV {
+                                let base = (p.min(last) * nsb + b) * sbb;
+                                // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
+                                let (w0, w1) = unsafe {
+                                    if K == Q4 || K == IQ4 {
+                                        let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
+                                        let (lo, hi) = (
+                                            _mm256_and_si256(v, mask),
+                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
+                                        );
+                                        if K == IQ4 {
+                                            (
+                                                _mm256_shuffle_epi8(table, lo),
+                                                _mm256_shuffle_epi8(table, hi),
+                                            )
+                                        } else {
+                                            (lo, hi)
+                                        }
+                                    } else {
+                                        (
+                                            _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
+                                            _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
+                                        )
+                                    }
+                                };
+                                if K == IQ4 {
+                                    // Signed weights: |w| times x with w's sign (the
+                                    // activations are −127..127: no overflow).
+                                    let (a0, a1) =
+                                        (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
+                                    for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                        let v = &mut s16_r[p];
+                                        let (x0, x1) =
+                                            (_mm256_sign_epi8(*x, w0), _mm256_sign_epi8(*x, w1));
+                                        v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(a0, x0));
+                                        v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(a1, x1));
+                                    }
+                                } else {
+                                    for (s16_r, x) in s16.iter_mut().zip(&xb) {
+                                        let v = &mut s16_r[p];
+                                        v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
+                                        v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                                    }
+                                }
+                            }
+                        }
+                        for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
+                            for p in 0..NV {
+                                for h in 0..2 {
+                                    let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
+                                    ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
+                                }
+                            }
+                        }
+                    }
+                }
+                // The super-block's mins (or `−32`) and its f32 scale.
+                for p in 0..NV {
+                    let pb = p.min(last) * nsb + b;
+                    for (r, (fa_r, ia_r)) in facc.iter_mut().zip(&iacc).enumerate() {
+                        let dx = _mm256_set1_ps(t.xd[r * nsb + b]);
+                        let mut c = [_mm256_setzero_si256(); 2];
+                        // IQ4_XS has no min, and an offset only with VNNI.
+                        for i in 0..if K == IQ4 && !VNNI { 0 } else { pairs } {
+                            let (b0, b1) = t.bsum_pair(kind, r, b, i);
+                            let pair =
+                                _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
+                            for (h, c) in c.iter_mut().enumerate() {
+                                let at = ((pb * pairs + i) * LANES + 8 * h) * 2;
+                                // SAFETY: as for `sc16`.
+                                let v = unsafe { _mm_loadu_si128(corr_src.add(at).cast()) };
+                                let m = _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), pair);
+                                *c = _mm256_add_epi32(*c, m);
+                            }
+                        }
+                        for h in 0..2 {
+                            let at = pb * LANES + 8 * h;
+                            // SAFETY: pb < np · nsb: 16 floats of `d` (and `dmin`).
+                            let d = unsafe { _mm256_loadu_ps(t.w.d.as_ptr().add(at)) };
+                            let a = &mut fa_r[p][h];
+                            if K == Q4 {
+                                // SAFETY: as `d`: Q4_K has `dmin` (checked).
+                                let dm = unsafe { _mm256_loadu_ps(t.w.dmin.as_ptr().add(at)) };
+                                let i = _mm256_cvtepi32_ps(ia_r[p][h]);
+                                *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
+                                let m = _mm256_cvtepi32_ps(c[h]);
+                                *a = _mm256_fnmadd_ps(m, _mm256_mul_ps(dm, dx), *a);
+                            } else if K == IQ4 {
+                                // With VNNI the table was offset by 128.
+                                let i = if VNNI {
+                                    _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<7>(c[h]))
+                                } else {
+                                    ia_r[p][h]
+                                };
+                                let i = _mm256_cvtepi32_ps(i);
+                                *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
+                            } else {
+                                let i = _mm256_sub_epi32(ia_r[p][h], _mm256_slli_epi32::<5>(c[h]));
+                                let i = _mm256_cvtepi32_ps(i);
+                                *a = _mm256_fmadd_ps(i, _mm256_mul_ps(d, dx), *a);
+                            }
+                        }
                     }
                 }
             }
-        }
-    }
-    let mut res = [[[0f32; LANES]; NV]; MR];
-    for (dst_r, acc_r) in res.iter_mut().zip(&facc) {
-        for (dst, a) in dst_r.iter_mut().zip(acc_r) {
-            // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
-            unsafe {
-                _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
+            let mut res = [[[0f32; LANES]; NV]; MR];
+            for (dst_r, acc_r) in res.iter_mut().zip(&facc) {
+                for (dst, a) in dst_r.iter_mut().zip(acc_r) {
+                    // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
+                    unsafe {
+                        _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
+                        _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
+                    }
+                }
             }
+            res
         }
-    }
-    res
+    };
 }
+
+int_tile_x86!(int_tile_avx2, "avx2,fma", false);
+int_tile_x86!(int_tile_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", true);
 
 #[cfg(test)]
 mod tests {
