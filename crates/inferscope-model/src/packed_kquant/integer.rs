@@ -214,6 +214,18 @@ fn int_tile_portable<const K: u8, const MR: usize, const NV: usize>(
     acc
 }
 
+/// IQ4_XS's table offset by 128, as bytes: unsigned, for `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+const KVALUES_PLUS_128: [i8; 16] = {
+    let mut t = [0i8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (crate::iq4::KVALUES[i] as i16 + 128) as u8 as i8;
+        i += 1;
+    }
+    t
+};
+
 /// The integer tiles on 256-bit vectors, written once for two instruction
 /// sets: `$name` is compiled with `$features`, and `$vnni` picks the dot
 /// products (the other branch is never taken, so never needs the features).
@@ -265,13 +277,11 @@ macro_rules! int_tile_x86 {
             // The table in both 128-bit halves, for `vpshufb`.
             let table = {
                 // With VNNI, offset to unsigned (`vpdpbusd` multiplies u8 by i8).
-                let k = crate::iq4::KVALUES.map(|v| {
-                    if VNNI {
-                        (i16::from(v) + 128) as u8 as i8
-                    } else {
-                        v
-                    }
-                });
+                let k = if VNNI {
+                    &KVALUES_PLUS_128
+                } else {
+                    &crate::iq4::KVALUES
+                };
                 // SAFETY: the table is 16 bytes.
                 let lane = unsafe { _mm_loadu_si128(k.as_ptr().cast()) };
                 _mm256_set_m128i(lane, lane)
