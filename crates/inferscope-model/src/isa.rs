@@ -73,10 +73,10 @@ impl Isa {
         self.0
     }
 
-    /// Whether the integer K-quant products take AVX512-VNNI's `vpdpbusd`
-    /// (on 256-bit vectors): only under [`IsaKind::Avx512`], so that the
-    /// tests, which run every ISA this CPU has, check the AVX2 integer path
-    /// (under [`IsaKind::Avx2`]) and the VNNI one both.
+    /// Whether the integer K-quant and Q8_0 products take AVX512-VNNI's
+    /// `vpdpbusd` (on 256-bit vectors): only under [`IsaKind::Avx512`], so that the
+    /// tests, which run every ISA this CPU has, check the AVX2 integer paths
+    /// (under [`IsaKind::Avx2`]) and the VNNI ones both.
     pub(crate) fn vnni(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {

@@ -40,7 +40,7 @@ pub(crate) fn isas_checked(test: &str) -> Vec<Isa> {
     let kinds: Vec<_> = isas.iter().map(|i| i.kind()).collect();
     let vnni = isas.iter().any(|i| i.vnni());
     println!(
-        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant products with VNNI under Avx512: {vnni})"
+        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant and Q8_0 products with VNNI under Avx512: {vnni})"
     );
     isas
 }

@@ -204,7 +204,9 @@ impl PackedQ8 {
         if !shape_output(x, rows, (self.inp, self.out), y) {
             return;
         }
-        // No AVX-512 kernel: its CPUs run the AVX2 one.
+        // No AVX-512 kernel: its CPUs run the AVX2 one, with VNNI where the
+        // CPU has it (asked before the narrowing).
+        let vnni = isa.vnni();
         let isa = match isa.kind() {
             IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
             _ => isa,
@@ -213,17 +215,24 @@ impl PackedQ8 {
         // rayon worker that steals a second product while waiting inside the
         // first finds it empty and gets a fresh one.
         let mut scratch = SCRATCH.take();
-        self.product_with(isa, x, rows, y, &mut scratch);
+        self.product_with((isa, vnni), x, rows, y, &mut scratch);
         SCRATCH.set(scratch);
     }
 
     /// The product, quantizing `x` into `xq`.
-    fn product_with(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32], xq: &mut Q8Rows) {
+    fn product_with(
+        &self,
+        (isa, vnni): (Isa, bool),
+        x: &[f32],
+        rows: usize,
+        y: &mut [f32],
+        xq: &mut Q8Rows,
+    ) {
         xq.quantize(isa, x, self.inp);
         let out = TiledOutput::new(y, rows, self.out);
         let nv = panels_per_tile(rows);
         let xq = &*xq;
-        let job = |r: Range<usize>, g: Range<usize>| self.compute(isa, nv, xq, r, g, &out);
+        let job = |r: Range<usize>, g: Range<usize>| self.compute((isa, vnni), nv, xq, r, g, &out);
         if rows > 1 {
             return schedule(rows, self.inp, self.out, nv, job);
         }
@@ -247,7 +256,7 @@ impl PackedQ8 {
     /// tiles of one panel.
     fn compute(
         &self,
-        isa: Isa,
+        (isa, vnni): (Isa, bool),
         nv: usize,
         xq: &Q8Rows,
         rows: Range<usize>,
@@ -270,7 +279,7 @@ impl PackedQ8 {
                         xd: &xq.d[r0 * nb..(r0 + mr) * nb],
                         inp: self.inp,
                     };
-                    kernel(isa, mr, tile_nv, &t, r0, p * LANES, out);
+                    kernel((isa, vnni), mr, tile_nv, &t, r0, p * LANES, out);
                 }
             }
         }
@@ -310,11 +319,11 @@ impl QTile<'_> {
 }
 
 /// Runs the micro-kernel for `mr` rows and `nv` panels, storing at
-/// (`row0`, `col0`).
+/// (`row0`, `col0`); `vnni` takes the VNNI tile where the ISA is AVX2's.
 // Every call is wrapped in `unsafe`, which the portable kernel does not need.
 #[allow(unused_unsafe)]
 fn kernel(
-    isa: Isa,
+    (isa, vnni): (Isa, bool),
     mr: usize,
     nv: usize,
     t: &QTile<'_>,
@@ -337,8 +346,11 @@ fn kernel(
         };
     }
     // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
-    // (see `isa.rs`), so holding one means the CPU has its features.
+    // (see `isa.rs`), so holding one means the CPU has its features; `vnni`
+    // comes from `Isa::vnni`, which detects AVX512-VNNI and AVX512VL.
     match isa.kind() {
+        #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 if vnni => go!(tile_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => go!(tile_avx2; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         _ => go!(tile_portable; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
@@ -384,72 +396,98 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR
 /// with the scales (converted from f16 by `vcvtph2ps`). The weights supply
 /// the unsigned side, as in llama.cpp, because `|-128|` is 128 as u8 while
 /// the activations, clamped to ±127, never hit `vpsignb`'s overflow.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_avx2<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
-    use std::arch::x86_64::*;
-    t.check(MR, NV);
-    let nb = t.inp / QK8_0;
-    let panel = nb * PANEL_BLOCK;
-    let ones = _mm256_set1_epi16(1);
-    let mut acc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
-    let (q, x, xd) = (t.w.as_ptr(), t.xq.as_ptr(), t.xd.as_ptr());
-    for b in 0..nb {
-        let mut sum = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-        for g in 0..QK8_0 / GROUP {
-            // SAFETY: r < MR and 32·b + 4·g + 4 <= inp: inside `xq` (checked).
-            let xv: [__m256i; MR] = std::array::from_fn(|r| unsafe {
-                let at = x.add(r * t.inp + b * QK8_0 + g * GROUP);
-                _mm256_set1_epi32(at.cast::<i32>().read_unaligned())
-            });
-            for (p, _) in acc[0].iter().enumerate() {
-                for h in 0..2 {
-                    // SAFETY: p < NV and b < nb: 32 bytes inside the int8
+///
+/// With AVX512-VNNI (`tile_vnni`, under the `Avx512` ISA: see
+/// [`Isa::vnni`]), `vpdpbusd` takes the `vpmaddubsw` + `vpmaddwd` + add: the
+/// same signed operands, one instruction.
+macro_rules! q8_tile_x86 {
+    ($name:ident, $features:literal, $vnni:literal) => {
+        /// The Q8_0 tile with the instruction sets of `#[target_feature]` (see
+        /// `q8_tile_x86!`).
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
+            use std::arch::x86_64::*;
+            const VNNI: bool = $vnni;
+            t.check(MR, NV);
+            let nb = t.inp / QK8_0;
+            let panel = nb * PANEL_BLOCK;
+            let ones = _mm256_set1_epi16(1);
+            let mut acc = [[[_mm256_setzero_ps(); 2]; NV]; MR];
+            let (q, x, xd) = (t.w.as_ptr(), t.xq.as_ptr(), t.xd.as_ptr());
+            for b in 0..nb {
+                let mut sum = [[[_mm256_setzero_si256(); 2]; NV]; MR];
+                for g in 0..QK8_0 / GROUP {
+                    // SAFETY: r < MR and 32·b + 4·g + 4 <= inp: inside `xq` (checked).
+                    let xv: [__m256i; MR] = std::array::from_fn(|r| unsafe {
+                        let at = x.add(r * t.inp + b * QK8_0 + g * GROUP);
+                        _mm256_set1_epi32(at.cast::<i32>().read_unaligned())
+                    });
+                    for (p, _) in acc[0].iter().enumerate() {
+                        for h in 0..2 {
+                            // SAFETY: p < NV and b < nb: 32 bytes inside the int8
+                            // of block b of panel p, inside `w` (checked).
+                            let w = unsafe {
+                                let at = p * panel + b * PANEL_BLOCK + (g * LANES + 8 * h) * GROUP;
+                                _mm256_loadu_si256(q.add(at).cast())
+                            };
+                            let aw = _mm256_sign_epi8(w, w);
+                            for (r, sum_r) in sum.iter_mut().enumerate() {
+                                let sx = _mm256_sign_epi8(xv[r], w);
+                                if VNNI {
+                                    // Unsafe to call only in the AVX2 tile, which
+                                    // never takes this branch.
+                                    #[allow(unused_unsafe)]
+                                    // SAFETY: reached only in the VNNI tile, whose
+                                    // target features include AVX512-VNNI and AVX512VL.
+                                    let v = unsafe { _mm256_dpbusd_epi32(sum_r[p][h], aw, sx) };
+                                    sum_r[p][h] = v;
+                                } else {
+                                    let m = _mm256_maddubs_epi16(aw, sx);
+                                    sum_r[p][h] =
+                                        _mm256_add_epi32(sum_r[p][h], _mm256_madd_epi16(m, ones));
+                                }
+                            }
+                        }
+                    }
+                }
+                for p in 0..NV {
+                    // SAFETY: p < NV and b < nb: the 16 f16 scales after the int8
                     // of block b of panel p, inside `w` (checked).
-                    let w = unsafe {
-                        let at = p * panel + b * PANEL_BLOCK + (g * LANES + 8 * h) * GROUP;
-                        _mm256_loadu_si256(q.add(at).cast())
+                    let dw = unsafe {
+                        let at = q.add(p * panel + b * PANEL_BLOCK + BLOCK_QS);
+                        [
+                            _mm256_cvtph_ps(_mm_loadu_si128(at.cast())),
+                            _mm256_cvtph_ps(_mm_loadu_si128(at.add(16).cast())),
+                        ]
                     };
-                    let aw = _mm256_sign_epi8(w, w);
-                    for (r, sum_r) in sum.iter_mut().enumerate() {
-                        let m = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[r], w));
-                        sum_r[p][h] = _mm256_add_epi32(sum_r[p][h], _mm256_madd_epi16(m, ones));
+                    for (r, acc_r) in acc.iter_mut().enumerate() {
+                        // SAFETY: r < MR and b < nb: inside `xd` (checked).
+                        let dx = unsafe { _mm256_broadcast_ss(&*xd.add(r * nb + b)) };
+                        for h in 0..2 {
+                            let f = _mm256_cvtepi32_ps(sum[r][p][h]);
+                            acc_r[p][h] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[h], dx), acc_r[p][h]);
+                        }
                     }
                 }
             }
-        }
-        for p in 0..NV {
-            // SAFETY: p < NV and b < nb: the 16 f16 scales after the int8
-            // of block b of panel p, inside `w` (checked).
-            let dw = unsafe {
-                let at = q.add(p * panel + b * PANEL_BLOCK + BLOCK_QS);
-                [
-                    _mm256_cvtph_ps(_mm_loadu_si128(at.cast())),
-                    _mm256_cvtph_ps(_mm_loadu_si128(at.add(16).cast())),
-                ]
-            };
-            for (r, acc_r) in acc.iter_mut().enumerate() {
-                // SAFETY: r < MR and b < nb: inside `xd` (checked).
-                let dx = unsafe { _mm256_broadcast_ss(&*xd.add(r * nb + b)) };
-                for h in 0..2 {
-                    let f = _mm256_cvtepi32_ps(sum[r][p][h]);
-                    acc_r[p][h] = _mm256_fmadd_ps(f, _mm256_mul_ps(dw[h], dx), acc_r[p][h]);
+            let mut res = [[[0f32; LANES]; NV]; MR];
+            for (dst_r, acc_r) in res.iter_mut().zip(&acc) {
+                for (dst, a) in dst_r.iter_mut().zip(acc_r) {
+                    // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
+                    unsafe {
+                        _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
+                        _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
+                    }
                 }
             }
+            res
         }
-    }
-    let mut res = [[[0f32; LANES]; NV]; MR];
-    for (dst_r, acc_r) in res.iter_mut().zip(&acc) {
-        for (dst, a) in dst_r.iter_mut().zip(acc_r) {
-            // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
-            unsafe {
-                _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
-            }
-        }
-    }
-    res
+    };
 }
+
+q8_tile_x86!(tile_avx2, "avx2,fma,f16c", false);
+q8_tile_x86!(tile_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true);
 
 #[cfg(test)]
 mod tests {
