@@ -269,6 +269,8 @@ macro_rules! int_tile_x86 {
             // (2 × 127 × 127 fills an int16).
             let gsub = kind.sub() / 4;
             let gsum = match K {
+                // VNNI's int32 sums hold a whole sub-block.
+                _ if VNNI => gsub,
                 Q4 => 8,
                 IQ4 => 1,
                 _ => 2,
@@ -326,85 +328,26 @@ macro_rules! int_tile_x86 {
                 }
                 let mut iacc = [[[_mm256_setzero_si256(); 2]; NV]; MR];
                 for s in 0..QK_K / kind.sub() {
-                    if VNNI {
-                        let mut s32 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
-                        for g in s * gsub..(s + 1) * gsub {
-                            let mut xb = [_mm256_setzero_si256(); MR];
-                            for (r, v) in xb.iter_mut().enumerate() {
-                                let at = r * inp + b * QK_K + 4 * g;
-                                // SAFETY: r < MR, 4g + 4 ≤ 256: inside `xq`.
-                                *v = _mm256_set1_epi32(unsafe {
-                                    t.xq.as_ptr().add(at).cast::<i32>().read_unaligned()
-                                });
-                            }
-                            for p in 0..NV {
-                                let base = (p.min(last) * nsb + b) * sbb;
-                                // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
-                                let w = unsafe {
-                                    if K == Q6 {
-                                        [
-                                            _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
-                                            _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
-                                        ]
-                                    } else {
-                                        let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
-                                        let (lo, hi) = (
-                                            _mm256_and_si256(v, mask),
-                                            _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
-                                        );
-                                        if K == IQ4 {
-                                            [
-                                                _mm256_shuffle_epi8(table, lo),
-                                                _mm256_shuffle_epi8(table, hi),
-                                            ]
-                                        } else {
-                                            [lo, hi]
-                                        }
-                                    }
-                                };
-                                for (s32_r, x) in s32.iter_mut().zip(&xb) {
-                                    for (acc, w) in s32_r[p].iter_mut().zip(w) {
-                                        // Unsafe to call only in the AVX2 tile,
-                                        // which never takes this branch.
-                                        #[allow(unused_unsafe)]
-                                        // SAFETY: reached only in the VNNI tile,
-                                        // whose target features include
-                                        // AVX512-VNNI and AVX512VL.
-                                        let v = unsafe { _mm256_dpbusd_epi32(*acc, w, *x) };
-                                        *acc = v;
-                                    }
-                                }
-                            }
-                        }
-                        for p in 0..NV {
-                            for h in 0..2 {
-                                let at =
-                                    (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
-                                // SAFETY: as for `sc16` below.
-                                let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
-                                let sc32 =
-                                    _mm256_cvtepi8_epi32(_mm_shuffle_epi8(raw, pick_once[s % 2]));
-                                for (ia_r, s32_r) in iacc.iter_mut().zip(&s32) {
-                                    let m = _mm256_mullo_epi32(s32_r[p][h], sc32);
-                                    ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
-                                }
-                            }
-                        }
-                        continue;
-                    }
-                    let mut sc16 = [[_mm256_setzero_si256(); 2]; NV];
-                    for (p, v) in sc16.iter_mut().enumerate() {
+                    // The sub-block scales per row: int16, each twice (the
+                    // `madd` pairs), or with VNNI int32, once.
+                    let mut scv = [[_mm256_setzero_si256(); 2]; NV];
+                    for (p, v) in scv.iter_mut().enumerate() {
                         for (h, v) in v.iter_mut().enumerate() {
                             let at =
                                 (((p.min(last) * nsb + b) * pairs + s / 2) * LANES + 8 * h) * 2;
                             // SAFETY: p ≤ last < np, b < nsb, s / 2 < pairs: 16
                             // bytes inside `sc` (checked).
                             let raw = unsafe { _mm_loadu_si128(sc.add(at).cast()) };
-                            *v = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]));
+                            *v = if VNNI {
+                                _mm256_cvtepi8_epi32(_mm_shuffle_epi8(raw, pick_once[s % 2]))
+                            } else {
+                                _mm256_cvtepi8_epi16(_mm_shuffle_epi8(raw, pick[s % 2]))
+                            };
                         }
                     }
                     for a in 0..gsub / gsum {
-                        let mut s16 = [[[_mm256_setzero_si256(); 2]; NV]; MR];
+                        // Sums of `gsum` groups: int16 pairs, or with VNNI int32.
+                        let mut sg = [[[_mm256_setzero_si256(); 2]; NV]; MR];
                         for gg in 0..gsum {
                             let g = s * gsub + a * gsum + gg;
                             let mut xb = [_mm256_setzero_si256(); MR];
@@ -418,7 +361,7 @@ macro_rules! int_tile_x86 {
                             for p in 0..NV {
                                 let base = (p.min(last) * nsb + b) * sbb;
                                 // SAFETY: p ≤ last < np, b < nsb, g < 64: inside `qs`.
-                                let (w0, w1) = unsafe {
+                                let w = unsafe {
                                     if K == Q4 || K == IQ4 {
                                         let v = _mm256_loadu_si256(qs.add(base + 32 * g).cast());
                                         let (lo, hi) = (
@@ -426,45 +369,62 @@ macro_rules! int_tile_x86 {
                                             _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask),
                                         );
                                         if K == IQ4 {
-                                            (
+                                            [
                                                 _mm256_shuffle_epi8(table, lo),
                                                 _mm256_shuffle_epi8(table, hi),
-                                            )
+                                            ]
                                         } else {
-                                            (lo, hi)
+                                            [lo, hi]
                                         }
                                     } else {
-                                        (
+                                        [
                                             _mm256_loadu_si256(qs.add(base + 64 * g).cast()),
                                             _mm256_loadu_si256(qs.add(base + 64 * g + 32).cast()),
-                                        )
+                                        ]
                                     }
                                 };
-                                if K == IQ4 {
+                                if VNNI {
+                                    for (sg_r, x) in sg.iter_mut().zip(&xb) {
+                                        for (acc, w) in sg_r[p].iter_mut().zip(w) {
+                                            // Unsafe to call only in the AVX2 tile,
+                                            // which never takes this branch.
+                                            #[allow(unused_unsafe)]
+                                            // SAFETY: reached only in the VNNI tile,
+                                            // whose target features include
+                                            // AVX512-VNNI and AVX512VL.
+                                            let v = unsafe { _mm256_dpbusd_epi32(*acc, w, *x) };
+                                            *acc = v;
+                                        }
+                                    }
+                                } else if K == IQ4 {
                                     // Signed weights: |w| times x with w's sign (the
                                     // activations are −127..127: no overflow).
-                                    let (a0, a1) =
-                                        (_mm256_sign_epi8(w0, w0), _mm256_sign_epi8(w1, w1));
-                                    for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                                        let v = &mut s16_r[p];
-                                        let (x0, x1) =
-                                            (_mm256_sign_epi8(*x, w0), _mm256_sign_epi8(*x, w1));
-                                        v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(a0, x0));
-                                        v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(a1, x1));
+                                    let aw = w.map(|w| _mm256_sign_epi8(w, w));
+                                    for (sg_r, x) in sg.iter_mut().zip(&xb) {
+                                        for h in 0..2 {
+                                            let xs = _mm256_sign_epi8(*x, w[h]);
+                                            let m = _mm256_maddubs_epi16(aw[h], xs);
+                                            sg_r[p][h] = _mm256_add_epi16(sg_r[p][h], m);
+                                        }
                                     }
                                 } else {
-                                    for (s16_r, x) in s16.iter_mut().zip(&xb) {
-                                        let v = &mut s16_r[p];
-                                        v[0] = _mm256_add_epi16(v[0], _mm256_maddubs_epi16(w0, *x));
-                                        v[1] = _mm256_add_epi16(v[1], _mm256_maddubs_epi16(w1, *x));
+                                    for (sg_r, x) in sg.iter_mut().zip(&xb) {
+                                        for h in 0..2 {
+                                            let m = _mm256_maddubs_epi16(w[h], *x);
+                                            sg_r[p][h] = _mm256_add_epi16(sg_r[p][h], m);
+                                        }
                                     }
                                 }
                             }
                         }
-                        for (ia_r, s16_r) in iacc.iter_mut().zip(&s16) {
+                        for (ia_r, sg_r) in iacc.iter_mut().zip(&sg) {
                             for p in 0..NV {
                                 for h in 0..2 {
-                                    let m = _mm256_madd_epi16(s16_r[p][h], sc16[p][h]);
+                                    let m = if VNNI {
+                                        _mm256_mullo_epi32(sg_r[p][h], scv[p][h])
+                                    } else {
+                                        _mm256_madd_epi16(sg_r[p][h], scv[p][h])
+                                    };
                                     ia_r[p][h] = _mm256_add_epi32(ia_r[p][h], m);
                                 }
                             }
@@ -484,7 +444,7 @@ macro_rules! int_tile_x86 {
                                 _mm256_set1_epi32(i32::from(b0 as u16) | (i32::from(b1) << 16));
                             for (h, c) in c.iter_mut().enumerate() {
                                 let at = ((pb * pairs + i) * LANES + 8 * h) * 2;
-                                // SAFETY: as for `sc16`.
+                                // SAFETY: as for `scv`.
                                 let v = unsafe { _mm_loadu_si128(corr_src.add(at).cast()) };
                                 let m = _mm256_madd_epi16(_mm256_cvtepi8_epi16(v), pair);
                                 *c = _mm256_add_epi32(*c, m);
