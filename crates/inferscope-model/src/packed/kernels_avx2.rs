@@ -54,17 +54,7 @@ pub(super) fn tile_avx2<const MR: usize, const NV: usize, E: Elem>(
             }
         }
     }
-    let mut res = [[[0f32; LANES]; NV]; MR];
-    for (dst_r, acc_r) in res.iter_mut().zip(&acc) {
-        for (dst, a) in dst_r.iter_mut().zip(acc_r) {
-            // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
-            unsafe {
-                _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
-                _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
-            }
-        }
-    }
-    res
+    crate::packed::tiling::tile_sums_avx2(&acc)
 }
 
 /// Bytes ahead of each panel stream that the one-row kernel prefetches

@@ -181,6 +181,27 @@ unsafe impl Sync for TiledOutput {}
 /// columns.
 pub(crate) type TileSums<const MR: usize, const NV: usize> = [[[f32; LANES]; NV]; MR];
 
+/// An AVX tile's accumulators (two 8-float halves per panel and row) as
+/// its [`TileSums`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+pub(crate) fn tile_sums_avx2<const MR: usize, const NV: usize>(
+    acc: &[[[std::arch::x86_64::__m256; 2]; NV]; MR],
+) -> TileSums<MR, NV> {
+    use std::arch::x86_64::_mm256_storeu_ps;
+    let mut res = [[[0f32; LANES]; NV]; MR];
+    for (dst_r, acc_r) in res.iter_mut().zip(acc) {
+        for (dst, a) in dst_r.iter_mut().zip(acc_r) {
+            // SAFETY: `dst` is LANES (16) floats: two 8-float stores.
+            unsafe {
+                _mm256_storeu_ps(dst.as_mut_ptr(), a[0]);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(8), a[1]);
+            }
+        }
+    }
+    res
+}
+
 impl TiledOutput {
     /// The output `y`, `[rows][cols]`.
     pub(crate) fn new(y: &mut [f32], rows: usize, cols: usize) -> Self {
