@@ -14,8 +14,7 @@
 //! Where the CPU has AVX512-VNNI (under [`IsaKind::Avx512`]), `vpdpbusd`
 //! takes the `maddubs`/`madd` pair's place: int32 sums per sub-block with no
 //! int16 step, and IQ4_XS's table offset to unsigned instead of the sign
-//! trick (1.1–1.4× Q4_K's and Q6_K's speed, 1.6–2.8× IQ4_XS's; see
-//! docs/results/cpu-executor.md).
+//! trick (timings in docs/results/cpu-executor.md).
 
 use std::ops::Range;
 
