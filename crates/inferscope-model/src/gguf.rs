@@ -25,7 +25,7 @@ use crate::error::ModelError;
 use crate::gguf_file::{GgufFile, TensorType, invalid};
 use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
-use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp};
+use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp, stored_kquant};
 use crate::packed_kquant::PackedKQuant;
 use crate::tokenizer::{HfTokenizer, Tokenizer};
 
@@ -170,13 +170,19 @@ impl Tensors<'_> {
         let mut linears = Vec::new();
         let mut s = 0;
         while s < names.len() {
-            // The longest run from `s` of one type whose parts stack.
+            // The longest run from `s` of one K-quant type whose parts stack.
             let mut e = s + 1;
             while e < names.len()
+                && stored_kquant(located[s].0).is_some()
                 && located[e].0 == located[s].0
                 && PackedKQuant::stacks(&[names[e - 1].1, 0])
             {
                 e += 1;
+            }
+            if e - s < 2 {
+                linears.push(self.linear(&names[s].0, names[s].1, inp, bias)?);
+                s += 1;
+                continue;
             }
             let run = &names[s..e];
             let parts: Vec<(&[u8], usize)> = located[s..e]

@@ -168,10 +168,7 @@ impl Linear {
         inp: usize,
         b: Option<Vec<f32>>,
     ) -> Option<Result<Self, ModelError>> {
-        let kind = match ty {
-            TensorType::IQ4_XS => KQuant::Iq4Xs,
-            t => kquant(t.candle()?)?,
-        };
+        let kind = stored_kquant(ty)?;
         let outs: Vec<usize> = parts.iter().map(|&(_, out)| out).collect();
         if parts.len() < 2 || !PackedKQuant::stacks(&outs) {
             return None;
@@ -242,6 +239,15 @@ fn kquant(t: GgmlDType) -> Option<KQuant> {
         GgmlDType::Q5K => Some(KQuant::Q5K),
         GgmlDType::Q6K => Some(KQuant::Q6K),
         _ => None,
+    }
+}
+
+/// The packed K-quant format of a stored tensor type, if it has one
+/// (IQ4_XS included).
+pub(crate) fn stored_kquant(ty: TensorType) -> Option<KQuant> {
+    match ty {
+        TensorType::IQ4_XS => Some(KQuant::Iq4Xs),
+        t => kquant(t.candle()?),
     }
 }
 
