@@ -167,23 +167,25 @@ impl Tensors<'_> {
             .iter()
             .map(|(name, out)| self.locate(&format!("{name}.weight"), &[*out, inp]))
             .collect::<Result<Vec<_>, _>>()?;
+        let outs: Vec<usize> = names.iter().map(|(_, out)| *out).collect();
         let mut linears = Vec::new();
         let mut s = 0;
         while s < names.len() {
             // The longest run from `s` of one K-quant type whose parts stack.
+            let kind = stored_kquant(located[s].0);
             let mut e = s + 1;
-            while e < names.len()
-                && stored_kquant(located[s].0).is_some()
+            while kind.is_some()
+                && e < names.len()
                 && located[e].0 == located[s].0
-                && PackedKQuant::stacks(&[names[e - 1].1, 0])
+                && PackedKQuant::stacks(&outs[s..=e])
             {
                 e += 1;
             }
-            if e - s < 2 {
+            let Some(kind) = kind.filter(|_| e - s >= 2) else {
                 linears.push(self.linear(&names[s].0, names[s].1, inp, bias)?);
                 s += 1;
                 continue;
-            }
+            };
             let run = &names[s..e];
             let parts: Vec<(&[u8], usize)> = located[s..e]
                 .iter()
@@ -199,27 +201,19 @@ impl Tensors<'_> {
             } else {
                 None
             };
-            match Linear::from_stored_parts(located[s].0, &parts, inp, b) {
-                Some(fused) => {
-                    let fused = fused.map_err(|err| {
-                        ModelError::Config(format!(
-                            "tensors {}..{}: {err}",
-                            run[0].0,
-                            run[run.len() - 1].0
-                        ))
-                    })?;
-                    for (_, range) in &located[s..e] {
-                        self.repacked += range.len();
-                        self.release(range.clone());
-                    }
-                    linears.push(fused);
-                    s = e;
-                }
-                None => {
-                    linears.push(self.linear(&names[s].0, names[s].1, inp, bias)?);
-                    s += 1;
-                }
+            let fused = Linear::from_kquant_parts(kind, &parts, inp, b).map_err(|err| {
+                ModelError::Config(format!(
+                    "tensors {}..{}: {err}",
+                    run[0].0,
+                    run[run.len() - 1].0
+                ))
+            })?;
+            for (_, range) in &located[s..e] {
+                self.repacked += range.len();
+                self.release(range.clone());
             }
+            linears.push(fused);
+            s = e;
         }
         Ok(linears)
     }
@@ -238,30 +232,24 @@ impl Tensors<'_> {
         let (gt, gr) = self.locate(gate, &[n, out, inp])?;
         let (ut, ur) = self.locate(up, &[n, out, inp])?;
         let each = gr.len() / n.max(1);
-        if gt == ut && n > 0 {
+        let kind = stored_kquant(gt).filter(|_| gt == ut && PackedKQuant::stacks(&[out, out]));
+        if let Some(kind) = kind {
             let slice = |r: &Range<usize>, e: usize| &self.map[r.start + e * each..][..each];
             let fused = (0..n)
-                .map_while(|e| {
-                    Linear::from_stored_parts(
-                        gt,
-                        &[(slice(&gr, e), out), (slice(&ur, e), out)],
-                        inp,
-                        None,
-                    )
-                    .map(|l| {
-                        l.map_err(|err| {
+                .map(|e| {
+                    let parts = [(slice(&gr, e), out), (slice(&ur, e), out)];
+                    Linear::from_kquant_parts(kind, &parts, inp, None)
+                        .map(|l| vec![l])
+                        .map_err(|err| {
                             ModelError::Config(format!("tensors {gate}, {up}, expert {e}: {err}"))
                         })
-                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            if fused.len() == n {
-                for r in [gr, ur] {
-                    self.repacked += r.len();
-                    self.release(r);
-                }
-                return Ok(fused.into_iter().map(|l| vec![l]).collect());
+            for r in [gr, ur] {
+                self.repacked += r.len();
+                self.release(r);
             }
+            return Ok(fused);
         }
         let gates = self.expert_linears(gate, n, out, inp)?;
         let ups = self.expert_linears(up, n, out, inp)?;

@@ -157,27 +157,24 @@ impl Linear {
         Ok(Self { w, b, out_dim: out })
     }
 
-    /// Weights stored as GGUF `ty`, `[out, inp]` each (`(bytes, out)`),
-    /// stacked along `out` into one layer straight from their bytes: fused
-    /// projections with each block read once and nothing copied again.
-    /// `None` unless `ty` is a K-quant (or IQ4_XS) and the parts
-    /// [stack](PackedKQuant::stacks); `b` is the stacked bias.
-    pub fn from_stored_parts(
-        ty: TensorType,
+    /// Weights stored in the K-quant format `kind`, `[out, inp]` each
+    /// (`(bytes, out)`), stacked along `out` into one layer straight from
+    /// their bytes: fused projections with each block read once and nothing
+    /// copied again. The parts must [stack](PackedKQuant::stacks); `b` is
+    /// the stacked bias.
+    pub(crate) fn from_kquant_parts(
+        kind: KQuant,
         parts: &[(&[u8], usize)],
         inp: usize,
         b: Option<Vec<f32>>,
-    ) -> Option<Result<Self, ModelError>> {
-        let kind = stored_kquant(ty)?;
-        let outs: Vec<usize> = parts.iter().map(|&(_, out)| out).collect();
-        if parts.len() < 2 || !PackedKQuant::stacks(&outs) {
-            return None;
-        }
-        Some(PackedKQuant::from_parts(kind, parts, inp).map(|w| Self {
+    ) -> Result<Self, ModelError> {
+        let w = PackedKQuant::from_parts(kind, parts, inp)?;
+        let out_dim = w.out_dim();
+        Ok(Self {
             w: Weight::KQuant(w),
             b,
-            out_dim: outs.iter().sum(),
-        }))
+            out_dim,
+        })
     }
 
     /// The same layer with its dense weight stored as `dtype`.
