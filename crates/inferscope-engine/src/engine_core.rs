@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError, channel};
+use std::sync::mpsc::{RecvTimeoutError, Sender, TryRecvError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -13,6 +13,7 @@ use inferscope_schema::{EngineFailure, FinishReason, StatsRecorder};
 use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
 use crate::executor::{Executor, ExecutorError, StepOutput};
+use crate::inbox;
 use crate::kv_events::{KvEventBatch, KvEventSink};
 use crate::request::{EngineRequest, RequestOutput};
 use crate::scheduler::{OutputSink, Scheduler};
@@ -104,7 +105,7 @@ impl CoreState {
 
 /// The coordinator's end of a running engine core.
 pub(crate) struct CoreHandle {
-    pub(crate) tx: Sender<CoreMessage>,
+    pub(crate) tx: inbox::Sender<CoreMessage>,
     pub(crate) state: Arc<CoreState>,
 }
 
@@ -113,6 +114,12 @@ pub(crate) struct CoreHandle {
 /// the output thread, so that they overlap the next step instead of delaying
 /// it.
 const INLINE_OUTPUTS: usize = 8;
+
+/// What waking one request's task costs, roughly: a step shorter than its
+/// outputs' delivery would not hide that delivery anyway, so its outputs are
+/// delivered inline whatever their number (a hand-over to the output thread
+/// is a context switch more on a busy core, and nothing gained).
+const DELIVERY_PER_OUTPUT: Duration = Duration::from_micros(1);
 
 /// Starts a core on its own thread. The KV cache is allocated here, so a
 /// failure is reported before any request is accepted.
@@ -142,7 +149,7 @@ pub(crate) fn spawn_core(
         dead_reason: parking_lot::Mutex::new(None),
         steps: StepRing::default(),
     });
-    let (tx, rx) = channel();
+    let (tx, rx) = inbox::channel();
     let mut scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
     scheduler.defer_outputs();
     if kv_events.is_some() {
@@ -151,7 +158,7 @@ pub(crate) fn spawn_core(
     // Delivering a large batch of outputs wakes one task per request: done
     // on its own thread, it overlaps the next device step instead of
     // delaying it (see `ship_outputs`).
-    let (out_tx, out_rx) = channel::<Vec<(OutputSink, RequestOutput)>>();
+    let (out_tx, out_rx) = inbox::channel::<Vec<(OutputSink, RequestOutput)>>();
     let outputs_in_flight = Arc::new(AtomicUsize::new(0));
     let in_flight = Arc::clone(&outputs_in_flight);
     std::thread::Builder::new()
@@ -179,10 +186,15 @@ pub(crate) fn spawn_core(
         shutdown_deadline: None,
         accounted_until: Instant::now(),
         profile: None,
+        idle_policy: false,
     };
     let thread = std::thread::Builder::new()
         .name(format!("engine-core-{engine_index}"))
-        .spawn(move || core.run())
+        .spawn(move || {
+            let mut core = core;
+            core.idle_policy = idle_policy::available();
+            core.run()
+        })
         .map_err(|e| ExecutorError::Init(format!("cannot start the engine thread: {e}")))?;
     Ok((CoreHandle { tx, state }, thread))
 }
@@ -192,8 +204,8 @@ struct EngineCore {
     scheduler: Scheduler,
     executor: Box<dyn Executor>,
     recorder: Arc<dyn StatsRecorder>,
-    rx: Receiver<CoreMessage>,
-    outputs: Sender<Vec<(OutputSink, RequestOutput)>>,
+    rx: inbox::Receiver<CoreMessage>,
+    outputs: inbox::Sender<Vec<(OutputSink, RequestOutput)>>,
     /// Batches handed to the output thread and not yet delivered.
     outputs_in_flight: Arc<AtomicUsize>,
     /// Where each step's KV-cache events go (none: events are off).
@@ -205,6 +217,8 @@ struct EngineCore {
     accounted_until: Instant,
     /// The profile being recorded, between its start and stop messages.
     profile: Option<EngineProfile>,
+    /// Whether this thread sleeps under [`idle_policy`] (set on the thread).
+    idle_policy: bool,
 }
 
 impl EngineCore {
@@ -341,7 +355,7 @@ impl EngineCore {
             self.emit_kv_events();
             // Recorded first, delivered second: a client that has its final
             // output already finds it counted in /metrics.
-            self.ship_outputs();
+            self.ship_outputs(t2 - t1);
         }
     }
 
@@ -402,7 +416,14 @@ impl EngineCore {
         self.flush_outside_step();
         // Idle starts where the accounted time ends, so it also holds the
         // flush above (host work of no step, short).
-        let msg = self.rx.recv();
+        let msg = if self.idle_policy {
+            idle_policy::set(true);
+            let msg = self.rx.recv();
+            idle_policy::set(false);
+            msg
+        } else {
+            self.rx.recv()
+        };
         let now = Instant::now();
         let idle = now.saturating_duration_since(self.accounted_until);
         self.accounted_until = now;
@@ -418,16 +439,19 @@ impl EngineCore {
         }
     }
 
-    /// Delivers the outputs collected so far: a few here, more through the
+    /// Delivers the outputs collected so far: a few (or those of a step that
+    /// took `step_time`, shorter than their delivery) here, more through the
     /// output thread.
-    fn ship_outputs(&mut self) {
+    fn ship_outputs(&mut self, step_time: Duration) {
         let batch = self.scheduler.take_outputs();
         if batch.is_empty() {
             return;
         }
         // Inline only when the output thread has delivered everything handed
         // to it: a request's outputs must arrive in order.
-        if batch.len() <= INLINE_OUTPUTS && self.outputs_in_flight.load(Ordering::Acquire) == 0 {
+        if (batch.len() <= INLINE_OUTPUTS || step_time < DELIVERY_PER_OUTPUT * batch.len() as u32)
+            && self.outputs_in_flight.load(Ordering::Acquire) == 0
+        {
             // Waking this many tasks costs less than waking the output
             // thread and switching to it (on a busy core, that switch was the
             // larger part of a small request's engine-side cost).
@@ -454,7 +478,7 @@ impl EngineCore {
         self.recorder.record_idle(engine, &snapshot, Duration::ZERO);
         self.scheduler.clear_stats();
         self.emit_kv_events();
-        self.ship_outputs();
+        self.ship_outputs(Duration::ZERO);
     }
 
     /// Hands the step's KV-cache events to the sink as one batch; a sink
@@ -546,4 +570,71 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+/// How an idle engine thread is woken: a request that arrives at an idle
+/// engine does not preempt the thread that hands it over.
+///
+/// On a busy core, an engine woken by the first `Add` of a burst used to run
+/// at once (the kernel favours a thread that has slept), step that one request
+/// alone, and sleep again, a pair of context switches per request; woken
+/// without preemption it starts when the waker yields the core, with the whole
+/// burst in its queue (`docs/results/request-path.md`). With an idle core
+/// free, the wake-up goes there at once, as before. `SCHED_BATCH` is exactly
+/// "do not preempt on wake-up" for a normal thread; the engine holds it only
+/// while it sleeps, so steps run under the normal policy.
+mod idle_policy {
+    /// Whether the thread runs under the normal policy (not one an operator
+    /// chose, e.g. with `chrt`, which is left alone).
+    #[cfg(target_os = "linux")]
+    pub(super) fn available() -> bool {
+        // SAFETY: no arguments but the calling thread's id (0).
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        policy == libc::SCHED_OTHER
+    }
+
+    /// Sleeps the calling thread under `SCHED_BATCH` (`idle`) or returns it
+    /// to `SCHED_OTHER`; a refusal (a sandbox) leaves the policy as it was.
+    #[cfg(target_os = "linux")]
+    pub(super) fn set(idle: bool) {
+        let policy = if idle {
+            libc::SCHED_BATCH
+        } else {
+            libc::SCHED_OTHER
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` is a valid `sched_param` that outlives the call,
+        // and 0 names the calling thread.
+        let _ = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn available() -> bool {
+        false
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn set(_idle: bool) {}
+
+    #[cfg(all(test, target_os = "linux"))]
+    mod tests {
+        #[test]
+        fn the_thread_sleeps_as_batch_and_steps_as_normal() {
+            std::thread::spawn(|| {
+                assert!(super::available(), "a new thread runs under SCHED_OTHER");
+                // SAFETY: the calling thread's own policy (pid 0).
+                let policy = || unsafe { libc::sched_getscheduler(0) };
+                super::set(true);
+                assert_eq!(policy(), libc::SCHED_BATCH);
+                assert!(
+                    !super::available(),
+                    "a policy other than the normal one is left alone"
+                );
+                super::set(false);
+                assert_eq!(policy(), libc::SCHED_OTHER);
+            })
+            .join()
+            .unwrap();
+        }
+    }
 }

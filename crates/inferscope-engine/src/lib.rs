@@ -10,6 +10,7 @@ pub mod cost;
 pub mod engine_core;
 pub mod executor;
 mod gbnf;
+mod inbox;
 pub mod kv_events;
 pub mod kv_residency;
 pub mod request;

@@ -3,6 +3,7 @@
 //! ([`crate::exemplar`] attaches the suffixes to the rendered text).
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use inferscope_schema::stats::RequestRef;
@@ -32,9 +33,20 @@ impl ExemplarSlot {
     /// Never waits: if another thread is writing or a scrape is reading the
     /// slot, this observation is not kept (the slot's exemplar is as recent
     /// as the other one).
+    ///
+    /// A request already in the slot stays with the value and time it came
+    /// with: a request's tokens land in the same inter-token bucket one after
+    /// another, and replacing the exemplar with itself cost a clock read and
+    /// a reference count per token (`docs/results/request-path.md`).
     #[inline]
     pub fn set(&self, request: &RequestRef, value: f64) {
         if let Some(mut slot) = self.0.try_lock() {
+            if slot
+                .as_ref()
+                .is_some_and(|s| Arc::ptr_eq(&s.request.request_id, &request.request_id))
+            {
+                return;
+            }
             *slot = Some(Stored {
                 request: request.clone(),
                 value,
@@ -84,5 +96,49 @@ fn push_f64(out: &mut String, v: f64) {
         let _ = write!(out, "{v:.1}");
     } else {
         let _ = write!(out, "{v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suffix(slot: &ExemplarSlot) -> String {
+        let mut out = String::new();
+        slot.write_suffix(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_new_request_replaces_the_exemplar_and_the_same_one_keeps_it() {
+        let slot = ExemplarSlot::default();
+        assert_eq!(suffix(&slot), "");
+        let a = RequestRef::new("a", None);
+        slot.set(&a, 0.25);
+        assert!(
+            suffix(&slot).starts_with(" # {request_id=\"a\"} 0.25 "),
+            "{}",
+            suffix(&slot)
+        );
+        // The same request again (a clone shares the id): kept as it came.
+        slot.set(&a.clone(), 0.5);
+        assert!(
+            suffix(&slot).starts_with(" # {request_id=\"a\"} 0.25 "),
+            "{}",
+            suffix(&slot)
+        );
+        // Another request, even with an equal id string, replaces it.
+        slot.set(&RequestRef::new("b", None), 0.75);
+        assert!(
+            suffix(&slot).starts_with(" # {request_id=\"b\"} 0.75 "),
+            "{}",
+            suffix(&slot)
+        );
+        slot.set(&RequestRef::new("b", None), 1.0);
+        assert!(
+            suffix(&slot).starts_with(" # {request_id=\"b\"} 1.0 "),
+            "{}",
+            suffix(&slot)
+        );
     }
 }
