@@ -190,11 +190,7 @@ pub(crate) fn spawn_core(
     };
     let thread = std::thread::Builder::new()
         .name(format!("engine-core-{engine_index}"))
-        .spawn(move || {
-            let mut core = core;
-            core.idle_policy = idle_policy::available();
-            core.run()
-        })
+        .spawn(move || core.run())
         .map_err(|e| ExecutorError::Init(format!("cannot start the engine thread: {e}")))?;
     Ok((CoreHandle { tx, state }, thread))
 }
@@ -217,7 +213,7 @@ struct EngineCore {
     accounted_until: Instant,
     /// The profile being recorded, between its start and stop messages.
     profile: Option<EngineProfile>,
-    /// Whether this thread sleeps under [`idle_policy`] (set on the thread).
+    /// Whether this thread sleeps under [`idle_policy`] (set in `run`).
     idle_policy: bool,
 }
 
@@ -228,6 +224,8 @@ impl EngineCore {
     /// that leaves requests hanging and the router sending more.
     fn run(mut self) {
         let engine = self.state.engine_index;
+        // A property of this thread, so asked on it.
+        self.idle_policy = idle_policy::available();
         // AssertUnwindSafe is sound here: after a panic the step loop never
         // resumes and the executor is never called again. What is touched
         // afterwards is the scheduler, only to end requests and free their
@@ -478,6 +476,7 @@ impl EngineCore {
         self.recorder.record_idle(engine, &snapshot, Duration::ZERO);
         self.scheduler.clear_stats();
         self.emit_kv_events();
+        // No step to overlap with: all inline.
         self.ship_outputs(Duration::ZERO);
     }
 

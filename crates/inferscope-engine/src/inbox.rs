@@ -24,14 +24,12 @@ use parking_lot::Mutex;
 
 /// A new queue: its senders (clone them for more) and its one receiver.
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
-    let shared = Arc::new(Shared {
-        state: Mutex::new(State {
-            queue: VecDeque::new(),
-            sleeper: None,
-            senders: 1,
-            receiver_alive: true,
-        }),
-    });
+    let shared = Arc::new(Mutex::new(State {
+        queue: VecDeque::new(),
+        sleeper: None,
+        senders: 1,
+        receiver_alive: true,
+    }));
     (
         Sender {
             shared: Arc::clone(&shared),
@@ -41,10 +39,6 @@ pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
             _one_thread: PhantomData,
         },
     )
-}
-
-struct Shared<T> {
-    state: Mutex<State<T>>,
 }
 
 struct State<T> {
@@ -58,12 +52,12 @@ struct State<T> {
 
 /// Puts messages on the queue; cloneable.
 pub struct Sender<T> {
-    shared: Arc<Shared<T>>,
+    shared: Arc<Mutex<State<T>>>,
 }
 
 /// Takes messages off the queue, on one thread.
 pub struct Receiver<T> {
-    shared: Arc<Shared<T>>,
+    shared: Arc<Mutex<State<T>>>,
     /// One thread receives (the queue keeps one sleeper): not `Sync`.
     _one_thread: PhantomData<Cell<()>>,
 }
@@ -73,7 +67,7 @@ impl<T> Sender<T> {
     /// back when the receiver is gone.
     pub fn send(&self, msg: T) -> Result<(), SendError<T>> {
         let sleeper = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.shared.lock();
             if !state.receiver_alive {
                 return Err(SendError(msg));
             }
@@ -90,7 +84,7 @@ impl<T> Sender<T> {
 
 impl<T> Clone for Sender<T> {
     fn clone(&self) -> Self {
-        self.shared.state.lock().senders += 1;
+        self.shared.lock().senders += 1;
         Sender {
             shared: Arc::clone(&self.shared),
         }
@@ -100,7 +94,7 @@ impl<T> Clone for Sender<T> {
 impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         let sleeper = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.shared.lock();
             state.senders -= 1;
             if state.senders > 0 {
                 return;
@@ -117,7 +111,7 @@ impl<T> Drop for Sender<T> {
 impl<T> Receiver<T> {
     /// The next message, without waiting.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         match state.queue.pop_front() {
             Some(m) => Ok(m),
             None if state.senders == 0 => Err(TryRecvError::Disconnected),
@@ -147,7 +141,7 @@ impl<T> Receiver<T> {
                 Err(TryRecvError::Empty) => {
                     let left = deadline.saturating_duration_since(Instant::now());
                     if left.is_zero() {
-                        self.shared.state.lock().sleeper = None;
+                        self.shared.lock().sleeper = None;
                         return Err(RecvTimeoutError::Timeout);
                     }
                     thread::park_timeout(left);
@@ -159,7 +153,7 @@ impl<T> Receiver<T> {
     /// Pops a message, or registers this thread as the sleeper when there is
     /// none (under the lock, so no send can slip between the two).
     fn take_or_sleep(&self) -> Result<T, TryRecvError> {
-        let mut state = self.shared.state.lock();
+        let mut state = self.shared.lock();
         if let Some(m) = state.queue.pop_front() {
             // Awake now: a send need not wake this thread.
             state.sleeper = None;
@@ -178,7 +172,7 @@ impl<T> Receiver<T> {
 impl<T> Drop for Receiver<T> {
     fn drop(&mut self) {
         let dropped = {
-            let mut state = self.shared.state.lock();
+            let mut state = self.shared.lock();
             state.receiver_alive = false;
             std::mem::take(&mut state.queue)
         };
