@@ -623,13 +623,15 @@ mod idle_policy {
                 assert!(super::available(), "a new thread runs under SCHED_OTHER");
                 // SAFETY: the calling thread's own policy (pid 0).
                 let policy = || unsafe { libc::sched_getscheduler(0) };
-                super::set(true);
-                if policy() == libc::SCHED_OTHER {
-                    // A sandbox that refuses `sched_setscheduler`: the engine
-                    // then sleeps as before, which is all there is to check.
+                let param = libc::sched_param { sched_priority: 0 };
+                // SAFETY: as in `set`: a valid `sched_param`, the calling thread.
+                if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) } != 0 {
+                    // A sandbox that refuses the call: the engine then sleeps
+                    // as before, and there is nothing to check.
                     eprintln!("sched_setscheduler is refused here: the policy is not checked");
                     return;
                 }
+                super::set(true);
                 assert_eq!(policy(), libc::SCHED_BATCH);
                 assert!(
                     !super::available(),
