@@ -111,12 +111,7 @@ impl<T> Drop for Sender<T> {
 impl<T> Receiver<T> {
     /// The next message, without waiting.
     pub fn try_recv(&self) -> Result<T, TryRecvError> {
-        let mut state = self.shared.lock();
-        match state.queue.pop_front() {
-            Some(m) => Ok(m),
-            None if state.senders == 0 => Err(TryRecvError::Disconnected),
-            None => Err(TryRecvError::Empty),
-        }
+        self.shared.lock().pop()
     }
 
     /// The next message, sleeping until one comes; an error once the queue
@@ -154,18 +149,26 @@ impl<T> Receiver<T> {
     /// none (under the lock, so no send can slip between the two).
     fn take_or_sleep(&self) -> Result<T, TryRecvError> {
         let mut state = self.shared.lock();
-        if let Some(m) = state.queue.pop_front() {
-            // Awake now: a send need not wake this thread.
-            state.sleeper = None;
-            return Ok(m);
-        }
-        if state.senders == 0 {
-            return Err(TryRecvError::Disconnected);
-        }
-        if state.sleeper.is_none() {
+        let popped = state.pop();
+        if matches!(popped, Err(TryRecvError::Empty)) && state.sleeper.is_none() {
             state.sleeper = Some(thread::current());
         }
-        Err(TryRecvError::Empty)
+        popped
+    }
+}
+
+impl<T> State<T> {
+    /// The next message, or why there is none.
+    fn pop(&mut self) -> Result<T, TryRecvError> {
+        match self.queue.pop_front() {
+            Some(m) => {
+                // The receiver is awake: a send need not wake it.
+                self.sleeper = None;
+                Ok(m)
+            }
+            None if self.senders == 0 => Err(TryRecvError::Disconnected),
+            None => Err(TryRecvError::Empty),
+        }
     }
 }
 

@@ -142,19 +142,12 @@ fn int_kernel(
     col0: usize,
     out: &TiledOutput,
 ) {
+    // Every tile shape up to `INT_MR` rows, and the taller ones given (the
+    // VNNI tiles', up to `VNNI_MR`).
     macro_rules! shapes {
-        ($f:ident, $k:ident) => {
+        ($f:ident, $k:ident $(, $m:literal x $n:literal)*) => {
             run_tile!($f::<$k>(t) at (row0, col0) of out, shape (mr, nv) in [
-                1 x 4, 2 x 2, 3 x 2, 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1
-            ])
-        };
-    }
-    // The VNNI tiles: up to `VNNI_MR` rows.
-    #[cfg(target_arch = "x86_64")]
-    macro_rules! wide {
-        ($f:ident, $k:ident) => {
-            run_tile!($f::<$k>(t) at (row0, col0) of out, shape (mr, nv) in [
-                1 x 4, 2 x 2, 3 x 2, 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1, 5 x 1, 6 x 1
+                1 x 4, 2 x 2, 3 x 2, 1 x 2, 1 x 1, 2 x 1, 3 x 1, 4 x 1 $(, $m x $n)*
             ])
         };
     }
@@ -163,11 +156,11 @@ fn int_kernel(
     // comes from `Isa::vnni`, which detects AVX512-VNNI and AVX512VL.
     match (isa.kind(), kind) {
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q4K) if vnni => wide!(int_tile_vnni, Q4),
+        (IsaKind::Avx2, KQuant::Q4K) if vnni => shapes!(int_tile_vnni, Q4, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q6K) if vnni => wide!(int_tile_vnni, Q6),
+        (IsaKind::Avx2, KQuant::Q6K) if vnni => shapes!(int_tile_vnni, Q6, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Iq4Xs) if vnni => wide!(int_tile_vnni, IQ4),
+        (IsaKind::Avx2, KQuant::Iq4Xs) if vnni => shapes!(int_tile_vnni, IQ4, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
