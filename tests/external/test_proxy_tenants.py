@@ -133,12 +133,16 @@ def test_proxy_admits_a_light_tenant_ahead_of_a_flood(llama_cpp_server, key_file
         def stream(key, out):
             """(sent, ended) in monotonic seconds. With one request upstream
             at a time, the order of the ends is the order of admission."""
+            # The client is built before the clock starts: building one takes
+            # milliseconds, which counted as "sent" let a flood request
+            # admitted meanwhile look as if it had gone ahead of the light one.
+            c = client(p, key)
             start = time.monotonic()
             # No end-of-sequence token (id 2 in tiny_gguf.py): every request
-            # runs its 24 tokens, so each holds the upstream equally long.
-            for _ in client(p, key).completions.create(model=up.model, prompt="flood of tokens",
-                                                       max_tokens=24, stream=True, temperature=0,
-                                                       logit_bias={"2": -100}):
+            # runs its 64 tokens, so each holds the upstream equally long.
+            for _ in c.completions.create(model=up.model, prompt="flood of tokens",
+                                          max_tokens=64, stream=True, temperature=0,
+                                          logit_bias={"2": -100}):
                 pass
             with lock:
                 out.append((start, time.monotonic()))
@@ -160,12 +164,22 @@ def test_proxy_admits_a_light_tenant_ahead_of_a_flood(llama_cpp_server, key_file
         assert len(flood) == 8
         (sent, ended), = light
         # The flood's requests in flight or waiting when the light one was
-        # sent, and those of them that ended before it.
+        # sent, and those of them that ended before it. The light request
+        # reaches the proxy's queue a few milliseconds after `sent`: a flood
+        # request that ended within `MARGIN` of it may have ended before the
+        # light one was queued, so it is not counted as having gone ahead.
+        # MARGIN is well under the time one flood request holds the upstream
+        # (checked), so no request that was admitted ahead escapes the count.
+        MARGIN = 0.015
+        ends = sorted(e for _, e in flood)
+        hold = min(b - a for a, b in zip(ends, ends[1:]))
+        assert hold > 2 * MARGIN, f"flood requests end {hold:.3f} s apart: make them longer"
         waiting = [e for s, e in flood if s < sent and e > sent]
-        ahead = [e for e in waiting if e < ended]
+        ahead = [e for e in waiting if sent + MARGIN < e < ended]
         took, queue = ended - sent, max(waiting) - sent
         print(f"light request: {took:.3f} s; {len(waiting)} flood requests in flight or waiting, "
-              f"{len(ahead)} ended first; the last of them {queue:.3f} s after the light one was sent")
+              f"{len(ahead)} ended first; the last of them {queue:.3f} s after the light one was sent; "
+              f"flood requests at least {hold:.3f} s apart")
         assert len(waiting) >= 4, "the flood was not queued when the light tenant asked"
         # Behind the one in flight and at most one more flood request (its
         # turn), not behind the whole queue, and done well before the queue.
