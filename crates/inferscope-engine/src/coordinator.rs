@@ -226,6 +226,11 @@ impl Coordinator {
         if self.shared.shutting_down.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
         }
+        // The core is chosen and counted as sent under the routes' lock:
+        // requests routed at once from several threads (the validation
+        // workers) each see the ones before them, instead of all reading the
+        // same scores and piling onto one core.
+        let mut routes = self.shared.routes.lock();
         let core = self
             .shared
             .cores
@@ -242,16 +247,14 @@ impl Coordinator {
                     .unwrap_or_else(|| "all engine cores have stopped".into());
                 EngineError::NoEngine(why)
             })?;
-        {
-            let mut routes = self.shared.routes.lock();
-            if routes.contains_key(&req.request_id) {
-                return Err(EngineError::DuplicateRequestId(req.request_id));
-            }
-            routes.insert(req.request_id.clone(), core);
+        if routes.contains_key(&req.request_id) {
+            return Err(EngineError::DuplicateRequestId(req.request_id));
         }
-        let (tx, rx) = unbounded_channel();
+        routes.insert(req.request_id.clone(), core);
         let state = &self.shared.cores[core].state;
         state.note_sent();
+        drop(routes);
+        let (tx, rx) = unbounded_channel();
         let request_id = req.request_id.clone();
         self.shared.send(core, CoreMessage::Add(req, tx));
         Ok(RequestHandle {
