@@ -18,6 +18,7 @@ use crate::kv_events::{KvEventBatch, KvEventSink};
 use crate::request::{EngineRequest, RequestOutput};
 use crate::scheduler::{OutputSink, Scheduler};
 use crate::step_trace::{EngineProfile, StepRecord, StepRing};
+use crate::thread_policy;
 
 /// A message to an engine core.
 #[derive(Debug)]
@@ -186,7 +187,7 @@ pub(crate) fn spawn_core(
         shutdown_deadline: None,
         accounted_until: Instant::now(),
         profile: None,
-        idle_policy: false,
+        sleeps_as_batch: false,
     };
     let thread = std::thread::Builder::new()
         .name(format!("engine-core-{engine_index}"))
@@ -213,8 +214,8 @@ struct EngineCore {
     accounted_until: Instant,
     /// The profile being recorded, between its start and stop messages.
     profile: Option<EngineProfile>,
-    /// Whether this thread sleeps under [`idle_policy`] (set in `run`).
-    idle_policy: bool,
+    /// Whether this thread sleeps under `SCHED_BATCH` ([`thread_policy`]; set in `run`).
+    sleeps_as_batch: bool,
 }
 
 impl EngineCore {
@@ -225,7 +226,7 @@ impl EngineCore {
     fn run(mut self) {
         let engine = self.state.engine_index;
         // A property of this thread, so asked on it.
-        self.idle_policy = idle_policy::available();
+        self.sleeps_as_batch = thread_policy::is_normal();
         // AssertUnwindSafe is sound here: after a panic the step loop never
         // resumes and the executor is never called again. What is touched
         // afterwards is the scheduler, only to end requests and free their
@@ -414,10 +415,10 @@ impl EngineCore {
         self.flush_outside_step();
         // Idle starts where the accounted time ends, so it also holds the
         // flush above (host work of no step, short).
-        let msg = if self.idle_policy {
-            idle_policy::set(true);
+        let msg = if self.sleeps_as_batch {
+            thread_policy::set_batch(true);
             let msg = self.rx.recv();
-            idle_policy::set(false);
+            thread_policy::set_batch(false);
             msg
         } else {
             self.rx.recv()
@@ -569,79 +570,4 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
-}
-
-/// How an idle engine thread is woken: a request that arrives at an idle
-/// engine does not preempt the thread that hands it over.
-///
-/// On a busy core, an engine woken by the first `Add` of a burst used to run
-/// at once (the kernel favours a thread that has slept), step that one request
-/// alone, and sleep again, a pair of context switches per request; woken
-/// without preemption it starts when the waker yields the core, with the whole
-/// burst in its queue (`docs/results/request-path.md`). With an idle core
-/// free, the wake-up goes there at once, as before. `SCHED_BATCH` is exactly
-/// "do not preempt on wake-up" for a normal thread; the engine holds it only
-/// while it sleeps, so steps run under the normal policy.
-mod idle_policy {
-    /// Whether the thread runs under the normal policy (not one an operator
-    /// chose, e.g. with `chrt`, which is left alone).
-    #[cfg(target_os = "linux")]
-    pub(super) fn available() -> bool {
-        // SAFETY: no arguments but the calling thread's id (0).
-        let policy = unsafe { libc::sched_getscheduler(0) };
-        policy == libc::SCHED_OTHER
-    }
-
-    /// Sleeps the calling thread under `SCHED_BATCH` (`idle`) or returns it
-    /// to `SCHED_OTHER`; a refusal (a sandbox) leaves the policy as it was.
-    #[cfg(target_os = "linux")]
-    pub(super) fn set(idle: bool) {
-        let policy = if idle {
-            libc::SCHED_BATCH
-        } else {
-            libc::SCHED_OTHER
-        };
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid `sched_param` that outlives the call,
-        // and 0 names the calling thread.
-        let _ = unsafe { libc::sched_setscheduler(0, policy, &param) };
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn available() -> bool {
-        false
-    }
-
-    #[cfg(not(target_os = "linux"))]
-    pub(super) fn set(_idle: bool) {}
-
-    #[cfg(all(test, target_os = "linux"))]
-    mod tests {
-        #[test]
-        fn the_thread_sleeps_as_batch_and_steps_as_normal() {
-            std::thread::spawn(|| {
-                assert!(super::available(), "a new thread runs under SCHED_OTHER");
-                // SAFETY: the calling thread's own policy (pid 0).
-                let policy = || unsafe { libc::sched_getscheduler(0) };
-                let param = libc::sched_param { sched_priority: 0 };
-                // SAFETY: as in `set`: a valid `sched_param`, the calling thread.
-                if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) } != 0 {
-                    // A sandbox that refuses the call: the engine then sleeps
-                    // as before, and there is nothing to check.
-                    eprintln!("sched_setscheduler is refused here: the policy is not checked");
-                    return;
-                }
-                super::set(true);
-                assert_eq!(policy(), libc::SCHED_BATCH);
-                assert!(
-                    !super::available(),
-                    "a policy other than the normal one is left alone"
-                );
-                super::set(false);
-                assert_eq!(policy(), libc::SCHED_OTHER);
-            })
-            .join()
-            .unwrap();
-        }
-    }
 }

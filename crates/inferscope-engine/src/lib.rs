@@ -19,6 +19,7 @@ pub mod sim;
 pub mod step_trace;
 mod structural_tag;
 pub mod structured;
+mod thread_policy;
 mod waiting_queue;
 
 pub use bad_words::BadWords;

@@ -158,6 +158,9 @@ pub struct Scheduler {
     grammar_worker: Option<GrammarWorker>,
     /// Sequences of this update whose token broke their grammar, and why.
     grammar_errors: Vec<(usize, String)>,
+    /// Sequences of this update whose previous token completed their
+    /// grammar (found by the grammar worker): they end without this step's.
+    grammar_done: Vec<usize>,
     /// Running sequences per tenant slot, counted when fair admission must
     /// find a slot for a tenant with none (kept to count without allocating).
     running_per_tenant: Vec<usize>,
@@ -197,6 +200,7 @@ impl Scheduler {
             outbox: None,
             grammar_worker: None,
             grammar_errors: Vec::new(),
+            grammar_done: Vec::new(),
             running_per_tenant: Vec::new(),
             traced: None,
         }
@@ -745,9 +749,11 @@ impl Scheduler {
         let caching = self.pool.prefix_caching();
         self.finishing.clear();
         self.grammar_errors.clear();
+        self.grammar_done.clear();
         if let Some(masks) = &self.batch.masks {
             self.stats.grammar_mask_time = Some(masks.compute_time());
         }
+        let masks = self.batch.masks.as_ref().map(|m| m.wait());
         // Rows are in batch order: one cursor walks them beside the batch.
         let mut rows = out.logprobs.iter().peekable();
         for (k, sseq) in self.batch.seqs.iter().enumerate() {
@@ -779,6 +785,26 @@ impl Scheduler {
                     self.finishing.push((idx, FinishReason::Error, None));
                     continue;
                 };
+                // The grammar worker consumed the previous token while this
+                // step ran: where that completed or broke the grammar, the
+                // sequence ends here, without this step's token.
+                let ended = match (sseq.mask_slot, &masks) {
+                    (Some(slot), Some(ready)) => ready.advance(slot as usize),
+                    _ => Advance::Continue,
+                };
+                match ended {
+                    Advance::Continue => {}
+                    Advance::Finished => {
+                        self.grammar_done.push(idx);
+                        self.finishing.push((idx, FinishReason::Stop, None));
+                        continue;
+                    }
+                    Advance::Error(e) => {
+                        self.grammar_errors.push((idx, e));
+                        self.finishing.push((idx, FinishReason::Error, None));
+                        continue;
+                    }
+                }
                 seq.tokens.push(token);
                 self.waiting.charge(seq.tenant_slot, 1);
                 if caching {
@@ -799,7 +825,15 @@ impl Scheduler {
                 let mut stopped =
                     check_stop(seq, token, &self.eos_token_ids, self.config.max_model_len);
                 if let Some(g) = &seq.grammar {
-                    match g.advance(token) {
+                    let advance = match stopped {
+                        // Ending here anyway: what matters is whether this
+                        // token completes the grammar (then it is a stop).
+                        Some((FinishReason::Length, _)) => g.advance(token),
+                        Some(_) => Advance::Continue,
+                        // Consumed by the grammar worker with the next mask.
+                        None => g.defer(token),
+                    };
+                    match advance {
                         Advance::Continue => {}
                         // A complete grammar ends the output, as EOS would.
                         Advance::Finished => {
@@ -808,8 +842,7 @@ impl Scheduler {
                             }
                         }
                         Advance::Error(e) => {
-                            // Not a token of the grammar: only a stop
-                            // (EOS under ignore_eos, a stop id) gets here.
+                            // A token deferred earlier broke the grammar.
                             if stopped.is_none() {
                                 self.grammar_errors.push((idx, e));
                                 stopped = Some((FinishReason::Error, None));
@@ -853,6 +886,7 @@ impl Scheduler {
                 }
             }
         }
+        drop(masks);
         if self.finishing.is_empty() {
             return;
         }
@@ -867,6 +901,9 @@ impl Scheduler {
                     None => Some("the executor returned no token".to_owned()),
                 };
                 self.end(seq, reason, None, None, error, now);
+            } else if self.grammar_done.contains(&idx) {
+                // Its last token went out with the previous step.
+                self.end(seq, reason, None, None, None, now);
             } else {
                 // Finished by the token just sampled: it travels with the finish.
                 let last = seq.tokens.last().copied();

@@ -296,15 +296,53 @@ impl CompiledGrammar {
     /// A fresh matcher at the start of the output.
     pub fn start(&self) -> SeqGrammar {
         let parser = self.parser.lock().deep_clone();
-        SeqGrammar(Arc::new(Mutex::new(Matcher::new(Ok(parser)))))
+        SeqGrammar(Arc::new(Mutex::new(SeqMatcher {
+            matcher: Matcher::new(Ok(parser)),
+            pending: None,
+        })))
     }
 }
 
-/// One sequence's matcher: advanced by the engine thread after each step,
-/// read by the grammar worker while the next step runs (never both at once:
-/// the step waits for its masks before its tokens come back).
+/// One sequence's matcher. After a step the engine thread hands it the
+/// sampled token ([`SeqGrammar::defer`]); the grammar worker consumes that
+/// token at the start of the sequence's next mask, while the next step
+/// runs, so the engine thread does not spend its time between steps
+/// advancing every constrained sequence (never both at once: the step waits
+/// for its masks before its tokens come back).
 #[derive(Clone)]
-pub struct SeqGrammar(Arc<Mutex<Matcher>>);
+pub struct SeqGrammar(Arc<Mutex<SeqMatcher>>);
+
+struct SeqMatcher {
+    matcher: Matcher,
+    /// A sampled token not consumed yet.
+    pending: Option<u32>,
+}
+
+impl SeqMatcher {
+    /// Consumes the pending token, if any.
+    fn settle(&mut self) -> Advance {
+        match self.pending.take() {
+            Some(token) => self.consume(token),
+            None => Advance::Continue,
+        }
+    }
+
+    fn consume(&mut self, token: u32) -> Advance {
+        let m = &mut self.matcher;
+        if let Err(e) = m.consume_token(token) {
+            // The first line says what failed; the rest is the parser's
+            // state dump, not for the client.
+            let e = e.to_string();
+            let first = e.lines().next().unwrap_or_default();
+            return Advance::Error(format!("structured output: {first}"));
+        }
+        if m.is_stopped() {
+            Advance::Finished
+        } else {
+            Advance::Continue
+        }
+    }
+}
 
 impl std::fmt::Debug for SeqGrammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -324,25 +362,38 @@ pub enum Advance {
 }
 
 impl SeqGrammar {
-    /// Advances the matcher past the sampled `token`.
+    /// Advances the matcher past the sampled `token` now (and past a token
+    /// deferred before it).
     pub fn advance(&self, token: u32) -> Advance {
         let mut m = self.0.lock();
-        if let Err(e) = m.consume_token(token) {
-            // The first line says what failed; the rest is the parser's
-            // state dump, not for the client.
-            let e = e.to_string();
-            let first = e.lines().next().unwrap_or_default();
-            return Advance::Error(format!("structured output: {first}"));
-        }
-        if m.is_stopped() {
-            Advance::Finished
-        } else {
-            Advance::Continue
+        match m.settle() {
+            Advance::Continue => m.consume(token),
+            ended => ended,
         }
     }
 
-    fn compute_mask(&self) -> Result<SimpleVob, String> {
-        self.0.lock().compute_mask().map_err(|e| e.to_string())
+    /// Leaves the sampled `token` for the grammar worker to consume before
+    /// it computes the next mask ([`ReadyMasks::advance`] says what that
+    /// gave). A token still pending (its mask was never computed: no step
+    /// sampled the sequence since) is consumed here first, and what that
+    /// gave is returned.
+    pub fn defer(&self, token: u32) -> Advance {
+        let mut m = self.0.lock();
+        let earlier = m.settle();
+        if earlier == Advance::Continue {
+            m.pending = Some(token);
+        }
+        earlier
+    }
+
+    /// Consumes the pending token, then computes the next mask; `Err` with
+    /// what consuming gave where the grammar ended or broke there.
+    fn next_mask(&self) -> Result<Option<SimpleVob>, Advance> {
+        let mut m = self.0.lock();
+        match m.settle() {
+            Advance::Continue => Ok(m.matcher.compute_mask().ok()),
+            ended => Err(ended),
+        }
     }
 }
 
@@ -420,8 +471,13 @@ struct MaskState {
     done: bool,
     /// One per slot ([`crate::ScheduledSeq::mask_slot`]); `None` where the
     /// matcher failed (the sequence then samples unconstrained and the
-    /// scheduler ends it with the error when the token does not match).
+    /// scheduler ends it with the error when the token does not match), or
+    /// where the previous token ended the grammar (`ended`).
     masks: Vec<Option<TokenMask>>,
+    /// Slots whose previous token (deferred) completed or broke the
+    /// grammar, with what it gave: the sequence ends there, and this step's
+    /// token is not part of its output.
+    ended: Vec<(u32, Advance)>,
     /// Host time the worker spent computing them.
     compute_time: Duration,
 }
@@ -433,6 +489,13 @@ impl ReadyMasks<'_> {
     /// The mask of `slot`, if it was computed.
     pub fn get(&self, slot: usize) -> Option<&TokenMask> {
         self.0.masks.get(slot).and_then(Option::as_ref)
+    }
+
+    /// What consuming `slot`'s deferred token gave ([`SeqGrammar::defer`]):
+    /// `Finished` or `Error` where the grammar ended there.
+    pub fn advance(&self, slot: usize) -> Advance {
+        let ended = self.0.ended.iter().find(|(s, _)| *s as usize == slot);
+        ended.map_or(Advance::Continue, |(_, a)| a.clone())
     }
 }
 
@@ -458,15 +521,22 @@ impl StepMasks {
             state: Mutex::new(MaskState {
                 done: true,
                 masks,
+                ended: Vec::new(),
                 compute_time: Duration::ZERO,
             }),
             ready: Condvar::new(),
         })
     }
 
-    fn finish(&self, masks: Vec<Option<TokenMask>>, compute_time: Duration) {
+    fn finish(
+        &self,
+        masks: Vec<Option<TokenMask>>,
+        ended: Vec<(u32, Advance)>,
+        compute_time: Duration,
+    ) {
         let mut st = self.state.lock();
         st.masks = masks;
+        st.ended = ended;
         st.compute_time = compute_time;
         st.done = true;
         self.ready.notify_all();
@@ -506,6 +576,8 @@ impl GrammarWorker {
         let pool = mask_pool(&name, threads)?;
         let (tx, rx) = channel::<Job>();
         std::thread::Builder::new().name(name).spawn(move || {
+            // Woken by the engine thread, which still has a step to start.
+            crate::thread_policy::run_as_batch();
             for (step, grammars) in rx {
                 compute_guarded(&step, &grammars, pool.as_ref());
             }
@@ -545,6 +617,7 @@ fn mask_pool(name: &str, threads: usize) -> std::io::Result<Option<rayon::Thread
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(move |i| format!("{prefix}-{i}"))
+        .start_handler(|_| crate::thread_policy::run_as_batch())
         .build()
         .map(Some)
         .map_err(std::io::Error::other)
@@ -557,7 +630,7 @@ fn compute_guarded(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayo
     let run = std::panic::AssertUnwindSafe(|| compute_into(step, grammars, pool));
     if std::panic::catch_unwind(run).is_err() {
         tracing::error!("computing grammar masks panicked; the step samples unconstrained");
-        step.finish(Vec::new(), Duration::ZERO);
+        step.finish(Vec::new(), Vec::new(), Duration::ZERO);
     }
 }
 
@@ -568,15 +641,24 @@ fn compute_guarded(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayo
 fn compute_into(step: &StepMasks, grammars: &[SeqGrammar], pool: Option<&rayon::ThreadPool>) {
     use rayon::prelude::*;
     let t0 = Instant::now();
-    let mask = |g: &SeqGrammar| g.compute_mask().ok().map(TokenMask);
-    let masks = match pool {
+    let mask = |g: &SeqGrammar| g.next_mask().map(|m| m.map(TokenMask));
+    let results: Vec<_> = match pool {
         // An indexed parallel collect keeps the input order: slot order.
         Some(pool) if grammars.len() > 1 => {
             pool.install(|| grammars.par_iter().map(mask).collect())
         }
         _ => grammars.iter().map(mask).collect(),
     };
-    step.finish(masks, t0.elapsed());
+    let mut ended = Vec::new();
+    let masks = (results.into_iter().enumerate())
+        .map(|(slot, r)| {
+            r.unwrap_or_else(|advance| {
+                ended.push((slot as u32, advance));
+                None
+            })
+        })
+        .collect();
+    step.finish(masks, ended, t0.elapsed());
 }
 
 #[cfg(test)]
@@ -602,13 +684,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_deferred_token_is_consumed_before_the_next_mask() {
+        let c = byte_compiler();
+        let choice = StructuredOutput::Choice(vec!["yes".into(), "no".into()]);
+        let g = c.compile(choice).expect("compiles").start();
+        let mask = |g: &SeqGrammar| TokenMask(g.next_mask().ok().flatten().expect("mask"));
+        assert_eq!(g.defer(u32::from(b'y')), Advance::Continue);
+        let m = mask(&g);
+        assert_eq!(
+            (m.num_allowed(), m.nth_allowed(0)),
+            (1, Some(u32::from(b'e')))
+        );
+        assert_eq!(g.defer(u32::from(b'e')), Advance::Continue);
+        assert_eq!(mask(&g).nth_allowed(0), Some(u32::from(b's')));
+        // The last letter completes the choice: the worker says so instead
+        // of a mask.
+        assert_eq!(g.defer(u32::from(b's')), Advance::Continue);
+        assert_eq!(g.next_mask().err(), Some(Advance::Finished));
+
+        // A token outside the grammar, deferred, breaks it at the next mask;
+        // two deferred in a row (no mask between) are both consumed.
+        let g = c
+            .compile(StructuredOutput::Choice(vec!["yes".into()]))
+            .expect("compiles")
+            .start();
+        assert_eq!(g.defer(u32::from(b'y')), Advance::Continue);
+        assert_eq!(g.defer(u32::from(b'x')), Advance::Continue);
+        assert!(
+            matches!(g.next_mask(), Err(Advance::Error(e)) if e.starts_with("structured output:"))
+        );
+        // advance() settles a deferred token first.
+        let g = c
+            .compile(StructuredOutput::Choice(vec!["no".into()]))
+            .expect("compiles")
+            .start();
+        assert_eq!(g.defer(u32::from(b'n')), Advance::Continue);
+        assert_eq!(g.advance(u32::from(b'o')), Advance::Finished);
+    }
+
+    #[test]
     fn choice_allows_only_its_strings_and_finishes() {
         let c = byte_compiler();
         let g = c
             .compile(StructuredOutput::Choice(vec!["yes".into(), "no".into()]))
             .expect("compiles")
             .start();
-        let m = TokenMask(g.compute_mask().expect("mask"));
+        let m = TokenMask(g.next_mask().ok().flatten().expect("mask"));
         assert!(m.is_allowed(u32::from(b'y')) && m.is_allowed(u32::from(b'n')));
         assert_eq!(m.num_allowed(), 2);
         assert_eq!(m.nth_allowed(0), Some(u32::from(b'n')));
@@ -764,7 +885,7 @@ pub(crate) mod tests {
             .compile(StructuredOutput::JsonObject)
             .expect("compiles")
             .start();
-        let m = TokenMask(g.compute_mask().expect("mask"));
+        let m = TokenMask(g.next_mask().ok().flatten().expect("mask"));
         assert_eq!(m.nth_allowed(0), Some(u32::from(b'{')));
         assert_eq!(m.num_allowed(), 1);
         assert_eq!(run(&g, r#"{"a":[1,2]"#), Advance::Continue);
