@@ -18,10 +18,29 @@ pub(crate) enum IsaKind {
     Portable,
 }
 
-/// An instruction set this CPU runs. The field is private to this module,
-/// so no other code can make one for a CPU that lacks the features.
+/// The environment variable that caps the instruction set the kernels use
+/// (as oneDNN's `ONEDNN_MAX_CPU_ISA`): one of [`ISA_NAMES`]; the widest this
+/// CPU runs by default. For comparing paths on one machine, and for ruling a
+/// kernel out when a result looks wrong.
+pub(crate) const MAX_ISA_VAR: &str = "INFERSCOPE_MAX_CPU_ISA";
+
+/// The values of [`MAX_ISA_VAR`], narrowest first: plain code, AVX2 (with
+/// FMA and F16C), AVX2 with AVX-VNNI's integer products, AVX-512.
+pub(crate) const ISA_NAMES: [&str; 4] = ["portable", "avx2", "avx2_vnni", "avx512"];
+
+/// The rank of an [`ISA_NAMES`] entry (case and `-`/`_` ignored).
+fn rank_of(name: &str) -> Option<usize> {
+    let name = name.trim().to_ascii_lowercase().replace('-', "_");
+    ISA_NAMES.iter().position(|n| *n == name)
+}
+
+/// An instruction set this CPU runs. The fields are private to this module,
+/// so no other code can make one for a CPU that lacks the features. The
+/// second says the integer products take AVX-VNNI's `vpdpbusd` (VEX, on
+/// CPUs with AVX2 and AVX-VNNI but no AVX-512: Alder Lake and later client
+/// cores); only with [`IsaKind::Avx2`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Isa(IsaKind);
+pub(crate) struct Isa(IsaKind, bool);
 
 impl IsaKind {
     /// Whether this CPU runs it (the detection macro caches its answer:
@@ -47,25 +66,92 @@ impl IsaKind {
 }
 
 impl Isa {
-    /// `kind`, if this CPU runs it.
+    /// `kind`, if this CPU runs it (the integer products without AVX-VNNI).
     pub(crate) fn get(kind: IsaKind) -> Option<Self> {
-        kind.runs().then_some(Self(kind))
+        kind.runs().then_some(Self(kind, false))
     }
 
-    /// The widest one this CPU runs.
+    /// AVX2 with AVX-VNNI's integer products, if this CPU runs both.
+    fn avx2_with_avx_vnni() -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let vnni = std::arch::is_x86_feature_detected!("avxvnni");
+            Self::get(IsaKind::Avx2)
+                .filter(|_| vnni)
+                .map(|i| Self(i.0, true))
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            None
+        }
+    }
+
+    /// The widest one this CPU runs, at most the one named by
+    /// `INFERSCOPE_MAX_CPU_ISA` (read once; see [`MAX_ISA_VAR`]).
     pub(crate) fn detect() -> Self {
-        [IsaKind::Avx512, IsaKind::Avx2]
-            .into_iter()
-            .find_map(Self::get)
-            .unwrap_or(Self(IsaKind::Portable))
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            let cap = std::env::var(MAX_ISA_VAR).ok();
+            let isa = Self::widest(cap.as_deref().and_then(|v| match rank_of(v) {
+                Some(rank) => Some(rank),
+                None => {
+                    tracing::warn!(
+                        "{MAX_ISA_VAR}={v:?} is not one of {}: ignored",
+                        ISA_NAMES.join(", ")
+                    );
+                    None
+                }
+            }));
+            if let Some(v) = cap {
+                tracing::info!("{MAX_ISA_VAR}={v}: the kernels use {}", isa.name());
+            }
+            isa
+        })
     }
 
-    /// Every one this CPU runs, narrowest first (the tests run each).
+    /// The widest one this CPU runs whose rank (in [`ISA_NAMES`]) is at most
+    /// `cap`.
+    fn widest(cap: Option<usize>) -> Self {
+        let within = |isa: &Isa| cap.is_none_or(|c| isa.rank() <= c);
+        [
+            Self::get(IsaKind::Avx512),
+            Self::avx2_with_avx_vnni(),
+            Self::get(IsaKind::Avx2),
+        ]
+        .into_iter()
+        .flatten()
+        .find(within)
+        .unwrap_or(Self(IsaKind::Portable, false))
+    }
+
+    /// Its place in [`ISA_NAMES`], narrowest first.
+    fn rank(self) -> usize {
+        match (self.0, self.1) {
+            (IsaKind::Portable, _) => 0,
+            (IsaKind::Avx2, false) => 1,
+            (IsaKind::Avx2, true) => 2,
+            (IsaKind::Avx512, _) => 3,
+        }
+    }
+
+    /// Its name in [`ISA_NAMES`].
+    pub(crate) fn name(self) -> &'static str {
+        ISA_NAMES[self.rank()]
+    }
+
+    /// Every one this CPU runs, narrowest first (the tests run each: AVX2
+    /// with and without AVX-VNNI where the CPU has it, so both integer
+    /// paths stay checked).
     #[cfg(test)]
     pub(crate) fn available() -> impl Iterator<Item = Self> {
-        [IsaKind::Portable, IsaKind::Avx2, IsaKind::Avx512]
-            .into_iter()
-            .filter_map(Self::get)
+        [
+            Self::get(IsaKind::Portable),
+            Self::get(IsaKind::Avx2),
+            Self::avx2_with_avx_vnni(),
+            Self::get(IsaKind::Avx512),
+        ]
+        .into_iter()
+        .flatten()
     }
 
     /// Which one it is.
@@ -89,11 +175,40 @@ impl Isa {
             false
         }
     }
+
+    /// Whether the integer K-quant and Q8_0 products take AVX-VNNI's
+    /// `vpdpbusd` (VEX-encoded, 16 registers: the AVX2 tiles' shapes); only
+    /// for the AVX2 `Isa` made with it ([`Isa::detect`] on a CPU with AVX2
+    /// and AVX-VNNI but no AVX-512).
+    pub(crate) fn avx_vnni(self) -> bool {
+        self.1
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cap_names_an_isa_and_is_never_exceeded() {
+        assert_eq!(rank_of("AVX2-VNNI"), Some(2));
+        assert_eq!(rank_of(" portable "), Some(0));
+        assert_eq!(rank_of("sse4"), None);
+        let all: Vec<Isa> = Isa::available().collect();
+        for cap in 0..ISA_NAMES.len() {
+            let isa = Isa::widest(Some(cap));
+            assert!(isa.rank() <= cap, "{isa:?} over {}", ISA_NAMES[cap]);
+            // The widest this CPU runs within the cap.
+            let best = all
+                .iter()
+                .filter(|i| i.rank() <= cap)
+                .map(|i| i.rank())
+                .max();
+            assert_eq!(Some(isa.rank()), best, "cap {}", ISA_NAMES[cap]);
+        }
+        assert_eq!(Isa::widest(None), Isa::widest(Some(ISA_NAMES.len() - 1)));
+        assert_eq!(Isa::widest(Some(0)).name(), "portable");
+    }
 
     #[test]
     fn only_what_the_cpu_runs() {
@@ -105,5 +220,12 @@ mod tests {
             assert_eq!(Isa::get(kind).is_some(), kind.runs(), "{kind:?}");
         }
         assert!(Isa::available().any(|i| i == Isa::detect()));
+        #[cfg(target_arch = "x86_64")]
+        {
+            let vnni = std::arch::is_x86_feature_detected!("avxvnni") && IsaKind::Avx2.runs();
+            let with: Vec<Isa> = Isa::available().filter(|i| i.avx_vnni()).collect();
+            assert_eq!(with.len(), usize::from(vnni), "{with:?}");
+            assert!(with.iter().all(|i| i.kind() == IsaKind::Avx2));
+        }
     }
 }

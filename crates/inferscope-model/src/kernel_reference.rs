@@ -39,8 +39,9 @@ pub(crate) fn isas_checked(test: &str) -> Vec<Isa> {
     let isas: Vec<Isa> = Isa::available().collect();
     let kinds: Vec<_> = isas.iter().map(|i| i.kind()).collect();
     let vnni = isas.iter().any(|i| i.vnni());
+    let avx_vnni = isas.iter().any(|i| i.avx_vnni());
     println!(
-        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant and Q8_0 products with VNNI under Avx512: {vnni})"
+        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant and Q8_0 products with VNNI under Avx512: {vnni}; with AVX-VNNI under a second Avx2: {avx_vnni})"
     );
     isas
 }

@@ -352,6 +352,8 @@ fn kernel(
         #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 if vnni => go!(tile_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         #[cfg(target_arch = "x86_64")]
+        IsaKind::Avx2 if isa.avx_vnni() => go!(tile_avx_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        #[cfg(target_arch = "x86_64")]
         IsaKind::Avx2 => go!(tile_avx2; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         _ => go!(tile_portable; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
     }
@@ -398,10 +400,11 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR
 /// the activations, clamped to ±127, never hit `vpsignb`'s overflow.
 ///
 /// With AVX512-VNNI (`tile_vnni`, under the `Avx512` ISA: see
-/// [`Isa::vnni`]), `vpdpbusd` takes the `vpmaddubsw` + `vpmaddwd` + add: the
-/// same signed operands, one instruction.
+/// [`Isa::vnni`]) or AVX-VNNI (`tile_avx_vnni`, see [`Isa::avx_vnni`]),
+/// `vpdpbusd` takes the `vpmaddubsw` + `vpmaddwd` + add: the same signed
+/// operands, one instruction.
 macro_rules! q8_tile_x86 {
-    ($name:ident, $features:literal, $vnni:literal) => {
+    ($name:ident, $features:literal, $vnni:literal, $avx_vnni:literal) => {
         /// The Q8_0 tile with the instruction sets of `#[target_feature]` (see
         /// `q8_tile_x86!`).
         #[cfg(target_arch = "x86_64")]
@@ -409,6 +412,8 @@ macro_rules! q8_tile_x86 {
         fn $name<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
             use std::arch::x86_64::*;
             const VNNI: bool = $vnni;
+            // VNNI through AVX-VNNI's VEX encoding rather than AVX512VL's.
+            const AVX_VNNI: bool = $avx_vnni;
             t.check(MR, NV);
             let nb = t.inp / QK8_0;
             let panel = nb * PANEL_BLOCK;
@@ -435,12 +440,20 @@ macro_rules! q8_tile_x86 {
                             for (r, sum_r) in sum.iter_mut().enumerate() {
                                 let sx = _mm256_sign_epi8(xv[r], w);
                                 if VNNI {
-                                    // Unsafe to call only in the AVX2 tile, which
-                                    // never takes this branch.
+                                    // Unsafe to call only in the tiles that never
+                                    // take the branch.
                                     #[allow(unused_unsafe)]
-                                    // SAFETY: reached only in the VNNI tile, whose
-                                    // target features include AVX512-VNNI and AVX512VL.
-                                    let v = unsafe { _mm256_dpbusd_epi32(sum_r[p][h], aw, sx) };
+                                    // SAFETY: each branch is reached only in the
+                                    // tile whose target features include its
+                                    // instructions (AVX-VNNI; AVX512-VNNI and
+                                    // AVX512VL).
+                                    let v = unsafe {
+                                        if AVX_VNNI {
+                                            _mm256_dpbusd_avx_epi32(sum_r[p][h], aw, sx)
+                                        } else {
+                                            _mm256_dpbusd_epi32(sum_r[p][h], aw, sx)
+                                        }
+                                    };
                                     sum_r[p][h] = v;
                                 } else {
                                     let m = _mm256_maddubs_epi16(aw, sx);
@@ -476,8 +489,14 @@ macro_rules! q8_tile_x86 {
     };
 }
 
-q8_tile_x86!(tile_avx2, "avx2,fma,f16c", false);
-q8_tile_x86!(tile_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni", true);
+q8_tile_x86!(tile_avx2, "avx2,fma,f16c", false, false);
+q8_tile_x86!(tile_avx_vnni, "avx2,fma,f16c,avxvnni", true, true);
+q8_tile_x86!(
+    tile_vnni,
+    "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+    true,
+    false
+);
 
 #[cfg(test)]
 mod tests {

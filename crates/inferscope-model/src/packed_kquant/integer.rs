@@ -152,8 +152,9 @@ fn int_kernel(
         };
     }
     // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
-    // (see `isa.rs`), so holding one means the CPU has its features; `vnni`
-    // comes from `Isa::vnni`, which detects AVX512-VNNI and AVX512VL.
+    // (see `isa.rs`), so holding one means the CPU has its features (AVX-VNNI
+    // where `Isa::avx_vnni`); `vnni` comes from `Isa::vnni`, which detects
+    // AVX512-VNNI and AVX512VL.
     match (isa.kind(), kind) {
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q4K) if vnni => shapes!(int_tile_vnni, Q4, 5 x 1, 6 x 1),
@@ -161,6 +162,12 @@ fn int_kernel(
         (IsaKind::Avx2, KQuant::Q6K) if vnni => shapes!(int_tile_vnni, Q6, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Iq4Xs) if vnni => shapes!(int_tile_vnni, IQ4, 5 x 1, 6 x 1),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Q4K) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, Q4),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Q6K) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, Q6),
+        #[cfg(target_arch = "x86_64")]
+        (IsaKind::Avx2, KQuant::Iq4Xs) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, IQ4),
         #[cfg(target_arch = "x86_64")]
         (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
@@ -250,13 +257,15 @@ const KVALUES_PLUS_128: [i8; 16] = {
 /// `−32`) from the `bsums`, and one f32 multiply-add by `d·d_x`. IQ4_XS's
 /// signed table values take the sign trick and a `madd` after every group.
 ///
-/// VNNI (`int_tile_vnni`, AVX512-VNNI on 256-bit vectors): `vpdpbusd` sums
+/// VNNI (`int_tile_vnni`, AVX512-VNNI on 256-bit vectors; `int_tile_avx_vnni`,
+/// the same instruction in AVX-VNNI's VEX encoding, for CPUs with AVX2 but no
+/// AVX-512, whose 16 registers keep the AVX2 tiles' shapes): `vpdpbusd` sums
 /// each row's 4 products straight into int32, a sub-block's groups with no
 /// int16 step and no overflow, then one multiply by the sub-block's scales.
 /// IQ4_XS's table is offset to unsigned (`w + 128`), and `128·Σ sc·x`
 /// comes back out through the `bsums`, as Q6_K's `−32` does.
 macro_rules! int_tile_x86 {
-    ($name:ident, $features:literal, $vnni:literal) => {
+    ($name:ident, $features:literal, $vnni:literal, $avx_vnni:literal) => {
         /// The integer tile with the instruction sets of `#[target_feature]`
         /// (see `int_tile_x86!`).
         ///
@@ -267,6 +276,8 @@ macro_rules! int_tile_x86 {
         fn $name<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -> TileSums<MR, NV> {
             use std::arch::x86_64::*;
             const VNNI: bool = $vnni;
+            // VNNI through AVX-VNNI's VEX encoding rather than AVX512VL's.
+            const AVX_VNNI: bool = $avx_vnni;
             let kind = kind_of(K);
             t.check::<MR>(kind);
             let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
@@ -397,13 +408,20 @@ macro_rules! int_tile_x86 {
                                 if VNNI {
                                     for (sg_r, x) in sg.iter_mut().zip(&xb) {
                                         for (acc, w) in sg_r[p].iter_mut().zip(w) {
-                                            // Unsafe to call only in the AVX2 tile,
-                                            // which never takes this branch.
+                                            // Unsafe to call only in the tiles
+                                            // that never take the branch.
                                             #[allow(unused_unsafe)]
-                                            // SAFETY: reached only in the VNNI tile,
-                                            // whose target features include
-                                            // AVX512-VNNI and AVX512VL.
-                                            let v = unsafe { _mm256_dpbusd_epi32(*acc, w, *x) };
+                                            // SAFETY: each branch is reached only
+                                            // in the tile whose target features
+                                            // include its instructions (AVX-VNNI;
+                                            // AVX512-VNNI and AVX512VL).
+                                            let v = unsafe {
+                                                if AVX_VNNI {
+                                                    _mm256_dpbusd_avx_epi32(*acc, w, *x)
+                                                } else {
+                                                    _mm256_dpbusd_epi32(*acc, w, *x)
+                                                }
+                                            };
                                             *acc = v;
                                         }
                                     }
@@ -496,8 +514,14 @@ macro_rules! int_tile_x86 {
     };
 }
 
-int_tile_x86!(int_tile_avx2, "avx2,fma", false);
-int_tile_x86!(int_tile_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", true);
+int_tile_x86!(int_tile_avx2, "avx2,fma", false, false);
+int_tile_x86!(int_tile_avx_vnni, "avx2,fma,avxvnni", true, true);
+int_tile_x86!(
+    int_tile_vnni,
+    "avx2,fma,avx512f,avx512vl,avx512vnni",
+    true,
+    false
+);
 
 #[cfg(test)]
 mod tests {
