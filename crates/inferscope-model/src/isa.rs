@@ -195,16 +195,16 @@ mod tests {
         assert_eq!(rank_of(" portable "), Some(0));
         assert_eq!(rank_of("sse4"), None);
         let all: Vec<Isa> = Isa::available().collect();
-        for cap in 0..ISA_NAMES.len() {
+        for (cap, name) in ISA_NAMES.iter().enumerate() {
             let isa = Isa::widest(Some(cap));
-            assert!(isa.rank() <= cap, "{isa:?} over {}", ISA_NAMES[cap]);
+            assert!(isa.rank() <= cap, "{isa:?} over {name}");
             // The widest this CPU runs within the cap.
             let best = all
                 .iter()
                 .filter(|i| i.rank() <= cap)
                 .map(|i| i.rank())
                 .max();
-            assert_eq!(Some(isa.rank()), best, "cap {}", ISA_NAMES[cap]);
+            assert_eq!(Some(isa.rank()), best, "cap {name}");
         }
         assert_eq!(Isa::widest(None), Isa::widest(Some(ISA_NAMES.len() - 1)));
         assert_eq!(Isa::widest(Some(0)).name(), "portable");
