@@ -7,6 +7,9 @@
 #     their ratio, and the CPU seconds (user + system, all threads) each start used until ready;
 #   - resident memory after load and after one request with a PROMPT_TOKENS-token prompt
 #     (/proc/PID/status: VmRSS, and its RssAnon and RssFile parts; VmHWM, the peak).
+# The load times are one start each: for a cold/warm ratio to quote, use
+# scripts/load-time.sh (alternated rounds, medians); single cold starts here have read
+# 1.4-1.9 s where load-time's median was 0.94 s on the same machine and file.
 # Not part of CI: it needs llama.cpp built (scripts/build-llama-server.sh).
 #
 #   scripts/memory-compare.sh FILE.gguf
