@@ -312,6 +312,7 @@ impl CompiledGrammar {
 #[derive(Clone)]
 pub struct SeqGrammar(Arc<Mutex<SeqMatcher>>);
 
+/// A matcher and the sampled token it has not consumed yet.
 struct SeqMatcher {
     matcher: Matcher,
     /// A sampled token not consumed yet.
@@ -686,8 +687,13 @@ pub(crate) mod tests {
     #[test]
     fn a_deferred_token_is_consumed_before_the_next_mask() {
         let c = byte_compiler();
-        let choice = StructuredOutput::Choice(vec!["yes".into(), "no".into()]);
-        let g = c.compile(choice).expect("compiles").start();
+        let choice = |words: &[&str]| {
+            let words = words.iter().map(|w| w.to_string()).collect();
+            c.compile(StructuredOutput::Choice(words))
+                .expect("compiles")
+                .start()
+        };
+        let g = choice(&["yes", "no"]);
         let mask = |g: &SeqGrammar| TokenMask(g.next_mask().ok().flatten().expect("mask"));
         assert_eq!(g.defer(u32::from(b'y')), Advance::Continue);
         let m = mask(&g);
@@ -704,20 +710,14 @@ pub(crate) mod tests {
 
         // A token outside the grammar, deferred, breaks it at the next mask;
         // two deferred in a row (no mask between) are both consumed.
-        let g = c
-            .compile(StructuredOutput::Choice(vec!["yes".into()]))
-            .expect("compiles")
-            .start();
+        let g = choice(&["yes"]);
         assert_eq!(g.defer(u32::from(b'y')), Advance::Continue);
         assert_eq!(g.defer(u32::from(b'x')), Advance::Continue);
         assert!(
             matches!(g.next_mask(), Err(Advance::Error(e)) if e.starts_with("structured output:"))
         );
         // advance() settles a deferred token first.
-        let g = c
-            .compile(StructuredOutput::Choice(vec!["no".into()]))
-            .expect("compiles")
-            .start();
+        let g = choice(&["no"]);
         assert_eq!(g.defer(u32::from(b'n')), Advance::Continue);
         assert_eq!(g.advance(u32::from(b'o')), Advance::Finished);
     }
