@@ -22,11 +22,11 @@ pub(crate) enum IsaKind {
 /// (as oneDNN's `ONEDNN_MAX_CPU_ISA`): one of [`ISA_NAMES`]; the widest this
 /// CPU runs by default. For comparing paths on one machine, and for ruling a
 /// kernel out when a result looks wrong.
-pub(crate) const MAX_ISA_VAR: &str = "INFERSCOPE_MAX_CPU_ISA";
+const MAX_ISA_VAR: &str = "INFERSCOPE_MAX_CPU_ISA";
 
 /// The values of [`MAX_ISA_VAR`], narrowest first: plain code, AVX2 (with
 /// FMA and F16C), AVX2 with AVX-VNNI's integer products, AVX-512.
-pub(crate) const ISA_NAMES: [&str; 4] = ["portable", "avx2", "avx2_vnni", "avx512"];
+const ISA_NAMES: [&str; 4] = ["portable", "avx2", "avx2_vnni", "avx512"];
 
 /// The rank of an [`ISA_NAMES`] entry (case and `-`/`_` ignored).
 fn rank_of(name: &str) -> Option<usize> {
@@ -34,13 +34,26 @@ fn rank_of(name: &str) -> Option<usize> {
     ISA_NAMES.iter().position(|n| *n == name)
 }
 
-/// An instruction set this CPU runs. The fields are private to this module,
-/// so no other code can make one for a CPU that lacks the features. The
-/// second says the integer products take AVX-VNNI's `vpdpbusd` (VEX, on
-/// CPUs with AVX2 and AVX-VNNI but no AVX-512: Alder Lake and later client
-/// cores); only with [`IsaKind::Avx2`].
+/// Which instruction the integer K-quant and Q8_0 tiles take for their sums
+/// of four u8 × i8 products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Isa(IsaKind, bool);
+pub(crate) enum Dot {
+    /// `vpmaddubsw` + `vpmaddwd` (AVX2).
+    Maddubs,
+    /// AVX-VNNI's `vpdpbusd` (VEX: CPUs with AVX2 and AVX-VNNI but no
+    /// AVX-512, Alder Lake and later client cores; 16 registers, the AVX2
+    /// tiles' shapes).
+    AvxVnni,
+    /// AVX512-VNNI's `vpdpbusd` on 256-bit vectors (AVX512VL: 32 registers,
+    /// taller tiles).
+    Avx512Vnni,
+}
+
+/// An instruction set this CPU runs, and the dot product its integer tiles
+/// take. The fields are private to this module, so no other code can make
+/// one for a CPU that lacks the features.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Isa(IsaKind, Dot);
 
 impl IsaKind {
     /// Whether this CPU runs it (the detection macro caches its answer:
@@ -66,24 +79,50 @@ impl IsaKind {
 }
 
 impl Isa {
-    /// `kind`, if this CPU runs it (the integer products without AVX-VNNI).
+    /// `kind`, if this CPU runs it: AVX-512 with AVX512-VNNI's dot products
+    /// where the CPU has them, the others with `maddubs`.
     pub(crate) fn get(kind: IsaKind) -> Option<Self> {
-        kind.runs().then_some(Self(kind, false))
+        #[cfg(target_arch = "x86_64")]
+        let avx512_vnni = kind == IsaKind::Avx512
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+            && std::arch::is_x86_feature_detected!("avx512vl");
+        #[cfg(not(target_arch = "x86_64"))]
+        let avx512_vnni = false;
+        let dot = if avx512_vnni {
+            Dot::Avx512Vnni
+        } else {
+            Dot::Maddubs
+        };
+        kind.runs().then_some(Self(kind, dot))
     }
 
-    /// AVX2 with AVX-VNNI's integer products, if this CPU runs both.
+    /// AVX2 with AVX-VNNI's dot products, if this CPU runs both.
     fn avx2_with_avx_vnni() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         {
             let vnni = std::arch::is_x86_feature_detected!("avxvnni");
             Self::get(IsaKind::Avx2)
                 .filter(|_| vnni)
-                .map(|i| Self(i.0, true))
+                .map(|i| Self(i.0, Dot::AvxVnni))
         }
         #[cfg(not(target_arch = "x86_64"))]
         {
             None
         }
+    }
+
+    /// Every one this CPU runs, narrowest first (the tests run each: AVX2
+    /// with and without AVX-VNNI where the CPU has it, so both integer
+    /// paths stay checked).
+    fn runnable() -> impl Iterator<Item = Self> {
+        [
+            Self::get(IsaKind::Portable),
+            Self::get(IsaKind::Avx2),
+            Self::avx2_with_avx_vnni(),
+            Self::get(IsaKind::Avx512),
+        ]
+        .into_iter()
+        .flatten()
     }
 
     /// The widest one this CPU runs, at most the one named by
@@ -113,45 +152,29 @@ impl Isa {
     /// `cap`.
     fn widest(cap: Option<usize>) -> Self {
         let within = |isa: &Isa| cap.is_none_or(|c| isa.rank() <= c);
-        [
-            Self::get(IsaKind::Avx512),
-            Self::avx2_with_avx_vnni(),
-            Self::get(IsaKind::Avx2),
-        ]
-        .into_iter()
-        .flatten()
-        .find(within)
-        .unwrap_or(Self(IsaKind::Portable, false))
+        (Self::runnable().filter(within).last()).expect("portable code always runs")
     }
 
     /// Its place in [`ISA_NAMES`], narrowest first.
     fn rank(self) -> usize {
         match (self.0, self.1) {
             (IsaKind::Portable, _) => 0,
-            (IsaKind::Avx2, false) => 1,
-            (IsaKind::Avx2, true) => 2,
-            (IsaKind::Avx512, _) => 3,
+            (IsaKind::Avx2, Dot::Maddubs) => 1,
+            (IsaKind::Avx2, Dot::AvxVnni) => 2,
+            // AVX2 with AVX512-VNNI is AVX-512's quantized tiles.
+            (IsaKind::Avx512, _) | (IsaKind::Avx2, Dot::Avx512Vnni) => 3,
         }
     }
 
     /// Its name in [`ISA_NAMES`].
-    pub(crate) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         ISA_NAMES[self.rank()]
     }
 
-    /// Every one this CPU runs, narrowest first (the tests run each: AVX2
-    /// with and without AVX-VNNI where the CPU has it, so both integer
-    /// paths stay checked).
+    /// Every one this CPU runs, narrowest first (the tests run each).
     #[cfg(test)]
     pub(crate) fn available() -> impl Iterator<Item = Self> {
-        [
-            Self::get(IsaKind::Portable),
-            Self::get(IsaKind::Avx2),
-            Self::avx2_with_avx_vnni(),
-            Self::get(IsaKind::Avx512),
-        ]
-        .into_iter()
-        .flatten()
+        Self::runnable()
     }
 
     /// Which one it is.
@@ -159,29 +182,19 @@ impl Isa {
         self.0
     }
 
-    /// Whether the integer K-quant and Q8_0 products take AVX512-VNNI's
-    /// `vpdpbusd` (on 256-bit vectors): only under [`IsaKind::Avx512`], so that the
-    /// tests, which run every ISA this CPU has, check the AVX2 integer paths
-    /// (under [`IsaKind::Avx2`]) and the VNNI ones both.
-    pub(crate) fn vnni(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self.0 == IsaKind::Avx512
-                && std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
+    /// The dot product of its integer K-quant and Q8_0 tiles.
+    pub(crate) fn dot(self) -> Dot {
+        self.1
     }
 
-    /// Whether the integer K-quant and Q8_0 products take AVX-VNNI's
-    /// `vpdpbusd` (VEX-encoded, 16 registers: the AVX2 tiles' shapes); only
-    /// for the AVX2 `Isa` made with it ([`Isa::detect`] on a CPU with AVX2
-    /// and AVX-VNNI but no AVX-512).
-    pub(crate) fn avx_vnni(self) -> bool {
-        self.1
+    /// The one the quantized tiles run under: AVX-512 CPUs run the AVX2
+    /// tiles (256-bit), keeping AVX512-VNNI's dot products where the CPU
+    /// has them (detected with AVX-512, so the CPU runs them).
+    pub(crate) fn for_quantized_tiles(self) -> Self {
+        match self.0 {
+            IsaKind::Avx512 => Self::get(IsaKind::Avx2).map_or(self, |avx2| Self(avx2.0, self.1)),
+            _ => self,
+        }
     }
 }
 
@@ -223,7 +236,9 @@ mod tests {
         #[cfg(target_arch = "x86_64")]
         {
             let vnni = std::arch::is_x86_feature_detected!("avxvnni") && IsaKind::Avx2.runs();
-            let with: Vec<Isa> = Isa::available().filter(|i| i.avx_vnni()).collect();
+            let with: Vec<Isa> = Isa::available()
+                .filter(|i| i.dot() == Dot::AvxVnni)
+                .collect();
             assert_eq!(with.len(), usize::from(vnni), "{with:?}");
             assert!(with.iter().all(|i| i.kind() == IsaKind::Avx2));
         }

@@ -37,11 +37,9 @@ pub(crate) fn rel_diff_f64(a: &[f32], b: &[f64]) -> (f64, usize) {
 /// was checked (`cargo test -- --nocapture`).
 pub(crate) fn isas_checked(test: &str) -> Vec<Isa> {
     let isas: Vec<Isa> = Isa::available().collect();
-    let kinds: Vec<_> = isas.iter().map(|i| i.kind()).collect();
-    let vnni = isas.iter().any(|i| i.vnni());
-    let avx_vnni = isas.iter().any(|i| i.avx_vnni());
+    let paths: Vec<_> = isas.iter().map(|i| (i.kind(), i.dot())).collect();
     println!(
-        "{test}: ISA paths checked on this CPU: {kinds:?} (integer K-quant and Q8_0 products with VNNI under Avx512: {vnni}; with AVX-VNNI under a second Avx2: {avx_vnni})"
+        "{test}: ISA paths checked on this CPU (instruction set, dot product of the integer K-quant and Q8_0 tiles): {paths:?}"
     );
     isas
 }

@@ -255,12 +255,9 @@ impl PackedKQuant {
                 if !shape_output(x, rows, dims, y) {
                     return;
                 }
-                // Asked of the ISA before `quantized_product` narrows
-                // AVX-512 to the AVX2 tiles.
-                let vnni = isa.vnni();
                 Q8K::with(x, rows, self.inp, |q| {
                     quantized_product(isa, x, rows, dims, y, |isa, nv, r, g, out| {
-                        self.compute_integer((isa, vnni), nv, q, r, g, out)
+                        self.compute_integer(isa, nv, q, r, g, out)
                     })
                 });
             }

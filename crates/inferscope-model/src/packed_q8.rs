@@ -31,7 +31,7 @@ use half::f16;
 use rayon::prelude::*;
 
 use crate::error::ModelError;
-use crate::isa::{Isa, IsaKind};
+use crate::isa::{Dot, Isa, IsaKind};
 use crate::packed::tiling::{
     LANES, PARALLEL_MIN_MACS, TileSums, TiledOutput, row_tiles, schedule, shape_output,
 };
@@ -205,34 +205,23 @@ impl PackedQ8 {
             return;
         }
         // No AVX-512 kernel: its CPUs run the AVX2 one, with VNNI where the
-        // CPU has it (asked before the narrowing).
-        let vnni = isa.vnni();
-        let isa = match isa.kind() {
-            IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
-            _ => isa,
-        };
+        // CPU has it.
+        let isa = isa.for_quantized_tiles();
         // The thread's scratch, taken while in use (as `Q8K::with` does): a
         // rayon worker that steals a second product while waiting inside the
         // first finds it empty and gets a fresh one.
         let mut scratch = SCRATCH.take();
-        self.product_with((isa, vnni), x, rows, y, &mut scratch);
+        self.product_with(isa, x, rows, y, &mut scratch);
         SCRATCH.set(scratch);
     }
 
     /// The product, quantizing `x` into `xq`.
-    fn product_with(
-        &self,
-        (isa, vnni): (Isa, bool),
-        x: &[f32],
-        rows: usize,
-        y: &mut [f32],
-        xq: &mut Q8Rows,
-    ) {
+    fn product_with(&self, isa: Isa, x: &[f32], rows: usize, y: &mut [f32], xq: &mut Q8Rows) {
         xq.quantize(isa, x, self.inp);
         let out = TiledOutput::new(y, rows, self.out);
         let nv = panels_per_tile(rows);
         let xq = &*xq;
-        let job = |r: Range<usize>, g: Range<usize>| self.compute((isa, vnni), nv, xq, r, g, &out);
+        let job = |r: Range<usize>, g: Range<usize>| self.compute(isa, nv, xq, r, g, &out);
         if rows > 1 {
             return schedule(rows, self.inp, self.out, nv, job);
         }
@@ -256,7 +245,7 @@ impl PackedQ8 {
     /// tiles of one panel.
     fn compute(
         &self,
-        (isa, vnni): (Isa, bool),
+        isa: Isa,
         nv: usize,
         xq: &Q8Rows,
         rows: Range<usize>,
@@ -279,7 +268,7 @@ impl PackedQ8 {
                         xd: &xq.d[r0 * nb..(r0 + mr) * nb],
                         inp: self.inp,
                     };
-                    kernel((isa, vnni), mr, tile_nv, &t, r0, p * LANES, out);
+                    kernel(isa, mr, tile_nv, &t, r0, p * LANES, out);
                 }
             }
         }
@@ -319,11 +308,11 @@ impl QTile<'_> {
 }
 
 /// Runs the micro-kernel for `mr` rows and `nv` panels, storing at
-/// (`row0`, `col0`); `vnni` takes the VNNI tile where the ISA is AVX2's.
+/// (`row0`, `col0`); under the AVX2 ISA, the tile of its dot product.
 // Every call is wrapped in `unsafe`, which the portable kernel does not need.
 #[allow(unused_unsafe)]
 fn kernel(
-    (isa, vnni): (Isa, bool),
+    isa: Isa,
     mr: usize,
     nv: usize,
     t: &QTile<'_>,
@@ -346,15 +335,15 @@ fn kernel(
         };
     }
     // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
-    // (see `isa.rs`), so holding one means the CPU has its features; `vnni`
-    // comes from `Isa::vnni`, which detects AVX512-VNNI and AVX512VL.
-    match isa.kind() {
+    // (see `isa.rs`), so holding one means the CPU has its features, its
+    // dot product's included.
+    match (isa.kind(), isa.dot()) {
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 if vnni => go!(tile_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        (IsaKind::Avx2, Dot::Avx512Vnni) => go!(tile_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 if isa.avx_vnni() => go!(tile_avx_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        (IsaKind::Avx2, Dot::AvxVnni) => go!(tile_avx_vnni; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         #[cfg(target_arch = "x86_64")]
-        IsaKind::Avx2 => go!(tile_avx2; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
+        (IsaKind::Avx2, Dot::Maddubs) => go!(tile_avx2; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
         _ => go!(tile_portable; 1 x 4, 1 x 1, 2 x 1, 3 x 1, 4 x 1),
     }
 }
@@ -399,21 +388,20 @@ fn tile_portable<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR
 /// the unsigned side, as in llama.cpp, because `|-128|` is 128 as u8 while
 /// the activations, clamped to ±127, never hit `vpsignb`'s overflow.
 ///
-/// With AVX512-VNNI (`tile_vnni`, under the `Avx512` ISA: see
-/// [`Isa::vnni`]) or AVX-VNNI (`tile_avx_vnni`, see [`Isa::avx_vnni`]),
+/// With AVX512-VNNI (`tile_vnni`) or AVX-VNNI (`tile_avx_vnni`; see [`Dot`]),
 /// `vpdpbusd` takes the `vpmaddubsw` + `vpmaddwd` + add: the same signed
 /// operands, one instruction.
 macro_rules! q8_tile_x86 {
-    ($name:ident, $features:literal, $vnni:literal, $avx_vnni:literal) => {
+    ($name:ident, $features:literal, $dot:expr) => {
         /// The Q8_0 tile with the instruction sets of `#[target_feature]` (see
         /// `q8_tile_x86!`).
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
         fn $name<const MR: usize, const NV: usize>(t: &QTile<'_>) -> TileSums<MR, NV> {
             use std::arch::x86_64::*;
-            const VNNI: bool = $vnni;
+            const VNNI: bool = !matches!($dot, Dot::Maddubs);
             // VNNI through AVX-VNNI's VEX encoding rather than AVX512VL's.
-            const AVX_VNNI: bool = $avx_vnni;
+            const AVX_VNNI: bool = matches!($dot, Dot::AvxVnni);
             t.check(MR, NV);
             let nb = t.inp / QK8_0;
             let panel = nb * PANEL_BLOCK;
@@ -489,13 +477,12 @@ macro_rules! q8_tile_x86 {
     };
 }
 
-q8_tile_x86!(tile_avx2, "avx2,fma,f16c", false, false);
-q8_tile_x86!(tile_avx_vnni, "avx2,fma,f16c,avxvnni", true, true);
+q8_tile_x86!(tile_avx2, "avx2,fma,f16c", Dot::Maddubs);
+q8_tile_x86!(tile_avx_vnni, "avx2,fma,f16c,avxvnni", Dot::AvxVnni);
 q8_tile_x86!(
     tile_vnni,
     "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
-    true,
-    false
+    Dot::Avx512Vnni
 );
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ pub(crate) fn shape_output(
 /// `[rows][inp]`, sizes `y` to `[rows][out]`, and runs `compute(isa, nv,
 /// rows, groups, out)` over [`schedule`]'s split. AVX-512 CPUs run the AVX2
 /// quantized tiles (the integer K-quant ones with VNNI where the CPU has
-/// it: `Isa::vnni`, asked before this narrowing).
+/// it: [`Isa::for_quantized_tiles`]).
 pub(crate) fn quantized_product(
     isa: Isa,
     x: &[f32],
@@ -101,10 +101,7 @@ pub(crate) fn quantized_product(
     if !shape_output(x, rows, (inp, out_dim), y) {
         return;
     }
-    let isa = match isa.kind() {
-        IsaKind::Avx512 => Isa::get(IsaKind::Avx2).unwrap_or(isa),
-        _ => isa,
-    };
+    let isa = isa.for_quantized_tiles();
     let nv = isa.panels_per_tile(rows);
     let out = TiledOutput::new(y, rows, out_dim);
     schedule(rows, inp, out_dim, nv, |r, g| compute(isa, nv, r, g, &out));

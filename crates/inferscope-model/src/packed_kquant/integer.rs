@@ -21,7 +21,7 @@ use std::ops::Range;
 use super::PackedKQuant;
 use super::format::{IQ4, KQuant, Q4, Q6, QK_K, kind_of};
 use super::panels::{PanelRun, int_at};
-use crate::isa::{Isa, IsaKind};
+use crate::isa::{Dot, Isa, IsaKind};
 use crate::packed::tiling::{LANES, TileSums, TiledOutput, for_each_tile};
 use crate::q8k::{BSUM, Q8K};
 
@@ -37,11 +37,11 @@ const VNNI_MR: usize = 6;
 
 impl PackedKQuant {
     /// Rows `rows` × panel groups `groups` (of `nv` panels) of the product
-    /// with the quantized activations `x`, with the VNNI tiles when `vnni`
-    /// (see [`Isa::vnni`]).
+    /// with the quantized activations `x`, with the tiles of `isa`'s dot
+    /// product.
     pub(super) fn compute_integer(
         &self,
-        (isa, vnni): (Isa, bool),
+        isa: Isa,
         nv: usize,
         x: &Q8K,
         rows: Range<usize>,
@@ -68,10 +68,10 @@ impl PackedKQuant {
                     nsb,
                     np: qn,
                 };
-                int_kernel((isa, vnni), self.kind, mr, step, &t, r0, q0 * LANES, out);
+                int_kernel(isa, self.kind, mr, step, &t, r0, q0 * LANES, out);
             }
         };
-        if vnni {
+        if isa.dot() == Dot::Avx512Vnni {
             for_each_tile::<VNNI_MR>(rows, groups, (nv, panels), body);
         } else {
             for_each_tile::<INT_MR>(rows, groups, (nv, panels), body);
@@ -129,11 +129,11 @@ impl ITile<'_> {
 }
 
 /// Runs the integer micro-kernel for `kind`, `mr` rows and `nv` panels,
-/// storing at (`row0`, `col0`); `vnni` (see [`Isa::vnni`]) takes the VNNI
-/// tile where the ISA is AVX2's.
+/// storing at (`row0`, `col0`); under the AVX2 ISA, the tile of its dot
+/// product ([`Dot`]).
 #[allow(unused_unsafe, clippy::too_many_arguments)]
 fn int_kernel(
-    (isa, vnni): (Isa, bool),
+    isa: Isa,
     kind: KQuant,
     mr: usize,
     nv: usize,
@@ -152,32 +152,33 @@ fn int_kernel(
         };
     }
     // SAFETY (the `unsafe` calls): an `Isa` can only be made by detection
-    // (see `isa.rs`), so holding one means the CPU has its features (AVX-VNNI
-    // where `Isa::avx_vnni`); `vnni` comes from `Isa::vnni`, which detects
-    // AVX512-VNNI and AVX512VL.
-    match (isa.kind(), kind) {
+    // (see `isa.rs`), so holding one means the CPU has its features, its
+    // dot product's included.
+    use Dot::{Avx512Vnni, AvxVnni, Maddubs};
+    use IsaKind::Avx2;
+    match (isa.kind(), isa.dot(), kind) {
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q4K) if vnni => shapes!(int_tile_vnni, Q4, 5 x 1, 6 x 1),
+        (Avx2, Avx512Vnni, KQuant::Q4K) => shapes!(int_tile_vnni, Q4, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q6K) if vnni => shapes!(int_tile_vnni, Q6, 5 x 1, 6 x 1),
+        (Avx2, Avx512Vnni, KQuant::Q6K) => shapes!(int_tile_vnni, Q6, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Iq4Xs) if vnni => shapes!(int_tile_vnni, IQ4, 5 x 1, 6 x 1),
+        (Avx2, Avx512Vnni, KQuant::Iq4Xs) => shapes!(int_tile_vnni, IQ4, 5 x 1, 6 x 1),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q4K) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, Q4),
+        (Avx2, AvxVnni, KQuant::Q4K) => shapes!(int_tile_avx_vnni, Q4),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q6K) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, Q6),
+        (Avx2, AvxVnni, KQuant::Q6K) => shapes!(int_tile_avx_vnni, Q6),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Iq4Xs) if isa.avx_vnni() => shapes!(int_tile_avx_vnni, IQ4),
+        (Avx2, AvxVnni, KQuant::Iq4Xs) => shapes!(int_tile_avx_vnni, IQ4),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
+        (Avx2, Maddubs, KQuant::Q4K) => shapes!(int_tile_avx2, Q4),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Q6K) => shapes!(int_tile_avx2, Q6),
+        (Avx2, Maddubs, KQuant::Q6K) => shapes!(int_tile_avx2, Q6),
         #[cfg(target_arch = "x86_64")]
-        (IsaKind::Avx2, KQuant::Iq4Xs) => shapes!(int_tile_avx2, IQ4),
-        (_, KQuant::Q4K) => shapes!(int_tile_portable, Q4),
-        (_, KQuant::Q6K) => shapes!(int_tile_portable, Q6),
-        (_, KQuant::Iq4Xs) => shapes!(int_tile_portable, IQ4),
-        (_, KQuant::Q5K) => unreachable!("Q5_K has no integer layout"),
+        (Avx2, Maddubs, KQuant::Iq4Xs) => shapes!(int_tile_avx2, IQ4),
+        (_, _, KQuant::Q4K) => shapes!(int_tile_portable, Q4),
+        (_, _, KQuant::Q6K) => shapes!(int_tile_portable, Q6),
+        (_, _, KQuant::Iq4Xs) => shapes!(int_tile_portable, IQ4),
+        (_, _, KQuant::Q5K) => unreachable!("Q5_K has no integer layout"),
     }
 }
 
@@ -265,7 +266,7 @@ const KVALUES_PLUS_128: [i8; 16] = {
 /// IQ4_XS's table is offset to unsigned (`w + 128`), and `128·Σ sc·x`
 /// comes back out through the `bsums`, as Q6_K's `−32` does.
 macro_rules! int_tile_x86 {
-    ($name:ident, $features:literal, $vnni:literal, $avx_vnni:literal) => {
+    ($name:ident, $features:literal, $dot:expr) => {
         /// The integer tile with the instruction sets of `#[target_feature]`
         /// (see `int_tile_x86!`).
         ///
@@ -275,9 +276,9 @@ macro_rules! int_tile_x86 {
         #[target_feature(enable = $features)]
         fn $name<const K: u8, const MR: usize, const NV: usize>(t: &ITile<'_>) -> TileSums<MR, NV> {
             use std::arch::x86_64::*;
-            const VNNI: bool = $vnni;
+            const VNNI: bool = !matches!($dot, Dot::Maddubs);
             // VNNI through AVX-VNNI's VEX encoding rather than AVX512VL's.
-            const AVX_VNNI: bool = $avx_vnni;
+            const AVX_VNNI: bool = matches!($dot, Dot::AvxVnni);
             let kind = kind_of(K);
             t.check::<MR>(kind);
             let (nsb, pairs, sbb) = (t.nsb, kind.pairs(), kind.int_sb_bytes());
@@ -514,13 +515,12 @@ macro_rules! int_tile_x86 {
     };
 }
 
-int_tile_x86!(int_tile_avx2, "avx2,fma", false, false);
-int_tile_x86!(int_tile_avx_vnni, "avx2,fma,avxvnni", true, true);
+int_tile_x86!(int_tile_avx2, "avx2,fma", Dot::Maddubs);
+int_tile_x86!(int_tile_avx_vnni, "avx2,fma,avxvnni", Dot::AvxVnni);
 int_tile_x86!(
     int_tile_vnni,
     "avx2,fma,avx512f,avx512vl,avx512vnni",
-    true,
-    false
+    Dot::Avx512Vnni
 );
 
 #[cfg(test)]
