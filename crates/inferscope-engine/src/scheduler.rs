@@ -750,10 +750,10 @@ impl Scheduler {
         self.finishing.clear();
         self.grammar_errors.clear();
         self.grammar_done.clear();
-        if let Some(masks) = &self.batch.masks {
-            self.stats.grammar_mask_time = Some(masks.compute_time());
-        }
         let masks = self.batch.masks.as_ref().map(|m| m.wait());
+        if let Some(ready) = &masks {
+            self.stats.grammar_mask_time = Some(ready.compute_time());
+        }
         // Rows are in batch order: one cursor walks them beside the batch.
         let mut rows = out.logprobs.iter().peekable();
         for (k, sseq) in self.batch.seqs.iter().enumerate() {

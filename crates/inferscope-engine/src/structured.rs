@@ -492,6 +492,11 @@ impl ReadyMasks<'_> {
         self.0.masks.get(slot).and_then(Option::as_ref)
     }
 
+    /// Host time the worker spent computing them.
+    pub fn compute_time(&self) -> Duration {
+        self.0.compute_time
+    }
+
     /// What consuming `slot`'s deferred token gave ([`SeqGrammar::defer`]):
     /// `Finished` or `Error` where the grammar ended there.
     pub fn advance(&self, slot: usize) -> Advance {
@@ -508,11 +513,6 @@ impl StepMasks {
             self.ready.wait(&mut st);
         }
         ReadyMasks(st)
-    }
-
-    /// Host time spent computing the masks (after [`Self::wait`]).
-    pub fn compute_time(&self) -> Duration {
-        self.wait().0.compute_time
     }
 
     /// Masks already computed, published at once (tests and benches that
