@@ -113,32 +113,20 @@ mod tests {
     fn a_new_request_replaces_the_exemplar_and_the_same_one_keeps_it() {
         let slot = ExemplarSlot::default();
         assert_eq!(suffix(&slot), "");
+        let holds = |exemplar: &str| {
+            let got = suffix(&slot);
+            assert!(got.starts_with(&format!(" # {exemplar} ")), "{got}");
+        };
         let a = RequestRef::new("a", None);
         slot.set(&a, 0.25);
-        assert!(
-            suffix(&slot).starts_with(" # {request_id=\"a\"} 0.25 "),
-            "{}",
-            suffix(&slot)
-        );
+        holds("{request_id=\"a\"} 0.25");
         // The same request again (a clone shares the id): kept as it came.
         slot.set(&a.clone(), 0.5);
-        assert!(
-            suffix(&slot).starts_with(" # {request_id=\"a\"} 0.25 "),
-            "{}",
-            suffix(&slot)
-        );
+        holds("{request_id=\"a\"} 0.25");
         // Another request, even with an equal id string, replaces it.
         slot.set(&RequestRef::new("b", None), 0.75);
-        assert!(
-            suffix(&slot).starts_with(" # {request_id=\"b\"} 0.75 "),
-            "{}",
-            suffix(&slot)
-        );
+        holds("{request_id=\"b\"} 0.75");
         slot.set(&RequestRef::new("b", None), 1.0);
-        assert!(
-            suffix(&slot).starts_with(" # {request_id=\"b\"} 1.0 "),
-            "{}",
-            suffix(&slot)
-        );
+        holds("{request_id=\"b\"} 1.0");
     }
 }

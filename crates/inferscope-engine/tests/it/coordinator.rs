@@ -88,9 +88,7 @@ fn tiny_panicking(
     steps: u64,
 ) -> impl FnMut(usize) -> Result<Box<dyn Executor>, ExecutorError> {
     move |engine| {
-        let mut p: SimProfile = "tiny,die_by_panic=1"
-            .parse()
-            .map_err(|e| ExecutorError::Init(format!("{e}")))?;
+        let mut p = profile("tiny,die_by_panic=1")?;
         p.kv_capacity_tokens = 65_536;
         let mut sim = SimExecutor::new(p, SimTokens::default());
         if engine == victim {
@@ -142,6 +140,21 @@ fn drain(
             }
         }
     })
+}
+
+/// Polls `done` every 5 ms until it holds, failing with `what` after `timeout`.
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A sim profile from its spec (`tiny,key=value,…`).
+fn profile(spec: &str) -> Result<SimProfile, ExecutorError> {
+    spec.parse()
+        .map_err(|e| ExecutorError::Init(format!("{e}")))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -231,17 +244,13 @@ fn dropping_a_handle_aborts_and_frees_blocks() {
         }
     });
     drop(h);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rec.finished_with(FinishReason::Abort) == 0 {
-        assert!(Instant::now() < deadline, "abort never recorded");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("abort never recorded", Duration::from_secs(10), || {
+        rec.finished_with(FinishReason::Abort) != 0
+    });
     let state = c.engines().next().expect("engine");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while state.num_running() != 0 || state.kv_usage() != 0.0 {
-        assert!(Instant::now() < deadline, "blocks not freed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("blocks not freed", Duration::from_secs(5), || {
+        state.num_running() == 0 && state.kv_usage() == 0.0
+    });
     let last = rec.0.lock().last.get(&0).cloned().expect("state reported");
     assert_eq!(last.num_running, 0);
     assert_eq!(last.kv_cache_usage, 0.0);
@@ -355,11 +364,9 @@ fn a_dead_core_is_reported_and_skipped() {
     assert!(error.is_some_and(|e| e.contains("device lost")));
     assert_eq!(rec.0.lock().failures, [(0, EngineFailure::ExecutorError)]);
     assert!(!c.is_healthy());
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.engines().any(|s| s.is_alive()) {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("a core is still alive", Duration::from_secs(5), || {
+        !c.engines().any(|s| s.is_alive())
+    });
     assert!(
         matches!(c.add_request(request("e", 8, 5)), Err(EngineError::NoEngine(m)) if m.contains("device lost"))
     );
@@ -873,9 +880,7 @@ fn concurrent_routing_keeps_the_cores_even() {
         2,
         0,
         |_| {
-            let p: SimProfile = "tiny,t_fixed_ms=1500"
-                .parse()
-                .map_err(|e| ExecutorError::Init(format!("{e}")))?;
+            let p = profile("tiny,t_fixed_ms=1500")?;
             Ok(Box::new(SimExecutor::new(p, SimTokens::default())) as Box<dyn Executor>)
         },
         Arc::new(TestRecorder::default()),
@@ -888,11 +893,9 @@ fn concurrent_routing_keeps_the_cores_even() {
                 .expect("add")
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.engines().any(|e| e.num_running() != 1) {
-        assert!(Instant::now() < deadline, "the cores never started");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for("the cores never started", Duration::from_secs(10), || {
+        c.engines().all(|e| e.num_running() == 1)
+    });
     // Into the second step, which takes nothing off the queues for 1.5 s.
     std::thread::sleep(Duration::from_millis(50));
     let rounds = 300;
