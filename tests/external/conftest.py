@@ -12,6 +12,7 @@ the suite's virtual environment (built from source once, then cached).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -29,6 +30,12 @@ INFERSCOPE_BIN = Path(os.environ.get("INFERSCOPE_BIN", REPO / "target" / "releas
 PROMETHEUS_BIN = os.environ.get("PROMETHEUS_BIN", "/usr/bin/prometheus")
 PROMTOOL_BIN = os.environ.get("PROMTOOL_BIN", "/usr/bin/promtool")
 MODEL = "sim-llama"
+
+# The servers' packed-weights caches (GGUF panels saved for a restart) go to
+# a directory of this run, removed at its end, not to the user's ~/.cache.
+_PACKED_CACHE = tempfile.mkdtemp(prefix="inferscope-ext-cache-")
+os.environ["INFERSCOPE_CACHE_DIR"] = _PACKED_CACHE
+atexit.register(shutil.rmtree, _PACKED_CACHE, ignore_errors=True)
 
 
 def free_port() -> int:

@@ -30,6 +30,9 @@ itself (llama.cpp against itself, prompt in one batch or token by token:
 
 from __future__ import annotations
 
+import re
+import time
+
 import numpy as np
 import openai
 import pytest
@@ -199,3 +202,37 @@ def test_impossible_expert_counts_are_refused_by_name(workdir):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
     assert "5 per token of 4" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_restart_maps_the_panels_the_first_start_saved(workdir):
+    """The packed-weights cache (issue #36): the first start on a Q4_K_M file
+    repacks it and saves the panels; the second maps every one of them in
+    place (its load log says how many bytes) and answers the same greedy
+    text."""
+    f16 = write_family_gguf(workdir / "tiny-qwen3-restart-f16.gguf", "qwen3", SEEDS["qwen3"])
+    path = quantize_q4_k_m(f16, workdir / "tiny-qwen3-restart-q4_k_m.gguf")
+    cache = workdir / "packed-restart"
+    args = ["--packed-weights-cache-dir", str(cache)]
+    model = ["--executor", "cpu", "--model", str(path), "--served-model-name", "m"]
+
+    def start() -> tuple[str, str]:
+        s = Server(args, workdir, model_args=model)
+        try:
+            text = greedy_text(s.base, "m")
+            deadline = time.monotonic() + 60
+            while "saved the packed weights" not in s.log.read_text() and list(cache.glob("*.panels")) == []:
+                assert time.monotonic() < deadline, s.log.read_text()[-2000:]
+                time.sleep(0.1)
+        finally:
+            s.stop()
+        return text, s.log.read_text()
+
+    first, log1 = start()
+    assert "mapped_from_cache_bytes=0" in log1, log1[-2000:]
+    assert len(list(cache.glob("*.panels"))) == 1
+    second, log2 = start()
+    mapped = re.search(r"mapped_from_cache_bytes=(\d+)", log2)
+    packed = re.search(r"packed_bytes=(\d+)", log2)
+    assert mapped and packed, log2[-2000:]
+    assert int(mapped.group(1)) == int(packed.group(1)) > 0, (mapped.group(0), packed.group(0))
+    assert second == first

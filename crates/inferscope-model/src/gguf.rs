@@ -26,6 +26,7 @@ use crate::gguf_file::{GgufFile, TensorType, invalid};
 use crate::gguf_meta::Meta;
 use crate::gguf_tokenizer::TokenizerMeta;
 use crate::llama::{Expert, Layer, Linear, LlamaModel, Mlp, stored_kquant};
+use crate::packed_cache::{CacheSession, PackedCache};
 use crate::packed_kquant::PackedKQuant;
 use crate::tokenizer::{HfTokenizer, Tokenizer};
 
@@ -36,6 +37,32 @@ struct Tensors<'a> {
     path: &'a Path,
     /// Bytes of the file repacked into the process's own memory.
     repacked: usize,
+    /// The packed-weights cache of this load, when used.
+    cache: Option<CacheSession>,
+}
+
+/// `make` run to repack weight `name` (`[out, inp]`, bias `b`), or its
+/// panels read in place from the packed-weights cache instead; the bytes
+/// repacked go to `repacked` (none when the cache had them).
+#[allow(clippy::too_many_arguments)]
+fn through_cache(
+    cache: &mut Option<CacheSession>,
+    repacked: &mut usize,
+    name: &str,
+    out: usize,
+    inp: usize,
+    b: Option<Vec<f32>>,
+    bytes: usize,
+    make: impl FnOnce(Option<Vec<f32>>) -> Result<Linear, ModelError>,
+) -> Result<Linear, ModelError> {
+    let make = |b| {
+        *repacked += bytes;
+        make(b)
+    };
+    match cache {
+        Some(c) => c.weight(name, out, inp, b, make),
+        None => make(b),
+    }
 }
 
 impl Tensors<'_> {
@@ -145,9 +172,20 @@ impl Tensors<'_> {
         b: Option<Vec<f32>>,
     ) -> Result<Linear, ModelError> {
         let (dtype, range) = self.locate(name, &[out, inp])?;
-        let l = Linear::from_stored(dtype, &self.map[range.clone()], out, inp, b)
-            .map_err(|e| ModelError::Config(format!("tensor {name}: {e}")))?;
-        self.repacked += range.len();
+        let bytes = &self.map[range.clone()];
+        let l = through_cache(
+            &mut self.cache,
+            &mut self.repacked,
+            name,
+            out,
+            inp,
+            b,
+            range.len(),
+            |b| {
+                Linear::from_stored(dtype, bytes, out, inp, b)
+                    .map_err(|e| ModelError::Config(format!("tensor {name}: {e}")))
+            },
+        )?;
         self.release(range);
         Ok(l)
     }
@@ -155,8 +193,10 @@ impl Tensors<'_> {
     /// Projections of one input, `(name, out)` each (`[out, inp]`), in
     /// order: a run of adjacent ones stored in one K-quant type that stack
     /// is repacked straight into one fused weight (each block read once,
-    /// nothing copied again); the rest one by one, for the model to fuse
-    /// or keep apart.
+    /// nothing copied again), a run of Q8_0 or IQ4_NL ones from their
+    /// blocks concatenated; the rest one by one, for the model to fuse or
+    /// keep apart. (Fused here, a weight is what the packed-weights cache
+    /// saves.)
     fn linears(
         &mut self,
         names: &[(String, usize)],
@@ -171,21 +211,24 @@ impl Tensors<'_> {
         let mut linears = Vec::new();
         let mut s = 0;
         while s < names.len() {
-            // The longest run from `s` of one K-quant type whose parts stack.
-            let kind = stored_kquant(located[s].0);
+            // The longest run from `s` of one type that fuses here: a
+            // K-quant whose parts stack, or Q8_0 / IQ4_NL, whose rows
+            // stack by concatenating their blocks.
+            let (dtype, kind) = (located[s].0, stored_kquant(located[s].0));
+            let concatenates = matches!(dtype, TensorType::Q8_0 | TensorType::IQ4_NL);
             let mut e = s + 1;
-            while kind.is_some()
+            while (concatenates || kind.is_some())
                 && e < names.len()
-                && located[e].0 == located[s].0
-                && PackedKQuant::stacks(&outs[s..=e])
+                && located[e].0 == dtype
+                && (concatenates || PackedKQuant::stacks(&outs[s..=e]))
             {
                 e += 1;
             }
-            let Some(kind) = kind.filter(|_| e - s >= 2) else {
+            if e - s < 2 {
                 linears.push(self.linear(&names[s].0, names[s].1, inp, bias)?);
                 s += 1;
                 continue;
-            };
+            }
             let run = &names[s..e];
             let parts: Vec<(&[u8], usize)> = located[s..e]
                 .iter()
@@ -201,15 +244,40 @@ impl Tensors<'_> {
             } else {
                 None
             };
-            let fused = Linear::from_kquant_parts(kind, &parts, inp, b).map_err(|err| {
-                ModelError::Config(format!(
-                    "tensors {}..{}: {err}",
-                    run[0].0,
-                    run[run.len() - 1].0
-                ))
-            })?;
+            let name = run
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join("+");
+            let out = run.iter().map(|(_, o)| o).sum();
+            let bytes = located[s..e].iter().map(|(_, r)| r.len()).sum();
+            let fused = through_cache(
+                &mut self.cache,
+                &mut self.repacked,
+                &name,
+                out,
+                inp,
+                b,
+                bytes,
+                |b| {
+                    match kind {
+                        Some(kind) => Linear::from_kquant_parts(kind, &parts, inp, b),
+                        None => {
+                            let blocks: Vec<u8> =
+                                parts.iter().flat_map(|(p, _)| *p).copied().collect();
+                            Linear::from_stored(dtype, &blocks, out, inp, b)
+                        }
+                    }
+                    .map_err(|err| {
+                        ModelError::Config(format!(
+                            "tensors {}..{}: {err}",
+                            run[0].0,
+                            run[run.len() - 1].0
+                        ))
+                    })
+                },
+            )?;
             for (_, range) in &located[s..e] {
-                self.repacked += range.len();
                 self.release(range.clone());
             }
             linears.push(fused);
@@ -234,19 +302,31 @@ impl Tensors<'_> {
         let each = gr.len() / n.max(1);
         let kind = stored_kquant(gt).filter(|_| gt == ut && PackedKQuant::stacks(&[out, out]));
         if let Some(kind) = kind {
-            let slice = |r: &Range<usize>, e: usize| &self.map[r.start + e * each..][..each];
+            let map = self.map;
+            let slice = |r: &Range<usize>, e: usize| &map[r.start + e * each..][..each];
             let fused = (0..n)
                 .map(|e| {
                     let parts = [(slice(&gr, e), out), (slice(&ur, e), out)];
-                    Linear::from_kquant_parts(kind, &parts, inp, None)
-                        .map(|l| vec![l])
-                        .map_err(|err| {
-                            ModelError::Config(format!("tensors {gate}, {up}, expert {e}: {err}"))
-                        })
+                    through_cache(
+                        &mut self.cache,
+                        &mut self.repacked,
+                        &format!("{gate}+{up}#{e}"),
+                        2 * out,
+                        inp,
+                        None,
+                        2 * each,
+                        |_| {
+                            Linear::from_kquant_parts(kind, &parts, inp, None).map_err(|err| {
+                                ModelError::Config(format!(
+                                    "tensors {gate}, {up}, expert {e}: {err}"
+                                ))
+                            })
+                        },
+                    )
+                    .map(|l| vec![l])
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             for r in [gr, ur] {
-                self.repacked += r.len();
                 self.release(r);
             }
             return Ok(fused);
@@ -272,14 +352,26 @@ impl Tensors<'_> {
     ) -> Result<Vec<Linear>, ModelError> {
         let (dtype, range) = self.locate(name, &[n, out, inp])?;
         let each = range.len() / n.max(1);
+        let map = self.map;
         let experts = (0..n)
             .map(|e| {
                 let at = range.start + e * each;
-                Linear::from_stored(dtype, &self.map[at..at + each], out, inp, None)
-                    .map_err(|err| ModelError::Config(format!("tensor {name}, expert {e}: {err}")))
+                through_cache(
+                    &mut self.cache,
+                    &mut self.repacked,
+                    &format!("{name}#{e}"),
+                    out,
+                    inp,
+                    None,
+                    each,
+                    |_| {
+                        Linear::from_stored(dtype, &map[at..at + each], out, inp, None).map_err(
+                            |err| ModelError::Config(format!("tensor {name}, expert {e}: {err}")),
+                        )
+                    },
+                )
             })
             .collect::<Result<_, _>>()?;
-        self.repacked += range.len();
         self.release(range);
         Ok(experts)
     }
@@ -303,6 +395,15 @@ impl Tensors<'_> {
 /// Loads a GGUF file: weights, and the tokenizer from `tokenizer.json`
 /// beside the file or else from the GGUF metadata.
 pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelError> {
+    load_gguf_cached(path, None)
+}
+
+/// As [`load_gguf`], with the packed weights read from `cache` when an
+/// earlier start saved them there, and saved there when not.
+pub fn load_gguf_cached(
+    path: &Path,
+    cache: Option<&PackedCache>,
+) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelError> {
     if !path.is_file() {
         return Err(ModelError::MissingFile(path.to_path_buf()));
     }
@@ -425,6 +526,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         map: &map,
         path,
         repacked: 0,
+        cache: cache.and_then(|c| CacheSession::open(c, path)),
     };
     let cfg = ModelConfig {
         architecture: architecture.to_string(),
@@ -564,6 +666,7 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         let factors = tensors.vec("rope_freqs.weight", cfg.head_dim / 2)?;
         model = model.with_rope_freq_factors(&factors)?;
     }
+    let cache = tensors.cache.take();
     tracing::info!(
         file = %path.display(),
         file_bytes = map.len(),
@@ -571,9 +674,13 @@ pub fn load_gguf(path: &Path) -> Result<(LlamaModel, Arc<dyn Tokenizer>), ModelE
         embedding_dtype = ?embd_dtype,
         repacked_file_bytes = tensors.repacked,
         packed_bytes = model.weight_bytes(),
+        mapped_from_cache_bytes = model.mapped_weight_bytes(),
         load_seconds = started.elapsed().as_secs_f64(),
-        "mapped GGUF file: embeddings read in place, products repacked"
+        "mapped GGUF file: embeddings read in place, products repacked or mapped from the packed-weights cache"
     );
+    if let Some(c) = cache {
+        c.finish();
+    }
 
     let sibling = path.with_file_name("tokenizer.json");
     let tokenizer: Arc<dyn Tokenizer> = if sibling.is_file() {

@@ -62,6 +62,8 @@ const NAMES: &[(u32, &str)] = &[
 const SUPPORTED: &[u32] = &[0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23];
 
 impl TensorType {
+    /// 8-bit quants, f16 scale per 32.
+    pub const Q8_0: Self = Self(8);
     /// 4-bit indices into a non-linear table, f16 scale per 32.
     pub const IQ4_NL: Self = Self(20);
     /// IQ4_NL's table with 6-bit scales per 32 under an f16 scale per 256.

@@ -15,6 +15,7 @@ use crate::gguf_file::TensorType;
 use crate::kv_storage::KvStorage;
 use crate::packed::tiling::PARALLEL_MIN_MACS;
 use crate::packed::{PackedWeight, WeightDtype};
+use crate::packed_cache::Packed;
 use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 
@@ -177,6 +178,31 @@ impl Linear {
         })
     }
 
+    /// The weight in a form the packed-weights cache saves (K-quant and
+    /// Q8_0 panels; `None` for the others, repacked at every start).
+    pub(crate) fn packed(&self) -> Option<Packed> {
+        match &self.w {
+            Weight::KQuant(k) => Some(Packed::KQuant(k.clone())),
+            Weight::Q8(q) => Some(Packed::Q8(q.clone())),
+            Weight::Packed(_) | Weight::Quantized(_) => None,
+        }
+    }
+
+    /// A layer of a weight the packed-weights cache read back.
+    pub(crate) fn from_packed(w: Packed, b: Option<Vec<f32>>) -> Self {
+        let (w, out_dim) = match w {
+            Packed::KQuant(k) => {
+                let out = k.out_dim();
+                (Weight::KQuant(k), out)
+            }
+            Packed::Q8(q) => {
+                let out = q.out_dim();
+                (Weight::Q8(q), out)
+            }
+        };
+        Self { w, b, out_dim }
+    }
+
     /// The same layer with its dense weight stored as `dtype`.
     fn with_dtype(self, dtype: WeightDtype) -> Self {
         let w = match self.w {
@@ -189,6 +215,15 @@ impl Linear {
             other => other,
         };
         Self { w, ..self }
+    }
+
+    /// Bytes of the weight read in place from a mapped file of panels.
+    fn mapped_bytes(&self) -> usize {
+        match &self.w {
+            Weight::KQuant(w) if w.is_mapped() => w.size_bytes(),
+            Weight::Q8(w) if w.is_mapped() => w.size_bytes(),
+            _ => 0,
+        }
     }
 
     /// Bytes of the weight as stored: what one product reads.
@@ -414,8 +449,8 @@ impl GatedMlp {
         }
     }
 
-    fn gate_up_bytes(&self) -> usize {
-        self.gate_up.parts.iter().map(Linear::stored_bytes).sum()
+    fn gate_up_bytes(&self, of: fn(&Linear) -> usize) -> usize {
+        self.gate_up.parts.iter().map(of).sum()
     }
 }
 
@@ -450,13 +485,13 @@ impl BlockMlp {
     /// The stored bytes of the router (none for a dense MLP), of the gate/up
     /// products and of the down products: every expert's, as all of them
     /// are kept (a step reads those its tokens are routed to).
-    fn bytes(&self) -> [usize; 3] {
+    fn bytes(&self, of: fn(&Linear) -> usize) -> [usize; 3] {
         match self {
-            BlockMlp::Dense(m) => [0, m.gate_up_bytes(), m.down.stored_bytes()],
+            BlockMlp::Dense(m) => [0, m.gate_up_bytes(of), of(&m.down)],
             BlockMlp::Moe(m) => [
-                m.router.stored_bytes(),
-                m.experts.iter().map(GatedMlp::gate_up_bytes).sum(),
-                m.experts.iter().map(|e| e.down.stored_bytes()).sum(),
+                of(&m.router),
+                m.experts.iter().map(|e| e.gate_up_bytes(of)).sum(),
+                m.experts.iter().map(|e| of(&e.down)).sum(),
             ],
         }
     }
@@ -890,16 +925,27 @@ impl LlamaModel {
     /// Bytes of the layer weights and LM head as stored (f32, bf16 or
     /// quantized blocks; panel padding included): what a decode step reads.
     pub fn weight_bytes(&self) -> usize {
+        self.bytes_of(Linear::stored_bytes)
+    }
+
+    /// Bytes of the stored weights read in place from a mapped file of
+    /// panels (the packed-weights cache) rather than repacked at load.
+    pub fn mapped_weight_bytes(&self) -> usize {
+        self.bytes_of(Linear::mapped_bytes)
+    }
+
+    /// `of` summed over every product's weight.
+    fn bytes_of(&self, of: fn(&Linear) -> usize) -> usize {
         let layers: usize = self
             .layers
             .iter()
             .map(|b| {
-                b.qkv.parts.iter().map(Linear::stored_bytes).sum::<usize>()
-                    + b.o.stored_bytes()
-                    + b.mlp.bytes().iter().sum::<usize>()
+                b.qkv.parts.iter().map(of).sum::<usize>()
+                    + of(&b.o)
+                    + b.mlp.bytes(of).iter().sum::<usize>()
             })
             .sum();
-        layers + self.lm_head.stored_bytes()
+        layers + of(&self.lm_head)
     }
 
     /// Bytes of the stored weights per product kind (q/k/v, o, the MoE
@@ -912,9 +958,9 @@ impl LlamaModel {
         [
             (Part::Qkv, sum(&|b| proj(&b.qkv))),
             (Part::O, sum(&|b| b.o.stored_bytes())),
-            (Part::Route, sum(&|b| b.mlp.bytes()[0])),
-            (Part::GateUp, sum(&|b| b.mlp.bytes()[1])),
-            (Part::Down, sum(&|b| b.mlp.bytes()[2])),
+            (Part::Route, sum(&|b| b.mlp.bytes(Linear::stored_bytes)[0])),
+            (Part::GateUp, sum(&|b| b.mlp.bytes(Linear::stored_bytes)[1])),
+            (Part::Down, sum(&|b| b.mlp.bytes(Linear::stored_bytes)[2])),
             (Part::LmHead, self.lm_head.stored_bytes()),
         ]
     }

@@ -11,6 +11,7 @@ use crate::executor::{CpuExecutor, KvBudget};
 use crate::kv_storage::KvDtype;
 use crate::llama::LlamaModel;
 use crate::packed::WeightDtype;
+use crate::packed_cache::PackedCache;
 use crate::tokenizer::{ByteTokenizer, Tokenizer};
 
 /// How to load and run a model.
@@ -28,6 +29,9 @@ pub struct ModelOptions {
     pub dtype: String,
     /// Threads per executor; `None` uses the global pool (all cores).
     pub num_threads: Option<usize>,
+    /// Where a GGUF file's repacked weights are saved and read back
+    /// (`None`: repacked at every load).
+    pub packed_cache: Option<PackedCache>,
     /// Which logits reported log-probabilities come from (`--logprobs-mode`).
     pub logprobs_mode: crate::LogprobsMode,
 }
@@ -40,6 +44,7 @@ impl Default for ModelOptions {
             kv_cache_dtype: KvDtype::default(),
             dtype: "f32".into(),
             num_threads: None,
+            packed_cache: None,
             logprobs_mode: crate::LogprobsMode::default(),
         }
     }
@@ -130,7 +135,7 @@ impl LoadedModel {
                     if !crate::loader::is_gguf_file(path)? {
                         return Err(ModelError::NotGguf(path.to_path_buf()));
                     }
-                    let (m, t) = crate::gguf::load_gguf(path)?;
+                    let (m, t) = crate::gguf::load_gguf_cached(path, opts.packed_cache.as_ref())?;
                     (name, m, t, false)
                 } else if !path.exists() {
                     return Err(ModelError::MissingFile(path.to_path_buf()));

@@ -56,9 +56,15 @@ mod panels;
 
 pub use format::{KQuant, QK_K};
 
+use std::ops::Range;
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
 use crate::error::ModelError;
 use crate::isa::Isa;
 use crate::packed::tiling::{LANES, quantized_product, shape_output};
+use crate::panel_data::{PanelData, Plain};
 use crate::q8k::Q8K;
 use format::Rows;
 use panels::{KPanels, Layout};
@@ -212,6 +218,60 @@ impl PackedKQuant {
     /// The dequantized row-major `[out][inp]` matrix (equal to candle's).
     pub fn dequantize(&self) -> Vec<f32> {
         self.rows().dequantize(self.kind, self.out, self.inp)
+    }
+
+    /// The panel arrays as bytes, in the order [`PackedKQuant::from_mapped`]
+    /// takes them back (the packed-weights cache saves them so).
+    pub(crate) fn panel_bytes(&self) -> [&[u8]; 5] {
+        let k = &self.panels;
+        [
+            k.qs.as_bytes(),
+            k.sc.as_bytes(),
+            k.mn.as_bytes(),
+            k.d.as_bytes(),
+            k.dmin.as_bytes(),
+        ]
+    }
+
+    /// A `[out, inp]` weight of `kind` read in place from `map`, its five
+    /// arrays at the byte ranges `at` (as [`PackedKQuant::panel_bytes`] gave
+    /// them); `None` when a range is not the length those dimensions take,
+    /// lies outside the map or is misaligned.
+    pub(crate) fn from_mapped(
+        kind: KQuant,
+        out: usize,
+        inp: usize,
+        map: &Arc<Mmap>,
+        at: &[Range<usize>],
+    ) -> Option<Self> {
+        if inp == 0 || !inp.is_multiple_of(QK_K) || at.len() != 5 {
+            return None;
+        }
+        let want = KPanels::zeroed_lens(kind, out, inp);
+        fn array<T: Plain>(map: &Arc<Mmap>, r: &Range<usize>, len: usize) -> Option<PanelData<T>> {
+            (r.len() == len * size_of::<T>())
+                .then(|| PanelData::mapped(map.clone(), r.start, len))
+                .flatten()
+        }
+        let panels = KPanels {
+            qs: array(map, &at[0], want[0])?,
+            sc: array(map, &at[1], want[1])?,
+            mn: array(map, &at[2], want[2])?,
+            d: array(map, &at[3], want[3])?,
+            dmin: array(map, &at[4], want[4])?,
+        };
+        Some(Self {
+            kind,
+            layout: kind.layout(),
+            panels,
+            out,
+            inp,
+        })
+    }
+
+    /// Whether its panels are read in place from a mapped file.
+    pub fn is_mapped(&self) -> bool {
+        self.panels.qs.is_mapped()
     }
 
     /// Which format it holds.

@@ -35,6 +35,7 @@ use crate::isa::{Dot, Isa, IsaKind};
 use crate::packed::tiling::{
     LANES, PARALLEL_MIN_MACS, TileSums, TiledOutput, row_tiles, schedule, shape_output,
 };
+use crate::panel_data::PanelData;
 use activations::Q8Rows;
 
 #[path = "q8_activations.rs"]
@@ -74,7 +75,7 @@ pub struct PackedQ8 {
     /// `[panels][in / QK8_0]` blocks of [`PANEL_BLOCK`] bytes: `[8][LANES][4]`
     /// int8, then `[LANES]` f16 scales; rows past `out` in the last panel
     /// are 0.
-    data: Vec<u8>,
+    data: PanelData<u8>,
     out: usize,
     inp: usize,
 }
@@ -128,7 +129,7 @@ impl PackedQ8 {
             }
         }
         Ok(Self {
-            data: packed,
+            data: packed.into(),
             out,
             inp,
         })
@@ -169,6 +170,36 @@ impl PackedQ8 {
             }
         }
         w
+    }
+
+    /// The panels as bytes (the packed-weights cache saves them).
+    pub(crate) fn panel_bytes(&self) -> &[u8] {
+        self.data.as_bytes()
+    }
+
+    /// A `[out, inp]` weight read in place from bytes `at` of `map`, as
+    /// [`PackedQ8::panel_bytes`] gave them; `None` when `at` is not the
+    /// length those dimensions take or lies outside the map.
+    pub(crate) fn from_mapped(
+        out: usize,
+        inp: usize,
+        map: &std::sync::Arc<memmap2::Mmap>,
+        at: Range<usize>,
+    ) -> Option<Self> {
+        let len = out.div_ceil(LANES) * (inp / QK8_0) * PANEL_BLOCK;
+        if !inp.is_multiple_of(QK8_0) || at.len() != len {
+            return None;
+        }
+        Some(Self {
+            data: PanelData::mapped(map.clone(), at.start, len)?,
+            out,
+            inp,
+        })
+    }
+
+    /// Whether its panels are read in place from a mapped file.
+    pub fn is_mapped(&self) -> bool {
+        self.data.is_mapped()
     }
 
     /// Bytes the weights and scales occupy.

@@ -124,6 +124,19 @@ pub struct ServeArgs {
     #[arg(long, short = 't', value_name = "N")]
     pub threads: Option<usize>,
 
+    /// Where the cpu executor saves a GGUF file's repacked weights, for later
+    /// starts to map in place instead of repacking them (one file per model file,
+    /// as large as its repacked weights; replaced when the model file or the
+    /// inferscope build changes). Default: $INFERSCOPE_CACHE_DIR/packed, else
+    /// $XDG_CACHE_HOME/inferscope/packed, else ~/.cache/inferscope/packed.
+    #[arg(long, value_name = "DIR")]
+    pub packed_weights_cache_dir: Option<std::path::PathBuf>,
+
+    /// Repack a GGUF file's weights at every start, neither reading nor writing the
+    /// packed-weights cache.
+    #[arg(long, conflicts_with = "packed_weights_cache_dir")]
+    pub no_packed_weights_cache: bool,
+
     /// Sampling defaults for requests that omit a field: auto (the model's
     /// generation_config.json, or a GGUF file's general.sampling.* keys), vllm (none:
     /// temperature 1, top_p 1), or a folder holding a generation_config.json, as vLLM's flag.

@@ -16,7 +16,8 @@ use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
 use inferscope_metrics::{CacheConfig, MetricsConfig, StatLoggerManager};
 use inferscope_model::{
     ByteTokenizer, ChatTemplate, GenerationDefaults, HfTokenizer, KvDtype, LoadedModel, ModelError,
-    ModelOptions, Tokenizer, chat_template::load_template_arg, tokenizer::WithChatTemplate,
+    ModelOptions, PackedCache, Tokenizer, chat_template::load_template_arg,
+    tokenizer::WithChatTemplate,
 };
 use inferscope_schema::{
     BucketOverrides, EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats,
@@ -259,6 +260,17 @@ pub fn build_state(args: &ServeArgs) -> Result<Arc<AppState>, ServerError> {
                 kv_cache_memory: args.kv_cache_memory,
                 dtype: args.dtype.clone(),
                 num_threads: args.threads,
+                packed_cache: (!args.no_packed_weights_cache)
+                    .then(|| {
+                        args.packed_weights_cache_dir
+                            .clone()
+                            .or_else(PackedCache::default_dir)
+                    })
+                    .flatten()
+                    .map(|dir| PackedCache {
+                        dir,
+                        background: true,
+                    }),
                 kv_cache_dtype,
                 logprobs_mode: if args.logprobs_mode == "processed_logprobs" {
                     inferscope_model::LogprobsMode::ProcessedLogprobs

@@ -41,6 +41,7 @@ use rayon::prelude::*;
 
 use super::format::{Block, IQ4, KQuant, Q4, Q5, Q6, QK_K, Rows};
 use crate::packed::tiling::LANES;
+use crate::panel_data::PanelData;
 
 /// How a K-quant weight's panels are laid out, and so which product runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,15 +95,15 @@ impl KQuant {
 #[derive(Clone)]
 pub(super) struct KPanels {
     /// `[panels][inp · bpk]` quants.
-    qs: Vec<u8>,
+    pub(super) qs: PanelData<u8>,
     /// `[panels][inp / sub · LANES]` sub-block scales.
-    sc: Vec<i8>,
+    pub(super) sc: PanelData<i8>,
     /// Sub-block mins, as `sc` (empty for Q6_K).
-    mn: Vec<i8>,
+    pub(super) mn: PanelData<i8>,
     /// `[panels][inp / 256][LANES]` super-block scales (0 past `out`).
-    d: Vec<f32>,
+    pub(super) d: PanelData<f32>,
     /// Super-block min scales, as `d` (empty for Q6_K).
-    dmin: Vec<f32>,
+    pub(super) dmin: PanelData<f32>,
 }
 
 /// A run of panels of a [`KPanels`], borrowed for a register tile.
@@ -130,17 +131,30 @@ fn panel_lens(kind: KQuant, inp: usize) -> (usize, usize, usize) {
 }
 
 impl KPanels {
-    /// Panels for `[out][inp]` of zeros.
-    fn zeroed(kind: KQuant, out: usize, inp: usize) -> Self {
+    /// The lengths of the five arrays of `[out][inp]`: quants, scales,
+    /// mins, `d`s and min scales.
+    pub(super) fn zeroed_lens(kind: KQuant, out: usize, inp: usize) -> [usize; 5] {
         let panels = out.div_ceil(LANES);
         let (q, s, d) = panel_lens(kind, inp);
         let mins = usize::from(kind.has_min());
+        [
+            panels * q,
+            panels * s,
+            mins * panels * s,
+            panels * d,
+            mins * panels * d,
+        ]
+    }
+
+    /// Panels for `[out][inp]` of zeros.
+    fn zeroed(kind: KQuant, out: usize, inp: usize) -> Self {
+        let [q, s, m, d, dm] = Self::zeroed_lens(kind, out, inp);
         Self {
-            qs: vec![0; panels * q],
-            sc: vec![0; panels * s],
-            mn: vec![0; mins * panels * s],
-            d: vec![0.0; panels * d],
-            dmin: vec![0.0; mins * panels * d],
+            qs: vec![0; q].into(),
+            sc: vec![0; s].into(),
+            mn: vec![0; m].into(),
+            d: vec![0.0; d].into(),
+            dmin: vec![0.0; dm].into(),
         }
     }
 
@@ -260,18 +274,18 @@ impl KPanels {
             return None;
         }
         let mut k = Self {
-            qs: Vec::new(),
-            sc: Vec::new(),
-            mn: Vec::new(),
-            d: Vec::new(),
-            dmin: Vec::new(),
+            qs: PanelData::default(),
+            sc: PanelData::default(),
+            mn: PanelData::default(),
+            d: PanelData::default(),
+            dmin: PanelData::default(),
         };
         for (p, _) in parts {
-            k.qs.extend_from_slice(&p.qs);
-            k.sc.extend_from_slice(&p.sc);
-            k.mn.extend_from_slice(&p.mn);
-            k.d.extend_from_slice(&p.d);
-            k.dmin.extend_from_slice(&p.dmin);
+            k.qs.to_mut().extend_from_slice(&p.qs);
+            k.sc.to_mut().extend_from_slice(&p.sc);
+            k.mn.to_mut().extend_from_slice(&p.mn);
+            k.d.to_mut().extend_from_slice(&p.d);
+            k.dmin.to_mut().extend_from_slice(&p.dmin);
         }
         Some(k)
     }

@@ -1172,3 +1172,110 @@ fn gguf_families_match_the_safetensors_path() {
         assert!(diff < 1e-4, "{arch}: relative difference {diff}");
     }
 }
+
+/// The packed-weights cache: a first load repacks and saves the panels, a
+/// second maps them in place (every weight) and computes the same logits
+/// bit for bit; a changed model file, and a truncated cache file, are
+/// repacked (and the cache written again), never read.
+#[test]
+fn gguf_packed_weights_cache_maps_the_panels_of_a_later_load() {
+    let (tokens, _, _) = vocab();
+    let cfg = ModelConfig {
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_heads: 4,
+        num_kv_heads: 2,
+        head_dim: 64,
+        ..config(tokens.len())
+    };
+    let w = random_weights(&cfg, 12).unwrap();
+    let dir = std::env::temp_dir().join(format!("inferscope-packed-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let cache = inferscope_model::PackedCache {
+        dir: dir.clone(),
+        background: false,
+    };
+    let opts = ModelOptions {
+        kv_cache_memory: Some(4 << 20),
+        packed_cache: Some(cache),
+        ..ModelOptions::default()
+    };
+    let panels_files = || {
+        std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "panels"))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    // A Q4_K_M-like mix (Q4_K, v and down in Q6_K), and Q8_0.
+    for (lin, down, name) in [
+        (GgmlDType::Q4K, GgmlDType::Q6K, "cache-q4km"),
+        (GgmlDType::Q8_0, GgmlDType::Q8_0, "cache-q8"),
+    ] {
+        let write = || {
+            write_gguf_with(
+                &cfg,
+                &w,
+                (lin, down, GgmlDType::F32),
+                name,
+                spm_metadata(),
+                Vec::new(),
+            )
+        };
+        let path = write();
+        let prompt: Vec<u32> = (0..21).map(|i| 3 + (i * 31) % 260).collect();
+        let load = || {
+            let m = LoadedModel::load(path.to_str().unwrap(), &opts).unwrap();
+            let mut exec = m.cpu_executor().unwrap();
+            exec.init_kv_cache(BLOCK_SIZE).unwrap();
+            let l = logits(&mut exec, &prompt);
+            (m.model().mapped_weight_bytes(), m.model().weight_bytes(), l)
+        };
+        let (mapped, total, first) = load();
+        assert_eq!(mapped, 0, "{name}: the first load repacks");
+        let files = panels_files();
+        assert_eq!(files.len(), 1, "{name}: one cache file: {files:?}");
+        let (mapped, total2, second) = load();
+        assert_eq!(
+            (mapped, total2),
+            (total, total),
+            "{name}: the second load maps every weight"
+        );
+        assert_eq!(first, second, "{name}: the same logits, bit for bit");
+
+        // The model file changed (written again, a later time): repacked,
+        // and saved again for the next load.
+        write();
+        let later = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+        let (mapped, _, third) = load();
+        assert_eq!(mapped, 0, "{name}: a changed model file is repacked");
+        assert_eq!(third, first);
+        assert_eq!(load().0, total, "{name}: and mapped at the next load");
+
+        // A truncated cache file is not read.
+        let file = panels_files().remove(0);
+        let len = std::fs::metadata(&file).unwrap().len();
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let (mapped, _, fourth) = load();
+        assert_eq!(mapped, 0, "{name}: a truncated cache file is repacked");
+        assert_eq!(fourth, first);
+        assert_eq!(load().0, total, "{name}: and written whole again");
+        assert_eq!(panels_files().len(), 1, "{name}: still one file");
+        std::fs::remove_file(panels_files().remove(0)).unwrap();
+        let _ = std::fs::remove_file(&path);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
