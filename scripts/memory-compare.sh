@@ -107,9 +107,11 @@ start() {
   port_busy && die "port $PORT is in use (set PORT)"
   t0=$(date +%s.%N)
   if [ "$name" = inferscope ]; then
+    # shellcheck disable=SC2086 # CACHE_ARGS is a flag and its value, or nothing
     "$INFERSCOPE_BIN" serve --executor cpu --model "$FILE" --host 127.0.0.1 --port "$PORT" \
       --threads "$THREADS" --max-model-len "$CTX" --max-num-seqs 1 --kv-cache-dtype float16 \
-      --kv-cache-memory "$((KV_PER_TOKEN * CTX))" --no-enable-prefix-caching --disable-log-stats >"$log" 2>&1 &
+      --kv-cache-memory "$((KV_PER_TOKEN * CTX))" --no-enable-prefix-caching --disable-log-stats \
+      $CACHE_ARGS >"$log" 2>&1 &
   else
     "$LLAMA_BIN_DIR/llama-server" -m "$FILE" --host 127.0.0.1 --port "$PORT" -t "$THREADS" -tb "$THREADS" \
       -c "$CTX" --parallel 1 -ctk f16 -ctv f16 --no-cache-prompt --cache-ram 0 --no-webui >"$log" 2>&1 &
@@ -140,8 +142,14 @@ mem() {
 echo "file: $FILE ($(du -m "$FILE" | cut -f1) MiB); context $CTX tokens, f16 KV ($((KV_PER_TOKEN * CTX / 1048576)) MiB); prompt $PROMPT_TOKENS words; threads $THREADS"
 echo "inferscope: $INFERSCOPE_BIN ($("$INFERSCOPE_BIN" --version 2>&1 | head -1)); llama-server: $("$LLAMA_BIN_DIR/llama-server" --version 2>&1 | grep -m1 version || echo '?'); load average $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| server | load cold s | load warm s | cold / warm | CPU s of the cold, warm load | RSS after load MiB (anon + file) | RSS after the long request MiB (anon + file) | peak RSS MiB | prompt tokens |"
-echo "|---|---|---|---|---|---|---|---|---|"
+# A build with the packed-weights cache saves its panels to a directory of this run: the cold
+# start is the first ever (it repacks), the warm one maps what it saved.
+CACHE_ARGS=
+if "$INFERSCOPE_BIN" serve --help | grep -q -- --packed-weights-cache-dir; then
+  CACHE_ARGS="--packed-weights-cache-dir $OUT/packed"
+fi
+echo "| server | load cold s | load warm s | cold / warm | CPU s of the cold, warm load | RSS after load MiB (anon + file) | RSS after the long request MiB (anon + file) | peak RSS MiB | warm start: RSS after load, after the long request MiB (anon + file) | prompt tokens |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 for name in $SERVERS; do
   evict
   start "$name" "$OUT/$name-cold.log"
@@ -152,13 +160,24 @@ for name in $SERVERS; do
     die "$name: the long request failed"
   read -r rss2 anon2 file2 hwm < <(mem)
   used=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["usage"]["prompt_tokens"])' "$OUT/$name-long.json")
+  if [ "$name" = inferscope ] && [ -n "$CACHE_ARGS" ]; then
+    # Stopped only once the panels are saved for the warm start.
+    for _ in $(seq 600); do
+      grep -q "saved the packed weights\|could not save the packed weights" "$OUT/$name-cold.log" && break
+      sleep 0.1
+    done
+  fi
   stop_server
   start "$name" "$OUT/$name-warm.log"
   warm=$LOAD_S
   warm_cpu=$(cpu)
+  read -r wrss wanon wfile _ < <(mem)
+  curl -sf "127.0.0.1:$PORT/v1/completions" -H 'content-type: application/json' -d @"$OUT/long.json" >"$OUT/$name-long-warm.json" ||
+    die "$name: the long request to the warm start failed"
+  read -r wrss2 wanon2 wfile2 _ < <(mem)
   stop_server
   ratio=$(echo "$cold $warm" | awk '{printf "%.2f", $1 / $2}')
-  echo "| $name | $cold | $warm | $ratio | $cold_cpu, $warm_cpu | $rss ($anon + $file) | $rss2 ($anon2 + $file2) | $hwm | $used |"
+  echo "| $name | $cold | $warm | $ratio | $cold_cpu, $warm_cpu | $rss ($anon + $file) | $rss2 ($anon2 + $file2) | $hwm | $wrss ($wanon + $wfile), $wrss2 ($wanon2 + $wfile2) | $used |"
 done
 echo
 echo "logs and responses: $OUT"
