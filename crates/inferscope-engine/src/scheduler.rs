@@ -38,6 +38,9 @@ pub type OutputSink = UnboundedSender<RequestOutput>;
 /// start (fair admission): a bound on the work one arrival can undo.
 pub const MAX_YIELDS_PER_STEP: usize = 4;
 
+/// Output tokens a sequence's token vector has room for from the start.
+const OUTPUT_RESERVE: usize = 1024;
+
 /// A request inside the scheduler.
 #[derive(Debug)]
 struct Sequence {
@@ -342,13 +345,17 @@ impl Scheduler {
         // One allocation per request; every finished-stats clone shares it.
         let request = RequestRef::new(&req.request_id, req.trace_id).with_tenant(req.tenant_label);
         let tenant_slot = self.waiting.slot(req.tenant.as_ref());
+        // Room for the output up front (bounded: a huge `max_tokens` is
+        // rarely reached): no reallocations while it is generated.
+        let mut tokens = req.prompt_token_ids;
+        tokens.reserve(req.params.max_tokens.min(OUTPUT_RESERVE));
         let mut seq = Sequence {
             seq_id,
             request_id: req.request_id,
             request,
             params: req.params,
             seed,
-            tokens: req.prompt_token_ids,
+            tokens,
             num_prompt_tokens,
             num_delivered: 0,
             num_computed: 0,

@@ -14,6 +14,19 @@ pub trait Tokenizer: Send + Sync {
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError>;
     /// Text of `ids`; invalid UTF-8 becomes U+FFFD.
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError>;
+    /// [`Tokenizer::decode`] appended to `out` (a tokenizer that can decode
+    /// without a string of its own saves an allocation per call: the
+    /// incremental decoder calls this twice per generated token). On an
+    /// error `out` may hold part of the text.
+    fn decode_into(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+        out: &mut String,
+    ) -> Result<(), ModelError> {
+        out.push_str(&self.decode(ids, skip_special_tokens)?);
+        Ok(())
+    }
     /// Number of token ids, specials included.
     fn vocab_size(&self) -> usize;
     /// What each token id decodes to, as bytes, for grammar masks
@@ -97,7 +110,20 @@ impl Tokenizer for ByteTokenizer {
     }
 
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
-        let mut bytes = Vec::with_capacity(ids.len());
+        let mut out = String::with_capacity(ids.len());
+        self.decode_into(ids, skip_special_tokens, &mut out)?;
+        Ok(out)
+    }
+
+    fn decode_into(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+        out: &mut String,
+    ) -> Result<(), ModelError> {
+        let mut bytes = std::mem::take(out).into_bytes();
+        let start = bytes.len();
+        let mut result = Ok(());
         for &id in ids {
             match id {
                 0..=255 => bytes.push(id as u8),
@@ -105,14 +131,29 @@ impl Tokenizer for ByteTokenizer {
                 Self::EOS if !skip_special_tokens => bytes.extend_from_slice(b"</s>"),
                 Self::BOS | Self::EOS => {}
                 _ => {
-                    return Err(ModelError::Tokenizer(format!(
+                    result = Err(ModelError::Tokenizer(format!(
                         "token id {id} is outside the byte vocabulary (0..{})",
                         Self::VOCAB_SIZE
                     )));
+                    bytes.truncate(start);
+                    break;
                 }
             }
         }
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        // The bytes before `start` were a string already; the new ones are
+        // checked, and replaced lossily (a copy) only when not UTF-8.
+        *out = match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut bytes = e.into_bytes();
+                let tail = String::from_utf8_lossy(&bytes[start..]).into_owned();
+                bytes.truncate(start);
+                let mut s = String::from_utf8(bytes).expect("the bytes before start were a string");
+                s.push_str(&tail);
+                s
+            }
+        };
+        result
     }
 
     fn vocab_size(&self) -> usize {
@@ -341,18 +382,25 @@ pub struct IncrementalDecoder {
     prefix_offset: usize,
     read_offset: usize,
     skip_special_tokens: bool,
+    /// The two decodes of each push, kept: no allocation per token.
+    prefix: String,
+    full: String,
 }
 
 impl IncrementalDecoder {
     /// A decoder whose first tokens follow `prompt_ids`.
     pub fn new(tokenizer: Arc<dyn Tokenizer>, prompt_ids: &[u32]) -> Self {
         let ctx = &prompt_ids[prompt_ids.len().saturating_sub(PROMPT_CONTEXT)..];
+        let mut ids = Vec::with_capacity(ctx.len() + 64);
+        ids.extend_from_slice(ctx);
         Self {
             tokenizer,
-            ids: ctx.to_vec(),
+            ids,
             prefix_offset: 0,
             read_offset: ctx.len(),
             skip_special_tokens: true,
+            prefix: String::new(),
+            full: String::new(),
         }
     }
 
@@ -365,27 +413,37 @@ impl IncrementalDecoder {
 
     /// Adds one token; returns the text it completes (maybe empty).
     pub fn push(&mut self, token: u32) -> Result<String, ModelError> {
+        let mut text = String::new();
+        self.push_into(token, &mut text)?;
+        Ok(text)
+    }
+
+    /// Adds one token; appends the text it completes (maybe none) to
+    /// `out`, which is left as it was on an error.
+    pub fn push_into(&mut self, token: u32, out: &mut String) -> Result<(), ModelError> {
         self.ids.push(token);
-        let prefix = self.tokenizer.decode(
+        let (tok, skip) = (&self.tokenizer, self.skip_special_tokens);
+        self.prefix.clear();
+        tok.decode_into(
             &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
+            skip,
+            &mut self.prefix,
         )?;
-        let mut full = self
-            .tokenizer
-            .decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        self.full.clear();
+        tok.decode_into(&self.ids[self.prefix_offset..], skip, &mut self.full)?;
+        let (prefix, full) = (&self.prefix, &self.full);
         // A trailing U+FFFD means the last token ends inside a character:
         // wait for the rest.
         if full.len() > prefix.len()
             && !full.ends_with('\u{FFFD}')
             && full.is_char_boundary(prefix.len())
         {
-            // The delta is the tail: keep the buffer, drop the head.
-            full.drain(..prefix.len());
+            // The delta is the tail.
+            out.push_str(&full[prefix.len()..]);
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
-            return Ok(full);
         }
-        Ok(String::new())
+        Ok(())
     }
 
     /// Flushes what was held back (an incomplete character becomes U+FFFD).
@@ -454,6 +512,34 @@ mod tests {
         // "€" is 3 bytes: the first two pushes of it produce nothing.
         assert_eq!(deltas[1], "");
         assert_eq!(deltas[3], "€");
+    }
+
+    #[test]
+    fn byte_decode_into_appends_as_decode_gives() {
+        let t = ByteTokenizer;
+        let cases: [&[u32]; 4] = [
+            &[0x61, 0xE2, 0x82, 0xAC],
+            // A lone continuation byte and a cut character: U+FFFD each.
+            &[0x62, 0x82, 0x63, 0xF0, 0x9F],
+            &[ByteTokenizer::BOS, 0x64, ByteTokenizer::EOS],
+            &[],
+        ];
+        for ids in cases {
+            for skip in [true, false] {
+                let mut out = String::from("é:");
+                t.decode_into(ids, skip, &mut out).unwrap();
+                assert_eq!(
+                    out,
+                    format!("é:{}", t.decode(ids, skip).unwrap()),
+                    "{ids:?}"
+                );
+            }
+        }
+        assert_eq!(t.decode(&[0x62, 0x82, 0x63], true).unwrap(), "b\u{FFFD}c");
+        // An id outside the vocabulary: an error, and `out` as it was.
+        let mut out = String::from("kept");
+        assert!(t.decode_into(&[0x61, 999], true, &mut out).is_err());
+        assert_eq!(out, "kept");
     }
 
     #[test]

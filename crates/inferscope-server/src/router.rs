@@ -34,40 +34,26 @@ pub fn router(
         .route("/v1/chat/completions", post(handlers::chat_completions))
         // vLLM serves these at the root, not under /v1; same key as /v1/*.
         .route("/tokenize", post(handlers::tokenize))
-        .route("/detokenize", post(handlers::detokenize))
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        ));
-    let mut app = Router::new().merge(v1);
+        .route("/detokenize", post(handlers::detokenize));
+    let mut app = Router::new().merge(behind_key(v1, &state));
     if state.tokenizer_info.is_some() {
         // vLLM registers it only with --enable-tokenizer-info-endpoint; same key as /tokenize.
-        app = app.merge(
-            Router::new()
-                .route("/tokenizer_info", get(handlers::tokenizer_info))
-                .route_layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    require_api_key,
-                )),
-        );
+        app = app.merge(behind_key(
+            Router::new().route("/tokenizer_info", get(handlers::tokenizer_info)),
+            &state,
+        ));
     }
     if state.kv_events {
-        app = app.merge(
+        app = app.merge(behind_key(
             Router::new()
                 .route("/debug/kv_cache_blocks", get(kv_debug::kv_cache_blocks))
-                .route("/reset_prefix_cache", post(kv_debug::reset_prefix_cache))
-                .route_layer(axum::middleware::from_fn_with_state(
-                    state.clone(),
-                    require_api_key,
-                )),
-        );
+                .route("/reset_prefix_cache", post(kv_debug::reset_prefix_cache)),
+            &state,
+        ));
     }
     if let Some(profile) = profile::routes(state.clone()) {
         // vLLM registers them only with its profiler dir; same key as /tokenize.
-        app = app.merge(profile.route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_api_key,
-        )));
+        app = app.merge(behind_key(profile, &state));
     }
     let mut app = app
         .route("/health", get(handlers::health))
@@ -102,6 +88,20 @@ pub fn metrics_router(state: Arc<AppState>, console: Option<&Arc<Console>>) -> R
         .layer(DefaultBodyLimit::max(0))
         .layer(state.metrics.http_layer())
         .with_state(state)
+}
+
+/// `routes` behind [`require_api_key`], when the server has keys or a
+/// trusted tenant header; with neither every request is anonymous and
+/// passes, so the middleware (a boxed service clone and two boxed futures
+/// per request) is left out.
+fn behind_key(routes: Router<Arc<AppState>>, state: &Arc<AppState>) -> Router<Arc<AppState>> {
+    if state.access.is_open() {
+        return routes;
+    }
+    routes.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        require_api_key,
+    ))
 }
 
 /// Rejects /v1/*, /tokenize and /detokenize requests without the right bearer

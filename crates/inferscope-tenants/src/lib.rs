@@ -559,6 +559,12 @@ impl Access {
         Ok(Self { keys, header })
     }
 
+    /// Whether every request is anonymous: no keys and no trusted tenant
+    /// header, so [`Access::identify`] has nothing to check.
+    pub fn is_open(&self) -> bool {
+        self.keys.is_none() && self.header.is_none()
+    }
+
     /// Whether requests need a key (a trusted tenant header aside).
     pub fn requires_key(&self) -> bool {
         self.keys.is_some()

@@ -206,7 +206,12 @@ impl Generation {
     }
 
     /// Waits for every choice: its index, whole text and finish, in order.
-    pub async fn collect(self) -> Vec<CompletedChoice> {
+    pub async fn collect(mut self) -> Vec<CompletedChoice> {
+        if self.choices.len() == 1 {
+            // The usual `n` of 1: awaited as it is, not boxed into a join.
+            let only = self.choices.pop().expect("one choice");
+            return vec![only.collect().await];
+        }
         futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
     }
 }
@@ -355,8 +360,9 @@ pub struct ChoiceDelta {
     pub logprobs: Vec<TokenLogprob>,
     /// vLLM's `prompt_logprobs`, on the delta after they arrived, when asked.
     pub prompt_logprobs: Option<PromptLogprobs>,
-    /// Set on the final delta.
-    pub finish: Option<ChoiceFinish>,
+    /// Set on the final delta (boxed: the per-token delta stays small,
+    /// and moving it costs no `memmove`).
+    pub finish: Option<Box<ChoiceFinish>>,
 }
 
 /// How a choice ended.
@@ -476,7 +482,7 @@ impl ChoiceStream {
     }
 
     /// A delta of `text` with the log-probabilities gathered so far.
-    fn delta(&mut self, text: String, finish: Option<ChoiceFinish>) -> ChoiceDelta {
+    fn delta(&mut self, text: String, finish: Option<Box<ChoiceFinish>>) -> ChoiceDelta {
         let (logprobs, prompt_logprobs) = match &mut self.logprobs {
             Some(lp) => (std::mem::take(&mut lp.pending), lp.prompt.take()),
             None => (Vec::new(), None),
@@ -552,7 +558,7 @@ impl ChoiceStream {
                     text,
                     logprobs,
                     prompt_logprobs,
-                    finish,
+                    finish: *finish,
                 };
             }
         }
@@ -614,7 +620,7 @@ impl ChoiceStream {
                 && !prefill_only
             {
                 // A token the tokenizer cannot decode is skipped, not fatal.
-                text.push_str(&self.decoder.push(t).unwrap_or_default());
+                let _ = self.decoder.push_into(t, &mut text);
             }
             if let Some(f) = out.finished {
                 let f = *f;
@@ -775,14 +781,14 @@ impl ChoiceStream {
         let timeline = engine.map(|(t, _)| t);
         self.delta(
             text,
-            Some(ChoiceFinish {
+            Some(Box::new(ChoiceFinish {
                 reason,
                 error,
                 prompt_tokens,
                 completion_tokens,
                 timeline,
                 timings,
-            }),
+            })),
         )
     }
 }
@@ -855,7 +861,7 @@ mod tests {
             text.push_str(&d.text);
             if let Some(f) = d.finish {
                 assert!(s.next().await.is_none(), "nothing after the final delta");
-                return (text, f);
+                return (text, *f);
             }
         }
     }
