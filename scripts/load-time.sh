@@ -62,40 +62,22 @@ one() { # BIN [CACHE_ARGS [WAIT_SAVED]] -> "wall user sys"
   python3 -c "print(f'{$end - $start:.3f} {$ut / $TCK:.2f} {$st / $TCK:.2f}')"
 }
 
-if [ "$MODE" = restart ]; then
-  for r in $(seq "$ROUNDS"); do
-    for bin in "$@"; do
-      dir=$(mktemp -d)
-      args= wait=
-      has_cache "$bin" && args="--packed-weights-cache-dir $dir" wait=1
-      evict
-      first=$(one "$bin" "$args" $wait)
-      second=$(one "$bin" "$args")
-      rm -rf "$dir"
-      line="$bin $first $second"
-      echo "round $r: $line"
-      echo "$line" >>"$OUT"
-    done
-  done
-  python3 - "$OUT" <<'PY'
-import collections, statistics as st, sys
-runs = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    b, *v = line.split()
-    runs[b].append([float(x) for x in v])
-print("\n| binary | first start s median (min–max) | second start s median (min–max) | first ÷ second, median of the rounds | user s first, second | system s first, second |\n|---|---|---|---|---|---|")
-for b, v in runs.items():
-    col = lambda i: [x[i] for x in v]
-    m = lambda i: st.median(col(i))
-    ratio = st.median([x[0] / x[3] for x in v])
-    print(f"| {b} | {m(0):.2f} ({min(col(0)):.2f}–{max(col(0)):.2f}) | {m(3):.2f} ({min(col(3)):.2f}–{max(col(3)):.2f}) | {ratio:.2f} | {m(1):.2f}, {m(4):.2f} | {m(2):.2f}, {m(5):.2f} |")
-PY
-  exit 0
-fi
+# BIN -> one round's figures: "wall user sys"; with MODE=restart the first start's, then the
+# second's.
+measure() {
+  [ "$MODE" = restart ] || { one "$1"; return; }
+  local dir args='' wait=''
+  dir=$(mktemp -d)
+  has_cache "$1" && args="--packed-weights-cache-dir $dir" wait=1
+  evict
+  # shellcheck disable=SC2086 # wait is one flag or nothing
+  echo "$(one "$1" "$args" $wait) $(one "$1" "$args")"
+  rm -rf "$dir"
+}
 
 for r in $(seq "$ROUNDS"); do
   for bin in "$@"; do
-    line="$bin $(one "$bin")"
+    line="$bin $(measure "$bin")"
     echo "round $r: $line"
     echo "$line" >>"$OUT"
   done
@@ -106,8 +88,18 @@ runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     b, *v = line.split()
     runs[b].append([float(x) for x in v])
-print("\n| binary | wall s median (min–max) | user s median | system s median |\n|---|---|---|---|")
+restart = len(next(iter(runs.values()))[0]) == 6
+if restart:
+    print("\n| binary | first start s median (min–max) | second start s median (min–max) | first ÷ second, median of the rounds | user s first, second | system s first, second |\n|---|---|---|---|---|---|")
+else:
+    print("\n| binary | wall s median (min–max) | user s median | system s median |\n|---|---|---|---|")
 for b, v in runs.items():
     col = lambda i: [x[i] for x in v]
-    print(f"| {b} | {st.median(col(0)):.2f} ({min(col(0)):.2f}–{max(col(0)):.2f}) | {st.median(col(1)):.2f} | {st.median(col(2)):.2f} |")
+    m = lambda i: st.median(col(i))
+    span = lambda i: f"{m(i):.2f} ({min(col(i)):.2f}–{max(col(i)):.2f})"
+    if restart:
+        ratio = st.median([x[0] / x[3] for x in v])
+        print(f"| {b} | {span(0)} | {span(3)} | {ratio:.2f} | {m(1):.2f}, {m(4):.2f} | {m(2):.2f}, {m(5):.2f} |")
+    else:
+        print(f"| {b} | {span(0)} | {m(1):.2f} | {m(2):.2f} |")
 PY

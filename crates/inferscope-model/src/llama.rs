@@ -15,7 +15,6 @@ use crate::gguf_file::TensorType;
 use crate::kv_storage::KvStorage;
 use crate::packed::tiling::PARALLEL_MIN_MACS;
 use crate::packed::{PackedWeight, WeightDtype};
-use crate::packed_cache::Packed;
 use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 
@@ -28,6 +27,13 @@ enum Weight {
     Q8(PackedQ8),
     KQuant(PackedKQuant),
     Quantized(QMatMul),
+}
+
+/// A weight in a form the packed-weights cache saves and maps back.
+#[derive(Clone)]
+pub(crate) enum Packed {
+    KQuant(PackedKQuant),
+    Q8(PackedQ8),
 }
 
 /// `y = x Wᵀ + b` with a dense or quantized `W` (`[out, in]`).

@@ -1,7 +1,7 @@
 //! The packed-weights cache: the panels a GGUF file's weights were repacked
-//! into, saved beside nothing (in a cache directory) by the first start and
-//! mapped in place by the next ones, so a restart reads the panels from the
-//! page cache instead of repacking them.
+//! into, saved in a cache directory by the first start and mapped in place
+//! by the next ones, so a restart reads the panels from the page cache
+//! instead of repacking them.
 //!
 //! One file per model file (named after its path), replaced when it no
 //! longer matches: it names the GGUF file's path, size and modification
@@ -13,6 +13,11 @@
 //! (Q4_K, Q5_K, Q6_K, IQ4_XS) and Q8_0 (also IQ4_NL) weights are saved;
 //! dense and other types are repacked at every start (they are rare in
 //! GGUF files, or small).
+//!
+//! A file is only ever replaced whole (written beside it, then renamed), so
+//! a server mapping the old one keeps reading it unchanged. As with the
+//! GGUF file's own map, truncating a file in use from outside would make
+//! reads of the lost pages fault.
 //!
 //! Layout: 8 bytes of magic, the index's length (u64, little-endian), the
 //! index (JSON), zeros up to a page boundary, then the arrays, each at a
@@ -30,7 +35,7 @@ use memmap2::Mmap;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
-use crate::llama::Linear;
+use crate::llama::{Linear, Packed};
 use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 
@@ -39,13 +44,6 @@ const MAGIC: &[u8; 8] = b"ISPANEL1";
 const DATA_ALIGN: usize = 4096;
 /// Each array's alignment within the data.
 const ARRAY_ALIGN: usize = 64;
-
-/// A weight in a form the cache saves.
-#[derive(Clone)]
-pub(crate) enum Packed {
-    KQuant(PackedKQuant),
-    Q8(PackedQ8),
-}
 
 /// Where the cache lives and how a new file is written.
 #[derive(Debug, Clone, PartialEq, Eq)]

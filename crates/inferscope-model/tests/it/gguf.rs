@@ -367,21 +367,25 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     }
 }
 
-/// Runs a model whose linear layers are K-quants (`lin` for q/k/o,
-/// gate/up and the head, `down` for v and down) and checks its logits against the
-/// same model with candle's dequantized weights, and the bytes the cost
-/// model reads against the packed layout computed from the shapes.
-fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
-    let (tokens, _, _) = vocab();
-    // K-quant super-blocks are 256 weights along the input dimension.
-    let cfg = ModelConfig {
+/// The small config with K-quant shapes: super-blocks are 256 weights
+/// along a row, so every input dimension is a multiple of 256.
+fn kquant_config() -> ModelConfig {
+    ModelConfig {
         hidden_size: 256,
         intermediate_size: 512,
         num_heads: 4,
         num_kv_heads: 2,
         head_dim: 64,
-        ..config(tokens.len())
-    };
+        ..config(vocab().0.len())
+    }
+}
+
+/// Runs a model whose linear layers are K-quants (`lin` for q/k/o,
+/// gate/up and the head, `down` for v and down) and checks its logits against the
+/// same model with candle's dequantized weights, and the bytes the cost
+/// model reads against the packed layout computed from the shapes.
+fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
+    let cfg = kquant_config();
     let w = random_weights(&cfg, 11).unwrap();
     let path = write_gguf_with(
         &cfg,
@@ -494,21 +498,14 @@ fn gguf_q6_k_and_q4_k_m_like_run_the_dequantized_model() {
 /// head runs the packed kernels on the stored table (not on f32 rows).
 #[test]
 fn gguf_embeddings_stay_in_their_stored_type() {
-    let (tokens, _, _) = vocab();
     for (embd, tied, name) in [
         (GgmlDType::Q4K, false, "emb-q4k"),
         (GgmlDType::Q6K, true, "emb-q6k-tied"),
         (GgmlDType::Q8_0, true, "emb-q8-tied"),
     ] {
-        // K-quant super-blocks are 256 weights along a row.
         let cfg = ModelConfig {
-            hidden_size: 256,
-            intermediate_size: 512,
-            num_heads: 4,
-            num_kv_heads: 2,
-            head_dim: 64,
             tie_word_embeddings: tied,
-            ..config(tokens.len())
+            ..kquant_config()
         };
         let w = random_weights(&cfg, 5).unwrap();
         let f32_ = GgmlDType::F32;
@@ -1179,15 +1176,7 @@ fn gguf_families_match_the_safetensors_path() {
 /// repacked (and the cache written again), never read.
 #[test]
 fn gguf_packed_weights_cache_maps_the_panels_of_a_later_load() {
-    let (tokens, _, _) = vocab();
-    let cfg = ModelConfig {
-        hidden_size: 256,
-        intermediate_size: 512,
-        num_heads: 4,
-        num_kv_heads: 2,
-        head_dim: 64,
-        ..config(tokens.len())
-    };
+    let cfg = kquant_config();
     let w = random_weights(&cfg, 12).unwrap();
     let dir = std::env::temp_dir().join(format!("inferscope-packed-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
