@@ -193,9 +193,9 @@ impl Tensors<'_> {
     /// Projections of one input, `(name, out)` each (`[out, inp]`), in
     /// order: a run of adjacent ones stored in one K-quant type that stack
     /// is repacked straight into one fused weight (each block read once,
-    /// nothing copied again), a run of Q8_0 or IQ4_NL ones from their
-    /// blocks concatenated; the rest one by one, for the model to fuse or
-    /// keep apart. (Fused here, a weight is what the packed-weights cache
+    /// nothing copied again), a run of dense, Q8_0 or IQ4_NL ones from
+    /// their bytes concatenated; the rest one by one, for the model to fuse
+    /// or keep apart. (Fused here, a weight is what the packed-weights cache
     /// saves.)
     fn linears(
         &mut self,
@@ -212,10 +212,17 @@ impl Tensors<'_> {
         let mut s = 0;
         while s < names.len() {
             // The longest run from `s` of one type that fuses here: a
-            // K-quant whose parts stack, or Q8_0 / IQ4_NL, whose rows
-            // stack by concatenating their blocks.
+            // K-quant whose parts stack, or a dense, Q8_0 or IQ4_NL type,
+            // whose rows stack by concatenating their bytes.
             let (dtype, kind) = (located[s].0, stored_kquant(located[s].0));
-            let concatenates = matches!(dtype, TensorType::Q8_0 | TensorType::IQ4_NL);
+            let concatenates = matches!(
+                dtype,
+                TensorType::F32
+                    | TensorType::F16
+                    | TensorType::BF16
+                    | TensorType::Q8_0
+                    | TensorType::IQ4_NL
+            );
             let mut e = s + 1;
             while (concatenates || kind.is_some())
                 && e < names.len()

@@ -62,6 +62,12 @@ const NAMES: &[(u32, &str)] = &[
 const SUPPORTED: &[u32] = &[0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 20, 23];
 
 impl TensorType {
+    /// IEEE single precision.
+    pub const F32: Self = Self(0);
+    /// IEEE half precision.
+    pub const F16: Self = Self(1);
+    /// bfloat16.
+    pub const BF16: Self = Self(30);
     /// 8-bit quants, f16 scale per 32.
     pub const Q8_0: Self = Self(8);
     /// 4-bit indices into a non-linear table, f16 scale per 32.

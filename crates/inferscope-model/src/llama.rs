@@ -32,6 +32,7 @@ enum Weight {
 /// A weight in a form the packed-weights cache saves and maps back.
 #[derive(Clone)]
 pub(crate) enum Packed {
+    Dense(PackedWeight),
     KQuant(PackedKQuant),
     Q8(PackedQ8),
 }
@@ -184,19 +185,25 @@ impl Linear {
         })
     }
 
-    /// The weight in a form the packed-weights cache saves (K-quant and
-    /// Q8_0 panels; `None` for the others, repacked at every start).
+    /// The weight in a form the packed-weights cache saves (dense, K-quant
+    /// and Q8_0 panels; `None` for candle's other quantized types, repacked
+    /// at every start).
     pub(crate) fn packed(&self) -> Option<Packed> {
         match &self.w {
+            Weight::Packed(d) => Some(Packed::Dense(d.clone())),
             Weight::KQuant(k) => Some(Packed::KQuant(k.clone())),
             Weight::Q8(q) => Some(Packed::Q8(q.clone())),
-            Weight::Packed(_) | Weight::Quantized(_) => None,
+            Weight::Quantized(_) => None,
         }
     }
 
     /// A layer of a weight the packed-weights cache read back.
     pub(crate) fn from_packed(w: Packed, b: Option<Vec<f32>>) -> Self {
         let (w, out_dim) = match w {
+            Packed::Dense(d) => {
+                let out = d.out_dim();
+                (Weight::Packed(d), out)
+            }
             Packed::KQuant(k) => {
                 let out = k.out_dim();
                 (Weight::KQuant(k), out)
@@ -226,6 +233,7 @@ impl Linear {
     /// Bytes of the weight read in place from a mapped file of panels.
     fn mapped_bytes(&self) -> usize {
         match &self.w {
+            Weight::Packed(w) if w.is_mapped() => w.size_bytes(),
             Weight::KQuant(w) if w.is_mapped() => w.size_bytes(),
             Weight::Q8(w) if w.is_mapped() => w.size_bytes(),
             _ => 0,

@@ -9,10 +9,10 @@
 //! that wrote it (the panel layout belongs to the build). Inside, the
 //! weights come in the order the loader repacks them, each with its
 //! tensors' names and shape; a weight whose entry does not match what the
-//! loader asks for is repacked instead (and the file rewritten). K-quant
-//! (Q4_K, Q5_K, Q6_K, IQ4_XS) and Q8_0 (also IQ4_NL) weights are saved;
-//! dense and other types are repacked at every start (they are rare in
-//! GGUF files, or small).
+//! loader asks for is repacked instead (and the file rewritten). Dense
+//! (F32, F16, BF16), K-quant (Q4_K, Q5_K, Q6_K, IQ4_XS) and Q8_0 (also
+//! IQ4_NL) weights are saved; candle's other quantized types (Q4_0, Q5_0,
+//! Q2_K, Q3_K, ...) are repacked at every start.
 //!
 //! A file is only ever replaced whole (written beside it, then renamed), so
 //! a server mapping the old one keeps reading it unchanged. As with the
@@ -36,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
 use crate::llama::{Linear, Packed};
+use crate::packed::{PackedWeight, WeightDtype};
 use crate::packed_kquant::{KQuant, PackedKQuant};
 use crate::packed_q8::PackedQ8;
 
@@ -86,7 +87,8 @@ enum Next {
 struct Entry {
     /// The tensors it was repacked from, `+`-joined.
     name: String,
-    /// `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `q8_0`; `None`: not saved.
+    /// `q4_k`, `q5_k`, `q6_k`, `iq4_xs`, `q8_0`, `f32`, `bf16`, `f16`;
+    /// `None`: not saved.
     kind: Option<String>,
     out: usize,
     inp: usize,
@@ -107,6 +109,23 @@ fn kquant_named(s: &str) -> Option<KQuant> {
     [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K, KQuant::Iq4Xs]
         .into_iter()
         .find(|&k| kind_name(k) == s)
+}
+
+fn dense_name(d: WeightDtype) -> &'static str {
+    match d {
+        WeightDtype::F32 => "f32",
+        WeightDtype::Bf16 => "bf16",
+        WeightDtype::F16 => "f16",
+    }
+}
+
+/// The dense type `dense_name` names (one of its three names).
+fn dense_named(s: &str) -> WeightDtype {
+    match s {
+        "bf16" => WeightDtype::Bf16,
+        "f16" => WeightDtype::F16,
+        _ => WeightDtype::F32,
+    }
 }
 
 fn modified_ns(meta: &std::fs::Metadata) -> u128 {
@@ -245,6 +264,10 @@ impl CacheSession {
         let at: Vec<Range<usize>> = e.arrays.iter().map(|&(s, l)| s..s + l).collect();
         let packed = match (kind, at.first()) {
             ("q8_0", Some(r)) => PackedQ8::from_mapped(out, inp, map, r.clone()).map(Packed::Q8),
+            ("f32" | "bf16" | "f16", Some(r)) => {
+                PackedWeight::from_mapped(dense_named(kind), out, inp, map, r.clone())
+                    .map(Packed::Dense)
+            }
             _ => kquant_named(kind)
                 .and_then(|k| PackedKQuant::from_mapped(k, out, inp, map, &at))
                 .map(Packed::KQuant),
@@ -346,6 +369,12 @@ fn write_file(
                 k.out_dim(),
                 k.in_dim(),
                 k.panel_bytes().to_vec(),
+            ),
+            Some(Packed::Dense(d)) => (
+                Some(dense_name(d.dtype()).to_string()),
+                d.out_dim(),
+                d.in_dim(),
+                vec![d.panel_bytes()],
             ),
             Some(Packed::Q8(q)) => (
                 Some("q8_0".to_string()),

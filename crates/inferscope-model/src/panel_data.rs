@@ -13,7 +13,10 @@ use memmap2::Mmap;
 pub trait Plain: Copy + Send + Sync + 'static {}
 impl Plain for u8 {}
 impl Plain for i8 {}
+impl Plain for u16 {}
 impl Plain for f32 {}
+// A transparent u16: every bit pattern is a half.
+impl Plain for half::f16 {}
 
 /// One array of a packed weight.
 pub struct PanelData<T: Plain> {

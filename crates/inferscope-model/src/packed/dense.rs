@@ -3,10 +3,13 @@
 //! one register tile.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use half::f16;
+use memmap2::Mmap;
 
 use super::tiling::{LANES, TileSums, TiledOutput};
+use crate::panel_data::PanelData;
 
 /// How a packed weight's elements are stored (the products are f32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,9 +27,9 @@ pub enum WeightDtype {
 /// The panels, `[panels][inp][LANES]`, in one of the storage types.
 #[derive(Clone)]
 pub(super) enum Panels {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
-    F16(Vec<f16>),
+    F32(PanelData<f32>),
+    Bf16(PanelData<u16>),
+    F16(PanelData<f16>),
 }
 
 /// A run of panels borrowed for a tile.
@@ -174,9 +177,16 @@ impl PackedWeight {
     pub fn pack_as(w: &[f32], out: usize, inp: usize, dtype: WeightDtype) -> Self {
         let data = panelize(w, out, inp);
         let data = match dtype {
-            WeightDtype::F32 => Panels::F32(data),
-            WeightDtype::Bf16 => Panels::Bf16(data.into_iter().map(to_bf16).collect()),
-            WeightDtype::F16 => Panels::F16(data.into_iter().map(f16::from_f32).collect()),
+            WeightDtype::F32 => Panels::F32(data.into()),
+            WeightDtype::Bf16 => {
+                Panels::Bf16(data.into_iter().map(to_bf16).collect::<Vec<_>>().into())
+            }
+            WeightDtype::F16 => Panels::F16(
+                data.into_iter()
+                    .map(f16::from_f32)
+                    .collect::<Vec<_>>()
+                    .into(),
+            ),
         };
         Self { data, out, inp }
     }
@@ -184,14 +194,14 @@ impl PackedWeight {
     /// Packs a row-major `[out][inp]` matrix of IEEE halves as they are
     /// (GGUF F16: no round trip through f32).
     pub fn pack_f16(w: &[f16], out: usize, inp: usize) -> Self {
-        let data = Panels::F16(panelize(w, out, inp));
+        let data = Panels::F16(panelize(w, out, inp).into());
         Self { data, out, inp }
     }
 
     /// Packs a row-major `[out][inp]` matrix of bfloat16 bits as they are
     /// (GGUF BF16).
     pub fn pack_bf16(w: &[u16], out: usize, inp: usize) -> Self {
-        let data = Panels::Bf16(panelize(w, out, inp));
+        let data = Panels::Bf16(panelize(w, out, inp).into());
         Self { data, out, inp }
     }
 
@@ -210,6 +220,48 @@ impl PackedWeight {
             Panels::F32(w) => w.len() * 4,
             Panels::Bf16(w) => w.len() * 2,
             Panels::F16(w) => w.len() * 2,
+        }
+    }
+
+    /// The panels as bytes (the packed-weights cache saves them).
+    pub(crate) fn panel_bytes(&self) -> &[u8] {
+        match &self.data {
+            Panels::F32(w) => w.as_bytes(),
+            Panels::Bf16(w) => w.as_bytes(),
+            Panels::F16(w) => w.as_bytes(),
+        }
+    }
+
+    /// A `[out, inp]` weight stored as `dtype`, read in place from bytes
+    /// `at` of `map` as [`PackedWeight::panel_bytes`] gave them; `None`
+    /// when `at` is not the length those dimensions take, lies outside the
+    /// map or is misaligned.
+    pub(crate) fn from_mapped(
+        dtype: WeightDtype,
+        out: usize,
+        inp: usize,
+        map: &Arc<Mmap>,
+        at: Range<usize>,
+    ) -> Option<Self> {
+        let len = out.div_ceil(LANES) * inp * LANES;
+        let width = if dtype == WeightDtype::F32 { 4 } else { 2 };
+        if at.len() != len * width {
+            return None;
+        }
+        let data = match dtype {
+            WeightDtype::F32 => Panels::F32(PanelData::mapped(map.clone(), at.start, len)?),
+            WeightDtype::Bf16 => Panels::Bf16(PanelData::mapped(map.clone(), at.start, len)?),
+            WeightDtype::F16 => Panels::F16(PanelData::mapped(map.clone(), at.start, len)?),
+        };
+        Some(Self { data, out, inp })
+    }
+
+    /// Whether its panels are read in place from a mapped file.
+    pub fn is_mapped(&self) -> bool {
+        match &self.data {
+            Panels::F32(w) => w.is_mapped(),
+            Panels::Bf16(w) => w.is_mapped(),
+            Panels::F16(w) => w.is_mapped(),
         }
     }
 

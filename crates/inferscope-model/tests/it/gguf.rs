@@ -1171,9 +1171,10 @@ fn gguf_families_match_the_safetensors_path() {
 }
 
 /// The packed-weights cache: a first load repacks and saves the panels, a
-/// second maps them in place (every weight) and computes the same logits
-/// bit for bit; a changed model file, and a truncated cache file, are
-/// repacked (and the cache written again), never read.
+/// second maps them in place (every weight: K-quant, Q8_0 and F16) and
+/// computes the same logits bit for bit; a changed model file, and a
+/// truncated cache file, are repacked (and the cache written again), never
+/// read.
 #[test]
 fn gguf_packed_weights_cache_maps_the_panels_of_a_later_load() {
     let cfg = kquant_config();
@@ -1198,10 +1199,11 @@ fn gguf_packed_weights_cache_maps_the_panels_of_a_later_load() {
             })
             .unwrap_or_default()
     };
-    // A Q4_K_M-like mix (Q4_K, v and down in Q6_K), and Q8_0.
+    // A Q4_K_M-like mix (Q4_K, v and down in Q6_K), Q8_0, and F16.
     for (lin, down, name) in [
         (GgmlDType::Q4K, GgmlDType::Q6K, "cache-q4km"),
         (GgmlDType::Q8_0, GgmlDType::Q8_0, "cache-q8"),
+        (GgmlDType::F16, GgmlDType::F16, "cache-f16"),
     ] {
         let write = || {
             write_gguf_with(
