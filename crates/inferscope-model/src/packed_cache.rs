@@ -25,7 +25,7 @@
 
 use std::collections::VecDeque;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -208,13 +208,22 @@ impl CacheSession {
             stale: true,
             made: Vec::new(),
         };
-        match read_index(&s.file) {
-            Ok(Some((map, index))) if index.identity == s.identity => {
+        // Only a file of this model and build is mapped (a stale one is
+        // not read past its index).
+        let opened = open_file(&s.file).and_then(|o| match o {
+            Some((f, index, data)) if index.identity == s.identity => {
+                map_arrays(&f, index, data).map(|m| Some(Some(m)))
+            }
+            Some(_) => Ok(Some(None)),
+            None => Ok(None),
+        });
+        match opened {
+            Ok(Some(Some((map, index)))) => {
                 s.map = Some(map);
                 s.pending = index.entries.into();
                 s.stale = false;
             }
-            Ok(Some(_)) => {
+            Ok(Some(None)) => {
                 tracing::info!(file = %s.file.display(), "packed-weights cache is stale (model file or build changed): repacking");
             }
             Ok(None) => {}
@@ -314,40 +323,56 @@ impl CacheSession {
     }
 }
 
-/// The cache file's map and index; `None` when there is no file.
-fn read_index(file: &Path) -> std::io::Result<Option<(Arc<Mmap>, Index)>> {
-    let f = match File::open(file) {
+/// A cache file, opened, with its index (ranges counted from the data) and
+/// the offset of the data, read from its head without mapping it; `None`
+/// when there is no file.
+fn open_file(file: &Path) -> std::io::Result<Option<(File, Index, usize)>> {
+    let mut f = match File::open(file) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head)
+        .map_err(|_| bad("not a packed-weights file"))?;
+    if &head[..8] != MAGIC {
+        return Err(bad("not a packed-weights file"));
+    }
+    let len = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
+    if len > f.metadata()?.len() {
+        return Err(bad("truncated index"));
+    }
+    let mut json = vec![0u8; len as usize];
+    f.read_exact(&mut json)
+        .map_err(|_| bad("truncated index"))?;
+    let index: Index = serde_json::from_slice(&json).map_err(|e| bad(&e.to_string()))?;
+    let data = (16 + json.len()).next_multiple_of(DATA_ALIGN);
+    Ok(Some((f, index, data)))
+}
+
+/// The file's arrays mapped, and `index` with its ranges as offsets into
+/// the map, each checked to lie inside it.
+fn map_arrays(f: &File, mut index: Index, data: usize) -> std::io::Result<(Arc<Mmap>, Index)> {
     // SAFETY: read-only. The file is replaced by rename, never written in
     // place, so the mapped inode does not change under us. Populated: the
     // page tables are filled now (from the page cache, or the disk), so
     // the first request does not pay a fault per page of weights.
-    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(&f) }?);
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    if map.len() < 16 || &map[..8] != MAGIC {
-        return Err(bad("not a packed-weights file"));
-    }
-    let len = u64::from_le_bytes(map[8..16].try_into().expect("8 bytes")) as usize;
-    let index = map
-        .get(16..16usize.saturating_add(len))
-        .ok_or_else(|| bad("truncated index"))?;
-    let index: Index = serde_json::from_slice(index).map_err(|e| bad(&e.to_string()))?;
-    let data = (16 + len).next_multiple_of(DATA_ALIGN);
-    // Ranges count from the data: shift them to the file's offsets, and
-    // check each lies inside.
-    let mut index = index;
+    let map = Arc::new(unsafe { memmap2::MmapOptions::new().populate().map(f) }?);
     for e in &mut index.entries {
         for (start, l) in &mut e.arrays {
             *start = start
                 .checked_add(data)
                 .filter(|s| s.checked_add(*l).is_some_and(|end| end <= map.len()))
-                .ok_or_else(|| bad("an array lies past the end: truncated?"))?;
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "an array lies past the end: truncated?",
+                    )
+                })?;
         }
     }
-    Ok(Some((map, index)))
+    Ok((map, index))
 }
 
 /// Writes `made` to a temporary file in `dir` and renames it to `file`;
@@ -401,6 +426,7 @@ fn write_file(
     }
     let index = serde_json::to_vec(&Index { identity, entries }).map_err(std::io::Error::other)?;
     remove_orphans(file);
+    remove_unowned(dir, file);
     let tmp = file.with_extension(format!("panels.tmp.{}", std::process::id()));
     let result = (|| {
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
@@ -450,6 +476,31 @@ fn remove_orphans(file: &Path) {
         let alive = Path::new("/proc").join(pid).exists();
         if !alive {
             let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Removes the cache files in `dir` (but `keep`) whose model file is gone
+/// (deleted, or moved: a new path gets a new cache file), so that files of
+/// models no longer on disk do not pile up. Files of models that still
+/// exist are kept, whatever their age.
+fn remove_unowned(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path == keep || path.extension().is_none_or(|x| x != "panels") {
+            continue;
+        }
+        let source_gone = match open_file(&path) {
+            Ok(Some((_, index, _))) => !Path::new(&index.identity.source).exists(),
+            // Not a cache file this build can read: left to its owner.
+            _ => false,
+        };
+        if source_gone {
+            tracing::info!(file = %path.display(), "removed the packed weights of a model file that is gone");
+            let _ = std::fs::remove_file(&path);
         }
     }
 }
