@@ -41,31 +41,30 @@ struct Tensors<'a> {
     cache: Option<CacheSession>,
 }
 
-/// `make` run to repack weight `name` (`[out, inp]`, bias `b`), or its
-/// panels read in place from the packed-weights cache instead; the bytes
-/// repacked go to `repacked` (none when the cache had them).
-#[allow(clippy::too_many_arguments)]
-fn through_cache(
-    cache: &mut Option<CacheSession>,
-    repacked: &mut usize,
-    name: &str,
-    out: usize,
-    inp: usize,
-    b: Option<Vec<f32>>,
-    bytes: usize,
-    make: impl FnOnce(Option<Vec<f32>>) -> Result<Linear, ModelError>,
-) -> Result<Linear, ModelError> {
-    let make = |b| {
-        *repacked += bytes;
-        make(b)
-    };
-    match cache {
-        Some(c) => c.weight(name, out, inp, b, make),
-        None => make(b),
-    }
-}
-
 impl Tensors<'_> {
+    /// `make` run to repack weight `name` (`[out, inp]`, bias `b`) from
+    /// `bytes` of the file, or its panels read in place from the
+    /// packed-weights cache instead (then nothing counts as repacked).
+    fn repack_or_map(
+        &mut self,
+        name: &str,
+        out: usize,
+        inp: usize,
+        b: Option<Vec<f32>>,
+        bytes: usize,
+        make: impl FnOnce(Option<Vec<f32>>) -> Result<Linear, ModelError>,
+    ) -> Result<Linear, ModelError> {
+        let repacked = &mut self.repacked;
+        let make = |b| {
+            *repacked += bytes;
+            make(b)
+        };
+        match &mut self.cache {
+            Some(c) => c.weight(name, out, inp, b, make),
+            None => make(b),
+        }
+    }
+
     fn has(&self, name: &str) -> bool {
         self.content.tensor(name).is_some()
     }
@@ -172,20 +171,12 @@ impl Tensors<'_> {
         b: Option<Vec<f32>>,
     ) -> Result<Linear, ModelError> {
         let (dtype, range) = self.locate(name, &[out, inp])?;
-        let bytes = &self.map[range.clone()];
-        let l = through_cache(
-            &mut self.cache,
-            &mut self.repacked,
-            name,
-            out,
-            inp,
-            b,
-            range.len(),
-            |b| {
-                Linear::from_stored(dtype, bytes, out, inp, b)
-                    .map_err(|e| ModelError::Config(format!("tensor {name}: {e}")))
-            },
-        )?;
+        let map = self.map;
+        let bytes = &map[range.clone()];
+        let l = self.repack_or_map(name, out, inp, b, range.len(), |b| {
+            Linear::from_stored(dtype, bytes, out, inp, b)
+                .map_err(|e| ModelError::Config(format!("tensor {name}: {e}")))
+        })?;
         self.release(range);
         Ok(l)
     }
@@ -258,32 +249,22 @@ impl Tensors<'_> {
                 .join("+");
             let out = run.iter().map(|(_, o)| o).sum();
             let bytes = located[s..e].iter().map(|(_, r)| r.len()).sum();
-            let fused = through_cache(
-                &mut self.cache,
-                &mut self.repacked,
-                &name,
-                out,
-                inp,
-                b,
-                bytes,
-                |b| {
-                    match kind {
-                        Some(kind) => Linear::from_kquant_parts(kind, &parts, inp, b),
-                        None => {
-                            let blocks: Vec<u8> =
-                                parts.iter().flat_map(|(p, _)| *p).copied().collect();
-                            Linear::from_stored(dtype, &blocks, out, inp, b)
-                        }
+            let fused = self.repack_or_map(&name, out, inp, b, bytes, |b| {
+                match kind {
+                    Some(kind) => Linear::from_kquant_parts(kind, &parts, inp, b),
+                    None => {
+                        let blocks: Vec<u8> = parts.iter().flat_map(|(p, _)| *p).copied().collect();
+                        Linear::from_stored(dtype, &blocks, out, inp, b)
                     }
-                    .map_err(|err| {
-                        ModelError::Config(format!(
-                            "tensors {}..{}: {err}",
-                            run[0].0,
-                            run[run.len() - 1].0
-                        ))
-                    })
-                },
-            )?;
+                }
+                .map_err(|err| {
+                    ModelError::Config(format!(
+                        "tensors {}..{}: {err}",
+                        run[0].0,
+                        run[run.len() - 1].0
+                    ))
+                })
+            })?;
             for (_, range) in &located[s..e] {
                 self.release(range.clone());
             }
@@ -314,9 +295,7 @@ impl Tensors<'_> {
             let fused = (0..n)
                 .map(|e| {
                     let parts = [(slice(&gr, e), out), (slice(&ur, e), out)];
-                    through_cache(
-                        &mut self.cache,
-                        &mut self.repacked,
+                    self.repack_or_map(
                         &format!("{gate}+{up}#{e}"),
                         2 * out,
                         inp,
@@ -363,20 +342,11 @@ impl Tensors<'_> {
         let experts = (0..n)
             .map(|e| {
                 let at = range.start + e * each;
-                through_cache(
-                    &mut self.cache,
-                    &mut self.repacked,
-                    &format!("{name}#{e}"),
-                    out,
-                    inp,
-                    None,
-                    each,
-                    |_| {
-                        Linear::from_stored(dtype, &map[at..at + each], out, inp, None).map_err(
-                            |err| ModelError::Config(format!("tensor {name}, expert {e}: {err}")),
-                        )
-                    },
-                )
+                self.repack_or_map(&format!("{name}#{e}"), out, inp, None, each, |_| {
+                    Linear::from_stored(dtype, &map[at..at + each], out, inp, None).map_err(|err| {
+                        ModelError::Config(format!("tensor {name}, expert {e}: {err}"))
+                    })
+                })
             })
             .collect::<Result<_, _>>()?;
         self.release(range);

@@ -45,6 +45,9 @@ const MAGIC: &[u8; 8] = b"ISPANEL1";
 const DATA_ALIGN: usize = 4096;
 /// Each array's alignment within the data.
 const ARRAY_ALIGN: usize = 64;
+/// An index longer than this is a damaged file (a model with thousands of
+/// experts' weights takes a few MiB).
+const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 /// Where the cache lives and how a new file is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,36 +99,36 @@ struct Entry {
     arrays: Vec<(usize, usize)>,
 }
 
-fn kind_name(k: KQuant) -> &'static str {
-    match k {
-        KQuant::Q4K => "q4_k",
-        KQuant::Q5K => "q5_k",
-        KQuant::Q6K => "q6_k",
-        KQuant::Iq4Xs => "iq4_xs",
-    }
+/// How a saved weight is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    KQuant(KQuant),
+    Q8,
+    Dense(WeightDtype),
 }
 
-fn kquant_named(s: &str) -> Option<KQuant> {
-    [KQuant::Q4K, KQuant::Q5K, KQuant::Q6K, KQuant::Iq4Xs]
-        .into_iter()
-        .find(|&k| kind_name(k) == s)
+/// Each kind's name in an entry: one table for writing and reading.
+const KINDS: [(&str, Kind); 8] = [
+    ("q4_k", Kind::KQuant(KQuant::Q4K)),
+    ("q5_k", Kind::KQuant(KQuant::Q5K)),
+    ("q6_k", Kind::KQuant(KQuant::Q6K)),
+    ("iq4_xs", Kind::KQuant(KQuant::Iq4Xs)),
+    ("q8_0", Kind::Q8),
+    ("f32", Kind::Dense(WeightDtype::F32)),
+    ("bf16", Kind::Dense(WeightDtype::Bf16)),
+    ("f16", Kind::Dense(WeightDtype::F16)),
+];
+
+fn kind_name(kind: Kind) -> &'static str {
+    KINDS
+        .iter()
+        .find(|(_, k)| *k == kind)
+        .map(|(n, _)| *n)
+        .expect("every kind is in the table")
 }
 
-fn dense_name(d: WeightDtype) -> &'static str {
-    match d {
-        WeightDtype::F32 => "f32",
-        WeightDtype::Bf16 => "bf16",
-        WeightDtype::F16 => "f16",
-    }
-}
-
-/// The dense type `dense_name` names (one of its three names).
-fn dense_named(s: &str) -> WeightDtype {
-    match s {
-        "bf16" => WeightDtype::Bf16,
-        "f16" => WeightDtype::F16,
-        _ => WeightDtype::F32,
-    }
+fn kind_named(name: &str) -> Option<Kind> {
+    KINDS.iter().find(|(n, _)| *n == name).map(|(_, k)| *k)
 }
 
 fn modified_ns(meta: &std::fs::Metadata) -> u128 {
@@ -271,15 +274,16 @@ impl CacheSession {
             return Next::Unsaved;
         };
         let at: Vec<Range<usize>> = e.arrays.iter().map(|&(s, l)| s..s + l).collect();
-        let packed = match (kind, at.first()) {
-            ("q8_0", Some(r)) => PackedQ8::from_mapped(out, inp, map, r.clone()).map(Packed::Q8),
-            ("f32" | "bf16" | "f16", Some(r)) => {
-                PackedWeight::from_mapped(dense_named(kind), out, inp, map, r.clone())
-                    .map(Packed::Dense)
+        let first = at.first().cloned().unwrap_or_default();
+        let packed = match kind_named(kind) {
+            Some(Kind::KQuant(k)) => {
+                PackedKQuant::from_mapped(k, out, inp, map, &at).map(Packed::KQuant)
             }
-            _ => kquant_named(kind)
-                .and_then(|k| PackedKQuant::from_mapped(k, out, inp, map, &at))
-                .map(Packed::KQuant),
+            Some(Kind::Q8) => PackedQ8::from_mapped(out, inp, map, first).map(Packed::Q8),
+            Some(Kind::Dense(d)) => {
+                PackedWeight::from_mapped(d, out, inp, map, first).map(Packed::Dense)
+            }
+            None => None,
         };
         match packed {
             Some(p) => Next::Mapped(p),
@@ -290,7 +294,8 @@ impl CacheSession {
     /// Saves the weights made when the file was missing or did not match
     /// (in the background, or now); a no-op when it matched throughout.
     pub(crate) fn finish(mut self) {
-        if !self.stale && self.pending.is_empty() && self.map.is_some() {
+        // (No file, or one of another model or build, starts stale.)
+        if !self.stale && self.pending.is_empty() {
             return;
         }
         let made = std::mem::take(&mut self.made);
@@ -340,6 +345,9 @@ fn open_file(file: &Path) -> std::io::Result<Option<(File, Index, usize)>> {
         return Err(bad("not a packed-weights file"));
     }
     let len = u64::from_le_bytes(head[8..].try_into().expect("8 bytes"));
+    if len > MAX_INDEX_BYTES {
+        return Err(bad("index larger than any model's"));
+    }
     if len > f.metadata()?.len() {
         return Err(bad("truncated index"));
     }
@@ -390,19 +398,19 @@ fn write_file(
     for (name, w) in made {
         let (kind, out, inp, parts): (_, _, _, Vec<&[u8]>) = match w {
             Some(Packed::KQuant(k)) => (
-                Some(kind_name(k.kind()).to_string()),
+                Some(Kind::KQuant(k.kind())),
                 k.out_dim(),
                 k.in_dim(),
                 k.panel_bytes().to_vec(),
             ),
             Some(Packed::Dense(d)) => (
-                Some(dense_name(d.dtype()).to_string()),
+                Some(Kind::Dense(d.dtype())),
                 d.out_dim(),
                 d.in_dim(),
                 vec![d.panel_bytes()],
             ),
             Some(Packed::Q8(q)) => (
-                Some("q8_0".to_string()),
+                Some(Kind::Q8),
                 q.out_dim(),
                 q.in_dim(),
                 vec![q.panel_bytes()],
@@ -418,15 +426,14 @@ fn write_file(
         }
         entries.push(Entry {
             name: name.clone(),
-            kind,
+            kind: kind.map(|k| kind_name(k).to_string()),
             out,
             inp,
             arrays: ranges,
         });
     }
     let index = serde_json::to_vec(&Index { identity, entries }).map_err(std::io::Error::other)?;
-    remove_orphans(file);
-    remove_unowned(dir, file);
+    clean_dir(dir, file);
     let tmp = file.with_extension(format!("panels.tmp.{}", std::process::id()));
     let result = (|| {
         let mut w = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
@@ -453,53 +460,32 @@ fn write_file(
     result
 }
 
-/// Removes the temporary files of writers of `file` that died before
-/// renaming theirs (a server stopped while saving); a live writer's
-/// (another server loading the same file) is left alone. Linux only
-/// (where a writer's process id tells whether it lives).
-fn remove_orphans(file: &Path) {
-    let (Some(dir), Some(name)) = (file.parent(), file.file_name()) else {
-        return;
-    };
-    if !cfg!(target_os = "linux") {
-        return;
-    }
-    let prefix = format!("{}.tmp.", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = n.strip_prefix(&prefix) else {
-            continue;
-        };
-        let alive = Path::new("/proc").join(pid).exists();
-        if !alive {
-            let _ = std::fs::remove_file(e.path());
-        }
-    }
-}
-
-/// Removes the cache files in `dir` (but `keep`) whose model file is gone
-/// (deleted, or moved: a new path gets a new cache file), so that files of
-/// models no longer on disk do not pile up. Files of models that still
+/// Removes from `dir` what no one will read: the temporary files of
+/// writers that died before renaming theirs (a server stopped while
+/// saving; Linux only, where a writer's process id tells whether it lives),
+/// and the cache files (but `keep`) whose model file is gone (deleted, or
+/// moved: a new path gets a new cache file). Files of models that still
 /// exist are kept, whatever their age.
-fn remove_unowned(dir: &Path, keep: &Path) {
+fn clean_dir(dir: &Path, keep: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
     for e in entries.flatten() {
         let path = e.path();
-        if path == keep || path.extension().is_none_or(|x| x != "panels") {
-            continue;
-        }
-        let source_gone = match open_file(&path) {
-            Ok(Some((_, index, _))) => !Path::new(&index.identity.source).exists(),
-            // Not a cache file this build can read: left to its owner.
-            _ => false,
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dead = if let Some((_, pid)) = name.split_once(".panels.tmp.") {
+            cfg!(target_os = "linux") && !Path::new("/proc").join(pid).exists()
+        } else if path != keep && path.extension().is_some_and(|x| x == "panels") {
+            match open_file(&path) {
+                Ok(Some((_, index, _))) => !Path::new(&index.identity.source).exists(),
+                // Not a cache file this build can read: left to its owner.
+                _ => false,
+            }
+        } else {
+            false
         };
-        if source_gone {
-            tracing::info!(file = %path.display(), "removed the packed weights of a model file that is gone");
+        if dead {
+            tracing::info!(file = %path.display(), "removed a packed-weights file no one will read");
             let _ = std::fs::remove_file(&path);
         }
     }
