@@ -8,9 +8,10 @@
 //! no route share `handler="none"`, so scanning random paths cannot grow the
 //! number of series.
 
+use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -18,6 +19,7 @@ use axum::extract::MatchedPath;
 use bytes::Buf;
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
+use parking_lot::RwLock;
 use pin_project_lite::pin_project;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -76,6 +78,24 @@ pub struct HttpMetrics {
     duration_highr: AtomicHistogram,
     duration: HistFamily<MethodHandlerLabels>,
     inprogress: Family<MethodHandlerLabels, Gauge>,
+    /// Each (handler, method)'s series, resolved on its first request:
+    /// later requests take one read lock and allocate nothing (the families
+    /// would hash and clone the labels five times per request).
+    routes: RwLock<HashMap<Box<str>, Vec<Arc<RouteSeries>>>>,
+}
+
+/// The series of one (handler, method). Each is created when first
+/// recorded, as the families would create it.
+#[derive(Debug)]
+struct RouteSeries {
+    handler: Box<str>,
+    method: &'static str,
+    inprogress: Gauge,
+    /// `http_requests_total`, by status class (`1xx` … `5xx`).
+    requests: [OnceLock<Counter>; 5],
+    request_size: OnceLock<AtomicHistogram>,
+    response_size: OnceLock<AtomicHistogram>,
+    duration: OnceLock<AtomicHistogram>,
 }
 
 fn fixed(def: &MetricDef) -> &'static [f64] {
@@ -121,40 +141,78 @@ impl HttpMetrics {
             duration_highr,
             duration,
             inprogress,
+            routes: RwLock::default(),
         }
+    }
+
+    /// The series of `handler` and `method`, created on their first request.
+    fn route(&self, handler: &str, method: &'static str) -> Arc<RouteSeries> {
+        let found = |routes: &HashMap<Box<str>, Vec<Arc<RouteSeries>>>| {
+            routes
+                .get(handler)
+                .and_then(|by_method| by_method.iter().find(|r| r.method == method))
+                .cloned()
+        };
+        if let Some(series) = found(&self.routes.read()) {
+            return series;
+        }
+        let mut routes = self.routes.write();
+        if let Some(series) = found(&routes) {
+            return series;
+        }
+        let series = Arc::new(RouteSeries {
+            handler: handler.into(),
+            method,
+            inprogress: self.inprogress.get_or_create_owned(&MethodHandlerLabels {
+                method,
+                handler: handler.to_owned(),
+            }),
+            requests: Default::default(),
+            request_size: OnceLock::new(),
+            response_size: OnceLock::new(),
+            duration: OnceLock::new(),
+        });
+        routes
+            .entry(handler.into())
+            .or_default()
+            .push(Arc::clone(&series));
+        series
     }
 
     fn start(
         self: &Arc<Self>,
-        handler: String,
+        handler: &str,
         method: &'static str,
         size: RequestSize,
         start: Instant,
     ) -> InFlight {
-        let inprogress = self.inprogress.get_or_create_owned(&MethodHandlerLabels {
-            method,
-            handler: handler.clone(),
-        });
-        inprogress.inc();
+        let series = self.route(handler, method);
+        series.inprogress.inc();
         InFlight {
             metrics: Arc::clone(self),
-            handler,
-            method,
+            series,
             start,
-            inprogress,
             request_size: size,
         }
     }
 }
 
+/// The `status` label values, by [`status_class_index`].
+const STATUS_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
 /// The `status` label: the status class.
 pub fn status_class(status: StatusCode) -> &'static str {
+    STATUS_CLASSES[status_class_index(status)]
+}
+
+/// The status class as an index into [`STATUS_CLASSES`] (0 for `1xx`).
+fn status_class_index(status: StatusCode) -> usize {
     match status.as_u16() {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
 }
 
@@ -196,10 +254,8 @@ impl RequestSize {
 #[derive(Debug)]
 struct InFlight {
     metrics: Arc<HttpMetrics>,
-    handler: String,
-    method: &'static str,
+    series: Arc<RouteSeries>,
     start: Instant,
-    inprogress: Gauge,
     request_size: RequestSize,
 }
 
@@ -207,28 +263,34 @@ impl InFlight {
     /// The response is complete (or abandoned): record everything but the gauge.
     fn record(&self, status: StatusCode, response_bytes: u64) {
         let m = &*self.metrics;
+        let r = &*self.series;
         let secs = self.start.elapsed().as_secs_f64();
-        m.requests
-            .get_or_create(&RequestLabels {
-                handler: self.handler.clone(),
-                method: self.method,
-                status: status_class(status),
+        let class = status_class_index(status);
+        r.requests[class]
+            .get_or_init(|| {
+                m.requests.get_or_create_owned(&RequestLabels {
+                    handler: r.handler.to_string(),
+                    method: r.method,
+                    status: STATUS_CLASSES[class],
+                })
             })
             .inc();
-        let handler = HandlerLabels {
-            handler: self.handler.clone(),
+        let handler = || HandlerLabels {
+            handler: r.handler.to_string(),
         };
-        m.request_size
-            .get_or_create(&handler)
+        r.request_size
+            .get_or_init(|| m.request_size.get_or_create_owned(&handler()))
             .observe(self.request_size.get() as f64);
-        m.response_size
-            .get_or_create(&handler)
+        r.response_size
+            .get_or_init(|| m.response_size.get_or_create_owned(&handler()))
             .observe(response_bytes as f64);
         m.duration_highr.observe(secs);
-        m.duration
-            .get_or_create(&MethodHandlerLabels {
-                method: self.method,
-                handler: handler.handler,
+        r.duration
+            .get_or_init(|| {
+                m.duration.get_or_create_owned(&MethodHandlerLabels {
+                    method: r.method,
+                    handler: r.handler.to_string(),
+                })
             })
             .observe(secs);
     }
@@ -236,7 +298,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.inprogress.dec();
+        self.series.inprogress.dec();
     }
 }
 
@@ -321,7 +383,7 @@ where
                 in_flight: None,
             };
         }
-        let handler = matched.unwrap_or(UNMATCHED_HANDLER).to_owned();
+        let handler = matched.unwrap_or(UNMATCHED_HANDLER);
         let method = method_label(req.method());
         let content_length = req
             .headers()

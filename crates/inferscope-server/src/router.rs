@@ -67,8 +67,11 @@ pub fn router(
         }
     }
     app.fallback(handlers::not_found)
-        .layer(DefaultBodyLimit::max(max_body))
-        .layer(state.metrics.http_layer())
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(state.metrics.http_layer())
+                .layer(DefaultBodyLimit::max(max_body)),
+        )
         .with_state(state)
 }
 

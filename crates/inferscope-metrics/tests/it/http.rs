@@ -53,6 +53,15 @@ fn app(m: &StatLoggerManager, stream_rx: Option<mpsc::Receiver<Bytes>>) -> Route
             }),
         )
         .route("/fail", get(|| async { StatusCode::INTERNAL_SERVER_ERROR }))
+        .route(
+            "/status/{code}",
+            get(
+                |axum::extract::Path(code): axum::extract::Path<u16>| async move {
+                    StatusCode::from_u16(code).unwrap()
+                },
+            )
+            .post(|| async { "posted" }),
+        )
         .route("/metrics", get(|| async { "metrics" }))
         .route("/health", get(|| async { "ok" }))
         .layer(m.http_layer())
@@ -74,6 +83,68 @@ async fn send(router: &Router, req: Request<Body>) -> (StatusCode, Bytes) {
     let status = resp.status();
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, body)
+}
+
+/// One route's requests land in the series of their own status class and
+/// method, whichever came first (the layer resolves each route's series
+/// once and keeps them).
+#[tokio::test]
+async fn one_route_counts_each_status_class_and_method_apart() {
+    let m = manager();
+    let router = app(&m, None);
+    for (method, code) in [
+        ("GET", 200),
+        ("GET", 404),
+        ("POST", 200),
+        ("GET", 200),
+        ("GET", 503),
+        ("GET", 404),
+        ("GET", 404),
+    ] {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("/status/{code}"))
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(send(&router, req).await.0.as_u16(), code);
+    }
+    let (e, body) = scrape(&m);
+    for (method, status, count) in [
+        ("GET", "2xx", 2.0),
+        ("GET", "4xx", 3.0),
+        ("GET", "5xx", 1.0),
+        ("POST", "2xx", 1.0),
+    ] {
+        let labels = [
+            ("handler", "/status/{code}"),
+            ("method", method),
+            ("status", status),
+        ];
+        assert_eq!(
+            e.value("http_requests_total", &labels),
+            Some(count),
+            "{method} {status}\n{body}"
+        );
+    }
+    let handler = [("handler", "/status/{code}")];
+    assert_eq!(
+        e.value("http_response_size_bytes_count", &handler),
+        Some(7.0),
+        "{body}"
+    );
+    for (method, count) in [("GET", 6.0), ("POST", 1.0)] {
+        let labels = [("handler", "/status/{code}"), ("method", method)];
+        assert_eq!(
+            e.value("http_request_duration_seconds_count", &labels),
+            Some(count),
+            "{method}\n{body}"
+        );
+        assert_eq!(
+            e.value("http_requests_inprogress", &labels),
+            Some(0.0),
+            "{method}\n{body}"
+        );
+    }
 }
 
 #[tokio::test]
