@@ -442,23 +442,21 @@ impl EngineCore {
     /// took `step_time`, shorter than their delivery) here, more through the
     /// output thread.
     fn ship_outputs(&mut self, step_time: Duration) {
-        let batch = self.scheduler.take_outputs();
-        if batch.is_empty() {
+        let n = self.scheduler.num_outputs();
+        if n == 0 {
             return;
         }
         // Inline only when the output thread has delivered everything handed
         // to it: a request's outputs must arrive in order.
-        if (batch.len() <= INLINE_OUTPUTS || step_time < DELIVERY_PER_OUTPUT * batch.len() as u32)
+        if (n <= INLINE_OUTPUTS || step_time < DELIVERY_PER_OUTPUT * n as u32)
             && self.outputs_in_flight.load(Ordering::Acquire) == 0
         {
             // Waking this many tasks costs less than waking the output
             // thread and switching to it (on a busy core, that switch was the
             // larger part of a small request's engine-side cost).
-            for (sink, out) in batch {
-                // A closed sink means the client left; the abort follows.
-                let _ = sink.send(out);
-            }
+            self.scheduler.send_outputs();
         } else {
+            let batch = self.scheduler.take_outputs();
             self.outputs_in_flight.fetch_add(1, Ordering::AcqRel);
             // The output thread lives as long as this sender.
             let _ = self.outputs.send(batch);

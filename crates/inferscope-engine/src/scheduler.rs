@@ -69,6 +69,9 @@ struct Sequence {
     num_preemptions: u64,
     timeline: RequestTimeline,
     sink: OutputSink,
+    /// This step's output, held in deferred mode until it is shipped (one
+    /// per step at most): sent through `sink` in place, no clone of it.
+    pending: Option<RequestOutput>,
     /// Its tenant's slot in the waiting queue.
     tenant_slot: usize,
     /// Its matcher, when the output is constrained (structured outputs).
@@ -156,6 +159,8 @@ pub struct Scheduler {
     /// When set, outputs are collected here instead of sent (see
     /// [`Scheduler::defer_outputs`]).
     outbox: Option<Vec<(OutputSink, RequestOutput)>>,
+    /// Running sequences holding an output (`Sequence::pending`).
+    pending_outputs: usize,
     /// Computes grammar masks while a step runs; started at the first
     /// constrained request.
     grammar_worker: Option<GrammarWorker>,
@@ -201,6 +206,7 @@ impl Scheduler {
             stats: IterationStats::default(),
             ended_seq_ids: Vec::new(),
             outbox: None,
+            pending_outputs: 0,
             grammar_worker: None,
             grammar_errors: Vec::new(),
             grammar_done: Vec::new(),
@@ -260,9 +266,47 @@ impl Scheduler {
         self.outbox.get_or_insert_with(Vec::new);
     }
 
-    /// The outputs collected since the last call, in order, with their sinks.
+    /// How many outputs are collected (deferred mode).
+    pub fn num_outputs(&mut self) -> usize {
+        self.pending_outputs + self.outbox.as_ref().map_or(0, Vec::len)
+    }
+
+    /// The outputs collected since the last call, with their sinks (a
+    /// running request's sink cloned), for delivery on another thread. A
+    /// request's outputs keep their order.
     pub fn take_outputs(&mut self) -> Vec<(OutputSink, RequestOutput)> {
-        self.outbox.as_mut().map(std::mem::take).unwrap_or_default()
+        let mut batch = Vec::with_capacity(self.num_outputs());
+        if self.pending_outputs > 0 {
+            self.pending_outputs = 0;
+            for seq in &mut self.running {
+                if let Some(out) = seq.pending.take() {
+                    batch.push((seq.sink.clone(), out));
+                }
+            }
+        }
+        if let Some(outbox) = &mut self.outbox {
+            batch.append(outbox);
+        }
+        batch
+    }
+
+    /// Sends the outputs collected since the last call, here: a running
+    /// request's through its own sink, no clone of it.
+    pub fn send_outputs(&mut self) {
+        if self.pending_outputs > 0 {
+            self.pending_outputs = 0;
+            for seq in &mut self.running {
+                if let Some(out) = seq.pending.take() {
+                    // A closed sink means the client left; the abort follows.
+                    let _ = seq.sink.send(out);
+                }
+            }
+        }
+        if let Some(outbox) = &mut self.outbox {
+            for (sink, out) in outbox.drain(..) {
+                let _ = sink.send(out);
+            }
+        }
     }
 
     /// The configuration.
@@ -366,6 +410,7 @@ impl Scheduler {
             num_preemptions: 0,
             timeline: RequestTimeline::new(req.arrival),
             sink,
+            pending: None,
             tenant_slot,
             grammar: req.grammar.as_ref().map(CompiledGrammar::start),
             prompt_rows_done: 0,
@@ -869,15 +914,15 @@ impl Scheduler {
                         logprobs,
                         prompt_logprobs,
                     };
-                    match &mut self.outbox {
-                        // The sink is cloned (two uncontended atomics) so the
-                        // send, and the wake-up of the task behind it, happen
-                        // on the output thread instead of this one.
-                        Some(outbox) => outbox.push((seq.sink.clone(), out)),
+                    if self.outbox.is_some() {
+                        // Held until the step's outputs are shipped (see
+                        // `send_outputs` and `take_outputs`).
+                        debug_assert!(seq.pending.is_none(), "two outputs in one step");
+                        seq.pending = Some(out);
+                        self.pending_outputs += 1;
+                    } else {
                         // A closed sink means the client left; the abort follows.
-                        None => {
-                            let _ = seq.sink.send(out);
-                        }
+                        let _ = seq.sink.send(out);
                     }
                 }
             }

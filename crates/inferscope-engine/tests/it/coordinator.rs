@@ -208,6 +208,55 @@ fn two_cores_spread_load_and_honour_rank_offset() {
     assert_eq!(r.finished.len(), 40);
 }
 
+/// A step's outputs go out on the engine thread when they are few or the
+/// step was quick, else through the output thread: both ways, every
+/// request gets the same tokens, in order, then its finish.
+#[test]
+fn outputs_shipped_inline_and_by_the_output_thread_are_the_same() {
+    let rt = runtime();
+    let run = |spec: &'static str| {
+        let c = Coordinator::start(
+            EngineConfig::default(),
+            1,
+            0,
+            move |_| {
+                let mut p = profile(spec)?;
+                p.kv_capacity_tokens = 65_536;
+                Ok(Box::new(SimExecutor::new(p, SimTokens::default())) as Box<dyn Executor>)
+            },
+            Arc::new(TestRecorder::default()),
+        )
+        .expect("start");
+        // 20 requests in one step: more outputs than go out inline.
+        let handles: Vec<(String, RequestHandle)> = (0..20)
+            .map(|i| {
+                let id = format!("req-{i}");
+                let h = c.add_request(request(&id, 20, 12)).expect("add");
+                (id, h)
+            })
+            .collect();
+        let tokens: BTreeMap<String, Vec<u32>> = handles
+            .into_iter()
+            .map(|(id, h)| {
+                let (tokens, reason, _) = drain(&rt, h);
+                assert_eq!(reason, FinishReason::Length, "{spec} {id}");
+                (id, tokens)
+            })
+            .collect();
+        c.shutdown(Duration::from_secs(5));
+        tokens
+    };
+    // A zero-time device: 20 outputs take longer to send than the step.
+    let inline = run("tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0");
+    // 2 ms steps: the output thread sends them.
+    let threaded = run("tiny,t_fixed_ms=2");
+    assert!(
+        inline.values().all(|t| t.len() == 12),
+        "every token arrives inline: {inline:?}"
+    );
+    assert_eq!(inline, threaded);
+}
+
 #[test]
 fn duplicate_ids_are_refused() {
     let c = Coordinator::start(
