@@ -267,7 +267,7 @@ impl Scheduler {
     }
 
     /// How many outputs are collected (deferred mode).
-    pub fn num_outputs(&mut self) -> usize {
+    pub fn num_outputs(&self) -> usize {
         self.pending_outputs + self.outbox.as_ref().map_or(0, Vec::len)
     }
 
@@ -276,14 +276,7 @@ impl Scheduler {
     /// request's outputs keep their order.
     pub fn take_outputs(&mut self) -> Vec<(OutputSink, RequestOutput)> {
         let mut batch = Vec::with_capacity(self.num_outputs());
-        if self.pending_outputs > 0 {
-            self.pending_outputs = 0;
-            for seq in &mut self.running {
-                if let Some(out) = seq.pending.take() {
-                    batch.push((seq.sink.clone(), out));
-                }
-            }
-        }
+        self.drain_pending(|sink, out| batch.push((sink.clone(), out)));
         if let Some(outbox) = &mut self.outbox {
             batch.append(outbox);
         }
@@ -293,18 +286,26 @@ impl Scheduler {
     /// Sends the outputs collected since the last call, here: a running
     /// request's through its own sink, no clone of it.
     pub fn send_outputs(&mut self) {
-        if self.pending_outputs > 0 {
-            self.pending_outputs = 0;
-            for seq in &mut self.running {
-                if let Some(out) = seq.pending.take() {
-                    // A closed sink means the client left; the abort follows.
-                    let _ = seq.sink.send(out);
-                }
-            }
-        }
+        // A closed sink means the client left; the abort follows.
+        self.drain_pending(|sink, out| {
+            let _ = sink.send(out);
+        });
         if let Some(outbox) = &mut self.outbox {
             for (sink, out) in outbox.drain(..) {
                 let _ = sink.send(out);
+            }
+        }
+    }
+
+    /// Hands each running request's held output to `f`, with its sink.
+    fn drain_pending(&mut self, mut f: impl FnMut(&OutputSink, RequestOutput)) {
+        if self.pending_outputs == 0 {
+            return;
+        }
+        self.pending_outputs = 0;
+        for seq in &mut self.running {
+            if let Some(out) = seq.pending.take() {
+                f(&seq.sink, out);
             }
         }
     }
