@@ -41,6 +41,10 @@ impl RunningServer {
         // The cores are gone, so every stream has its final event; give the
         // connections a moment to deliver it.
         let _ = tokio::time::timeout(timeout + Duration::from_secs(1), self.task).await;
+        // The last requests' lines: in the file before the server is gone.
+        if let Some(log) = self.state.request_log.clone() {
+            let _ = tokio::task::spawn_blocking(move || log.flush(timeout)).await;
+        }
         // The last requests' spans: sent before the process goes.
         if let Some(traces) = &self.state.traces {
             traces.shutdown(timeout + Duration::from_secs(1)).await;

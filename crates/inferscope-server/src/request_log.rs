@@ -6,7 +6,8 @@
 //! The request's task hands the entry to a bounded queue with `try_send` and
 //! moves on; one writer thread formats and writes the lines. When the writer
 //! falls behind, entries are dropped and counted in `request_log_dropped`,
-//! never waited for. The in-memory ring is a short critical section per
+//! never waited for. A server shutting down waits (bounded) until the lines
+//! queued so far are written ([`RequestLog::flush`]). The in-memory ring is a short critical section per
 //! finished choice (never per token) with no allocation: its slots are
 //! reserved up front.
 
@@ -16,6 +17,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use inferscope_engine::FinishReason;
 use inferscope_metrics::StatLoggerManager;
@@ -202,11 +204,19 @@ impl inferscope_console::RecentSource for RecentRequests {
     }
 }
 
+/// What the writer's queue carries.
+enum Queued {
+    /// A line to write.
+    Entry(RequestLogEntry),
+    /// Answered once everything queued before it is written and flushed.
+    Flush(mpsc::Sender<()>),
+}
+
 /// The sending side: cheap to clone, never blocks.
 #[derive(Clone)]
 pub struct RequestLog {
     /// The line writer's queue, with `--enable-request-log`.
-    writer: Option<(SyncSender<RequestLogEntry>, Arc<StatLoggerManager>)>,
+    writer: Option<(SyncSender<Queued>, Arc<StatLoggerManager>)>,
     /// The console's ring, unless `--disable-console`.
     recent: Option<Arc<RecentRequests>>,
 }
@@ -277,11 +287,26 @@ impl RequestLog {
         if let Some(recent) = &self.recent {
             recent.push(entry.clone());
         }
-        match tx.try_send(entry) {
+        match tx.try_send(Queued::Entry(entry)) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 metrics.record_request_log_dropped();
             }
+        }
+    }
+}
+
+impl RequestLog {
+    /// Waits, at most `timeout`, until every entry recorded so far is
+    /// written and flushed (a server shutting down: its last lines are in
+    /// the file when it is gone). Blocks the calling thread.
+    pub fn flush(&self, timeout: Duration) {
+        let Some((tx, _)) = &self.writer else {
+            return;
+        };
+        let (ack, done) = mpsc::channel();
+        if tx.send(Queued::Flush(ack)).is_ok() {
+            let _ = done.recv_timeout(timeout);
         }
     }
 }
@@ -296,12 +321,16 @@ fn open(path: &Path) -> io::Result<std::fs::File> {
 
 /// Writes entries as they come; flushes whenever the queue is empty, so a
 /// reader sees every line of an idle server.
-fn write_loop(rx: Receiver<RequestLogEntry>, mut out: BufWriter<Box<dyn Write + Send>>) {
+fn write_loop(rx: Receiver<Queued>, mut out: BufWriter<Box<dyn Write + Send>>) {
     let mut failed = false;
-    while let Ok(entry) = rx.recv() {
-        let mut result = entry.write_json(&mut out);
-        while let Ok(next) = rx.try_recv() {
-            result = result.and_then(|()| next.write_json(&mut out));
+    let mut acks = Vec::new();
+    while let Ok(first) = rx.recv() {
+        let mut result = Ok(());
+        for queued in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            match queued {
+                Queued::Entry(entry) => result = result.and_then(|()| entry.write_json(&mut out)),
+                Queued::Flush(ack) => acks.push(ack),
+            }
         }
         result = result.and_then(|()| out.flush());
         if let Err(e) = result
@@ -310,6 +339,9 @@ fn write_loop(rx: Receiver<RequestLogEntry>, mut out: BufWriter<Box<dyn Write + 
             // Once: a full disk would otherwise log on every request.
             failed = true;
             tracing::error!(error = %e, "writing the request log failed");
+        }
+        for ack in acks.drain(..) {
+            let _ = ack.send(());
         }
     }
 }
@@ -389,6 +421,40 @@ mod tests {
             "recent entry: {} bytes + its request id",
             std::mem::size_of::<(u64, f64, RequestLogEntry)>()
         );
+    }
+
+    /// `flush` returns once every entry recorded before it is written: a
+    /// server's last lines are in its file when it is gone.
+    #[test]
+    fn flush_waits_for_the_lines_recorded_before_it() {
+        let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());
+        let gate = Arc::new(Mutex::new(()));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let closed = gate.lock().unwrap();
+        let log = RequestLog::with_writer(
+            Box::new(Gated {
+                gate: gate.clone(),
+                got: got.clone(),
+            }),
+            metrics,
+            16,
+        )
+        .unwrap();
+        for i in 0..3 {
+            log.record(entry(i));
+        }
+        let flushing = {
+            let log = log.clone();
+            std::thread::spawn(move || log.flush(Duration::from_secs(10)))
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!flushing.is_finished(), "flush waits for the stuck writer");
+        drop(closed);
+        flushing.join().unwrap();
+        let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 3, "{text}");
+        // Without a writer there is nothing to wait for.
+        RequestLog::recent_only(Arc::new(RecentRequests::new(2))).flush(Duration::from_secs(10));
     }
 
     #[test]

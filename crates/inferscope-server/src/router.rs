@@ -66,13 +66,22 @@ pub fn router(
                 .merge(steps::routes(console, state.clone()));
         }
     }
-    app.fallback(handlers::not_found)
-        .layer(
-            tower::ServiceBuilder::new()
-                .layer(state.metrics.http_layer())
-                .layer(DefaultBodyLimit::max(max_body)),
-        )
-        .with_state(state)
+    around_routes(app, &state, max_body).with_state(state)
+}
+
+/// `app` with its fallback, under the HTTP metrics and a body limit of
+/// `max_body`, as one layer: each `layer` call wraps every route in
+/// another boxed service, cloned and boxed again on every request.
+fn around_routes(
+    app: Router<Arc<AppState>>,
+    state: &AppState,
+    max_body: usize,
+) -> Router<Arc<AppState>> {
+    app.fallback(handlers::not_found).layer(
+        tower::ServiceBuilder::new()
+            .layer(state.metrics.http_layer())
+            .layer(DefaultBodyLimit::max(max_body)),
+    )
 }
 
 /// The router of the separate metrics listener: `/metrics` (plus
@@ -87,10 +96,7 @@ pub fn metrics_router(state: Arc<AppState>, console: Option<&Arc<Console>>) -> R
             .merge(console.routes())
             .merge(steps::routes(console, state.clone()));
     }
-    app.fallback(handlers::not_found)
-        .layer(DefaultBodyLimit::max(0))
-        .layer(state.metrics.http_layer())
-        .with_state(state)
+    around_routes(app, &state, 0).with_state(state)
 }
 
 /// `routes` behind [`require_api_key`], when the server has keys or a
