@@ -365,6 +365,11 @@ async fn the_step_timeline_lists_what_each_step_ran() {
         .await;
         assert_eq!(r.status, 200, "{}", r.body);
         usage.push((id, r.json()["usage"].clone()));
+        // Read as the page does (every second): the rings stay on while
+        // someone reads, even on a machine slow enough for these requests
+        // to outlast the idle cut-off.
+        let r = call(addr, "GET", "/console/api/steps", "", &[]).await;
+        assert_eq!(r.status, 200, "{}", r.body);
     }
     let since = first["now_us"].as_u64().unwrap();
     let later = call(
