@@ -204,7 +204,9 @@ impl inferscope_console::RecentSource for RecentRequests {
     }
 }
 
-/// What the writer's queue carries.
+/// What the writer's queue carries. Nearly every message is an entry:
+/// boxing it to shrink the rare flush would allocate once per request.
+#[allow(clippy::large_enum_variant)]
 enum Queued {
     /// A line to write.
     Entry(RequestLogEntry),
