@@ -425,23 +425,31 @@ mod tests {
         );
     }
 
+    type Shared<T> = Arc<Mutex<T>>;
+
+    /// A log of `capacity` queued entries whose writer waits on the gate
+    /// returned, and keeps what it writes in the buffer returned.
+    fn gated_log(
+        metrics: &Arc<StatLoggerManager>,
+        capacity: usize,
+    ) -> (RequestLog, Shared<()>, Shared<Vec<u8>>) {
+        let gate = Arc::new(Mutex::new(()));
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let writer = Box::new(Gated {
+            gate: gate.clone(),
+            got: got.clone(),
+        });
+        let log = RequestLog::with_writer(writer, metrics.clone(), capacity).unwrap();
+        (log, gate, got)
+    }
+
     /// `flush` returns once every entry recorded before it is written: a
     /// server's last lines are in its file when it is gone.
     #[test]
     fn flush_waits_for_the_lines_recorded_before_it() {
         let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());
-        let gate = Arc::new(Mutex::new(()));
-        let got = Arc::new(Mutex::new(Vec::new()));
+        let (log, gate, got) = gated_log(&metrics, 16);
         let closed = gate.lock().unwrap();
-        let log = RequestLog::with_writer(
-            Box::new(Gated {
-                gate: gate.clone(),
-                got: got.clone(),
-            }),
-            metrics,
-            16,
-        )
-        .unwrap();
         for i in 0..3 {
             log.record(entry(i));
         }
@@ -462,18 +470,8 @@ mod tests {
     #[test]
     fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
         let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());
-        let gate = Arc::new(Mutex::new(()));
-        let got = Arc::new(Mutex::new(Vec::new()));
+        let (log, gate, got) = gated_log(&metrics, 2);
         let closed = gate.lock().unwrap();
-        let log = RequestLog::with_writer(
-            Box::new(Gated {
-                gate: gate.clone(),
-                got: got.clone(),
-            }),
-            metrics.clone(),
-            2,
-        )
-        .unwrap();
         let start = std::time::Instant::now();
         for i in 0..10 {
             log.record(entry(i));
