@@ -304,9 +304,10 @@ pub fn kv_saturated(s: &Summary) -> Outcome {
     }
     let title = if preemptions >= 1.0 {
         format!(
-            "KV cache saturated: {preemptions:.0} preemptions in the window ({:.2} per finished request), KV usage peaked at {}",
+            "KV cache saturated: {preemptions:.0} preemptions in the window ({:.2} per finished request), KV usage peaked at {} {}",
             per_request,
-            pct(kv_peak.unwrap_or(0.0))
+            pct(kv_peak.unwrap_or(0.0)),
+            in_scrapes(s)
         )
     } else {
         format!(
@@ -324,6 +325,15 @@ pub fn kv_saturated(s: &Summary) -> Outcome {
          compete for blocks, or add replicas."
             .to_string(),
     )
+}
+
+/// Where a gauge's peak was seen: the gauges are read at each scrape, so a
+/// peak is over those readings, not over every moment of the window.
+fn in_scrapes(s: &Summary) -> String {
+    match s.scrapes {
+        1 => "in the one scrape read".to_string(),
+        n => format!("in the {n} scrapes read"),
+    }
 }
 
 /// Latency dominated by queue time while the KV cache has room: the batch cap
@@ -382,16 +392,18 @@ pub fn queue_bound(s: &Summary) -> Outcome {
         "queue_bound",
         severity,
         format!(
-            "Latency is dominated by queueing: {} of the mean end-to-end latency ({} of {}) is spent waiting, while the KV cache peaked at only {}",
+            "Latency is dominated by queueing: {} of the mean end-to-end latency ({} of {}) is spent waiting, while the KV cache peaked at only {} {}",
             pct(share),
             ms(queue_mean),
             ms(e2e_mean),
-            pct(kv_peak)
+            pct(kv_peak),
+            in_scrapes(s)
         ),
         evidence,
         format!(
-            "Raise --max-num-seqs (the running batch peaked at {running_peak_engine:.0} per engine) \
-             and, if prefills queue too, --max-num-batched-tokens: the KV cache has room for a larger batch."
+            "Raise --max-num-seqs (the running batch peaked at {running_peak_engine:.0} per engine {}) \
+             and, if prefills queue too, --max-num-batched-tokens: the KV cache has room for a larger batch.",
+            in_scrapes(s)
         ),
     )
 }
@@ -942,7 +954,7 @@ fn verdict(s: &Summary, skipped: &[Skipped]) -> Finding {
         Some(k) => {
             evidence.push(ev("kv_usage_peak", k, "ratio"));
             evidence.push(ev("kv_headroom", 1.0 - k, "ratio"));
-            headroom.push(format!("KV cache peaked at {}", pct(k)));
+            headroom.push(format!("KV cache peaked at {} {}", pct(k), in_scrapes(s)));
         }
         None => headroom.push("KV cache usage not exported".to_string()),
     }
@@ -1175,7 +1187,14 @@ mod tests {
     fn queueing_needs_room_in_the_kv_cache() {
         let mut s = busy();
         s.queue = d(100.0, 0.3);
-        assert!(matches!(queue_bound(&s), Outcome::Fired(f) if f.severity == Severity::Critical));
+        let Outcome::Fired(f) = queue_bound(&s) else {
+            panic!("expected a finding");
+        };
+        assert_eq!(f.severity, Severity::Critical);
+        // A gauge's peak says how many readings it is over.
+        let scrapes = format!("in the {} scrapes read", s.scrapes);
+        assert!(f.title.contains(&scrapes), "{}", f.title);
+        assert!(f.action.contains(&scrapes), "{}", f.action);
         s.kv_usage_peak = Some(0.85);
         assert_eq!(queue_bound(&s), Outcome::Clear);
         // Too few requests to judge.
