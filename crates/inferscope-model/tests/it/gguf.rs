@@ -124,6 +124,25 @@ fn types(quantize: bool) -> (GgmlDType, GgmlDType, GgmlDType) {
     }
 }
 
+/// [`write_gguf_with`] for the usual file: an F32 embedding, the
+/// SentencePiece vocabulary, no extra tensors.
+fn write_spm_gguf(
+    cfg: &ModelConfig,
+    w: &HashMap<String, Tensor>,
+    lin: GgmlDType,
+    down: GgmlDType,
+    name: &str,
+) -> PathBuf {
+    write_gguf_with(
+        cfg,
+        w,
+        (lin, down, GgmlDType::F32),
+        name,
+        spm_metadata(),
+        Vec::new(),
+    )
+}
+
 fn write_gguf_with(
     cfg: &ModelConfig,
     w: &HashMap<String, Tensor>,
@@ -290,14 +309,7 @@ fn gguf_q8_0_runs_the_dequantized_model() {
     let cfg = config(tokens.len());
     let w = random_weights(&cfg, 7).unwrap();
     let q8 = GgmlDType::Q8_0;
-    let path = write_gguf_with(
-        &cfg,
-        &w,
-        (q8, q8, GgmlDType::F32),
-        "q8",
-        spm_metadata(),
-        Vec::new(),
-    );
+    let path = write_spm_gguf(&cfg, &w, q8, q8, "q8");
     let opts = ModelOptions {
         kv_cache_memory: Some(4 << 20),
         ..ModelOptions::default()
@@ -387,14 +399,7 @@ fn kquant_config() -> ModelConfig {
 fn check_kquant_model(lin: GgmlDType, down: GgmlDType, name: &str) {
     let cfg = kquant_config();
     let w = random_weights(&cfg, 11).unwrap();
-    let path = write_gguf_with(
-        &cfg,
-        &w,
-        (lin, down, GgmlDType::F32),
-        name,
-        spm_metadata(),
-        Vec::new(),
-    );
+    let path = write_spm_gguf(&cfg, &w, lin, down, name);
     let opts = ModelOptions {
         kv_cache_memory: Some(4 << 20),
         ..ModelOptions::default()
@@ -625,14 +630,7 @@ fn gguf_iq4_nl_runs_the_dequantized_model_and_other_types_are_refused() {
         })
         .collect();
     let q4_0 = GgmlDType::Q4_0;
-    let path = write_gguf_with(
-        &cfg,
-        &w,
-        (q4_0, q4_0, GgmlDType::F32),
-        "iq4nl",
-        spm_metadata(),
-        Vec::new(),
-    );
+    let path = write_spm_gguf(&cfg, &w, q4_0, q4_0, "iq4nl");
     let written = std::fs::read(&path).unwrap();
     let mut bytes = written.clone();
     for n in linear_names(&cfg) {
@@ -938,13 +936,12 @@ fn gguf_f16_and_bf16_weights_stay_16_bit_and_compute_exactly() {
                 (n.clone(), t)
             })
             .collect();
-        let f32_file = write_gguf_with(
+        let f32_file = write_spm_gguf(
             &cfg,
             &rounded,
-            (GgmlDType::F32, GgmlDType::F32, GgmlDType::F32),
+            GgmlDType::F32,
+            GgmlDType::F32,
             &format!("{name}-f32"),
-            spm_metadata(),
-            Vec::new(),
         );
         let (m16, m32) = (load(halves), load(f32_file));
         assert_eq!(
@@ -1205,16 +1202,7 @@ fn gguf_packed_weights_cache_maps_the_panels_of_a_later_load() {
         (GgmlDType::Q8_0, GgmlDType::Q8_0, "cache-q8"),
         (GgmlDType::F16, GgmlDType::F16, "cache-f16"),
     ] {
-        let write = || {
-            write_gguf_with(
-                &cfg,
-                &w,
-                (lin, down, GgmlDType::F32),
-                name,
-                spm_metadata(),
-                Vec::new(),
-            )
-        };
+        let write = || write_spm_gguf(&cfg, &w, lin, down, name);
         let path = write();
         let prompt: Vec<u32> = (0..21).map(|i| 3 + (i * 31) % 260).collect();
         let load = || {
