@@ -51,10 +51,14 @@ pub struct CoreState {
     pub block_size: usize,
     /// Executor name.
     pub executor_name: String,
-    waiting: AtomicUsize,
-    running: AtomicUsize,
+    /// The batch's counts after the last step or message: waiting in the
+    /// high half, running in the low half. One word, so that a reader never
+    /// sees a request that moved from waiting to running in neither count.
+    counts: AtomicU64,
     /// Requests sent to the core that it has not picked up yet.
     pending: AtomicUsize,
+    /// The running batch's bound (`max_num_seqs`).
+    max_num_seqs: usize,
     kv_usage_bits: AtomicU64,
     alive: AtomicBool,
     dead_reason: parking_lot::Mutex<Option<String>>,
@@ -63,14 +67,52 @@ pub struct CoreState {
 }
 
 impl CoreState {
+    fn new(
+        engine_index: usize,
+        num_blocks: usize,
+        config: &EngineConfig,
+        executor_name: String,
+    ) -> Self {
+        Self {
+            engine_index,
+            num_blocks,
+            block_size: config.block_size,
+            executor_name,
+            counts: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+            max_num_seqs: config.max_num_seqs,
+            kv_usage_bits: AtomicU64::new(0f64.to_bits()),
+            alive: AtomicBool::new(true),
+            dead_reason: parking_lot::Mutex::new(None),
+            steps: StepRing::default(),
+        }
+    }
+
     /// Requests waiting in the core's queue.
     pub fn num_waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed) + self.pending.load(Ordering::Relaxed)
+        let (pending, waiting, _) = self.load();
+        waiting + pending
     }
 
     /// Requests in the core's running batch.
     pub fn num_running(&self) -> usize {
-        self.running.load(Ordering::Relaxed)
+        self.load().2
+    }
+
+    /// (pending, waiting, running), each request counted at least once:
+    /// the core stores its counts before it lowers `pending` (Release), and
+    /// `pending` is read first (Acquire), so a request it has just picked
+    /// up is seen in `pending` or in the counts, perhaps both, never neither.
+    fn load(&self) -> (usize, usize, usize) {
+        let pending = self.pending.load(Ordering::Acquire);
+        let counts = self.counts.load(Ordering::Relaxed);
+        (pending, (counts >> 32) as usize, (counts as u32) as usize)
+    }
+
+    fn store_counts(&self, waiting: usize, running: usize) {
+        let word =
+            ((waiting.min(u32::MAX as usize) as u64) << 32) | running.min(u32::MAX as usize) as u64;
+        self.counts.store(word, Ordering::Relaxed);
     }
 
     /// KV-cache usage after the last step.
@@ -88,10 +130,22 @@ impl CoreState {
         self.dead_reason.lock().clone()
     }
 
-    /// Routing score: waiting requests weigh more than running ones, since
-    /// a request queued behind others waits for a whole prefill.
+    /// Routing score, `4 × waiting + running` (vLLM's): a request queued
+    /// behind others waits for a whole prefill, so it weighs more. Requests
+    /// sent but not picked up yet are counted as the core will place them:
+    /// running while its batch has room and nothing waits, else waiting.
+    /// So a request weighs the same before and after the core picks it up,
+    /// and a core whose thread is slow to pick up is not taken for busier
+    /// (counting all of them as waiting sent a burst of 6 over two cores
+    /// of 2 slots as 4 and 2, for as long as the requests ran).
     pub fn load_score(&self) -> usize {
-        self.num_waiting() * 4 + self.num_running()
+        let (pending, waiting, running) = self.load();
+        let starting = if waiting == 0 {
+            pending.min(self.max_num_seqs.saturating_sub(running))
+        } else {
+            0
+        };
+        4 * (waiting + pending - starting) + running + starting
     }
 
     /// The core's ring of its last steps (empty unless enabled).
@@ -137,19 +191,12 @@ pub(crate) fn spawn_core(
             "the KV cache has room for no block; give it more memory".into(),
         ));
     }
-    let state = Arc::new(CoreState {
+    let state = Arc::new(CoreState::new(
         engine_index,
         num_blocks,
-        block_size: config.block_size,
-        executor_name: executor.name(),
-        waiting: AtomicUsize::new(0),
-        running: AtomicUsize::new(0),
-        pending: AtomicUsize::new(0),
-        kv_usage_bits: AtomicU64::new(0f64.to_bits()),
-        alive: AtomicBool::new(true),
-        dead_reason: parking_lot::Mutex::new(None),
-        steps: StepRing::default(),
-    });
+        &config,
+        executor.name(),
+    ));
     let (tx, rx) = inbox::channel();
     let mut scheduler = Scheduler::new(config, num_blocks, executor.eos_token_ids());
     scheduler.defer_outputs();
@@ -498,9 +545,9 @@ impl EngineCore {
     }
 
     fn handle(&mut self, msg: CoreMessage) {
+        let picked_up = matches!(msg, CoreMessage::Add(..));
         match msg {
             CoreMessage::Add(req, sink) => {
-                self.state.pending.fetch_sub(1, Ordering::Relaxed);
                 // A dead core's loop fails new arrivals with its reason.
                 if self.shutdown_deadline.is_some() {
                     let id = req.request_id.clone();
@@ -544,17 +591,16 @@ impl EngineCore {
         // Final outputs of aborts and refusals go out after the next step
         // (or idle flush) has recorded them.
         self.state
-            .waiting
-            .store(self.scheduler.num_waiting(), Ordering::Relaxed);
+            .store_counts(self.scheduler.num_waiting(), self.scheduler.num_running());
+        if picked_up {
+            // After the counts hold it (see `CoreState::load`).
+            self.state.pending.fetch_sub(1, Ordering::Release);
+        }
     }
 
     fn publish(&self, snapshot: &inferscope_schema::SchedulerStats) {
         self.state
-            .waiting
-            .store(snapshot.num_waiting, Ordering::Relaxed);
-        self.state
-            .running
-            .store(snapshot.num_running, Ordering::Relaxed);
+            .store_counts(snapshot.num_waiting, snapshot.num_running);
         self.state
             .kv_usage_bits
             .store(snapshot.kv_cache_usage.to_bits(), Ordering::Relaxed);
@@ -568,4 +614,64 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn core(max_num_seqs: usize) -> CoreState {
+        let config = EngineConfig {
+            max_num_seqs,
+            ..EngineConfig::default()
+        };
+        CoreState::new(0, 100, &config, "test".into())
+    }
+
+    /// What the core's loop does on picking up `n` sent requests whose
+    /// scheduler admits up to `max_num_seqs` into its batch.
+    fn pick_up(core: &CoreState, n: usize) {
+        let (_, waiting, running) = core.load();
+        let total = waiting + running + n;
+        let running = total.min(core.max_num_seqs);
+        core.store_counts(total - running, running);
+        core.pending.fetch_sub(n, Ordering::Release);
+    }
+
+    #[test]
+    fn a_request_weighs_the_same_before_and_after_its_core_picks_it_up() {
+        for sent in 0..6 {
+            let c = core(2);
+            for _ in 0..sent {
+                c.note_sent();
+            }
+            let before = c.load_score();
+            pick_up(&c, sent);
+            assert_eq!(c.load_score(), before, "{sent} sent to a core of 2 slots");
+        }
+        // Behind a request the core could not start (the KV cache is full),
+        // a sent one waits too, whatever the free slots.
+        let c = core(4);
+        c.store_counts(1, 1);
+        c.note_sent();
+        assert_eq!(c.load_score(), 4 * 2 + 1);
+    }
+
+    #[test]
+    fn a_burst_is_shared_evenly_when_one_core_is_slow_to_pick_up() {
+        let (fast, slow) = (core(2), core(2));
+        for _ in 0..6 {
+            let target = if slow.load_score() < fast.load_score() {
+                &slow
+            } else {
+                &fast
+            };
+            target.note_sent();
+            if std::ptr::eq(target, &fast) {
+                pick_up(&fast, 1);
+            }
+        }
+        assert_eq!(fast.num_running() + fast.num_waiting(), 3);
+        assert_eq!(slow.num_waiting(), 3, "all still sent, none picked up");
+    }
 }
