@@ -251,7 +251,9 @@ async fn a_panicking_core_fails_its_requests_and_is_skipped() {
         "--data-parallel-size",
         "2",
         "--sim-profile",
-        "tiny,die_by_panic=1",
+        // Steps of at least 1 ms: a full response takes 2 s, far more than
+        // a starved test thread's delay (up to 0.8 s seen on 2 busy cores).
+        "tiny,die_by_panic=1,t_weights_ms=1",
         "--sim-die-after-steps",
         "5",
         "--sim-fault-engine",
@@ -578,26 +580,10 @@ async fn disconnect_storm_leaks_nothing() {
     server.shutdown(Duration::from_secs(5)).await;
 }
 
-/// Resident memory of this process (the server runs in it), in KiB.
-///
-/// Fails the test when `/proc/self/status` cannot be read or has no VmRSS
-/// line: a silent 0 would make the memory bound below pass unchecked.
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_else(|e| {
-        panic!("cannot read /proc/self/status ({e}): the memory bound cannot be checked")
-    });
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| {
-            panic!("no VmRSS in /proc/self/status: the memory bound cannot be checked")
-        })
-}
-
 /// 500 requests at once against room for 8 running and 20 waiting: the
-/// surplus gets 429 (each counted), everything admitted completes in full,
-/// and memory stays bounded.
+/// surplus gets 429 (each counted), everything admitted completes in full.
+/// (The memory this costs is measured on the binary, whose process is the
+/// server alone: `crates/inferscope/tests/it/memory.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_burst_gets_429s_and_admitted_requests_complete() {
     let server = start(&[
@@ -611,7 +597,6 @@ async fn overload_burst_gets_429s_and_admitted_requests_complete() {
     .await;
     let addr = server.addr;
     assert_eq!(call(addr, "GET", "/health", "", &[]).await.status, 200);
-    let rss_before = rss_kib();
     let mut tasks = Vec::new();
     for i in 0..500u64 {
         let max_tokens = 8 + i % 25;
@@ -642,7 +627,6 @@ async fn overload_burst_gets_429s_and_admitted_requests_complete() {
             other => panic!("unexpected {other}: {}", r.body),
         }
     }
-    let rss_after = rss_kib();
     assert!(ok >= 28 && rejected > 0, "ok {ok}, rejected {rejected}");
     let samples = wait_finished(addr, ok as usize).await;
     assert_eq!(
@@ -660,13 +644,6 @@ async fn overload_burst_gets_429s_and_admitted_requests_complete() {
             &[("finished_reason", "length")]
         ),
         f64::from(ok)
-    );
-    // 500 connections, their buffers and responses: a few MiB. An unbounded
-    // queue would not show here, but a leak per request of more than ~100 KiB would.
-    let grown_mib = rss_after.saturating_sub(rss_before) / 1024;
-    assert!(
-        grown_mib < 64,
-        "RSS grew {grown_mib} MiB ({rss_before} -> {rss_after} KiB)"
     );
     server.shutdown(Duration::from_secs(5)).await;
 }

@@ -9,4 +9,5 @@ mod chat_template;
 mod common;
 mod deploy;
 mod logs;
+mod memory;
 mod shutdown;
