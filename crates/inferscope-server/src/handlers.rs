@@ -157,9 +157,12 @@ async fn generation_route(
         }
     };
     let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
-    let mut response = respond(
+    // Boxed: the answer's future is several KiB, and every future that
+    // holds it inline (this one, the handler's, axum's boxed route future)
+    // is moved by copying all of it; one allocation costs less.
+    let mut response = Box::pin(respond(
         &s, api, validated, &headers, arrival, trace_id, tenant, span,
-    )
+    ))
     .await;
     if let Some(cx) = &trace {
         response
