@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use inferscope_schema::{FinishReason, StatsRecorder};
 use parking_lot::Mutex;
+use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::block_pool::BlockHash;
@@ -89,6 +90,23 @@ impl RequestHandle {
             self.mark_finished();
         }
         out
+    }
+
+    /// The next output if one is already there: `Some(None)` after the
+    /// final one, `None` when it has yet to come (`recv` would wait).
+    pub fn recv_ready(&mut self) -> Option<Option<RequestOutput>> {
+        if self.finished {
+            return Some(None);
+        }
+        let out = match self.outputs.try_recv() {
+            Ok(out) => Some(out),
+            Err(TryRecvError::Empty) => return None,
+            Err(TryRecvError::Disconnected) => None,
+        };
+        if out.as_ref().is_none_or(|o| o.finished.is_some()) {
+            self.mark_finished();
+        }
+        Some(out)
     }
 
     /// Ends the request early with `reason` (e.g. `Stop` for a stop string).

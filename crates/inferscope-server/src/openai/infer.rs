@@ -395,6 +395,11 @@ pub struct ChoiceStream {
     arrival: Instant,
     first_delta: Option<Instant>,
     last_delta: Option<Instant>,
+    /// When the outputs handled since the stream last waited were seen: the
+    /// clock is read once for all those already queued (a request's tokens
+    /// often arrive together, and a read per token was a tenth of the
+    /// frontend's time per token; `docs/results/request-path.md`).
+    seen_at: Option<Instant>,
     /// Where the choice's latencies are recorded: the serving engine's
     /// recorder, found once per choice.
     latency: Option<FrontendRecorder>,
@@ -447,6 +452,7 @@ impl ChoiceStream {
             arrival,
             first_delta: None,
             last_delta: None,
+            seen_at: None,
             latency,
             request,
             request_log: None,
@@ -537,7 +543,25 @@ impl ChoiceStream {
         if self.done {
             return None;
         }
+        // The caller handed the last delta on (a stream's write) since:
+        // what is queued now is seen now.
+        self.seen_at = None;
         Some(self.step().await)
+    }
+
+    /// The next output, waiting for it if none is queued; the clock is read
+    /// again after a wait.
+    async fn next_output(&mut self) -> Option<RequestOutput> {
+        if let Some(out) = self.handle.recv_ready() {
+            return out;
+        }
+        self.seen_at = None;
+        self.handle.recv().await
+    }
+
+    /// When the output being handled was seen (see `seen_at`).
+    fn seen_now(&mut self) -> Instant {
+        *self.seen_at.get_or_insert_with(Instant::now)
     }
 
     /// Runs the choice to its end.
@@ -573,7 +597,7 @@ impl ChoiceStream {
             // The echoed prompt's log-probabilities come with the first
             // output: wait for it, and handle it next.
             if self.logprobs.as_ref().is_some_and(|l| l.plan.echo) {
-                let mut out = self.handle.recv().await;
+                let mut out = self.next_output().await;
                 self.reservation = None;
                 if let (Some(o), Some(lp)) = (&mut out, &mut self.logprobs) {
                     lp.take_prompt(o);
@@ -588,7 +612,7 @@ impl ChoiceStream {
         loop {
             let out = match self.early.take() {
                 Some(out) => out,
-                None => self.handle.recv().await,
+                None => self.next_output().await,
             };
             // The first output (a token or the finish) means the prompt is no
             // longer queued.
@@ -668,7 +692,7 @@ impl ChoiceStream {
 
     /// After a stop string: waits for the engine's finish to get the counts.
     async fn drain_after_stop(&mut self, emit: String) -> ChoiceDelta {
-        while let Some(out) = self.handle.recv().await {
+        while let Some(out) = self.next_output().await {
             if let Some(f) = out.finished {
                 let f = *f;
                 return self.finish(
@@ -711,7 +735,7 @@ impl ChoiceStream {
 
     /// Records a delta handed on now (TTFT for the first, else ITL).
     fn observe_delta(&mut self) {
-        let now = Instant::now();
+        let now = self.seen_now();
         if let Some(recorder) = &self.latency {
             let stats = match self.last_delta {
                 None => FrontendStats::FirstToken {
@@ -750,7 +774,7 @@ impl ChoiceStream {
         // request log all get this same value.
         let frontend = FrontendRequestStats {
             ttft: self.first_delta.map(|t| t.duration_since(self.arrival)),
-            e2e: self.arrival.elapsed(),
+            e2e: self.seen_now().duration_since(self.arrival),
             num_generation_tokens: completion_tokens,
         };
         if let Some(recorder) = &self.latency {
