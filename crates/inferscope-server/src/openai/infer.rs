@@ -845,7 +845,8 @@ mod tests {
         .expect("coordinator")
     }
 
-    async fn collect(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> (String, ChoiceFinish) {
+    /// A choice stream of a `max_tokens` request to `c`, with `stop` strings.
+    fn stream(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> ChoiceStream {
         let tok: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
         let prompt = tok.encode("hello", false).expect("encode");
         let h = c
@@ -867,7 +868,7 @@ mod tests {
             })
             .expect("add");
         let stops: Arc<[String]> = stop.iter().map(|s| s.to_string()).collect();
-        let mut s = ChoiceStream::new(
+        ChoiceStream::new(
             0,
             h,
             IncrementalDecoder::new(tok, &prompt),
@@ -875,7 +876,11 @@ mod tests {
             Instant::now(),
             None,
             RequestRef::new("test-0", None),
-        );
+        )
+    }
+
+    async fn collect(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> (String, ChoiceFinish) {
+        let mut s = stream(c, max_tokens, stop);
         let mut text = String::new();
         loop {
             let d = tokio::time::timeout(Duration::from_secs(10), s.next())
@@ -903,5 +908,32 @@ mod tests {
         assert_eq!(f.reason, FinishReason::Stop);
         assert_eq!(cut, full[..first], "text ends right before the stop string");
         assert!(f.completion_tokens >= first + stop.len());
+    }
+
+    /// Outputs queued together share one clock read, but a stream's reader
+    /// that takes its time between deltas sees each when it reads it: its
+    /// end-to-end time includes the reading.
+    #[tokio::test]
+    async fn a_slow_readers_deltas_are_timed_when_it_reads_them() {
+        let c = coordinator();
+        let mut s = stream(&c, 4, &[]);
+        // All four tokens are queued before the first read.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut deltas = 0;
+        let finish = loop {
+            let d = s.next().await.expect("a delta");
+            deltas += 1;
+            if let Some(f) = d.finish {
+                break *f;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(deltas, 4, "one delta per token");
+        let t = finish.timings;
+        let reading = t.e2e - t.ttft.expect("a first delta");
+        assert!(
+            reading >= Duration::from_millis(60),
+            "three 20 ms pauses between first and last delta, timed {reading:?}"
+        );
     }
 }
