@@ -256,7 +256,7 @@ struct EngineCore {
     kv_events: Option<Arc<dyn KvEventSink>>,
     shutdown_deadline: Option<Instant>,
     /// Where the loop's accounted time ends: the last step's end or the last
-    /// idle wait's end. The next step's schedule phase starts here, so that
+    /// idle period's end. The next step's schedule phase starts here, so that
     /// schedule + execute + postprocess + idle covers the loop's wall time.
     accounted_until: Instant,
     /// The profile being recorded, between its start and stop messages.
@@ -292,8 +292,17 @@ impl EngineCore {
         let engine = self.state.engine_index;
         let mut out = StepOutput::default();
         loop {
+            let had_work = self.scheduler.has_work();
             if !self.drain_messages() {
                 self.shutdown_deadline.get_or_insert_with(Instant::now);
+            }
+            if !had_work && self.scheduler.has_work() {
+                // Work came in without a wait: the core had none since its
+                // last step, so that time is idle, as in `wait_idle`, not
+                // the next step's schedule phase; else a thread descheduled
+                // after a step gave the next step a start before its
+                // requests arrived (and the console's `since_us` left it out).
+                self.end_idle();
             }
             if !self.scheduler.has_work() {
                 if self.shutdown_deadline.is_some() {
@@ -470,12 +479,7 @@ impl EngineCore {
         } else {
             self.rx.recv()
         };
-        let now = Instant::now();
-        let idle = now.saturating_duration_since(self.accounted_until);
-        self.accounted_until = now;
-        let snapshot = self.scheduler.snapshot();
-        self.recorder
-            .record_idle(self.state.engine_index, &snapshot, idle);
+        self.end_idle();
         match msg {
             Ok(m) => {
                 self.handle(m);
@@ -483,6 +487,17 @@ impl EngineCore {
             }
             Err(_) => false,
         }
+    }
+
+    /// Ends an idle period now: records it from where the accounted time
+    /// ended, and the next step's time starts here.
+    fn end_idle(&mut self) {
+        let now = Instant::now();
+        let idle = now.saturating_duration_since(self.accounted_until);
+        self.accounted_until = now;
+        let snapshot = self.scheduler.snapshot();
+        self.recorder
+            .record_idle(self.state.engine_index, &snapshot, idle);
     }
 
     /// Delivers the outputs collected so far: a few (or those of a step that

@@ -35,7 +35,8 @@ pub struct StepSeq {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepRecord {
     /// Where the step's schedule phase starts (the previous step's end, or
-    /// the end of the last idle wait).
+    /// the end of the last idle period: where the core, out of work, took
+    /// new work in).
     pub start: Instant,
     /// Building the batch, plus the host work between steps.
     pub schedule: Duration,

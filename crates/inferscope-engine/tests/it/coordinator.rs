@@ -989,3 +989,62 @@ fn concurrent_routing_keeps_the_cores_even() {
     );
     c.shutdown(Duration::from_millis(100));
 }
+
+/// Stalls the engine thread after the step that finishes a request, as a
+/// busy machine may deschedule it there, and says when it stalls.
+struct StallAfterFinish {
+    stalled: std::sync::mpsc::Sender<()>,
+}
+
+impl StatsRecorder for StallAfterFinish {
+    fn record_step(&self, _: usize, _: &SchedulerStats, it: &IterationStats) {
+        if !it.finished_requests.is_empty() {
+            let _ = self.stalled.send(());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    fn record_finished(&self, _: usize, _: &[FinishedRequestStats]) {}
+    fn record_engine_failure(&self, _: usize, _: EngineFailure) {}
+    fn record_idle(&self, _: usize, _: &SchedulerStats, _: Duration) {}
+}
+
+/// A core that ran out of work and takes a request in without waiting (it
+/// was still busy after its last step when the request came) starts the
+/// request's step when it takes it in, not at the end of its last step: the
+/// time between is idle. Else the step seems to start before its request
+/// arrived, and the console's `since_us` leaves it out.
+#[test]
+fn a_step_starts_no_earlier_than_the_request_it_takes_in() {
+    let rt = runtime();
+    let (stalled, stall) = std::sync::mpsc::channel();
+    let c = Coordinator::start(
+        EngineConfig::default(),
+        1,
+        0,
+        tiny(65_536, SimFaults::default()),
+        Arc::new(StallAfterFinish { stalled }),
+    )
+    .expect("start");
+    let ring = c.engines().next().expect("one core").step_ring();
+    ring.set_enabled(true);
+    let first = c.add_request(request("first", 8, 1)).expect("add");
+    stall
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first request's last step");
+    // The core is stalled after that step, its work all done.
+    let sent = Instant::now();
+    let second = c.add_request(request("second", 8, 2)).expect("add");
+    drain(&rt, first);
+    drain(&rt, second);
+    let steps = ring.steps_since(None);
+    let takes_in = steps
+        .iter()
+        .find(|s| s.batch.iter().any(|q| &*q.request_id == "second"))
+        .expect("the second request's steps are recorded");
+    assert!(
+        takes_in.start >= sent,
+        "its first step starts {:?} before it was sent",
+        sent - takes_in.start
+    );
+    c.shutdown(Duration::from_secs(5));
+}
