@@ -51,9 +51,9 @@ pub struct CoreState {
     pub block_size: usize,
     /// Executor name.
     pub executor_name: String,
-    /// The batch's counts after the last step or message: waiting in the
-    /// high half, running in the low half. One word, so that a reader never
-    /// sees a request that moved from waiting to running in neither count.
+    /// The core's counts after its last step or message, one [`Counts`] in
+    /// one word, so that a reader never sees a request that moved from one
+    /// count to another in neither.
     counts: AtomicU64,
     /// Requests sent to the core that it has not picked up yet.
     pending: AtomicUsize,
@@ -88,31 +88,39 @@ impl CoreState {
         }
     }
 
-    /// Requests waiting in the core's queue.
+    /// Requests waiting in the core's queue (sent and not yet scheduled
+    /// included).
     pub fn num_waiting(&self) -> usize {
-        let (pending, waiting, _) = self.load();
-        waiting + pending
+        let (unplaced, c) = self.load();
+        c.waiting + unplaced
     }
 
     /// Requests in the core's running batch.
     pub fn num_running(&self) -> usize {
-        self.load().2
+        self.load().1.running
     }
 
-    /// (pending, waiting, running), each request counted at least once:
-    /// the core stores its counts before it lowers `pending` (Release), and
-    /// `pending` is read first (Acquire), so a request it has just picked
-    /// up is seen in `pending` or in the counts, perhaps both, never neither.
-    fn load(&self) -> (usize, usize, usize) {
+    /// The requests not placed by a step yet (sent, or picked up since the
+    /// core's last step), and the counts. Each request is counted at least
+    /// once: the core stores its counts before it lowers `pending`
+    /// (Release), and `pending` is read first (Acquire), so a request it
+    /// has just picked up is seen in `pending` or in the counts, perhaps
+    /// both, never neither.
+    fn load(&self) -> (usize, Counts) {
         let pending = self.pending.load(Ordering::Acquire);
-        let counts = self.counts.load(Ordering::Relaxed);
-        (pending, (counts >> 32) as usize, (counts as u32) as usize)
+        let c = Counts::unpack(self.counts.load(Ordering::Relaxed));
+        (pending + c.arrived, c)
     }
 
-    fn store_counts(&self, waiting: usize, running: usize) {
-        let word =
-            ((waiting.min(u32::MAX as usize) as u64) << 32) | running.min(u32::MAX as usize) as u64;
-        self.counts.store(word, Ordering::Relaxed);
+    /// Publishes the core's counts (the core's thread).
+    fn store_counts(&self, c: Counts) {
+        self.counts.store(c.pack(), Ordering::Relaxed);
+    }
+
+    /// Notes that the core took in a request sent to it, after
+    /// [`CoreState::store_counts`] counted it as arrived (the core's thread).
+    fn picked_up(&self) {
+        self.pending.fetch_sub(1, Ordering::Release);
     }
 
     /// KV-cache usage after the last step.
@@ -132,20 +140,21 @@ impl CoreState {
 
     /// Routing score, `4 × waiting + running` (vLLM's): a request queued
     /// behind others waits for a whole prefill, so it weighs more. Requests
-    /// sent but not picked up yet are counted as the core will place them:
-    /// running while its batch has room and nothing waits, else waiting.
-    /// So a request weighs the same before and after the core picks it up,
-    /// and a core whose thread is slow to pick up is not taken for busier
-    /// (counting all of them as waiting sent a burst of 6 over two cores
-    /// of 2 slots as 4 and 2, for as long as the requests ran).
+    /// no step has placed yet (sent, or picked up since the last step) are
+    /// counted as the core will place them: running while its batch has
+    /// room and nothing waits, else waiting. So a request weighs the same
+    /// sent, picked up and scheduled, and a core is not taken for busier
+    /// for being slower or quicker to pick up: counting them all as
+    /// waiting split a burst of 6 over two cores of 2 slots 4 and 2, for
+    /// as long as the requests ran.
     pub fn load_score(&self) -> usize {
-        let (pending, waiting, running) = self.load();
-        let starting = if waiting == 0 {
-            pending.min(self.max_num_seqs.saturating_sub(running))
+        let (unplaced, c) = self.load();
+        let starting = if c.waiting == 0 {
+            unplaced.min(self.max_num_seqs.saturating_sub(c.running))
         } else {
             0
         };
-        4 * (waiting + pending - starting) + running + starting
+        4 * (c.waiting + unplaced - starting) + c.running + starting
     }
 
     /// The core's ring of its last steps (empty unless enabled).
@@ -155,6 +164,38 @@ impl CoreState {
 
     pub(crate) fn note_sent(&self) {
         self.pending.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A core's published counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    /// Requests the last step left waiting.
+    waiting: usize,
+    /// Requests in the running batch.
+    running: usize,
+    /// Requests picked up since the last step, not yet scheduled.
+    arrived: usize,
+}
+
+impl Counts {
+    const BITS: u32 = 21;
+    const MAX: usize = (1 << Self::BITS) - 1;
+
+    fn pack(self) -> u64 {
+        let field = |n: usize| n.min(Self::MAX) as u64;
+        (field(self.waiting) << (2 * Self::BITS))
+            | (field(self.running) << Self::BITS)
+            | field(self.arrived)
+    }
+
+    fn unpack(word: u64) -> Self {
+        let field = |shift: u32| (word >> shift) as usize & Self::MAX;
+        Self {
+            waiting: field(2 * Self::BITS),
+            running: field(Self::BITS),
+            arrived: field(0),
+        }
     }
 }
 
@@ -233,6 +274,7 @@ pub(crate) fn spawn_core(
         kv_events,
         shutdown_deadline: None,
         accounted_until: Instant::now(),
+        arrived: 0,
         profile: None,
         sleeps_as_batch: false,
     };
@@ -259,6 +301,9 @@ struct EngineCore {
     /// idle period's end. The next step's schedule phase starts here, so that
     /// schedule + execute + postprocess + idle covers the loop's wall time.
     accounted_until: Instant,
+    /// Requests picked up since the last step (published apart, see
+    /// `CoreState::load_score`).
+    arrived: usize,
     /// The profile being recorded, between its start and stop messages.
     profile: Option<EngineProfile>,
     /// Whether this thread sleeps under `SCHED_BATCH` ([`thread_policy`]; set in `run`).
@@ -561,6 +606,9 @@ impl EngineCore {
 
     fn handle(&mut self, msg: CoreMessage) {
         let picked_up = matches!(msg, CoreMessage::Add(..));
+        if picked_up {
+            self.arrived += 1;
+        }
         match msg {
             CoreMessage::Add(req, sink) => {
                 // A dead core's loop fails new arrivals with its reason.
@@ -605,17 +653,27 @@ impl EngineCore {
         }
         // Final outputs of aborts and refusals go out after the next step
         // (or idle flush) has recorded them.
-        self.state
-            .store_counts(self.scheduler.num_waiting(), self.scheduler.num_running());
+        // The requests picked up since the last step wait in the scheduler's
+        // queue until it runs; they are counted apart (see `load_score`).
+        self.state.store_counts(Counts {
+            waiting: self.scheduler.num_waiting().saturating_sub(self.arrived),
+            running: self.scheduler.num_running(),
+            arrived: self.arrived,
+        });
         if picked_up {
-            // After the counts hold it (see `CoreState::load`).
-            self.state.pending.fetch_sub(1, Ordering::Release);
+            self.state.picked_up();
         }
     }
 
-    fn publish(&self, snapshot: &inferscope_schema::SchedulerStats) {
-        self.state
-            .store_counts(snapshot.num_waiting, snapshot.num_running);
+    /// Publishes the counts after a step (or outside one, the scheduler
+    /// holding no request it has not tried to schedule).
+    fn publish(&mut self, snapshot: &inferscope_schema::SchedulerStats) {
+        self.arrived = 0;
+        self.state.store_counts(Counts {
+            waiting: snapshot.num_waiting,
+            running: snapshot.num_running,
+            arrived: 0,
+        });
         self.state
             .kv_usage_bits
             .store(snapshot.kv_cache_usage.to_bits(), Ordering::Relaxed);
@@ -643,50 +701,107 @@ mod tests {
         CoreState::new(0, 100, &config, "test".into())
     }
 
-    /// What the core's loop does on picking up `n` sent requests whose
-    /// scheduler admits up to `max_num_seqs` into its batch.
-    fn pick_up(core: &CoreState, n: usize) {
-        let (_, waiting, running) = core.load();
-        let total = waiting + running + n;
+    /// What the core's thread publishes on taking in a sent request: one
+    /// more arrived, then one fewer pending (`EngineCore::handle`).
+    fn take_in(core: &CoreState) {
+        let c = core.load().1;
+        core.store_counts(Counts {
+            arrived: c.arrived + 1,
+            ..c
+        });
+        core.picked_up();
+    }
+
+    /// What it publishes after a step whose scheduler admitted the arrived
+    /// requests up to `max_num_seqs`, behind none that waited.
+    fn step(core: &CoreState) {
+        let c = core.load().1;
+        let total = c.waiting + c.running + c.arrived;
         let running = total.min(core.max_num_seqs);
-        core.store_counts(total - running, running);
-        core.pending.fetch_sub(n, Ordering::Release);
+        core.store_counts(Counts {
+            waiting: total - running,
+            running,
+            arrived: 0,
+        });
     }
 
     #[test]
-    fn a_request_weighs_the_same_before_and_after_its_core_picks_it_up() {
+    fn a_request_weighs_the_same_sent_taken_in_and_scheduled() {
         for sent in 0..6 {
             let c = core(2);
             for _ in 0..sent {
                 c.note_sent();
             }
-            let before = c.load_score();
-            pick_up(&c, sent);
-            assert_eq!(c.load_score(), before, "{sent} sent to a core of 2 slots");
+            let score = c.load_score();
+            for _ in 0..sent {
+                take_in(&c);
+                assert_eq!(c.load_score(), score, "{sent} sent to 2 slots, taken in");
+            }
+            step(&c);
+            assert_eq!(c.load_score(), score, "{sent} sent to 2 slots, scheduled");
+            assert_eq!(c.num_running() + c.num_waiting(), sent);
         }
         // Behind a request the core could not start (the KV cache is full),
         // a sent one waits too, whatever the free slots.
         let c = core(4);
-        c.store_counts(1, 1);
+        c.store_counts(Counts {
+            waiting: 1,
+            running: 1,
+            arrived: 0,
+        });
         c.note_sent();
         assert_eq!(c.load_score(), 4 * 2 + 1);
     }
 
-    #[test]
-    fn a_burst_is_shared_evenly_when_one_core_is_slow_to_pick_up() {
-        let (fast, slow) = (core(2), core(2));
+    /// Routes 6 requests over two cores of 2 slots as the coordinator does
+    /// (ties to the first); `quick` handles each request it gets with
+    /// `on_arrival`, the other never picks any up.
+    fn burst(on_arrival: fn(&CoreState)) -> (usize, usize) {
+        let (quick, slow) = (core(2), core(2));
         for _ in 0..6 {
-            let target = if slow.load_score() < fast.load_score() {
-                &slow
+            if slow.load_score() < quick.load_score() {
+                slow.note_sent();
             } else {
-                &fast
-            };
-            target.note_sent();
-            if std::ptr::eq(target, &fast) {
-                pick_up(&fast, 1);
+                quick.note_sent();
+                on_arrival(&quick);
             }
         }
-        assert_eq!(fast.num_running() + fast.num_waiting(), 3);
-        assert_eq!(slow.num_waiting(), 3, "all still sent, none picked up");
+        let total = |c: &CoreState| c.num_running() + c.num_waiting();
+        (total(&quick), total(&slow))
+    }
+
+    #[test]
+    fn a_burst_is_shared_evenly_however_quickly_each_core_takes_it_in() {
+        // Taken in and scheduled at once.
+        assert_eq!(
+            burst(|c| {
+                take_in(c);
+                step(c);
+            }),
+            (3, 3)
+        );
+        // Taken in at once, no step yet (a core between two steps).
+        assert_eq!(burst(take_in), (3, 3));
+        // Neither core picks up.
+        assert_eq!(burst(|_| {}), (3, 3));
+    }
+
+    #[test]
+    fn counts_round_trip_through_their_word() {
+        let c = Counts {
+            waiting: 3,
+            running: Counts::MAX,
+            arrived: 7,
+        };
+        assert_eq!(Counts::unpack(c.pack()), c);
+        let over = Counts {
+            waiting: usize::MAX,
+            ..c
+        };
+        assert_eq!(
+            Counts::unpack(over.pack()).waiting,
+            Counts::MAX,
+            "clamped, not wrapped"
+        );
     }
 }
