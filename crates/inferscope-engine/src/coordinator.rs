@@ -86,10 +86,7 @@ impl RequestHandle {
             return None;
         }
         let out = self.outputs.recv().await;
-        if out.as_ref().is_none_or(|o| o.finished.is_some()) {
-            self.mark_finished();
-        }
-        out
+        self.received(out)
     }
 
     /// The next output if one is already there: `Some(None)` after the
@@ -103,10 +100,16 @@ impl RequestHandle {
             Err(TryRecvError::Empty) => return None,
             Err(TryRecvError::Disconnected) => None,
         };
+        Some(self.received(out))
+    }
+
+    /// `out` as received: the final output, or the stream's end, finishes
+    /// the handle.
+    fn received(&mut self, out: Option<RequestOutput>) -> Option<RequestOutput> {
         if out.as_ref().is_none_or(|o| o.finished.is_some()) {
             self.mark_finished();
         }
-        Some(out)
+        out
     }
 
     /// Ends the request early with `reason` (e.g. `Stop` for a stop string).
