@@ -7,9 +7,9 @@
 //! moves on; one writer thread formats and writes the lines. When the writer
 //! falls behind, entries are dropped and counted in `request_log_dropped`,
 //! never waited for. A server shutting down waits (bounded) until the lines
-//! queued so far are written ([`RequestLog::flush`]). The in-memory ring is a short critical section per
-//! finished choice (never per token) with no allocation: its slots are
-//! reserved up front.
+//! queued so far are written ([`RequestLog::flush`]). The in-memory ring is
+//! a short critical section per finished choice (never per token) with no
+//! allocation: its slots are reserved up front.
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -17,7 +17,7 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use inferscope_engine::FinishReason;
 use inferscope_metrics::StatLoggerManager;
@@ -296,9 +296,7 @@ impl RequestLog {
             }
         }
     }
-}
 
-impl RequestLog {
     /// Waits, at most `timeout`, until every entry recorded so far is
     /// written and flushed (a server shutting down: its last lines are in
     /// the file when it is gone). Blocks the calling thread.
@@ -306,10 +304,22 @@ impl RequestLog {
         let Some((tx, _)) = &self.writer else {
             return;
         };
+        let deadline = Instant::now() + timeout;
         let (ack, done) = mpsc::channel();
-        if tx.send(Queued::Flush(ack)).is_ok() {
-            let _ = done.recv_timeout(timeout);
+        // Queued without blocking past the deadline: the queue may be full
+        // behind a writer that is stuck (a pipe nobody reads).
+        let mut flush = Queued::Flush(ack);
+        loop {
+            match tx.try_send(flush) {
+                Ok(()) => break,
+                Err(TrySendError::Full(back)) if Instant::now() < deadline => {
+                    flush = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => return,
+            }
         }
+        let _ = done.recv_timeout(deadline.saturating_duration_since(Instant::now()));
     }
 }
 
@@ -465,6 +475,24 @@ mod tests {
         assert_eq!(text.lines().count(), 3, "{text}");
         // Without a writer there is nothing to wait for.
         RequestLog::recent_only(Arc::new(RecentRequests::new(2))).flush(Duration::from_secs(10));
+    }
+
+    /// A writer that never gets on with it (its queue full) holds a flush
+    /// no longer than its timeout: a shutdown is not stuck behind it.
+    #[test]
+    fn flush_gives_up_at_its_timeout_behind_a_stuck_writer() {
+        let metrics = Arc::new(StatLoggerManager::new(MetricsConfig::default()).unwrap());
+        let (log, gate, _got) = gated_log(&metrics, 2);
+        let _closed = gate.lock().unwrap();
+        log.record(entry(0));
+        // The writer takes it and waits at the gate; these fill the queue.
+        std::thread::sleep(Duration::from_millis(50));
+        for i in 1..4 {
+            log.record(entry(i));
+        }
+        let flushing = std::thread::spawn(move || log.flush(Duration::from_millis(100)));
+        std::thread::sleep(Duration::from_secs(2));
+        assert!(flushing.is_finished(), "flush still waiting after 2 s");
     }
 
     #[test]
