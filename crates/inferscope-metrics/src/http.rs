@@ -43,6 +43,19 @@ pub const UNMATCHED_HANDLER: &str = "none";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteTemplate(pub &'static str);
 
+/// The generation posts, which the server and the proxy serve without axum's
+/// router, matched by method and exact path: their route template (the
+/// `handler` label the router would give). Anything else (another method, a
+/// trailing slash) is the router's.
+pub fn generation_route(method: &Method, path: &str) -> Option<&'static str> {
+    if *method != Method::POST {
+        return None;
+    }
+    ["/v1/completions", "/v1/chat/completions"]
+        .into_iter()
+        .find(|r| *r == path)
+}
+
 /// When a request's head was read (a request extension, set by a server
 /// that reads requests itself and does work before the layer sees them):
 /// the layer times the request from there instead of from its own call.
@@ -573,6 +586,17 @@ mod tests {
         assert_eq!(method_label(&Method::POST), "POST");
         let odd = Method::from_bytes(b"BREW").unwrap();
         assert_eq!(method_label(&odd), "other");
+    }
+
+    #[test]
+    fn only_the_generation_posts_are_generation_routes() {
+        let post = Method::POST;
+        for route in ["/v1/completions", "/v1/chat/completions"] {
+            assert_eq!(generation_route(&post, route), Some(route));
+        }
+        assert_eq!(generation_route(&Method::GET, "/v1/completions"), None);
+        assert_eq!(generation_route(&post, "/v1/completions/"), None);
+        assert_eq!(generation_route(&post, "/v1/models"), None);
     }
 
     #[test]

@@ -24,13 +24,13 @@ use axum::body::Body;
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version, header};
 use http_body::{Body as _, Frame, SizeHint};
-use inferscope_metrics::http::{RequestStart, RouteTemplate};
+use inferscope_metrics::http::{RequestStart, RouteTemplate, generation_route};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::handlers::send_early;
-use crate::services::{ProxyService, generation_route};
+use crate::services::ProxyService;
 use crate::state::Peer;
 
 /// The most header lines a fast-path head may have (more: hyper's turn).

@@ -12,34 +12,22 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
 use bytes::Bytes;
-use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate};
+use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate, generation_route};
 use tower::Layer;
 
 use crate::handlers::generation;
 use crate::router::router;
 use crate::state::{AppState, Peer};
 
-/// The routes served without axum's router: the generation routes, matched
-/// by method and exact path; the `handler` label the router would give.
-///
-/// Why: they are the requests whose first token the proxy delays, and the
-/// router (boxed route services, `MatchedPath`, extractors) was a measurable
-/// part of the proxy's added TTFT. Anything else (another method, a
-/// trailing slash) goes through the router as before.
-pub(crate) fn generation_route(method: &http::Method, path: &str) -> Option<&'static str> {
-    if *method != http::Method::POST {
-        return None;
-    }
-    ["/v1/completions", "/v1/chat/completions"]
-        .into_iter()
-        .find(|r| *r == path)
-}
-
 /// A boxed, sendable future (the connection task is spawned).
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One thread's service: the generation routes straight to their handler,
 /// inside the same HTTP metrics layer; everything else through the router.
+///
+/// Why: they are the requests whose first token the proxy delays, and the
+/// router (boxed route services, `MatchedPath`, extractors) was a
+/// measurable part of the proxy's added TTFT.
 #[derive(Clone)]
 pub(crate) struct ProxyService {
     /// Every other request's router (inside the same layer).
@@ -110,29 +98,5 @@ where
     fn call(&mut self, req: http::Request<CountingBody<B>>) -> Self::Future {
         let app = Arc::clone(&self.app);
         Box::pin(async move { Ok(generation(State(app), req.map(Body::new)).await) })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_the_generation_posts_skip_the_router() {
-        let post = http::Method::POST;
-        assert_eq!(
-            generation_route(&post, "/v1/completions"),
-            Some("/v1/completions")
-        );
-        assert_eq!(
-            generation_route(&post, "/v1/chat/completions"),
-            Some("/v1/chat/completions")
-        );
-        assert_eq!(
-            generation_route(&http::Method::GET, "/v1/completions"),
-            None
-        );
-        assert_eq!(generation_route(&post, "/v1/completions/"), None);
-        assert_eq!(generation_route(&post, "/v1/models"), None);
     }
 }

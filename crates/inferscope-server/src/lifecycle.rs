@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use crate::cli::ServeArgs;
 use crate::console::{Authorize, Console, Diagnose, Serving};
 use crate::error::ServerError;
-use crate::router::{metrics_router, router};
+use crate::router::{Front, metrics_router};
 use crate::state::{AppState, build_state};
 
 /// A server running in the background (tests, embedding).
@@ -129,7 +129,7 @@ pub async fn start_with_findings(
             )
         });
     let console_task = console.as_ref().map(Console::spawn_sampler);
-    let app = router(
+    let app = Front::new(
         state.clone(),
         args.max_request_body_bytes,
         separate_metrics.is_none(),
@@ -161,8 +161,8 @@ pub async fn start_with_findings(
         })
     });
     let task = tokio::spawn(async move {
-        // The peer address is what --trusted-proxy is checked against.
-        let app = app.into_make_service_with_connect_info::<SocketAddr>();
+        // Each connection's service knows its peer's address: what
+        // --trusted-proxy is checked against.
         let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
             let _ = stopped.wait_for(|s| *s).await;
         });

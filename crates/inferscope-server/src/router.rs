@@ -1,15 +1,27 @@
 //! The router: which path goes to which handler, the API-key check in front
 //! of `/v1/*` and the tokenizer routes, the console on whichever listener
 //! serves `/metrics`, the body limit and the HTTP metrics layer around
-//! everything.
+//! everything; and [`Front`], which serves the two generation routes without
+//! the router.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
+use axum::handler::Handler;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::{IncomingStream, Listener};
+use futures::future::{BoxFuture, Either, FutureExt, Map};
+use inferscope_metrics::http::{
+    CountingBody, HttpMetricsService, MeteredBody, RouteTemplate, generation_route,
+};
+use tower::{Layer, Service};
 
 use crate::console::{Console, steps};
 use crate::error::ApiError;
@@ -120,19 +132,155 @@ pub async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
+    if let Err(refused) = identify(&s, &mut req) {
+        return refused.into_response();
+    }
+    next.run(req).await
+}
+
+/// Names `req`'s tenant from its key and its peer (a request extension), or
+/// the refusal to answer.
+fn identify(s: &AppState, req: &mut Request) -> Result<(), ApiError> {
     let peer = req
         .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     match s.access.identify(peer, req.headers()) {
         Ok(Some(tenant)) => {
             req.extensions_mut().insert(tenant);
+            Ok(())
         }
-        Ok(None) => {}
-        Err(AccessRefusal::Unauthorized) => return ApiError::unauthorized().into_response(),
-        Err(AccessRefusal::BadTenantHeader(message)) => {
-            return ApiError::invalid(message, None).into_response();
+        Ok(None) => Ok(()),
+        Err(AccessRefusal::Unauthorized) => Err(ApiError::unauthorized()),
+        Err(AccessRefusal::BadTenantHeader(message)) => Err(ApiError::invalid(message, None)),
+    }
+}
+
+/// The main listener's service, [`router`] with the generation routes taken
+/// out in front of it: a generation post goes straight to its handler,
+/// inside the same HTTP metrics layer, body limit and API-key check; every
+/// other request goes through the router.
+///
+/// Why: these routes are the request path, and the router's work per request
+/// (the match, the route's boxed service cloned, `MatchedPath`, `UrlParams`
+/// and `OriginalUri` inserted) was a measurable share of it
+/// (`docs/results/request-path.md`).
+#[derive(Clone)]
+pub struct Front {
+    router: Router,
+    generation: HttpMetricsService<Generation>,
+    /// The connection's client (the API-key check's `--trusted-proxy`).
+    peer: Option<SocketAddr>,
+    /// Whether every request passes the API-key check (no keys, no trusted
+    /// tenant header): the generation posts then need no peer.
+    open: bool,
+}
+
+impl Front {
+    /// [`router`] for the main listener, with the generation routes in front.
+    pub fn new(
+        state: Arc<AppState>,
+        max_body: usize,
+        serve_metrics: bool,
+        console: Option<&Arc<Console>>,
+    ) -> Self {
+        let generation = state.metrics.http_layer().layer(Generation {
+            state: state.clone(),
+            max_body,
+        });
+        Self {
+            open: state.access.is_open(),
+            router: router(state, max_body, serve_metrics, console),
+            generation,
+            peer: None,
         }
     }
-    next.run(req).await
+}
+
+/// What a generation post's handler future resolves to, as a service's.
+type Answered = Result<Response, Infallible>;
+/// A generation post's future under the HTTP metrics layer.
+type MeteredAnswer = inferscope_metrics::http::ResponseFuture<
+    Map<BoxFuture<'static, Response>, fn(Response) -> Answered>,
+>;
+
+impl Service<Request> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<
+        Map<MeteredAnswer, fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered>,
+        <Router as Service<Request>>::Future,
+    >;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let route = generation_route(req.method(), req.uri().path());
+        if let Some(peer) = self.peer
+            && (route.is_none() || !self.open)
+        {
+            req.extensions_mut().insert(ConnectInfo(peer));
+        }
+        if let Some(route) = route {
+            req.extensions_mut().insert(RouteTemplate(route));
+            let to_body: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
+                |r| r.map(|r| r.map(Body::new));
+            return Either::Left(self.generation.call(req).map(to_body));
+        }
+        Either::Right(self.router.call(req))
+    }
+}
+
+/// Makes each connection's [`Front`], knowing its peer.
+impl<L: Listener<Addr = SocketAddr>> Service<IncomingStream<'_, L>> for Front {
+    type Response = Front;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Front, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, stream: IncomingStream<'_, L>) -> Self::Future {
+        let mut front = self.clone();
+        front.peer = Some(*stream.remote_addr());
+        std::future::ready(Ok(front))
+    }
+}
+
+/// The generation routes' handlers as one service, under [`Front`]'s HTTP
+/// metrics layer: the body limit and the API-key check the router puts
+/// around them, then the handler with its extractors, as routed.
+#[derive(Clone)]
+pub struct Generation {
+    state: Arc<AppState>,
+    max_body: usize,
+}
+
+impl Service<Request<CountingBody<Body>>> for Generation {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Map<BoxFuture<'static, Response>, fn(Response) -> Answered>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<CountingBody<Body>>) -> Self::Future {
+        let mut req = req.map(Body::new);
+        DefaultBodyLimit::max(self.max_body).apply(&mut req);
+        let state = self.state.clone();
+        let answer: BoxFuture<'static, Response> = if !state.access.is_open()
+            && let Err(refused) = identify(&state, &mut req)
+        {
+            Box::pin(std::future::ready(refused.into_response()))
+        } else if req.uri().path() == "/v1/chat/completions" {
+            Handler::call(handlers::chat_completions, req, state)
+        } else {
+            Handler::call(handlers::completions, req, state)
+        };
+        answer.map(Ok as fn(Response) -> Answered)
+    }
 }

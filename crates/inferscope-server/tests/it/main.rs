@@ -5,6 +5,7 @@
 mod api;
 mod common;
 mod console;
+mod front;
 mod fuzz_validation;
 mod logprobs;
 mod metrics_integration;
