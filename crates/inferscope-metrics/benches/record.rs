@@ -47,6 +47,7 @@ fn bench(c: &mut Criterion) {
     let engine = m.frontend(1).expect("engine 1");
     let itl = |nanos: u64| FrontendStats::NextToken {
         itl: Duration::from_nanos(nanos),
+        count: 1,
     };
 
     let mut g = c.benchmark_group("per_token");

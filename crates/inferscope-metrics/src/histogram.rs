@@ -64,14 +64,30 @@ impl AtomicHistogram {
     /// Records one value. NaN is ignored (it would poison `_sum`).
     #[inline]
     pub fn observe(&self, value: f64) {
-        self.observe_at(value);
+        self.observe_at(value, 1);
+    }
+
+    /// Records `count` samples of one value at once (nothing for 0).
+    #[inline]
+    pub fn observe_many(&self, value: f64, count: u64) {
+        self.observe_at(value, count);
     }
 
     /// Records one value and keeps `request` as its bucket's exemplar
     /// (no allocation: the id is shared, not copied).
     #[inline]
     pub fn observe_for(&self, value: f64, request: &RequestRef) {
-        if let Some(slot) = self.observe_at(value).and_then(|i| self.exemplar_slot(i)) {
+        self.observe_many_for(value, 1, request);
+    }
+
+    /// Records `count` samples of one value and keeps `request` as their
+    /// bucket's exemplar.
+    #[inline]
+    pub fn observe_many_for(&self, value: f64, count: u64, request: &RequestRef) {
+        if let Some(slot) = self
+            .observe_at(value, count)
+            .and_then(|i| self.exemplar_slot(i))
+        {
             slot.set(request, value);
         }
     }
@@ -81,10 +97,11 @@ impl AtomicHistogram {
         self.inner.exemplars.get(idx)
     }
 
-    /// Records `value`; returns its bucket index (`None` for NaN).
+    /// Records `count` samples of `value`; returns their bucket index
+    /// (`None` for NaN or no samples).
     #[inline]
-    fn observe_at(&self, value: f64) -> Option<usize> {
-        if value.is_nan() {
+    fn observe_at(&self, value: f64, count: u64) -> Option<usize> {
+        if value.is_nan() || count == 0 {
             return None;
         }
         let inner = &*self.inner;
@@ -94,11 +111,12 @@ impl AtomicHistogram {
         // and every token's latencies come through here.
         let idx = bucket_index(&inner.bounds, value);
         if let Some(c) = inner.counts.get(idx) {
-            c.fetch_add(1, Ordering::Relaxed);
+            c.fetch_add(count, Ordering::Relaxed);
         }
+        let add = value * count as f64;
         let mut cur = inner.sum_bits.load(Ordering::Relaxed);
         loop {
-            let new = (f64::from_bits(cur) + value).to_bits();
+            let new = (f64::from_bits(cur) + add).to_bits();
             match inner.sum_bits.compare_exchange_weak(
                 cur,
                 new,
@@ -233,6 +251,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn many_samples_at_once_count_as_one_by_one() {
+        let (one_by_one, at_once) = (
+            AtomicHistogram::new(&[1.0, 2.0]),
+            AtomicHistogram::new(&[1.0, 2.0]),
+        );
+        let r = RequestRef::new("r", None);
+        for (value, n) in [(1.5, 3), (0.0, 4), (7.0, 0), (f64::NAN, 2)] {
+            for _ in 0..n {
+                one_by_one.observe(value);
+            }
+            at_once.observe_many_for(value, n, &r);
+        }
+        assert_eq!(at_once.counts(), one_by_one.counts());
+        assert_eq!(at_once.counts(), [4, 3, 0].into());
+        assert_eq!(at_once.sum(), 4.5);
+        // No samples, no exemplar: the `+Inf` slot stays empty.
+        let suffix = |i: usize| {
+            let mut out = String::new();
+            at_once
+                .exemplar_slot(i)
+                .expect("a slot")
+                .write_suffix(&mut out);
+            out
+        };
+        assert!(suffix(1).contains("request_id=\"r\""), "{}", suffix(1));
+        assert_eq!(suffix(2), "");
     }
 
     #[test]

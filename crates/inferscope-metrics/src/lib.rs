@@ -45,7 +45,7 @@
 //!     let ttft = Duration::from_millis(80);
 //!     recorder.record_for(&FrontendStats::FirstToken { ttft }, &request);
 //!     let itl = Duration::from_millis(12);
-//!     recorder.record_for(&FrontendStats::NextToken { itl }, &request);
+//!     recorder.record_for(&FrontendStats::NextToken { itl, count: 1 }, &request);
 //!     let finished = FrontendRequestStats {
 //!         ttft: Some(ttft),
 //!         e2e: Duration::from_millis(500),

@@ -363,7 +363,9 @@ impl EngineMetrics {
                 let t = self.tenant(request.map_or(0, |r| r.tenant));
                 observe(&t.ttft, ttft.as_secs_f64(), request);
             }
-            FrontendStats::NextToken { itl } => observe(&self.itl, itl.as_secs_f64(), request),
+            FrontendStats::NextToken { itl, count } => {
+                observe_many(&self.itl, itl.as_secs_f64(), *count, request);
+            }
             FrontendStats::Finished(finished) => self.record_frontend_finished(finished, request),
             FrontendStats::Observed(observed) => self.record_observed(observed, request),
             FrontendStats::Started => {
@@ -588,9 +590,15 @@ impl EngineMetrics {
 /// One histogram sample, with `request` as its bucket's exemplar when given.
 #[inline]
 fn observe(histogram: &AtomicHistogram, value: f64, request: Option<&RequestRef>) {
+    observe_many(histogram, value, 1, request);
+}
+
+/// Records `count` samples of `value`, with `request` as the exemplar when given.
+#[inline]
+fn observe_many(histogram: &AtomicHistogram, value: f64, count: u64, request: Option<&RequestRef>) {
     match request {
-        Some(r) => histogram.observe_for(value, r),
-        None => histogram.observe(value),
+        Some(r) => histogram.observe_many_for(value, count, r),
+        None => histogram.observe_many(value, count),
     }
 }
 
@@ -1203,6 +1211,7 @@ mod tests {
         e.record_frontend(
             &FrontendStats::NextToken {
                 itl: Duration::from_millis(100),
+                count: 1,
             },
             None,
         );

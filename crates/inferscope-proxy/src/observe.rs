@@ -402,10 +402,9 @@ impl Observer {
                         };
                         let itl = FrontendStats::NextToken {
                             itl: gap.div_f64(tokens as f64),
+                            count: tokens.min(MAX_TOKENS_PER_CHUNK),
                         };
-                        for _ in 0..tokens.min(MAX_TOKENS_PER_CHUNK) {
-                            record(recorder, request, &itl);
-                        }
+                        record(recorder, request, &itl);
                     }
                 }
                 seen.last_content = Some(now);
@@ -426,6 +425,7 @@ impl Observer {
                     }
                     Some(prev) => FrontendStats::NextToken {
                         itl: now.duration_since(prev),
+                        count: 1,
                     },
                 };
                 record(recorder, request, &stats);

@@ -297,11 +297,14 @@ pub enum FrontendStats {
         /// Arrival to the first token.
         ttft: Duration,
     },
-    /// A later token was handed to the client `itl` after the previous one
-    /// (one inter-token latency sample).
+    /// `count` later tokens were each handed to the client `itl` after the
+    /// one before them (`count` inter-token latency samples of one value:
+    /// tokens handed on together are sent as one, `itl` 0 after the first).
     NextToken {
-        /// The previous token to this one.
+        /// The previous token to each one.
         itl: Duration,
+        /// How many tokens (samples).
+        count: u64,
     },
     /// A request finished as the server's front end saw it: e2e and TPOT
     /// (its TTFT was recorded as [`FrontendStats::FirstToken`]).

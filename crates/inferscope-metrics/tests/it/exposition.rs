@@ -353,6 +353,7 @@ fn disabled_prometheus_exposes_no_engine_metrics() {
     m.record_step(0, &sched(1), &step(1, 1));
     m.frontend(0).unwrap().record(&FrontendStats::NextToken {
         itl: Duration::from_millis(100),
+        count: 1,
     });
     let (_, body) = m.render(Format::Prometheus);
     assert!(!body.contains("inferscope_"), "{body}");
@@ -375,6 +376,7 @@ fn openmetrics_carries_the_latest_request_of_each_bucket_as_exemplar() {
     e0.record_for(
         &FrontendStats::NextToken {
             itl: Duration::from_millis(12),
+            count: 1,
         },
         &plain,
     );

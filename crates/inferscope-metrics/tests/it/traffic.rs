@@ -95,6 +95,7 @@ pub fn busy_manager(namespace: &str, engines: &[usize]) -> StatLoggerManager {
         });
         for _ in 0..6 {
             h.record(&FrontendStats::NextToken {
+                count: 1,
                 itl: Duration::from_millis(30),
             });
         }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use inferscope_engine::{
@@ -400,6 +400,11 @@ pub struct ChoiceStream {
     /// often arrive together, and a read per token was a tenth of the
     /// frontend's time per token; `docs/results/request-path.md`).
     seen_at: Option<Instant>,
+    /// Inter-token latencies of 0 not recorded yet: deltas handled at one
+    /// clock read after the first of them, recorded together (one histogram
+    /// update instead of one per token) when a later latency is not 0, at the
+    /// finish, or when the stream is dropped.
+    zero_itls: u64,
     /// Where the choice's latencies are recorded: the serving engine's
     /// recorder, found once per choice.
     latency: Option<FrontendRecorder>,
@@ -453,6 +458,7 @@ impl ChoiceStream {
             first_delta: None,
             last_delta: None,
             seen_at: None,
+            zero_itls: 0,
             latency,
             request,
             request_log: None,
@@ -546,7 +552,7 @@ impl ChoiceStream {
         // The caller handed the last delta on (a stream's write) since:
         // what is queued now is seen now.
         self.seen_at = None;
-        Some(self.step().await)
+        Some(self.step(String::new()).await)
     }
 
     /// The next output, waiting for it if none is queued; the clock is read
@@ -569,9 +575,12 @@ impl ChoiceStream {
         let mut text = String::new();
         let mut logprobs = Vec::new();
         let mut prompt_logprobs = None;
+        // Each delta's text comes back for the next one: no string per token.
+        let mut scratch = String::new();
         loop {
-            let mut d = self.step().await;
+            let mut d = self.step(scratch).await;
             text.push_str(&d.text);
+            scratch = std::mem::take(&mut d.text);
             logprobs.append(&mut d.logprobs);
             if d.prompt_logprobs.is_some() {
                 prompt_logprobs = d.prompt_logprobs;
@@ -589,8 +598,9 @@ impl ChoiceStream {
     }
 
     /// The next delta with text, or the final one. Every path ends in a
-    /// delta, so a caller that loops until `finish` always gets one.
-    async fn step(&mut self) -> ChoiceDelta {
+    /// delta, so a caller that loops until `finish` always gets one. The
+    /// delta's text is written into `buf` (its capacity reused) where it can be.
+    async fn step(&mut self, mut buf: String) -> ChoiceDelta {
         // The echoed prompt is not generated text: no latency is recorded
         // for it, and stop strings are not searched in it.
         if let Some(echo) = self.echo.take() {
@@ -631,7 +641,8 @@ impl ChoiceStream {
                     None,
                 );
             };
-            let mut text = String::new();
+            let mut text = std::mem::take(&mut buf);
+            text.clear();
             let prefill_only = self.prefill_only();
             if let Some(lp) = &mut self.logprobs {
                 lp.take(&mut out, prefill_only);
@@ -665,6 +676,7 @@ impl ChoiceStream {
                 );
             }
             if text.is_empty() {
+                buf = text;
                 continue;
             }
             if self.stop.is_empty() {
@@ -683,6 +695,7 @@ impl ChoiceStream {
             }
             let emit = self.take_safe_text();
             if emit.is_empty() {
+                buf = text;
                 continue;
             }
             self.observe_delta();
@@ -741,14 +754,33 @@ impl ChoiceStream {
                 None => FrontendStats::FirstToken {
                     ttft: now.duration_since(self.arrival),
                 },
+                Some(prev) if prev == now => {
+                    self.zero_itls += 1;
+                    return;
+                }
                 Some(prev) => FrontendStats::NextToken {
                     itl: now.duration_since(prev),
+                    count: 1,
                 },
             };
             recorder.record_for(&stats, &self.request);
         }
         self.first_delta.get_or_insert(now);
         self.last_delta = Some(now);
+    }
+
+    /// Records the inter-token latencies of 0 held in `zero_itls`.
+    fn record_zero_itls(&mut self) {
+        let count = std::mem::take(&mut self.zero_itls);
+        if let Some(recorder) = &self.latency
+            && count > 0
+        {
+            let stats = FrontendStats::NextToken {
+                itl: Duration::ZERO,
+                count,
+            };
+            recorder.record_for(&stats, &self.request);
+        }
     }
 
     /// The final delta; `engine` is the engine's timeline and preemption
@@ -770,6 +802,7 @@ impl ChoiceStream {
         if reason != FinishReason::Abort && reason != FinishReason::Error {
             self.observe_delta();
         }
+        self.record_zero_itls();
         // Measured once: the histograms, the response's `metrics` and the
         // request log all get this same value.
         let frontend = FrontendRequestStats {
@@ -817,6 +850,14 @@ impl ChoiceStream {
     }
 }
 
+impl Drop for ChoiceStream {
+    fn drop(&mut self) {
+        // A stream dropped before its finish (the client left) still
+        // counts the latencies of the deltas it handled.
+        self.record_zero_itls();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -847,6 +888,16 @@ mod tests {
 
     /// A choice stream of a `max_tokens` request to `c`, with `stop` strings.
     fn stream(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> ChoiceStream {
+        stream_recorded(c, max_tokens, stop, None)
+    }
+
+    /// [`stream`], its latencies recorded into `latency`.
+    fn stream_recorded(
+        c: &Coordinator,
+        max_tokens: usize,
+        stop: &[&str],
+        latency: Option<FrontendRecorder>,
+    ) -> ChoiceStream {
         let tok: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
         let prompt = tok.encode("hello", false).expect("encode");
         let h = c
@@ -874,7 +925,7 @@ mod tests {
             IncrementalDecoder::new(tok, &prompt),
             stops,
             Instant::now(),
-            None,
+            latency,
             RequestRef::new("test-0", None),
         )
     }
@@ -935,5 +986,38 @@ mod tests {
             reading >= Duration::from_millis(60),
             "three 20 ms pauses between first and last delta, timed {reading:?}"
         );
+    }
+
+    /// Deltas handled at one clock read have inter-token latencies of 0,
+    /// recorded together: still one sample per token after the first, at
+    /// the finish and when the stream is dropped before it.
+    #[tokio::test]
+    async fn every_token_after_the_first_is_one_itl_sample_however_they_are_read() {
+        let c = coordinator();
+        for read in [2, 5, 8] {
+            let metrics =
+                inferscope_metrics::StatLoggerManager::new(Default::default()).expect("metrics");
+            let mut s = stream_recorded(&c, 8, &[], metrics.frontend(0));
+            // All eight tokens are queued before the first read.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // As `collect` reads: one clock read for what is queued.
+            for _ in 0..read {
+                s.step(String::new()).await;
+            }
+            assert_eq!(s.done, read == 8);
+            drop(s);
+            let (_, text) = metrics.render(inferscope_metrics::Format::Prometheus);
+            let samples = inferscope_schema::promtext::parse(&text)
+                .expect("exposition")
+                .into_samples();
+            let count = |name| inferscope_schema::promtext::sum(&samples, name, &[]);
+            assert_eq!(count("inferscope_time_to_first_token_seconds_count"), 1.0);
+            assert_eq!(
+                count("inferscope_inter_token_latency_seconds_count"),
+                (read - 1) as f64,
+                "{read} deltas read"
+            );
+            assert_eq!(count("inferscope_inter_token_latency_seconds_sum"), 0.0);
+        }
     }
 }
