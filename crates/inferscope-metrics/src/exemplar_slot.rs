@@ -2,6 +2,7 @@
 //! a finished-request counter, and its OpenMetrics suffix
 //! ([`crate::exemplar`] attaches the suffixes to the rendered text).
 
+use std::cell::Cell;
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -24,6 +25,20 @@ struct Stored {
     at: SystemTime,
 }
 
+/// When exemplars set together were observed: the clock, read once, at the
+/// first that needs it.
+#[derive(Debug, Default)]
+pub struct ExemplarTime(Cell<Option<SystemTime>>);
+
+impl ExemplarTime {
+    /// The time, read now if it was not yet.
+    fn get(&self) -> SystemTime {
+        let at = self.0.get().unwrap_or_else(SystemTime::now);
+        self.0.set(Some(at));
+        at
+    }
+}
+
 /// The latest exemplar of one bucket or counter.
 #[derive(Debug, Default)]
 pub struct ExemplarSlot(Mutex<Option<Stored>>);
@@ -40,6 +55,13 @@ impl ExemplarSlot {
     /// a reference count per token (`docs/results/request-path.md`).
     #[inline]
     pub fn set(&self, request: &RequestRef, value: f64) {
+        self.set_at(request, value, &ExemplarTime::default());
+    }
+
+    /// [`ExemplarSlot::set`], timed by `at`: the exemplars one request
+    /// leaves in several histograms at once share one clock read.
+    #[inline]
+    pub fn set_at(&self, request: &RequestRef, value: f64, at: &ExemplarTime) {
         if let Some(mut slot) = self.0.try_lock() {
             if slot
                 .as_ref()
@@ -50,7 +72,7 @@ impl ExemplarSlot {
             *slot = Some(Stored {
                 request: request.clone(),
                 value,
-                at: SystemTime::now(),
+                at: at.get(),
             });
         }
     }
@@ -128,5 +150,24 @@ mod tests {
         holds("{request_id=\"b\"} 0.75");
         slot.set(&RequestRef::new("b", None), 1.0);
         holds("{request_id=\"b\"} 1.0");
+    }
+
+    #[test]
+    fn exemplars_set_at_one_time_share_one_clock_read() {
+        let at = ExemplarTime::default();
+        let slots: Vec<ExemplarSlot> = (0..3).map(|_| ExemplarSlot::default()).collect();
+        let r = RequestRef::new("r", None);
+        for s in &slots {
+            s.set_at(&r, 1.0, &at);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        let times: Vec<SystemTime> = slots
+            .iter()
+            .map(|s| s.0.lock().as_ref().expect("an exemplar").at)
+            .collect();
+        assert!(times.iter().all(|t| *t == times[0]), "{times:?}");
+        // `set` reads the clock itself.
+        slots[1].set(&RequestRef::new("later", None), 1.0);
+        assert!(slots[1].0.lock().as_ref().expect("an exemplar").at > times[0]);
     }
 }

@@ -12,7 +12,7 @@ use prometheus_client::encoding::{EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 
-use crate::exemplar_slot::ExemplarSlot;
+use crate::exemplar_slot::{ExemplarSlot, ExemplarTime};
 use inferscope_schema::stats::RequestRef;
 
 /// The bucket of `value` among the sorted finite `bounds` (`bounds.len()`
@@ -89,6 +89,18 @@ impl AtomicHistogram {
             .and_then(|i| self.exemplar_slot(i))
         {
             slot.set(request, value);
+        }
+    }
+
+    /// [`AtomicHistogram::observe_for`], the exemplar timed by `at` (shared
+    /// with the request's other exemplars: one clock read for all).
+    #[inline]
+    pub fn observe_for_at(&self, value: f64, request: &RequestRef, at: &ExemplarTime) {
+        if let Some(slot) = self
+            .observe_at(value, 1)
+            .and_then(|i| self.exemplar_slot(i))
+        {
+            slot.set_at(request, value, at);
         }
     }
 

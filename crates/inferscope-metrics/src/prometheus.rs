@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use crate::exemplar::{ExemplarIndex, ExemplarSlot};
+use crate::exemplar_slot::ExemplarTime;
 use crate::histogram::{AtomicHistogram, HistogramBuilder};
 use crate::reading::{EngineReading, LATENCIES, Latency};
 use crate::tenant_labels::TenantLabels;
@@ -456,17 +457,20 @@ impl EngineMetrics {
         if let Some(c) = t.request_success.get(reason) {
             c.inc();
         }
+        // Five exemplars of one request: one clock read.
+        let at = ExemplarTime::default();
         if let Some(slot) = t.request_success_exemplars.get(reason) {
-            slot.set(&req.request, 1.0);
+            slot.set_at(&req.request, 1.0, &at);
         }
         let r = &req.request;
-        self.queue_time.observe_for(req.queue_time.as_secs_f64(), r);
+        self.queue_time
+            .observe_for_at(req.queue_time.as_secs_f64(), r, &at);
         self.prefill_time
-            .observe_for(req.prefill_time.as_secs_f64(), r);
+            .observe_for_at(req.prefill_time.as_secs_f64(), r, &at);
         self.decode_time
-            .observe_for(req.decode_time.as_secs_f64(), r);
+            .observe_for_at(req.decode_time.as_secs_f64(), r, &at);
         self.inference_time
-            .observe_for(req.inference_time.as_secs_f64(), r);
+            .observe_for_at(req.inference_time.as_secs_f64(), r, &at);
         self.request_prompt_tokens
             .observe(req.num_prompt_tokens as f64);
         self.request_generation_tokens

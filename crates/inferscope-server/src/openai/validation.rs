@@ -380,8 +380,26 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
 /// The request's structured-output constraint, compiled; last of the
 /// checks because it is the costliest (a large schema takes milliseconds).
 fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGrammar>, ApiError> {
+    if !may_name_structured_fields(body) {
+        // Its fields are not there: no need to parse the body again.
+        return Ok(None);
+    }
     let fields: StructuredFields = parse_json(body)?;
     structured::compile(&fields, v.grammar)
+}
+
+/// Whether `body` may hold one of [`StructuredFields`]' fields: it holds
+/// one of their names, or an escape (`\u`) that could spell one. False
+/// means certainly not; a SIMD scan, cheaper than another parse.
+fn may_name_structured_fields(body: &[u8]) -> bool {
+    [
+        &b"response_format"[..],
+        b"structured_outputs",
+        b"guided_",
+        b"\\u",
+    ]
+    .iter()
+    .any(|name| memchr::memmem::find(body, name).is_some())
 }
 
 /// The request's chat messages as the template sees them: `role`, the
@@ -1029,6 +1047,54 @@ mod tests {
 
     fn fields(json: &str) -> SamplingFields {
         serde_json::from_str(json).expect("fields")
+    }
+
+    /// The scan that skips the structured-output parse never skips a body
+    /// whose parse finds one of those fields, however its key is spelled.
+    #[test]
+    fn the_structured_scan_misses_no_field_the_parse_finds() {
+        let field_names = [
+            "response_format",
+            "structured_outputs",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+        ];
+        let mut bodies = vec![
+            r#"{"model":"m","prompt":"hello world","max_tokens":16}"#.to_owned(),
+            r#"{"prompt":"caf\u00e9","guided_mode":1}"#.to_owned(),
+        ];
+        for name in field_names {
+            bodies.push(format!(r#"{{"prompt":"x","{name}":{{"type":"text"}}}}"#));
+            // The same key with its first letter escaped.
+            let escaped = format!("\\u{:04x}{}", name.as_bytes()[0], &name[1..]);
+            bodies.push(format!(r#"{{"prompt":"x","{escaped}":"[ab]"}}"#));
+        }
+        let mut found = 0;
+        for body in &bodies {
+            let parsed: StructuredFields = serde_json::from_str(body).expect("valid JSON");
+            let present = [
+                &parsed.response_format,
+                &parsed.structured_outputs,
+                &parsed.guided_json,
+                &parsed.guided_regex,
+                &parsed.guided_choice,
+                &parsed.guided_grammar,
+            ]
+            .iter()
+            .any(|f| f.is_some());
+            if present {
+                found += 1;
+                assert!(may_name_structured_fields(body.as_bytes()), "{body}");
+            }
+        }
+        assert_eq!(
+            found,
+            2 * field_names.len(),
+            "every field found, plain and escaped"
+        );
+        assert!(!may_name_structured_fields(bodies[0].as_bytes()));
     }
 
     #[test]
