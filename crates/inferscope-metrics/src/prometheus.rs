@@ -395,8 +395,19 @@ impl EngineMetrics {
     /// TTFT is not observed here (it is recorded when it happens).
     fn record_frontend_finished(&self, stats: &FrontendRequestStats, request: Option<&RequestRef>) {
         let t = self.tenant(request.map_or(0, |r| r.tenant));
-        observe(&t.e2e, stats.e2e.as_secs_f64(), request);
-        observe(&self.tpot, time_per_output_token(stats), request);
+        let (e2e, tpot) = (stats.e2e.as_secs_f64(), time_per_output_token(stats));
+        match request {
+            Some(r) => {
+                // Two exemplars of one request: one clock read.
+                let at = ExemplarTime::default();
+                t.e2e.observe_for_at(e2e, r, &at);
+                self.tpot.observe_for_at(tpot, r, &at);
+            }
+            None => {
+                t.e2e.observe(e2e);
+                self.tpot.observe(tpot);
+            }
+        }
     }
 
     /// A request finished as seen from outside an engine (the proxy): the

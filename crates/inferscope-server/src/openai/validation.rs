@@ -1,7 +1,7 @@
 //! Request validation: every check that turns bad input into a 4xx with a
 //! message naming the field, before anything reaches the engine.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use inferscope_engine::{
     BadWords, CompiledGrammar, SamplingParams, StopTokenIds, StructuredOutput,
@@ -392,14 +392,17 @@ fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGramm
 /// one of their names, or an escape (`\u`) that could spell one. False
 /// means certainly not; a SIMD scan, cheaper than another parse.
 fn may_name_structured_fields(body: &[u8]) -> bool {
-    [
-        &b"response_format"[..],
-        b"structured_outputs",
-        b"guided_",
-        b"\\u",
-    ]
-    .iter()
-    .any(|name| memchr::memmem::find(body, name).is_some())
+    use memchr::memmem::Finder;
+    // Built once: building a searcher costs about what a short search does.
+    static NEEDLES: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+        [
+            Finder::new("response_format"),
+            Finder::new("structured_outputs"),
+            Finder::new("guided_"),
+            Finder::new("\\u"),
+        ]
+    });
+    NEEDLES.iter().any(|n| n.find(body).is_some())
 }
 
 /// The request's chat messages as the template sees them: `role`, the
