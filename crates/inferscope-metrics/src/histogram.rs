@@ -84,20 +84,21 @@ impl AtomicHistogram {
     /// bucket's exemplar.
     #[inline]
     pub fn observe_many_for(&self, value: f64, count: u64, request: &RequestRef) {
-        if let Some(slot) = self
-            .observe_at(value, count)
-            .and_then(|i| self.exemplar_slot(i))
-        {
-            slot.set(request, value);
-        }
+        self.observe_many_for_at(value, count, request, &ExemplarTime::default());
     }
 
     /// [`AtomicHistogram::observe_for`], the exemplar timed by `at` (shared
     /// with the request's other exemplars: one clock read for all).
     #[inline]
     pub fn observe_for_at(&self, value: f64, request: &RequestRef, at: &ExemplarTime) {
+        self.observe_many_for_at(value, 1, request, at);
+    }
+
+    /// `count` samples of `value`, `request` their bucket's exemplar, timed by `at`.
+    #[inline]
+    fn observe_many_for_at(&self, value: f64, count: u64, request: &RequestRef, at: &ExemplarTime) {
         if let Some(slot) = self
-            .observe_at(value, 1)
+            .observe_at(value, count)
             .and_then(|i| self.exemplar_slot(i))
         {
             slot.set_at(request, value, at);
