@@ -115,7 +115,7 @@ pub async fn chat_completions(
 
 /// Both generation routes: validate on the workers with `api`'s parser,
 /// then generate and shape.
-async fn generation_route(
+pub(crate) async fn generation_route(
     s: Arc<AppState>,
     api: Api,
     tenant: Option<Arc<Tenant>>,

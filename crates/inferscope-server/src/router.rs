@@ -10,9 +10,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
-use axum::handler::Handler;
+use axum::body::{Body, Bytes};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -27,9 +26,10 @@ use crate::console::{Console, steps};
 use crate::error::ApiError;
 use crate::handlers;
 use crate::kv_debug;
+use crate::openai::response::Api;
 use crate::profile;
 use crate::state::AppState;
-use inferscope_tenants::AccessRefusal;
+use inferscope_tenants::{AccessRefusal, Tenant};
 
 /// The router: OpenAI and tokenizer routes (behind the API key), health, version, and
 /// `/metrics` and the console's routes when `serve_metrics` (else they answer 404:
@@ -132,25 +132,25 @@ pub async fn require_api_key(
     mut req: Request,
     next: Next,
 ) -> Response {
-    if let Err(refused) = identify(&s, &mut req) {
-        return refused.into_response();
+    match identify(&s, &req) {
+        Ok(Some(tenant)) => {
+            req.extensions_mut().insert(tenant);
+        }
+        Ok(None) => {}
+        Err(refused) => return refused.into_response(),
     }
     next.run(req).await
 }
 
-/// Names `req`'s tenant from its key and its peer (a request extension), or
+/// `req`'s tenant, named by its key and its peer (a request extension), or
 /// the refusal to answer.
-fn identify(s: &AppState, req: &mut Request) -> Result<(), ApiError> {
+fn identify(s: &AppState, req: &Request) -> Result<Option<Arc<Tenant>>, ApiError> {
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     match s.access.identify(peer, req.headers()) {
-        Ok(Some(tenant)) => {
-            req.extensions_mut().insert(tenant);
-            Ok(())
-        }
-        Ok(None) => Ok(()),
+        Ok(tenant) => Ok(tenant),
         Err(AccessRefusal::Unauthorized) => Err(ApiError::unauthorized()),
         Err(AccessRefusal::BadTenantHeader(message)) => Err(ApiError::invalid(message, None)),
     }
@@ -252,7 +252,7 @@ impl<L: Listener<Addr = SocketAddr>> Service<IncomingStream<'_, L>> for Front {
 
 /// The generation routes' handlers as one service, under [`Front`]'s HTTP
 /// metrics layer: the body limit and the API-key check the router puts
-/// around them, then the handler with its extractors, as routed.
+/// around them, then what the routed handler does.
 #[derive(Clone)]
 pub struct Generation {
     state: Arc<AppState>,
@@ -269,18 +269,35 @@ impl Service<Request<CountingBody<Body>>> for Generation {
     }
 
     fn call(&mut self, req: Request<CountingBody<Body>>) -> Self::Future {
+        let answered = Ok as fn(Response) -> Answered;
         let mut req = req.map(Body::new);
         DefaultBodyLimit::max(self.max_body).apply(&mut req);
         let state = self.state.clone();
-        let answer: BoxFuture<'static, Response> = if !state.access.is_open()
-            && let Err(refused) = identify(&state, &mut req)
-        {
-            Box::pin(std::future::ready(refused.into_response()))
-        } else if req.uri().path() == "/v1/chat/completions" {
-            Handler::call(handlers::chat_completions, req, state)
+        let tenant = if state.access.is_open() {
+            None
         } else {
-            Handler::call(handlers::completions, req, state)
+            match identify(&state, &req) {
+                Ok(tenant) => tenant,
+                Err(refused) => {
+                    let refused: BoxFuture<'static, Response> =
+                        Box::pin(std::future::ready(refused.into_response()));
+                    return refused.map(answered);
+                }
+            }
         };
-        answer.map(Ok as fn(Response) -> Answered)
+        let api = match req.uri().path() {
+            "/v1/chat/completions" => Api::Chat,
+            _ => Api::Completions,
+        };
+        // The handler's extractors by hand: the headers are moved, not
+        // cloned (axum's `HeaderMap` extractor clones them); the body is
+        // read by axum's own extractor, under the same limit.
+        let (mut parts, body) = req.into_parts();
+        let headers = std::mem::take(&mut parts.headers);
+        let answer: BoxFuture<'static, Response> = Box::pin(async move {
+            let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
+            handlers::generation_route(state, api, tenant, headers, body).await
+        });
+        answer.map(answered)
     }
 }
