@@ -24,24 +24,12 @@
 # Needs valgrind (Debian package) and wrk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET=${CARGO_TARGET_DIR:-target}
-BIN=${BIN:-$TARGET/release/inferscope}
-OLD_BIN=${OLD_BIN:-}
-BARE=${BARE:-$TARGET/release/examples/bare_axum}
 ROUNDS=${ROUNDS:-2}
 DURATION=${DURATION:-4}
-CONNS=${CONNS:-16}
-CLIENT_CPU=${CLIENT_CPU:-0}
 PORT=${PORT:-18320}
-BODY='{"model":"m","prompt":"hello world","max_tokens":16}'
-PROFILE=tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0
-
-for b in "$BIN" "$BARE" ${OLD_BIN:+"$OLD_BIN"}; do
-  [ -x "$b" ] || { echo "no executable $b (build it first, see the header)" >&2; exit 1; }
-done
-for tool in valgrind callgrind_control wrk; do
-  command -v "$tool" >/dev/null || { echo "$tool is not installed" >&2; exit 1; }
-done
+# shellcheck source=scripts/request-load.sh
+. scripts/request-load.sh
+require valgrind callgrind_control wrk taskset
 
 tmp=$(mktemp -d)
 vpid=
@@ -51,11 +39,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-cat >"$tmp/post.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '$BODY'
-EOF
+post_script "$tmp/post.lua" "$BODY"
 
 # "requests instructions-per-request" of one target.
 measure() { # name command...

@@ -41,27 +41,17 @@
 #   OLD_BIN=target/release/inferscope OLD_ARGS=--disable-console scripts/request-path.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TARGET=${CARGO_TARGET_DIR:-target}
-BIN=${BIN:-$TARGET/release/inferscope}
-OLD_BIN=${OLD_BIN:-}
-BARE=${BARE:-$TARGET/release/examples/bare_axum}
 ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-6}
-CONNS=${CONNS:-16}
-SERVER_CPU=${SERVER_CPU:-1}
-CLIENT_CPU=${CLIENT_CPU:-0}
 PORT=${PORT:-18300}
+# shellcheck source=scripts/request-load.sh
+. scripts/request-load.sh
+SERVER_CPU=${SERVER_CPU:-1}
 SERVER_ARGS=${SERVER_ARGS:-}
 OLD_ARGS=${OLD_ARGS:-}
 STREAM=${STREAM:-0}
-BODY='{"model":"m","prompt":"hello world","max_tokens":16}'
 [ "$STREAM" = 1 ] && BODY='{"model":"m","prompt":"hello world","max_tokens":16,"stream":true}'
-PROFILE=tiny,t_fixed_ms=0,t_prefill_us=0,t_weights_ms=0,t_kv_ns=0
-
-for b in "$BIN" "$BARE" ${OLD_BIN:+"$OLD_BIN"}; do
-  [ -x "$b" ] || { echo "no executable $b (build it first, see the header)" >&2; exit 1; }
-done
-command -v wrk >/dev/null || { echo "wrk is not installed" >&2; exit 1; }
+require wrk taskset
 
 tmp=$(mktemp -d)
 pids=()
@@ -71,11 +61,7 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-cat >"$tmp/post.lua" <<EOF
-wrk.method = "POST"
-wrk.headers["Content-Type"] = "application/json"
-wrk.body = '$BODY'
-EOF
+post_script "$tmp/post.lua" "$BODY"
 
 # name:port pairs, in the order first measured; each one's process id.
 targets=()
