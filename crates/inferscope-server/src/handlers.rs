@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::error::ApiError;
 use crate::openai::response::{self, Api, Shape};
-use crate::openai::validation::{self, Validated};
+use crate::openai::validation::{self, Needles, Validated};
 use crate::otel::{RequestSpan, SpanStart, TraceContext};
 use crate::state::{AppState, unix_now};
 use crate::validation_workers::{INLINE_MAX_BYTES, REASON_VALIDATION_QUEUE};
@@ -240,15 +240,13 @@ async fn validate<T: Send + 'static>(
 /// that is one (a cheap scan of a small body; a false positive only moves it
 /// to a worker).
 fn may_constrain(body: &[u8]) -> bool {
-    body.len() <= INLINE_MAX_BYTES
-        && [
-            &b"response_format"[..],
-            b"structured_outputs",
-            b"guided_",
-            b"tool_choice",
-        ]
-        .iter()
-        .any(|k| body.windows(k.len()).any(|w| w == *k))
+    static NAMES: Needles<4> = Needles::new([
+        "response_format",
+        "structured_outputs",
+        "guided_",
+        "tool_choice",
+    ]);
+    body.len() <= INLINE_MAX_BYTES && NAMES.any_in(body)
 }
 
 /// Generates a validated request and shapes the answer; every answer past
@@ -335,4 +333,30 @@ fn with_request_id(mut r: Response, id: &str) -> Response {
         r.headers_mut().insert("x-request-id", v);
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small body naming a constraining field goes to the workers; one
+    /// that names none, or is large anyway, is judged by its size alone.
+    #[test]
+    fn a_body_that_may_constrain_is_seen() {
+        for field in [
+            "response_format",
+            "structured_outputs",
+            "guided_json",
+            "tool_choice",
+        ] {
+            let body = format!(r#"{{"prompt":"hi","{field}":"x"}}"#);
+            assert!(may_constrain(body.as_bytes()), "{body}");
+        }
+        assert!(!may_constrain(br#"{"prompt":"hi","max_tokens":16}"#));
+        let large = format!(
+            r#"{{"tool_choice":"required","prompt":"{}"}}"#,
+            "a".repeat(INLINE_MAX_BYTES)
+        );
+        assert!(!may_constrain(large.as_bytes()));
+    }
 }

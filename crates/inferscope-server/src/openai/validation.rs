@@ -1,7 +1,7 @@
 //! Request validation: every check that turns bad input into a 4xx with a
 //! message naming the field, before anything reaches the engine.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 
 use inferscope_engine::{
     BadWords, CompiledGrammar, SamplingParams, StopTokenIds, StructuredOutput,
@@ -392,17 +392,35 @@ fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGramm
 /// one of their names, or an escape (`\u`) that could spell one. False
 /// means certainly not; a SIMD scan, cheaper than another parse.
 fn may_name_structured_fields(body: &[u8]) -> bool {
-    use memchr::memmem::Finder;
-    // Built once: building a searcher costs about what a short search does.
-    static NEEDLES: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
-        [
-            Finder::new("response_format"),
-            Finder::new("structured_outputs"),
-            Finder::new("guided_"),
-            Finder::new("\\u"),
-        ]
-    });
-    NEEDLES.iter().any(|n| n.find(body).is_some())
+    static NAMES: Needles<4> =
+        Needles::new(["response_format", "structured_outputs", "guided_", "\\u"]);
+    NAMES.any_in(body)
+}
+
+/// A fixed set of byte strings to look for in request bodies, with their
+/// SIMD searchers built once (building one costs about what a short search
+/// does).
+pub(crate) struct Needles<const N: usize> {
+    words: [&'static str; N],
+    finders: OnceLock<[memchr::memmem::Finder<'static>; N]>,
+}
+
+impl<const N: usize> Needles<N> {
+    /// Searchers for `words`, built at the first search.
+    pub(crate) const fn new(words: [&'static str; N]) -> Self {
+        Self {
+            words,
+            finders: OnceLock::new(),
+        }
+    }
+
+    /// Whether `body` holds one of the words.
+    pub(crate) fn any_in(&self, body: &[u8]) -> bool {
+        self.finders
+            .get_or_init(|| self.words.map(memchr::memmem::Finder::new))
+            .iter()
+            .any(|f| f.find(body).is_some())
+    }
 }
 
 /// The request's chat messages as the template sees them: `role`, the
