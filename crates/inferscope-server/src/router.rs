@@ -149,11 +149,12 @@ fn identify(s: &AppState, req: &Request) -> Result<Option<Arc<Tenant>>, ApiError
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
-    match s.access.identify(peer, req.headers()) {
-        Ok(tenant) => Ok(tenant),
-        Err(AccessRefusal::Unauthorized) => Err(ApiError::unauthorized()),
-        Err(AccessRefusal::BadTenantHeader(message)) => Err(ApiError::invalid(message, None)),
-    }
+    s.access
+        .identify(peer, req.headers())
+        .map_err(|refusal| match refusal {
+            AccessRefusal::Unauthorized => ApiError::unauthorized(),
+            AccessRefusal::BadTenantHeader(message) => ApiError::invalid(message, None),
+        })
 }
 
 /// The main listener's service, [`router`] with the generation routes taken
