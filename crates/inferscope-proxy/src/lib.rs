@@ -16,9 +16,10 @@
 //!
 //! Layers, each importing only those after it: [`cli`] (flags) →
 //! [`lifecycle`] (start, run, runtimes, accept loop, drain; `models`: the
-//! `model_name` labels) → `inbound` (client connections: plain HTTP/1.1 read
-//! on the socket, the rest by hyper) → `services` (generation posts straight
-//! to their handler, the rest through `router`) → `handlers` (generation,
+//! `model_name` labels; client connections are `inferscope_inbound`'s:
+//! plain HTTP/1.1 read on the socket, the rest by hyper) → `services` (each
+//! connection's service: generation posts sent upstream early when they can
+//! and straight to their handler, the rest through `router`) → `handlers` (generation,
 //! pass-through, `/metrics` with `upstream_metrics` appended) → `state` (what
 //! the handlers share) → [`observe`] (the measured body and the series a
 //! proxy can measure) → [`admission`] (a request's holds on its tenant's
@@ -28,7 +29,6 @@
 pub mod admission;
 pub mod cli;
 mod handlers;
-mod inbound;
 pub mod lifecycle;
 mod models;
 pub mod observe;

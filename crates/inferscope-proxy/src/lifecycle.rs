@@ -265,7 +265,8 @@ pub async fn start(args: &ProxyArgs) -> Result<RunningProxy, ProxyError> {
 }
 
 /// Accepts connections and serves each over HTTP/1.1 until `stop`, then lets
-/// open connections finish (the caller bounds how long).
+/// open connections finish (the caller bounds how long), with a timer on
+/// the runtime meanwhile (the floor, [`timer_floor_period`]).
 ///
 /// Not `axum::serve`: it speaks HTTP/1 and HTTP/2 and so reads the first 24
 /// bytes of every connection on their own to look for the HTTP/2 preface, a
@@ -276,51 +277,19 @@ async fn serve_http1(
     service: ProxyService,
     stop: watch::Receiver<bool>,
 ) -> Result<(), std::io::Error> {
-    // Each connection holds a sender: when all are dropped, all have ended.
-    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
-    let mut stopped = stop.clone();
-    let stopping = async move {
-        let _ = stopped.wait_for(|s| *s).await;
-    };
-    tokio::pin!(stopping);
     let app = &service.app;
     let period = timer_floor_period(app.upstream_timeout, app.relay.connect_timeout());
-    let floor = tokio::time::sleep(period);
-    tokio::pin!(floor);
-    loop {
-        let (stream, _) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                // Out of descriptors or a connection reset before accept:
-                // the listener itself is fine; pause so a storm does not spin.
-                Err(e) => {
-                    tracing::debug!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                    continue;
-                }
-            },
-            () = &mut stopping => break,
-            () = &mut floor => {
-                floor.as_mut().reset(tokio::time::Instant::now() + period);
-                continue;
-            }
-        };
-        // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
-        let _ = stream.set_nodelay(true);
-        let conn = crate::inbound::serve_connection(stream, service.clone(), stop.clone());
-        let open = open.clone();
-        tokio::spawn(async move {
-            conn.await;
-            drop(open);
-        });
-    }
-    drop(listener);
-    drop(open);
-    let _ = all_closed.recv().await;
+    let floor = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(period).await;
+        }
+    });
+    inferscope_inbound::serve(listener, |peer| service.for_peer(peer), stop).await;
+    floor.abort();
     Ok(())
 }
 
-/// The period of the accept loop's timer (the floor), which keeps a timer
+/// The period of the floor, a task whose timer keeps a timer
 /// pending on the runtime that is due sooner than any request's: half the
 /// shorter of `--upstream-timeout` and `--connect-timeout`, within
 /// 10 ms..5 s (timeouts under 20 ms aside), waking an idle proxy rarely.

@@ -12,10 +12,12 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
 use bytes::Bytes;
+use hyper::body::Incoming;
+use inferscope_inbound::{Connection, ReadBody};
 use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate, generation_route};
 use tower::Layer;
 
-use crate::handlers::generation;
+use crate::handlers::{generation, send_early};
 use crate::router::router;
 use crate::state::{AppState, Peer};
 
@@ -33,9 +35,9 @@ pub(crate) struct ProxyService {
     /// Every other request's router (inside the same layer).
     pub(crate) router: Router,
     /// The generation routes' handler inside the HTTP metrics layer (hyper's
-    /// requests and the fast path's, [`crate::inbound`], alike).
+    /// requests and the inbound path's alike).
     pub(crate) generation: HttpMetricsService<GenerationService>,
-    /// `--max-request-body`: larger generation posts are hyper's to refuse.
+    /// `--max-request-body`: larger posts are hyper's to refuse.
     pub(crate) max_body: usize,
     /// The handlers' state (the fast path sends generation posts early).
     pub(crate) app: Arc<AppState>,
@@ -58,21 +60,85 @@ impl ProxyService {
     }
 }
 
-impl hyper::service::Service<http::Request<hyper::body::Incoming>> for ProxyService {
+impl ProxyService {
+    /// The service for one connection, whose client is `peer` (kept only
+    /// when `--trusted-proxy` needs it).
+    pub(crate) fn for_peer(&self, peer: std::net::SocketAddr) -> Self {
+        Self {
+            peer: self.app.tenant_header_set.then_some(Peer(peer.ip())),
+            ..self.clone()
+        }
+    }
+
+    /// Either route for a request whose peer is set.
+    fn route<B>(&mut self, mut req: http::Request<B>) -> BoxFuture<Result<Response, Infallible>>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        if let Some(peer) = self.peer {
+            req.extensions_mut().insert(peer);
+        }
+        if req.extensions().get::<RouteTemplate>().is_some() {
+            let served = tower::Service::call(&mut self.generation, req);
+            return Box::pin(async move { served.await.map(|r| r.map(Body::new)) });
+        }
+        Box::pin(tower::Service::call(&mut self.router, req))
+    }
+}
+
+/// A request the inbound path read: a generation post goes upstream at
+/// once when it can ([`send_early`]), before the metrics layer and the
+/// handler run.
+impl tower::Service<http::Request<ReadBody>> for ProxyService {
     type Response = Response;
     type Error = Infallible;
     type Future = BoxFuture<Result<Response, Infallible>>;
 
-    fn call(&self, mut req: http::Request<hyper::body::Incoming>) -> Self::Future {
-        if let Some(peer) = self.peer {
-            req.extensions_mut().insert(peer);
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: http::Request<ReadBody>) -> Self::Future {
+        if !req.body().is_truncated()
+            && req.extensions().get::<RouteTemplate>().is_some()
+            && let Some(bytes) = req.body().bytes()
+            && let Some(early) = send_early(
+                &self.app,
+                req.method(),
+                req.uri().path_and_query().map_or("/", |p| p.as_str()),
+                req.headers(),
+                self.peer,
+                bytes.clone(),
+            )
+        {
+            req.extensions_mut().insert(early);
         }
+        self.route(req)
+    }
+}
+
+/// A request hyper read (after the inbound path handed the connection over).
+impl tower::Service<http::Request<Incoming>> for ProxyService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: http::Request<Incoming>) -> Self::Future {
         if let Some(route) = generation_route(req.method(), req.uri().path()) {
             req.extensions_mut().insert(RouteTemplate(route));
-            let served = tower::Service::call(&mut self.generation.clone(), req);
-            return Box::pin(async move { served.await.map(|r| r.map(Body::new)) });
         }
-        Box::pin(tower::Service::call(&mut self.router.clone(), req))
+        self.route(req)
+    }
+}
+
+impl Connection for ProxyService {
+    fn max_body(&self) -> usize {
+        self.max_body
     }
 }
 

@@ -55,17 +55,8 @@ impl RunningServer {
     }
 }
 
-/// Binds `host:port` with TCP_NODELAY on accepted sockets.
-async fn bind(
-    host: &str,
-    port: u16,
-) -> Result<
-    (
-        axum::serve::TapIo<TcpListener, fn(&mut tokio::net::TcpStream)>,
-        SocketAddr,
-    ),
-    ServerError,
-> {
+/// Binds `host:port`.
+async fn bind(host: &str, port: u16) -> Result<(TcpListener, SocketAddr), ServerError> {
     let addr = format!("{host}:{port}");
     let listener = TcpListener::bind(&addr)
         .await
@@ -76,12 +67,6 @@ async fn bind(
     let local = listener
         .local_addr()
         .map_err(|source| ServerError::Listen { addr, source })?;
-    // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
-    // A named type (not `impl Listener`), so axum knows each connection's peer address.
-    fn nodelay(tcp: &mut tokio::net::TcpStream) {
-        let _ = tcp.set_nodelay(true);
-    }
-    let listener = listener.tap_io(nodelay as fn(&mut tokio::net::TcpStream));
     Ok((listener, local))
 }
 
@@ -112,7 +97,7 @@ pub async fn start_with_findings(
         }
         None => None,
     };
-    let (stop, mut stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(false);
     // The console reads the request log's ring (absent with --disable-console).
     let console = state
         .request_log
@@ -138,6 +123,10 @@ pub async fn start_with_findings(
     let (metrics_addr, metrics_task) = match separate_metrics {
         Some((listener, addr)) => {
             let app = metrics_router(state.clone(), console.as_ref());
+            // Without TCP_NODELAY, a response's last segment may wait for a delayed ACK.
+            let listener = listener.tap_io(|tcp: &mut tokio::net::TcpStream| {
+                let _ = tcp.set_nodelay(true);
+            });
             let task = tokio::spawn(async move {
                 if let Err(e) = axum::serve(listener, app).await {
                     tracing::error!(error = %e, "metrics listener stopped with an error");
@@ -162,13 +151,9 @@ pub async fn start_with_findings(
     });
     let task = tokio::spawn(async move {
         // Each connection's service knows its peer's address: what
-        // --trusted-proxy is checked against.
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "server stopped with an error");
-        }
+        // --trusted-proxy is checked against. Open connections finish their
+        // requests after the stop.
+        inferscope_inbound::serve(listener, |peer| app.for_peer(peer), stopped).await;
         if let Some(t) = log_task {
             t.abort();
         }

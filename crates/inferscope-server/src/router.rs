@@ -15,8 +15,9 @@ use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::{IncomingStream, Listener};
 use futures::future::{BoxFuture, Either, FutureExt, Map};
+use http_body::Body as HttpBody;
+use inferscope_inbound::Connection;
 use inferscope_metrics::http::{
     CountingBody, HttpMetricsService, MeteredBody, RouteTemplate, generation_route,
 };
@@ -175,6 +176,8 @@ pub struct Front {
     /// Whether every request passes the API-key check (no keys, no trusted
     /// tenant header): the generation posts then need no peer.
     open: bool,
+    /// `--max-request-body-bytes`.
+    max_body: usize,
 }
 
 impl Front {
@@ -194,6 +197,15 @@ impl Front {
             router: router(state, max_body, serve_metrics, console),
             generation,
             peer: None,
+            max_body,
+        }
+    }
+
+    /// The service of one connection, whose client is `peer`.
+    pub fn for_peer(&self, peer: SocketAddr) -> Self {
+        Self {
+            peer: Some(peer),
+            ..self.clone()
         }
     }
 }
@@ -205,7 +217,13 @@ type MeteredAnswer = inferscope_metrics::http::ResponseFuture<
     Map<BoxFuture<'static, Response>, fn(Response) -> Answered>,
 >;
 
-impl Service<Request> for Front {
+/// Any request body: hyper's, the inbound path's ([`inferscope_inbound`])
+/// or a test's.
+impl<B> Service<Request<B>> for Front
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = Either<
@@ -217,15 +235,25 @@ impl Service<Request> for Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: Request) -> Self::Future {
-        let route = generation_route(req.method(), req.uri().path());
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let mut req = req.map(Body::new);
+        // The inbound path found the route already; hyper's requests not.
+        let route = match req.extensions().get::<RouteTemplate>() {
+            Some(template) => Some(template.0),
+            None => {
+                let route = generation_route(req.method(), req.uri().path());
+                if let Some(route) = route {
+                    req.extensions_mut().insert(RouteTemplate(route));
+                }
+                route
+            }
+        };
         if let Some(peer) = self.peer
             && (route.is_none() || !self.open)
         {
             req.extensions_mut().insert(ConnectInfo(peer));
         }
-        if let Some(route) = route {
-            req.extensions_mut().insert(RouteTemplate(route));
+        if route.is_some() {
             let to_body: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
                 |r| r.map(|r| r.map(Body::new));
             return Either::Left(self.generation.call(req).map(to_body));
@@ -234,20 +262,9 @@ impl Service<Request> for Front {
     }
 }
 
-/// Makes each connection's [`Front`], knowing its peer.
-impl<L: Listener<Addr = SocketAddr>> Service<IncomingStream<'_, L>> for Front {
-    type Response = Front;
-    type Error = Infallible;
-    type Future = std::future::Ready<Result<Front, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, stream: IncomingStream<'_, L>) -> Self::Future {
-        let mut front = self.clone();
-        front.peer = Some(*stream.remote_addr());
-        std::future::ready(Ok(front))
+impl Connection for Front {
+    fn max_body(&self) -> usize {
+        self.max_body
     }
 }
 

@@ -1,7 +1,8 @@
 //! What the integration tests of `serve`, `proxy`, `doctor` and the binary
 //! share: an in-process `inferscope serve --executor sim` on an ephemeral
-//! port of 127.0.0.1, and a small keep-alive HTTP/1 client that reads whole
-//! responses with a timeout. A dev-dependency only: no shipped crate links it.
+//! port of 127.0.0.1, a small keep-alive HTTP/1 client that reads whole
+//! responses with a timeout, and a raw connection for what a client library
+//! would not send. A dev-dependency only: no shipped crate links it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -13,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use inferscope_server::{RunningServer, ServeArgs};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// How long one request (or its body) may take before the test fails.
 const TIMEOUT: Duration = Duration::from_secs(30);
@@ -76,6 +78,135 @@ pub fn sim_args(flags: &[&str]) -> ServeArgs {
     ServeArgs::try_parse_flags(all).expect("flags")
 }
 
+/// A request as raw bytes: a POST of `body` with a JSON content type and its
+/// `Content-Length`, `extra` header lines (each ending in CRLF) before it.
+pub fn raw_post(path: &str, body: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A client connection spoken to in raw bytes (heads cut anywhere, requests
+/// pipelined, malformed heads), which keeps what it read past one response.
+pub struct RawConn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl RawConn {
+    /// Connects to `addr` (TCP_NODELAY).
+    pub async fn open(addr: SocketAddr) -> Self {
+        let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Self {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes `bytes`.
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).await.expect("write");
+    }
+
+    /// Ends the writing side (the server reads end of file).
+    pub async fn half_close(&mut self) {
+        self.stream.shutdown().await.expect("half-close");
+    }
+
+    /// What was read and not yet taken as a response.
+    pub fn read_so_far(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// Reads more; false at the connection's end.
+    pub async fn fill(&mut self) -> bool {
+        let mut chunk = [0u8; 8192];
+        let n = tokio::time::timeout(TIMEOUT, self.stream.read(&mut chunk))
+            .await
+            .expect("no read timeout")
+            .unwrap_or(0);
+        self.buf.extend_from_slice(&chunk[..n]);
+        n > 0
+    }
+
+    /// The next response (an interim one too; its body by `Content-Length`,
+    /// else chunked), or None when the connection ends first.
+    pub async fn reply(&mut self) -> Option<Reply> {
+        let (status, headers, head_len) = loop {
+            let mut slots = [httparse::EMPTY_HEADER; 64];
+            let mut resp = httparse::Response::new(&mut slots);
+            if let httparse::Status::Complete(n) = resp.parse(&self.buf).expect("a valid head") {
+                let mut headers = hyper::HeaderMap::new();
+                for h in resp.headers.iter() {
+                    headers.append(
+                        hyper::header::HeaderName::from_bytes(h.name.as_bytes()).expect("name"),
+                        hyper::header::HeaderValue::from_bytes(h.value).expect("value"),
+                    );
+                }
+                break (resp.code.expect("status"), headers, n);
+            }
+            if !self.fill().await {
+                return None;
+            }
+        };
+        self.buf.drain(..head_len);
+        let mut body = Vec::new();
+        if (100..200).contains(&status) || status == 204 || status == 304 {
+            // No body.
+        } else if let Some(n) = headers.get("content-length") {
+            let n: usize = n
+                .to_str()
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .expect("a length");
+            while self.buf.len() < n {
+                assert!(self.fill().await, "the body ended early");
+            }
+            body.extend(self.buf.drain(..n));
+        } else {
+            assert_eq!(
+                headers.get("transfer-encoding").map(|v| v.as_bytes()),
+                Some(&b"chunked"[..])
+            );
+            loop {
+                let line_end = loop {
+                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
+                        break i;
+                    }
+                    assert!(self.fill().await, "the stream ended without its terminator");
+                };
+                let size = usize::from_str_radix(
+                    std::str::from_utf8(&self.buf[..line_end]).expect("size line"),
+                    16,
+                )
+                .expect("hex size");
+                while self.buf.len() < line_end + 2 + size + 2 {
+                    assert!(self.fill().await, "a chunk ended early");
+                }
+                self.buf.drain(..line_end + 2);
+                body.extend(self.buf.drain(..size));
+                assert_eq!(self.buf.drain(..2).collect::<Vec<_>>(), b"\r\n");
+                if size == 0 {
+                    break;
+                }
+            }
+        }
+        Some(Reply {
+            status,
+            headers,
+            body: String::from_utf8(body).expect("utf-8"),
+        })
+    }
+
+    /// True when the peer closes with nothing more to read.
+    pub async fn closed(&mut self) -> bool {
+        self.buf.is_empty() && !self.fill().await
+    }
+}
+
 /// A keep-alive HTTP/1 client.
 pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
@@ -92,6 +223,11 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A header's value as text, if present and visible ASCII.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
     /// The body as JSON; panics (naming the body) when it is not.
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))

@@ -1,4 +1,4 @@
-//! The proxy's own HTTP/1.1 inbound path, spoken to over raw sockets: heads
+//! The proxy's HTTP/1.1 inbound path (`inferscope_inbound`), spoken to over raw sockets: heads
 //! and bodies split across reads, keep-alive, a request the fast path does
 //! not take after one it does (hyper's turn, with the bytes already read),
 //! malformed heads, and a `Content-Length` that does not match the body.
@@ -11,8 +11,7 @@ use std::time::Duration;
 use inferscope_proxy::RunningProxy;
 use inferscope_schema::promtext::{self, Exposition};
 use inferscope_schema::schema;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use inferscope_test_support::{RawConn as Conn, raw_post as post};
 
 const NS: &str = "inferscope";
 
@@ -22,132 +21,6 @@ async fn proxy(upstream: SocketAddr) -> RunningProxy {
 
 async fn serve() -> inferscope_server::RunningServer {
     common::serve(&["--sim-profile", "tiny", "--served-model-name", "m"]).await
-}
-
-/// A response read off a raw connection.
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// A raw client connection that keeps what it read past one response.
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> Self {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        stream.set_nodelay(true).expect("nodelay");
-        Self {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.stream.write_all(bytes).await.expect("write");
-    }
-
-    /// Reads more; false at the connection's end.
-    async fn fill(&mut self) -> bool {
-        let mut chunk = [0u8; 8192];
-        let n = tokio::time::timeout(Duration::from_secs(10), self.stream.read(&mut chunk))
-            .await
-            .expect("no read timeout")
-            .unwrap_or(0);
-        self.buf.extend_from_slice(&chunk[..n]);
-        n > 0
-    }
-
-    /// The next response, or None when the connection ends first.
-    async fn reply(&mut self) -> Option<Reply> {
-        let (status, headers, head_len) = loop {
-            let mut slots = [httparse::EMPTY_HEADER; 64];
-            let mut resp = httparse::Response::new(&mut slots);
-            if let httparse::Status::Complete(n) = resp.parse(&self.buf).expect("a valid head") {
-                let headers = resp
-                    .headers
-                    .iter()
-                    .map(|h| {
-                        (
-                            h.name.to_ascii_lowercase(),
-                            String::from_utf8_lossy(h.value).into_owned(),
-                        )
-                    })
-                    .collect::<Vec<_>>();
-                break (resp.code.expect("status"), headers, n);
-            }
-            if !self.fill().await {
-                return None;
-            }
-        };
-        self.buf.drain(..head_len);
-        let mut reply = Reply {
-            status,
-            headers,
-            body: String::new(),
-        };
-        let mut body = Vec::new();
-        if let Some(n) = reply.header("content-length") {
-            let n: usize = n.parse().expect("a length");
-            while self.buf.len() < n {
-                assert!(self.fill().await, "the body ended early");
-            }
-            body.extend(self.buf.drain(..n));
-        } else {
-            assert_eq!(reply.header("transfer-encoding"), Some("chunked"));
-            loop {
-                let line_end = loop {
-                    if let Some(i) = self.buf.windows(2).position(|w| w == b"\r\n") {
-                        break i;
-                    }
-                    assert!(self.fill().await, "the stream ended without its terminator");
-                };
-                let size = usize::from_str_radix(
-                    std::str::from_utf8(&self.buf[..line_end]).expect("size line"),
-                    16,
-                )
-                .expect("hex size");
-                while self.buf.len() < line_end + 2 + size + 2 {
-                    assert!(self.fill().await, "a chunk ended early");
-                }
-                self.buf.drain(..line_end + 2);
-                body.extend(self.buf.drain(..size));
-                assert_eq!(self.buf.drain(..2).collect::<Vec<_>>(), b"\r\n");
-                if size == 0 {
-                    break;
-                }
-            }
-        }
-        reply.body = String::from_utf8(body).expect("utf-8");
-        Some(reply)
-    }
-
-    /// True when the peer closes with nothing more to read.
-    async fn closed(&mut self) -> bool {
-        self.buf.is_empty() && !self.fill().await
-    }
-}
-
-fn post(path: &str, body: &str, extra: &str) -> Vec<u8> {
-    format!(
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
 }
 
 const STREAM: &str =
@@ -353,7 +226,7 @@ async fn a_content_length_that_does_not_match_the_body() {
     let mut c = Conn::open(p.addr).await;
     let whole = post("/v1/completions", STREAM, "");
     c.send(&whole[..whole.len() - 5]).await;
-    c.stream.shutdown().await.expect("half-close");
+    c.half_close().await;
     let short = c.reply().await.expect("an answer to a body cut short");
     assert_eq!(short.status, 400, "{}", short.body);
     assert!(
@@ -388,7 +261,7 @@ async fn a_client_gone_mid_stream_ends_the_upstream_request_as_an_abort() {
         "",
     ))
     .await;
-    while !String::from_utf8_lossy(&c.buf).contains("data: {") {
+    while !String::from_utf8_lossy(c.read_so_far()).contains("data: {") {
         assert!(c.fill().await, "the stream started");
     }
     let gone = std::time::Instant::now();

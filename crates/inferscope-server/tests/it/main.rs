@@ -7,6 +7,7 @@ mod common;
 mod console;
 mod front;
 mod fuzz_validation;
+mod inbound;
 mod logprobs;
 mod metrics_integration;
 mod parity_metrics;

@@ -1,37 +1,95 @@
-//! The client side of a connection: plain HTTP/1.1 requests are read and
-//! answered here, straight on the socket, and anything else (a chunked or
-//! `Expect` body, an upgrade, HTTP/1.0, `HEAD`, a malformed head) hands the
-//! connection to hyper's server (with the bytes already read) for the rest
-//! of its life.
+//! Client connections of `serve` and `proxy`: plain HTTP/1.1 requests are
+//! read and answered here, straight on the socket, and anything else (a
+//! chunked or `Expect` body, an upgrade, HTTP/1.0, `HEAD`, a malformed head)
+//! hands the connection to hyper's server (with the bytes already read) for
+//! the rest of its life. Both paths call the same [`Connection`] service.
 //!
-//! Why: a proxy's added time to first token is the work between reading a
-//! request and writing it upstream, and between reading a chunk and writing
-//! it to the client. Read here, a generation post is written upstream as
-//! soon as its body is in ([`send_early`], on an idle pooled connection),
-//! before the HTTP metrics layer and the handler run; they then do their
-//! bookkeeping while the upstream works, and record the same things as for
-//! a request hyper read (docs/proxy.md, "How the proxy keeps out of the first
-//! token's way"; per-hop figures in docs/results/proxy.md).
-
-use std::io::Write as _;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-use std::time::Instant;
+//! Why: hyper's server reads a request through a per-request body channel,
+//! dispatch state and boxed bodies, and writes the response through its own
+//! buffers; here a request with a `Content-Length` is read into one buffer
+//! and its response leaves in one write. For the proxy that is time before
+//! the upstream sees the request (docs/proxy.md, "How the proxy keeps out of
+//! the first token's way"); for the server, a share of every request's CPU
+//! (docs/results/request-path.md).
 
 use std::convert::Infallible;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
-use axum::body::Body;
+use axum::response::Response;
 use bytes::{Buf, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 use http_body::{Body as _, Frame, SizeHint};
+use hyper::body::Incoming;
 use inferscope_metrics::http::{RequestStart, RouteTemplate, generation_route};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tower::Service;
 
-use crate::handlers::send_early;
-use crate::services::ProxyService;
-use crate::state::Peer;
+/// What serves a connection's requests: those read here (a [`ReadBody`],
+/// with [`RequestStart`], and [`RouteTemplate`] on the generation posts),
+/// and after a hand-off hyper's. One value per connection (it may know the
+/// peer); the fast path calls it without `poll_ready`'s wait, so it must be
+/// ready at once, as routers and handlers are.
+pub trait Connection:
+    Service<Request<ReadBody>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Service<Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
+    + Clone
+    + Send
+    + 'static
+{
+    /// The largest body read here; a larger one is hyper's to refuse (the
+    /// router's body limit answers 413 as for any request).
+    fn max_body(&self) -> usize;
+}
+
+/// Accepts connections (TCP_NODELAY) and serves each with the service
+/// `connection` makes for its peer, until `stop`; then lets the open ones
+/// finish their requests and returns when all have ended (the caller bounds
+/// how long).
+pub async fn serve<S: Connection>(
+    listener: TcpListener,
+    mut connection: impl FnMut(SocketAddr) -> S,
+    stop: watch::Receiver<bool>,
+) {
+    // Each connection holds a sender: when all are dropped, all have ended.
+    let (open, mut all_closed) = tokio::sync::mpsc::channel::<()>(1);
+    let mut stopped = stop.clone();
+    let stopping = async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopping);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of descriptors or a connection reset before accept:
+                // the listener itself is fine; pause so a storm does not spin.
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            },
+            () = &mut stopping => break,
+        };
+        // Without TCP_NODELAY, SSE chunks meet Nagle's algorithm and delayed ACKs.
+        let _ = stream.set_nodelay(true);
+        let conn = serve_connection(stream, connection(peer), stop.clone());
+        let open = open.clone();
+        tokio::spawn(async move {
+            conn.await;
+            drop(open);
+        });
+    }
+    drop(listener);
+    drop(open);
+    let _ = all_closed.recv().await;
+}
 
 /// The most header lines a fast-path head may have (more: hyper's turn).
 const MAX_HEADERS: usize = 64;
@@ -136,12 +194,24 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
     }
 }
 
-/// A request body read whole before the handler runs; `truncated` when the
-/// client closed before sending all of it (the handler then sees a read
+/// A request body read whole before the service is called; truncated when
+/// the client closed before sending all of it (the handler then sees a read
 /// error, as it would from hyper).
-struct ReadBody {
+pub struct ReadBody {
     data: Option<Bytes>,
     truncated: bool,
+}
+
+impl ReadBody {
+    /// The body's bytes, until they are polled.
+    pub fn bytes(&self) -> Option<&Bytes> {
+        self.data.as_ref()
+    }
+
+    /// Whether the client closed before the whole body came.
+    pub fn is_truncated(&self) -> bool {
+        self.truncated
+    }
 }
 
 impl http_body::Body for ReadBody {
@@ -173,28 +243,21 @@ impl http_body::Body for ReadBody {
     }
 }
 
-/// Serves one client connection: plain requests here (the generation posts
-/// to their handler, the rest to the router, both as under hyper), and from
-/// the first request that is anything else, hyper until the end.
-pub(crate) async fn serve_connection(
+/// Serves one client connection: plain requests here, and from the first
+/// request that is anything else, hyper until the end.
+pub async fn serve_connection<S: Connection>(
     mut stream: TcpStream,
-    service: ProxyService,
+    mut service: S,
     mut stop: watch::Receiver<bool>,
 ) {
-    // Only `--trusted-proxy` needs the client's address.
-    let peer = service
-        .app
-        .tenant_header_set
-        .then(|| stream.peer_addr().ok().map(|a| Peer(a.ip())))
-        .flatten();
-    let service = ProxyService { peer, ..service };
+    let max_body = service.max_body();
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(8 * 1024);
     loop {
         // Read until a head is complete (idle keep-alive ends on stop).
         let (request, head_len, content_length) = loop {
             if !buf.is_empty() {
-                match parse_head(&buf, service.max_body) {
+                match parse_head(&buf, max_body) {
                     Head::Fast {
                         request,
                         head_len,
@@ -231,42 +294,19 @@ pub(crate) async fn serve_connection(
             }
         }
         let body = buf.split_to(content_length.min(buf.len())).freeze();
-        let mut request = request;
-        request.extensions_mut().insert(read_at);
-        if let Some(peer) = peer {
-            request.extensions_mut().insert(peer);
-        }
-        if !truncated
-            && request.extensions().get::<RouteTemplate>().is_some()
-            && let Some(early) = send_early(
-                &service.app,
-                request.method(),
-                request.uri().path_and_query().map_or("/", |p| p.as_str()),
-                request.headers(),
-                peer,
-                body.clone(),
-            )
-        {
-            request.extensions_mut().insert(early);
-        }
-        let request = request.map(|()| ReadBody {
+        let mut request = request.map(|()| ReadBody {
             data: Some(body),
             truncated,
         });
-        let served = if request.extensions().get::<RouteTemplate>().is_some() {
-            let served = tower::Service::call(&mut service.generation.clone(), request);
-            Box::pin(async move { served.await.map(|r| r.map(Body::new)) })
-                as crate::services::BoxFuture<Result<http::Response<Body>, Infallible>>
-        } else {
-            Box::pin(tower::Service::call(&mut service.router.clone(), request))
-        };
+        request.extensions_mut().insert(read_at);
+        let served = Service::<Request<ReadBody>>::call(&mut service, request);
         // The handler refuses a short body (400, recorded by the metrics
         // layer as under hyper); a half-closed client can still read the
         // answer. The connection ends after it.
         let keep = !truncated;
         tokio::pin!(served);
         // A client that goes away before the response head drops the
-        // handler (and with it the upstream request: an abort).
+        // handler (for the proxy, the upstream request with it: an abort).
         let response = loop {
             tokio::select! {
                 biased;
@@ -413,7 +453,7 @@ fn write_head(
     }
     if !parts.headers.contains_key(header::DATE) {
         out.extend_from_slice(b"date: ");
-        out.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+        put_date(out);
         out.extend_from_slice(b"\r\n");
     }
     if !bodiless && !parts.headers.contains_key(header::CONTENT_LENGTH) {
@@ -427,14 +467,46 @@ fn write_head(
     out.extend_from_slice(b"\r\n");
 }
 
+/// An IMF-fixdate's length ("Sun, 06 Nov 1994 08:49:37 GMT").
+const DATE_LEN: usize = 29;
+
+thread_local! {
+    /// The `date` value of this thread's current second: (Unix second, text).
+    static DATE: std::cell::Cell<(u64, [u8; DATE_LEN])> =
+        const { std::cell::Cell::new((u64::MAX, [0; DATE_LEN])) };
+}
+
+/// Appends the `date` header's value: formatted once a second per thread,
+/// as hyper does (formatting it is a few hundred instructions and an
+/// allocation).
+fn put_date(out: &mut Vec<u8>) {
+    let now = std::time::SystemTime::now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (cached, mut text) = DATE.get();
+    if cached != second {
+        let formatted = httpdate::fmt_http_date(now);
+        if formatted.len() != DATE_LEN {
+            // Not a four-digit year: not cached.
+            out.extend_from_slice(formatted.as_bytes());
+            return;
+        }
+        text.copy_from_slice(formatted.as_bytes());
+        DATE.set((second, text));
+    }
+    out.extend_from_slice(&text);
+}
+
 /// Serves the rest of the connection with hyper, `read` first.
-async fn hand_to_hyper(
+async fn hand_to_hyper<S: Connection>(
     stream: TcpStream,
     read: Bytes,
-    service: ProxyService,
+    service: S,
     mut stop: watch::Receiver<bool>,
 ) {
     let io = hyper_util::rt::TokioIo::new(Rewind { read, io: stream });
+    let service = hyper_util::service::TowerToHyperService::new(service);
     let conn = hyper::server::conn::http1::Builder::new().serve_connection(io, service);
     tokio::pin!(conn);
     tokio::select! {
@@ -635,5 +707,28 @@ mod tests {
         put_data(&mut out, b"data: x\n\n", true);
         put_data(&mut out, b"", true);
         assert_eq!(out, b"9\r\ndata: x\n\n\r\n");
+    }
+
+    #[test]
+    fn the_date_is_formatted_once_a_second() {
+        const EPOCH: &[u8; DATE_LEN] = b"Thu, 01 Jan 1970 00:00:00 GMT";
+        let date = || {
+            let mut out = Vec::new();
+            put_date(&mut out);
+            String::from_utf8(out).unwrap()
+        };
+        // A value cached for another second is not used...
+        DATE.set((0, *EPOCH));
+        let before = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
+        let fresh = httpdate::parse_http_date(&date()).expect("an HTTP date");
+        assert!(fresh >= before && fresh <= std::time::SystemTime::now());
+        // ...one cached for this second is.
+        let (second, _) = DATE.get();
+        DATE.set((second, *EPOCH));
+        let again = date();
+        assert!(
+            again.as_bytes() == EPOCH || DATE.get().0 != second,
+            "{again}: the cached text, unless the second turned"
+        );
     }
 }
