@@ -41,11 +41,10 @@ impl RequestIds {
             .map(str::to_owned)
             .unwrap_or_else(|| {
                 let n = self.next.fetch_add(1, Ordering::Relaxed);
-                format!(
-                    "{:016x}{:016x}",
-                    self.key.hash_one((n, 0u8)),
-                    self.key.hash_one((n, 1u8))
-                )
+                let mut id = String::with_capacity(32);
+                push_hex(&mut id, self.key.hash_one((n, 0u8)), 16);
+                push_hex(&mut id, self.key.hash_one((n, 1u8)), 16);
+                id
             })
     }
 
@@ -55,7 +54,25 @@ impl RequestIds {
     /// (hex has no `-`), and no two calls get the same `n`.
     pub fn engine_id(&self, external: &str) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{external}-{n:x}")
+        let mut id = String::with_capacity(external.len() + 17);
+        id.push_str(external);
+        id.push('-');
+        push_hex(&mut id, n, 1);
+        id
+    }
+}
+
+/// Appends `n` in lower-case hex, zero-padded to `width` digits: what
+/// `format!("{n:0width$x}")` writes, without the formatting machinery
+/// (which cost more than the rest of making an id; every request makes two).
+fn push_hex(out: &mut String, n: u64, width: usize) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let digits = (64 - n.leading_zeros() as usize).div_ceil(4).max(1);
+    for _ in digits..width {
+        out.push('0');
+    }
+    for i in (0..digits).rev() {
+        out.push(DIGITS[(n >> (4 * i)) as usize & 0xf] as char);
     }
 }
 
@@ -81,6 +98,17 @@ mod tests {
         let c = ids.engine_id(&a);
         assert_ne!(c, a);
         assert_ne!(c, b);
+    }
+
+    #[test]
+    fn hex_is_what_format_writes() {
+        for n in [0, 1, 9, 10, 15, 16, 255, 256, 0xabc, u64::MAX / 3, u64::MAX] {
+            for width in [0, 1, 2, 16, 20] {
+                let mut out = String::from("x");
+                push_hex(&mut out, n, width);
+                assert_eq!(out, format!("x{n:0width$x}"), "{n} {width}");
+            }
+        }
     }
 
     #[test]
