@@ -99,7 +99,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = tenant.map(|Extension(t)| t);
-    generation_route(s, Api::Completions, tenant, headers, body).await
+    generation_route(s, Api::Completions, tenant, headers, body_bytes(body)).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -110,7 +110,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = tenant.map(|Extension(t)| t);
-    generation_route(s, Api::Chat, tenant, headers, body).await
+    generation_route(s, Api::Chat, tenant, headers, body_bytes(body)).await
 }
 
 /// Both generation routes: validate on the workers with `api`'s parser,
@@ -120,7 +120,7 @@ pub(crate) async fn generation_route(
     api: Api,
     tenant: Option<Arc<Tenant>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, ApiError>,
 ) -> Response {
     let arrival = Instant::now();
     // Decided at arrival, so that the response headers can name the span.
@@ -175,7 +175,7 @@ pub(crate) async fn generation_route(
 /// `POST /tokenize` (vLLM's shape): a prompt or chat messages to token ids,
 /// tokenized on the validation workers exactly as the generation routes do.
 pub async fn tokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejection>) -> Response {
-    let answer = validate(&s, body, |b, s| {
+    let answer = validate(&s, body_bytes(body), |b, s| {
         validation::parse_and_tokenize(b, &s.validator())
     })
     .await;
@@ -187,7 +187,7 @@ pub async fn tokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejection>
 
 /// `POST /detokenize` (vLLM's shape): token ids to text, on the validation workers.
 pub async fn detokenize(State(s): AppStateRef, body: Result<Bytes, BytesRejection>) -> Response {
-    let answer = validate(&s, body, |b, s| {
+    let answer = validate(&s, body_bytes(body), |b, s| {
         validation::parse_and_detokenize(b, &s.validator())
     })
     .await;
@@ -210,10 +210,10 @@ pub async fn tokenizer_info(State(s): AppStateRef) -> Response {
 /// grows with the prompt) on the validation workers, not on the runtime.
 async fn validate<T: Send + 'static>(
     s: &Arc<AppState>,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Bytes, ApiError>,
     check: fn(&[u8], &AppState) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let body = body_bytes(body)?;
+    let body = body?;
     let state = s.clone();
     // Compiling a grammar takes milliseconds: a small body that may ask for
     // one goes to the workers too, never inline on the runtime.
@@ -319,13 +319,61 @@ fn refused(e: ApiError, span: Option<RequestSpan>) -> Response {
 
 /// The body, or the extractor's rejection (413 over the limit) as an OpenAI error.
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| ApiError {
-        status: rejection.status(),
-        message: rejection.body_text(),
+    body.map_err(|rejection| unreadable_body(rejection.status(), rejection.body_text()))
+}
+
+/// A request body that could not be read, as an OpenAI error.
+fn unreadable_body(status: StatusCode, message: String) -> ApiError {
+    ApiError {
+        status,
+        message,
         kind: "invalid_request_error",
         param: None,
         retry_after: None,
-    })
+    }
+}
+
+/// The whole body, at most `limit` bytes: what axum's `Bytes` extractor
+/// under `DefaultBodyLimit::max(limit)` reads, and its refusals as
+/// [`body_bytes`] words them (413 over the limit, 400 for a body that
+/// fails), without boxing the body twice, a limit extension and a frame
+/// queue on the way (`router::Generation`).
+pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
+    const CANNOT: &str = "Failed to buffer the request body";
+    let mut body = std::pin::pin!(body);
+    let mut whole: Option<Bytes> = None;
+    let mut more: Vec<u8> = Vec::new();
+    let mut len = 0usize;
+    while let Some(frame) = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+        let frame = frame.map_err(|e| {
+            unreadable_body(StatusCode::BAD_REQUEST, format!("{CANNOT}: {}", e.into()))
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len += data.len();
+        if len > limit {
+            return Err(unreadable_body(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("{CANNOT}: length limit exceeded"),
+            ));
+        }
+        // One frame (the common case) is kept as it came, not copied.
+        match &whole {
+            None if more.is_empty() => whole = Some(data),
+            _ => {
+                if let Some(first) = whole.take() {
+                    more.extend_from_slice(&first);
+                }
+                more.extend_from_slice(&data);
+            }
+        }
+    }
+    Ok(whole.unwrap_or_else(|| Bytes::from(more)))
 }
 
 fn with_request_id(mut r: Response, id: &str) -> Response {
@@ -338,6 +386,54 @@ fn with_request_id(mut r: Response, id: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body of `chunks` (an error where a chunk is None).
+    fn body_of(chunks: &[Option<&'static str>]) -> axum::body::Body {
+        let frames: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = chunks
+            .iter()
+            .map(|c| match c {
+                Some(c) => Ok(http_body::Frame::data(Bytes::from_static(c.as_bytes()))),
+                None => Err(std::io::Error::other("the peer reset")),
+            })
+            .collect();
+        axum::body::Body::new(http_body_util::StreamBody::new(futures::stream::iter(
+            frames,
+        )))
+    }
+
+    /// `read_body` answers what axum's extractor under the same limit does,
+    /// refusals worded alike.
+    #[tokio::test]
+    async fn a_body_is_read_as_axums_extractor_reads_it() {
+        use axum::extract::{DefaultBodyLimit, FromRequest};
+        let cases: &[&[Option<&'static str>]] = &[
+            &[],
+            &[Some("{}")],
+            &[Some("{\"a\""), Some(":"), Some("1}")],
+            &[Some(""), Some("abc")],
+            &[Some("0123456789")],
+            &[Some("0123456789a")],
+            &[Some("012345"), Some("6789ab")],
+            &[Some("ab"), None],
+        ];
+        for chunks in cases {
+            let mine = read_body(body_of(chunks), 10).await;
+            let mut req = axum::extract::Request::new(body_of(chunks));
+            DefaultBodyLimit::max(10).apply(&mut req);
+            let axums = body_bytes(Bytes::from_request(req, &()).await);
+            match (mine, axums) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{chunks:?}"),
+                (Err(a), Err(b)) => {
+                    assert_eq!((a.status, &a.message), (b.status, &b.message), "{chunks:?}")
+                }
+                (a, b) => panic!("{chunks:?}: {:?} against axum's {:?}", a.is_ok(), b.is_ok()),
+            }
+        }
+        // One frame is handed on as it came, not copied.
+        let one = Bytes::from_static(b"{\"prompt\":\"hi\"}");
+        let read = read_body(http_body_util::Full::new(one.clone()), 100).await;
+        assert_eq!(read.expect("read").as_ptr(), one.as_ptr());
+    }
 
     /// A small body naming a constraining field goes to the workers; one
     /// that names none, or is large anyway, is judged by its size alone.

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{ConnectInfo, DefaultBodyLimit, FromRequest, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -145,7 +145,7 @@ pub async fn require_api_key(
 
 /// `req`'s tenant, named by its key and its peer (a request extension), or
 /// the refusal to answer.
-fn identify(s: &AppState, req: &Request) -> Result<Option<Arc<Tenant>>, ApiError> {
+fn identify<B>(s: &AppState, req: &Request<B>) -> Result<Option<Arc<Tenant>>, ApiError> {
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -235,8 +235,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
-        let mut req = req.map(Body::new);
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         // The inbound path found the route already; hyper's requests not.
         let route = match req.extensions().get::<RouteTemplate>() {
             Some(template) => Some(template.0),
@@ -277,7 +276,11 @@ pub struct Generation {
     max_body: usize,
 }
 
-impl Service<Request<CountingBody<Body>>> for Generation {
+impl<B> Service<Request<CountingBody<B>>> for Generation
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     type Response = Response;
     type Error = Infallible;
     type Future = Map<BoxFuture<'static, Response>, fn(Response) -> Answered>;
@@ -286,10 +289,8 @@ impl Service<Request<CountingBody<Body>>> for Generation {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<CountingBody<Body>>) -> Self::Future {
+    fn call(&mut self, req: Request<CountingBody<B>>) -> Self::Future {
         let answered = Ok as fn(Response) -> Answered;
-        let mut req = req.map(Body::new);
-        DefaultBodyLimit::max(self.max_body).apply(&mut req);
         let state = self.state.clone();
         let tenant = if state.access.is_open() {
             None
@@ -309,11 +310,12 @@ impl Service<Request<CountingBody<Body>>> for Generation {
         };
         // The handler's extractors by hand: the headers are moved, not
         // cloned (axum's `HeaderMap` extractor clones them); the body is
-        // read by axum's own extractor, under the same limit.
+        // read as axum's `Bytes` extractor reads it, under the same limit.
         let (mut parts, body) = req.into_parts();
         let headers = std::mem::take(&mut parts.headers);
+        let max_body = self.max_body;
         let answer: BoxFuture<'static, Response> = Box::pin(async move {
-            let body = Bytes::from_request(Request::from_parts(parts, body), &()).await;
+            let body = handlers::read_body(body, max_body).await;
             handlers::generation_route(state, api, tenant, headers, body).await
         });
         answer.map(answered)
