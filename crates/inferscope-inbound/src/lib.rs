@@ -16,6 +16,7 @@ use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -24,15 +25,18 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri, Version, header};
 use http_body::{Body as _, Frame, SizeHint};
 use hyper::body::Incoming;
-use inferscope_metrics::http::{RequestStart, RouteTemplate, generation_route};
+use inferscope_metrics::http::generation_route;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tower::Service;
 
 /// What serves a connection's requests: those read here (a [`ReadBody`],
-/// with [`RequestStart`], and [`RouteTemplate`] on the generation posts),
-/// and after a hand-off hyper's. One value per connection (it may know the
+/// which knows when the request's head was read), and after a hand-off
+/// hyper's. Nothing is put in a read request's extensions (each insert is
+/// an allocation on the request path): the service finds the route from
+/// the method and path (`generation_route`), and inserts what its layers
+/// need (`RequestStart`, `RouteTemplate`) or hands it to them directly. One value per connection (it may know the
 /// peer); the fast path calls it without `poll_ready`'s wait, so it must be
 /// ready at once, as routers and handlers are.
 pub trait Connection:
@@ -121,10 +125,9 @@ enum Head {
 /// takes it: HTTP/1.1, a method with a response body (not `HEAD` or
 /// `CONNECT`), an origin-form target, at most one `Content-Length` within
 /// `max_body`, no `Transfer-Encoding`, `Expect` or `Upgrade`, and
-/// `Connection` absent or `keep-alive`. The generation posts get their
-/// [`RouteTemplate`]; other requests go to the router as under hyper (they
-/// must: clients such as the bench's ask `/tokenize` or `/v1/models` first
-/// on the connection they then post on).
+/// `Connection` absent or `keep-alive`, whatever the path: clients such as
+/// the bench's ask `/tokenize` or `/v1/models` first on the connection they
+/// then post on.
 fn parse_head(buf: &[u8], max_body: usize) -> Head {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut slots);
@@ -143,9 +146,20 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
     if method == Method::HEAD || method == Method::CONNECT || !target.starts_with('/') {
         return Head::Other;
     }
-    let route = generation_route(&method, target);
-    let uri = match route {
-        Some(route) => Uri::from_static(route),
+    // The generation routes' URIs are parsed once, then cloned (cheaply:
+    // static bytes).
+    static GENERATION_URIS: LazyLock<[Uri; 2]> = LazyLock::new(|| {
+        [
+            Uri::from_static("/v1/completions"),
+            Uri::from_static("/v1/chat/completions"),
+        ]
+    });
+    let uri = match generation_route(&method, target) {
+        Some(route) => GENERATION_URIS
+            .iter()
+            .find(|u| u.path() == route)
+            .cloned()
+            .unwrap_or_else(|| Uri::from_static(route)),
         None => match Uri::try_from(target) {
             Ok(uri) => uri,
             Err(_) => return Head::Other,
@@ -183,9 +197,6 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    if let Some(route) = route {
-        request.extensions_mut().insert(RouteTemplate(route));
-    }
     Head::Fast {
         request,
         head_len,
@@ -200,9 +211,15 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
 pub struct ReadBody {
     data: Option<Bytes>,
     truncated: bool,
+    read_at: Instant,
 }
 
 impl ReadBody {
+    /// When the request's head was read: where its HTTP duration starts.
+    pub fn read_at(&self) -> Instant {
+        self.read_at
+    }
+
     /// The body's bytes, until they are polled.
     pub fn bytes(&self) -> Option<&Bytes> {
         self.data.as_ref()
@@ -276,7 +293,7 @@ pub async fn serve_connection<S: Connection>(
                 _ = stop.wait_for(|s| *s), if buf.is_empty() => return,
             }
         };
-        let read_at = RequestStart(Instant::now());
+        let read_at = Instant::now();
         buf.advance(head_len);
         // The body: as much as `Content-Length` says; what follows is the
         // next request's.
@@ -294,11 +311,11 @@ pub async fn serve_connection<S: Connection>(
             }
         }
         let body = buf.split_to(content_length.min(buf.len())).freeze();
-        let mut request = request.map(|()| ReadBody {
+        let request = request.map(|()| ReadBody {
             data: Some(body),
             truncated,
+            read_at,
         });
-        request.extensions_mut().insert(read_at);
         let served = Service::<Request<ReadBody>>::call(&mut service, request);
         // The handler refuses a short body (400, recorded by the metrics
         // layer as under hyper); a half-closed client can still read the
@@ -579,11 +596,17 @@ impl AsyncWrite for Rewind {
 mod tests {
     use super::*;
 
-    /// `fast` (with the generation route's template), `plain` (fast path,
-    /// to the router), `other` (hyper's) or `partial`.
+    /// `fast` (a generation post, exactly), `plain` (read here, any other
+    /// request), `other` (hyper's) or `partial`.
     fn kind(head: &str) -> &'static str {
         match parse_head(head.as_bytes(), 1000) {
-            Head::Fast { request, .. } if request.extensions().get::<RouteTemplate>().is_some() => {
+            Head::Fast { request, .. }
+                if generation_route(
+                    request.method(),
+                    request.uri().path_and_query().map_or("", |p| p.as_str()),
+                )
+                .is_some() =>
+            {
                 "fast"
             }
             Head::Fast { .. } => "plain",
@@ -606,10 +629,7 @@ mod tests {
                 assert_eq!(content_length, 2);
                 assert_eq!(request.uri().path(), "/v1/completions");
                 assert_eq!(request.headers()["host"], "x");
-                assert_eq!(
-                    request.extensions().get::<RouteTemplate>(),
-                    Some(&RouteTemplate("/v1/completions"))
-                );
+                assert!(request.extensions().is_empty(), "nothing inserted");
             }
             _ => unreachable!(),
         }

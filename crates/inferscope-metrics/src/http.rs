@@ -382,19 +382,46 @@ where
             .get::<MatchedPath>()
             .map(MatchedPath::as_str)
             .or_else(|| req.extensions().get::<RouteTemplate>().map(|r| r.0));
+        let start = req.extensions().get::<RequestStart>().map(|s| s.0);
+        let begun = self.begin(&req, matched, start);
+        self.forward(req, begun)
+    }
+}
+
+/// What [`HttpMetricsService::begin`] starts for a request: its in-flight
+/// record (none when its path is excluded) and the counter of its body's
+/// bytes (when it has no `Content-Length`).
+type Begun = (Option<InFlight>, Option<Arc<AtomicU64>>);
+
+impl<S> HttpMetricsService<S> {
+    /// As `call`, for a request whose route template and start the caller
+    /// knows: nothing is looked up in (or needs to be put into) its
+    /// extensions. Used on the request path, where the inbound path read
+    /// the request and knows its route.
+    pub fn call_route<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+        route: &'static str,
+        start: Instant,
+    ) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<CountingBody<ReqB>>, Response = Response<ResB>>,
+        ReqB: Body,
+        ResB: Body,
+    {
+        let begun = self.begin(&req, Some(route), Some(start));
+        self.forward(req, begun)
+    }
+
+    /// Starts recording `req`, routed to `matched`, started at `start`
+    /// (else now).
+    fn begin<B>(&self, req: &Request<B>, matched: Option<&str>, start: Option<Instant>) -> Begun {
         let excluded = self
             .excluded
             .iter()
             .any(|p| Some(p.as_str()) == matched || p == req.uri().path());
         if excluded {
-            let req = req.map(|body| CountingBody {
-                inner: body,
-                counter: None,
-            });
-            return ResponseFuture {
-                inner: self.inner.call(req),
-                in_flight: None,
-            };
+            return (None, None);
         }
         let handler = matched.unwrap_or(UNMATCHED_HANDLER);
         let method = method_label(req.method());
@@ -410,18 +437,26 @@ where
                 (RequestSize::Counted(Arc::clone(&c)), Some(c))
             }
         };
-        let start = req
-            .extensions()
-            .get::<RequestStart>()
-            .map_or_else(Instant::now, |s| s.0);
-        let in_flight = self.metrics.start(handler, method, size, start);
+        let start = start.unwrap_or_else(Instant::now);
+        (
+            Some(self.metrics.start(handler, method, size, start)),
+            counter,
+        )
+    }
+
+    /// Calls the inner service with `req`'s body counted, under `begun`.
+    fn forward<ReqB, ResB>(&mut self, req: Request<ReqB>, begun: Begun) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<CountingBody<ReqB>>, Response = Response<ResB>>,
+    {
+        let (in_flight, counter) = begun;
         let req = req.map(|body| CountingBody {
             inner: body,
             counter,
         });
         ResponseFuture {
             inner: self.inner.call(req),
-            in_flight: Some(in_flight),
+            in_flight,
         }
     }
 }

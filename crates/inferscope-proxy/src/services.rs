@@ -14,7 +14,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use inferscope_inbound::{Connection, ReadBody};
-use inferscope_metrics::http::{CountingBody, HttpMetricsService, RouteTemplate, generation_route};
+use inferscope_metrics::http::{
+    CountingBody, HttpMetricsService, RequestStart, RouteTemplate, generation_route,
+};
 use tower::Layer;
 
 use crate::handlers::{generation, send_early};
@@ -87,9 +89,10 @@ impl ProxyService {
     }
 }
 
-/// A request the inbound path read: a generation post goes upstream at
-/// once when it can ([`send_early`]), before the metrics layer and the
-/// handler run.
+/// A request the inbound path read: timed from its head's read (the
+/// layer's `RequestStart`, which the relay reads too); a generation post
+/// goes upstream at once when it can ([`send_early`]), before the metrics
+/// layer and the handler run.
 impl tower::Service<http::Request<ReadBody>> for ProxyService {
     type Response = Response;
     type Error = Infallible;
@@ -100,8 +103,14 @@ impl tower::Service<http::Request<ReadBody>> for ProxyService {
     }
 
     fn call(&mut self, mut req: http::Request<ReadBody>) -> Self::Future {
+        let read_at = req.body().read_at();
+        req.extensions_mut().insert(RequestStart(read_at));
+        let route = generation_route(req.method(), req.uri().path());
+        if let Some(route) = route {
+            req.extensions_mut().insert(RouteTemplate(route));
+        }
         if !req.body().is_truncated()
-            && req.extensions().get::<RouteTemplate>().is_some()
+            && route.is_some()
             && let Some(bytes) = req.body().bytes()
             && let Some(early) = send_early(
                 &self.app,

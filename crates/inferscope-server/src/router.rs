@@ -8,6 +8,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -17,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures::future::{BoxFuture, Either, FutureExt, Map};
 use http_body::Body as HttpBody;
-use inferscope_inbound::Connection;
+use hyper::body::Incoming;
+use inferscope_inbound::{Connection, ReadBody};
 use inferscope_metrics::http::{
-    CountingBody, HttpMetricsService, MeteredBody, RouteTemplate, generation_route,
+    CountingBody, HttpMetricsService, MeteredBody, RequestStart, generation_route,
 };
 use tower::{Layer, Service};
 
@@ -217,47 +219,72 @@ type MeteredAnswer = inferscope_metrics::http::ResponseFuture<
     Map<BoxFuture<'static, Response>, fn(Response) -> Answered>,
 >;
 
-/// Any request body: hyper's, the inbound path's ([`inferscope_inbound`])
-/// or a test's.
-impl<B> Service<Request<B>> for Front
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Either<
-        Map<MeteredAnswer, fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered>,
-        <Router as Service<Request>>::Future,
-    >;
+/// The service's future for either kind of request.
+type FrontFuture = Either<
+    Map<MeteredAnswer, fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered>,
+    <Router as Service<Request>>::Future,
+>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        // The inbound path found the route already; hyper's requests not.
-        let route = match req.extensions().get::<RouteTemplate>() {
-            Some(template) => Some(template.0),
-            None => {
-                let route = generation_route(req.method(), req.uri().path());
-                if let Some(route) = route {
-                    req.extensions_mut().insert(RouteTemplate(route));
-                }
-                route
-            }
-        };
+impl Front {
+    /// Routes a request whose head was read at `read_at` (when known).
+    fn dispatch<B>(&mut self, mut req: Request<B>, read_at: Option<Instant>) -> FrontFuture
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let route = generation_route(req.method(), req.uri().path());
         if let Some(peer) = self.peer
             && (route.is_none() || !self.open)
         {
             req.extensions_mut().insert(ConnectInfo(peer));
         }
-        if route.is_some() {
-            let to_body: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
-                |r| r.map(|r| r.map(Body::new));
-            return Either::Left(self.generation.call(req).map(to_body));
+        match route {
+            // The metrics layer is told the route and start: no extension
+            // (an allocation each) on the request path.
+            Some(route) => {
+                let to_body: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
+                    |r| r.map(|r| r.map(Body::new));
+                let start = read_at.unwrap_or_else(Instant::now);
+                Either::Left(self.generation.call_route(req, route, start).map(to_body))
+            }
+            None => {
+                if let Some(at) = read_at {
+                    req.extensions_mut().insert(RequestStart(at));
+                }
+                Either::Right(self.router.call(req))
+            }
         }
-        Either::Right(self.router.call(req))
+    }
+}
+
+/// A request the inbound path read ([`inferscope_inbound`]).
+impl Service<Request<ReadBody>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = FrontFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<ReadBody>) -> Self::Future {
+        let read_at = req.body().read_at();
+        self.dispatch(req, Some(read_at))
+    }
+}
+
+/// A request hyper read (the rest of a connection the inbound path handed over).
+impl Service<Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = FrontFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        self.dispatch(req, None)
     }
 }
 

@@ -497,3 +497,41 @@ async fn a_service_outside_a_router_is_labelled_by_its_route_template() {
         "{body}"
     );
 }
+
+/// `call_route`: the route and start are the caller's, as a
+/// `RouteTemplate` and `RequestStart` would give them; nothing is read from
+/// (or needed in) the extensions.
+#[tokio::test]
+async fn a_request_can_be_handed_its_route_and_start() {
+    let m = manager();
+    let mut svc = m
+        .http_layer()
+        .layer(tower::service_fn(|_req: Request<_>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("ok")))
+        }));
+    let started = std::time::Instant::now() - std::time::Duration::from_millis(300);
+    let req = Request::post("/v1/completions")
+        .header("content-length", "0")
+        .body(Body::empty())
+        .unwrap();
+    assert!(req.extensions().is_empty());
+    let resp = svc
+        .call_route(req, "/v1/completions", started)
+        .await
+        .unwrap();
+    resp.into_body().collect().await.unwrap();
+    let (e, body) = scrape(&m);
+    let labels = [
+        ("handler", "/v1/completions"),
+        ("method", "POST"),
+        ("status", "2xx"),
+    ];
+    assert_eq!(e.value("http_requests_total", &labels), Some(1.0), "{body}");
+    let duration = e
+        .value("http_request_duration_seconds_sum", &labels[..2])
+        .expect("a duration");
+    assert!(
+        duration >= 0.3,
+        "timed from the given start: {duration}\n{body}"
+    );
+}
