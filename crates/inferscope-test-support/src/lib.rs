@@ -207,6 +207,37 @@ impl RawConn {
     }
 }
 
+/// Sends `body` to `path` twice with a `Content-Length` that does not match
+/// it, and checks what a server reading its own connections must answer:
+/// with bytes past the declared length, the declared request's answer
+/// (returned, a 200) and then a 400 for the rest (not a request), then the
+/// close; with fewer bytes and the client's side closed, a 400 with an
+/// OpenAI error body, then the close.
+pub async fn send_mismatched_lengths(addr: SocketAddr, path: &str, body: &str) -> Reply {
+    let mut c = RawConn::open(addr).await;
+    let mut longer = raw_post(path, body, "");
+    longer.extend_from_slice(b"trailing junk\r\n\r\n");
+    c.send(&longer).await;
+    let first = c.reply().await.expect("the declared request's answer");
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(c.reply().await.expect("the junk's answer").status, 400);
+    assert!(c.closed().await, "closed after the junk");
+
+    let mut c = RawConn::open(addr).await;
+    let whole = raw_post(path, body, "");
+    c.send(&whole[..whole.len() - 5]).await;
+    c.half_close().await;
+    let short = c.reply().await.expect("an answer to a body cut short");
+    assert_eq!(short.status, 400, "{}", short.body);
+    assert!(
+        short.body.contains("invalid_request_error"),
+        "{}",
+        short.body
+    );
+    assert!(c.closed().await, "closed after a short body");
+    first
+}
+
 /// A keep-alive HTTP/1 client.
 pub fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
