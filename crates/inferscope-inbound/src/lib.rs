@@ -100,7 +100,7 @@ const MAX_HEADERS: usize = 64;
 /// A head not complete within this many bytes goes to hyper (which answers 431).
 const MAX_HEAD: usize = 64 * 1024;
 /// How much a client may send ahead (pipelined) while a response streams;
-/// past it the proxy stops reading until the response is done.
+/// past it the connection stops reading until the response is done.
 const MAX_AHEAD: usize = 64 * 1024;
 
 /// What to do with a parsed head.
@@ -410,7 +410,7 @@ where
             return length.is_none_or(|n| n == sent || bodiless);
         }
         // Wait for the next frame; a client that closes meanwhile drops
-        // the body (the upstream request ends, counted as an abort).
+        // the body (the request ends, counted as an abort).
         let waited = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx));
         tokio::select! {
             biased;

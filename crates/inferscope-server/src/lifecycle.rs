@@ -1,6 +1,8 @@
-//! The server's life: bind the listeners (TCP_NODELAY), build the state,
-//! serve in the background, log the periodic stats, and shut down gracefully
-//! on SIGINT/SIGTERM (a second signal aborts what is left).
+//! The server's life: bind the listeners, build the state, serve in the
+//! background (the API's connections through `inferscope_inbound`, which
+//! sets TCP_NODELAY; the separate metrics listener through axum), log the
+//! periodic stats, and shut down gracefully on SIGINT/SIGTERM (a second
+//! signal aborts what is left).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
