@@ -36,9 +36,10 @@ use tower::Service;
 /// hyper's. Nothing is put in a read request's extensions (each insert is
 /// an allocation on the request path): the service finds the route from
 /// the method and path (`generation_route`), and inserts what its layers
-/// need (`RequestStart`, `RouteTemplate`) or hands it to them directly. One value per connection (it may know the
-/// peer); the fast path calls it without `poll_ready`'s wait, so it must be
-/// ready at once, as routers and handlers are.
+/// need (`RequestStart`, `RouteTemplate`) or hands it to them directly.
+/// One value per connection (it may know the peer); the fast path calls it
+/// without `poll_ready`'s wait, so it must be ready at once, as routers and
+/// handlers are.
 pub trait Connection:
     Service<Request<ReadBody>, Response = Response, Error = Infallible, Future: Send + 'static>
     + Service<Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>

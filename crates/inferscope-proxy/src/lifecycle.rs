@@ -289,8 +289,8 @@ async fn serve_http1(
     Ok(())
 }
 
-/// The period of the floor, a task whose timer keeps a timer
-/// pending on the runtime that is due sooner than any request's: half the
+/// The period of the floor: a task whose timer, always pending on the
+/// runtime, is due sooner than any request's. Half the
 /// shorter of `--upstream-timeout` and `--connect-timeout`, within
 /// 10 ms..5 s (timeouts under 20 ms aside), waking an idle proxy rarely.
 ///
