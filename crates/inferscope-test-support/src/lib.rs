@@ -207,6 +207,35 @@ impl RawConn {
     }
 }
 
+/// A request as raw bytes: a POST of `body` with a JSON content type, sent
+/// as one chunk of a chunked body.
+pub fn raw_chunked_post(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Sends malformed heads (a bad `Content-Length`, a header line without a
+/// colon, bytes that are no request, two lengths), each on a connection of
+/// its own, and checks that each is answered 400 and the connection closed,
+/// as hyper's server answers them.
+pub async fn send_malformed_heads(addr: SocketAddr) {
+    for bad in [
+        &b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n"[..],
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
+        b"\x01\x02 nonsense\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
+    ] {
+        let mut c = RawConn::open(addr).await;
+        c.send(bad).await;
+        let r = c.reply().await.expect("an answer");
+        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(bad));
+        assert!(c.closed().await, "closed after a malformed head");
+    }
+}
+
 /// Sends `body` to `path` twice with a `Content-Length` that does not match
 /// it, and checks what a server reading its own connections must answer:
 /// with bytes past the declared length, the declared request's answer

@@ -11,7 +11,10 @@ use std::time::Duration;
 use inferscope_proxy::RunningProxy;
 use inferscope_schema::promtext::{self, Exposition};
 use inferscope_schema::schema;
-use inferscope_test_support::{RawConn as Conn, raw_post as post, send_mismatched_lengths};
+use inferscope_test_support::{
+    RawConn as Conn, raw_chunked_post, raw_post as post, send_malformed_heads,
+    send_mismatched_lengths,
+};
 
 const NS: &str = "inferscope";
 
@@ -177,25 +180,10 @@ async fn a_head_and_a_body_split_across_reads() {
 async fn malformed_or_unusual_heads_get_hypers_answers() {
     let server = serve().await;
     let p = proxy(server.addr).await;
-    for bad in [
-        &b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n"[..],
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
-        b"\x01\x02 nonsense\r\n\r\n",
-        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
-    ] {
-        let mut c = Conn::open(p.addr).await;
-        c.send(bad).await;
-        let r = c.reply().await.expect("an answer");
-        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(bad));
-        assert!(c.closed().await, "closed after a malformed head");
-    }
+    send_malformed_heads(p.addr).await;
     // A chunked request body is not the fast path's: hyper reads it.
     let mut c = Conn::open(p.addr).await;
-    let chunked = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{STREAM}\r\n0\r\n\r\n",
-        STREAM.len()
-    );
-    c.send(chunked.as_bytes()).await;
+    c.send(&raw_chunked_post("/v1/completions", STREAM)).await;
     let r = c.reply().await.expect("the stream");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_whole_stream(&r.body);

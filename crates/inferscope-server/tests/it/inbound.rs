@@ -7,7 +7,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use inferscope_test_support::{RawConn, raw_post, send_mismatched_lengths};
+use inferscope_test_support::{
+    RawConn, raw_chunked_post, raw_post, send_malformed_heads, send_mismatched_lengths,
+};
 use serde_json::Value;
 
 use crate::common::{Sample, scrape, start, sum};
@@ -124,28 +126,13 @@ async fn what_the_inbound_path_leaves_to_hyper_is_answered_as_before() {
     let server = server().await;
     let addr: SocketAddr = server.addr;
     // Malformed heads: hyper's 400, and the connection closes.
-    for bad in [
-        &b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: abc\r\n\r\n"[..],
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
-        b"\x01\x02 nonsense\r\n\r\n",
-        b"POST /v1/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n{}",
-    ] {
-        let mut c = RawConn::open(addr).await;
-        c.send(bad).await;
-        let r = c.reply().await.expect("an answer");
-        assert_eq!(r.status, 400, "{:?}", String::from_utf8_lossy(bad));
-        assert!(c.closed().await, "closed after a malformed head");
-    }
+    send_malformed_heads(addr).await;
     // A chunked body, after a request the inbound path served on the same
     // connection: hyper reads the rest of the connection.
     let mut c = RawConn::open(addr).await;
     c.send(&raw_post("/v1/completions", COMPLETION, "")).await;
     assert_eq!(c.reply().await.expect("the first").status, 200);
-    let chunked = format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{STREAM}\r\n0\r\n\r\n",
-        STREAM.len()
-    );
-    c.send(chunked.as_bytes()).await;
+    c.send(&raw_chunked_post("/v1/completions", STREAM)).await;
     let r = c.reply().await.expect("the stream");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_done(&r.body);
