@@ -3,7 +3,8 @@
 //! durations until the last body byte, requests in progress).
 //!
 //! Apply it with `Router::layer` so that axum's `MatchedPath` is set (or, on
-//! a service routed by hand, set [`RouteTemplate`]): series
+//! a service routed by hand, set [`RouteTemplate`] or call
+//! [`HttpMetricsService::call_route`]): series
 //! are labelled by route template, never by raw path, and requests that match
 //! no route share `handler="none"`, so scanning random paths cannot grow the
 //! number of series.

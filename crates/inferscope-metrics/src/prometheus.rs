@@ -395,19 +395,10 @@ impl EngineMetrics {
     /// TTFT is not observed here (it is recorded when it happens).
     fn record_frontend_finished(&self, stats: &FrontendRequestStats, request: Option<&RequestRef>) {
         let t = self.tenant(request.map_or(0, |r| r.tenant));
-        let (e2e, tpot) = (stats.e2e.as_secs_f64(), time_per_output_token(stats));
-        match request {
-            Some(r) => {
-                // Two exemplars of one request: one clock read.
-                let at = ExemplarTime::default();
-                t.e2e.observe_for_at(e2e, r, &at);
-                self.tpot.observe_for_at(tpot, r, &at);
-            }
-            None => {
-                t.e2e.observe(e2e);
-                self.tpot.observe(tpot);
-            }
-        }
+        // Two exemplars of one request: one clock read.
+        let at = ExemplarTime::default();
+        observe_at(&t.e2e, stats.e2e.as_secs_f64(), request, &at);
+        observe_at(&self.tpot, time_per_output_token(stats), request, &at);
     }
 
     /// A request finished as seen from outside an engine (the proxy): the
@@ -606,6 +597,21 @@ impl EngineMetrics {
 #[inline]
 fn observe(histogram: &AtomicHistogram, value: f64, request: Option<&RequestRef>) {
     observe_many(histogram, value, 1, request);
+}
+
+/// [`observe`], the exemplar timed by `at` (shared with the request's
+/// other exemplars; no clock read without a request).
+#[inline]
+fn observe_at(
+    histogram: &AtomicHistogram,
+    value: f64,
+    request: Option<&RequestRef>,
+    at: &ExemplarTime,
+) {
+    match request {
+        Some(r) => histogram.observe_for_at(value, r, at),
+        None => histogram.observe(value),
+    }
 }
 
 /// Records `count` samples of `value`, with `request` as the exemplar when given.

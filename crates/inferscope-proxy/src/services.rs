@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -14,9 +15,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use hyper::body::Incoming;
 use inferscope_inbound::{Connection, ReadBody};
-use inferscope_metrics::http::{
-    CountingBody, HttpMetricsService, RequestStart, RouteTemplate, generation_route,
-};
+use inferscope_metrics::http::{CountingBody, HttpMetricsService, RequestStart, generation_route};
 use tower::Layer;
 
 use crate::handlers::{generation, send_early};
@@ -72,8 +71,15 @@ impl ProxyService {
         }
     }
 
-    /// Either route for a request whose peer is set.
-    fn route<B>(&mut self, mut req: http::Request<B>) -> BoxFuture<Result<Response, Infallible>>
+    /// `req` (its peer set) to the generation handler when `route` names
+    /// one of its routes (the metrics layer handed the route and `start`),
+    /// else through the router.
+    fn route<B>(
+        &mut self,
+        mut req: http::Request<B>,
+        route: Option<&'static str>,
+        start: Instant,
+    ) -> BoxFuture<Result<Response, Infallible>>
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
@@ -81,16 +87,18 @@ impl ProxyService {
         if let Some(peer) = self.peer {
             req.extensions_mut().insert(peer);
         }
-        if req.extensions().get::<RouteTemplate>().is_some() {
-            let served = tower::Service::call(&mut self.generation, req);
-            return Box::pin(async move { served.await.map(|r| r.map(Body::new)) });
+        match route {
+            Some(route) => {
+                let served = self.generation.call_route(req, route, start);
+                Box::pin(async move { served.await.map(|r| r.map(Body::new)) })
+            }
+            None => Box::pin(tower::Service::call(&mut self.router, req)),
         }
-        Box::pin(tower::Service::call(&mut self.router, req))
     }
 }
 
-/// A request the inbound path read: timed from its head's read (the
-/// layer's `RequestStart`, which the relay reads too); a generation post
+/// A request the inbound path read: timed from its head's read (handed to
+/// the metrics layer, and to the handler as `RequestStart`); a generation post
 /// goes upstream at once when it can ([`send_early`]), before the metrics
 /// layer and the handler run.
 impl tower::Service<http::Request<ReadBody>> for ProxyService {
@@ -106,9 +114,6 @@ impl tower::Service<http::Request<ReadBody>> for ProxyService {
         let read_at = req.body().read_at();
         req.extensions_mut().insert(RequestStart(read_at));
         let route = generation_route(req.method(), req.uri().path());
-        if let Some(route) = route {
-            req.extensions_mut().insert(RouteTemplate(route));
-        }
         if !req.body().is_truncated()
             && route.is_some()
             && let Some(bytes) = req.body().bytes()
@@ -123,7 +128,7 @@ impl tower::Service<http::Request<ReadBody>> for ProxyService {
         {
             req.extensions_mut().insert(early);
         }
-        self.route(req)
+        self.route(req, route, read_at)
     }
 }
 
@@ -137,11 +142,9 @@ impl tower::Service<http::Request<Incoming>> for ProxyService {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, mut req: http::Request<Incoming>) -> Self::Future {
-        if let Some(route) = generation_route(req.method(), req.uri().path()) {
-            req.extensions_mut().insert(RouteTemplate(route));
-        }
-        self.route(req)
+    fn call(&mut self, req: http::Request<Incoming>) -> Self::Future {
+        let route = generation_route(req.method(), req.uri().path());
+        self.route(req, route, Instant::now())
     }
 }
 
