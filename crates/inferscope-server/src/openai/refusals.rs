@@ -237,8 +237,8 @@ impl<'de, 't> Visitor<'de> for Scan<'t> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut refused = None;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match self.find(&key) {
+        while let Some(found) = map.next_key_seed(Key(&self))? {
+            match found {
                 Some(r) if refused.is_none() => {
                     let v: Value = map.next_value()?;
                     if !(r.allows)(&v) {
@@ -251,6 +251,30 @@ impl<'de, 't> Visitor<'de> for Scan<'t> {
             }
         }
         Ok(refused)
+    }
+}
+
+/// A key looked up in the tables as it is read: no key is copied into a
+/// `String` (serde's `Cow<str>` always is).
+struct Key<'s, 't>(&'s Scan<'t>);
+
+impl<'de, 't> DeserializeSeed<'de> for Key<'_, 't> {
+    type Value = Option<&'t Refusal>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de, 't> Visitor<'de> for Key<'_, 't> {
+    type Value = Option<&'t Refusal>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(self.0.find(key))
     }
 }
 
@@ -315,5 +339,22 @@ mod tests {
         // The completions table is not consulted here.
         assert!(check(br#"{"suffix": "tail"}"#, tables).is_ok());
         assert!(check(br#"{"suffix": "tail"}"#, &[COMPLETIONS]).is_err());
+    }
+
+    /// A key is looked up as JSON means it, escapes and all: a key the
+    /// parser has to unescape (into its scratch buffer, not borrowed from
+    /// the body) is found as well as a plain one.
+    #[test]
+    fn escaped_keys_are_looked_up_unescaped() {
+        let tables: &[&[Refusal]] = &[COMMON, CHAT];
+        for bad in [
+            r#"{"functions": [{"name": "f"}]}"#,
+            r#"{"\u0066unctions": [{"name": "f"}]}"#,
+            r#"{"model": "m", "func\u0074ions": [{"name": "f"}]}"#,
+        ] {
+            let err = check(bad.as_bytes(), tables).expect_err(bad);
+            assert_eq!(err.param, Some("functions"), "{bad}");
+        }
+        assert!(check(br#"{"functions\u0000": [1]}"#, tables).is_ok());
     }
 }
