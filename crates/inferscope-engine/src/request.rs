@@ -219,6 +219,22 @@ pub struct EngineRequest {
     pub grammar: Option<crate::structured::CompiledGrammar>,
 }
 
+/// Output tokens a sequence's token vector has room for from the start
+/// (bounded: a huge `max_tokens` is rarely reached).
+pub(crate) const OUTPUT_RESERVE: usize = 1024;
+
+impl EngineRequest {
+    /// `prompt` in a vector with room for `max_tokens` more (up to a
+    /// bound): the engine appends the output to it, so made here, by the
+    /// sender, it is the request's one token allocation, where one made
+    /// short would be copied into a longer one on the engine's thread.
+    pub fn token_buffer(prompt: &[u32], max_tokens: usize) -> Vec<u32> {
+        let mut tokens = Vec::with_capacity(prompt.len() + max_tokens.min(OUTPUT_RESERVE));
+        tokens.extend_from_slice(prompt);
+        tokens
+    }
+}
+
 /// Monotonic timestamps of one request's life, from which latencies derive.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestTimeline {

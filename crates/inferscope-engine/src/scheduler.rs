@@ -22,8 +22,8 @@ use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
 use crate::executor::{PromptRows, ScheduledBatch, ScheduledSeq, SeqHistory, StepOutput};
 use crate::request::{
-    EngineRequest, FinishedOutput, PositionLogprobs, PrefillChunk, RequestOutput, RequestTimeline,
-    SamplingParams,
+    EngineRequest, FinishedOutput, OUTPUT_RESERVE, PositionLogprobs, PrefillChunk, RequestOutput,
+    RequestTimeline, SamplingParams,
 };
 use crate::step_trace::{RequestTrace, StepSeq};
 use crate::structured::{
@@ -37,9 +37,6 @@ pub type OutputSink = UnboundedSender<RequestOutput>;
 /// Requests one step may preempt so that a tenant with nothing running can
 /// start (fair admission): a bound on the work one arrival can undo.
 pub const MAX_YIELDS_PER_STEP: usize = 4;
-
-/// Output tokens a sequence's token vector has room for from the start.
-const OUTPUT_RESERVE: usize = 1024;
 
 /// A request inside the scheduler.
 #[derive(Debug)]
@@ -390,8 +387,8 @@ impl Scheduler {
         // One allocation per request; every finished-stats clone shares it.
         let request = RequestRef::new(&req.request_id, req.trace_id).with_tenant(req.tenant_label);
         let tenant_slot = self.waiting.slot(req.tenant.as_ref());
-        // Room for the output up front (bounded: a huge `max_tokens` is
-        // rarely reached): no reallocations while it is generated.
+        // Room for the output up front, unless the sender made it
+        // (`EngineRequest::token_buffer`): no reallocations while it is generated.
         let mut tokens = req.prompt_token_ids;
         tokens.reserve(req.params.max_tokens.min(OUTPUT_RESERVE));
         let mut seq = Sequence {

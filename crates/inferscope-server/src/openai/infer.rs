@@ -120,7 +120,10 @@ impl Infer<'_> {
                     .coordinator
                     .add_request(EngineRequest {
                         request_id: engine_id,
-                        prompt_token_ids: prompt.clone(),
+                        prompt_token_ids: EngineRequest::token_buffer(
+                            prompt,
+                            plan.params.max_tokens,
+                        ),
                         // One `Arc` for every choice: long parameter lists
                         // (stop ids) are neither copied nor re-indexed per choice.
                         params: Arc::clone(&plan.params),
