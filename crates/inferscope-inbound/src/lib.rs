@@ -41,8 +41,7 @@ use tower::Service;
 /// without `poll_ready`'s wait, so it must be ready at once, as routers and
 /// handlers are.
 pub trait Connection:
-    Service<Request<ReadBody>, Response = Response, Error = Infallible, Future: Send + 'static>
-    + Service<Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
+    Service<Request<Incoming>, Response = Response, Error = Infallible, Future: Send + 'static>
     + Clone
     + Send
     + 'static
@@ -50,6 +49,11 @@ pub trait Connection:
     /// The largest body read here; a larger one is hyper's to refuse (the
     /// router's body limit answers 413 as for any request).
     fn max_body(&self) -> usize;
+
+    /// Serves a request read here. Not a `Service`'s `call`: its future is
+    /// held in the connection's own (one allocation per connection), so it
+    /// need not be boxed per request to have a type a `Service` can name.
+    fn serve_read(&mut self, req: Request<ReadBody>) -> impl Future<Output = Response> + Send;
 }
 
 /// Accepts connections (TCP_NODELAY) and serves each with the service
@@ -317,25 +321,26 @@ pub async fn serve_connection<S: Connection>(
             truncated,
             read_at,
         });
-        let served = Service::<Request<ReadBody>>::call(&mut service, request);
         // The handler refuses a short body (400, recorded by the metrics
         // layer as under hyper); a half-closed client can still read the
         // answer. The connection ends after it.
         let keep = !truncated;
-        tokio::pin!(served);
-        // A client that goes away before the response head drops the
-        // handler (for the proxy, the upstream request with it: an abort).
-        let response = loop {
-            tokio::select! {
-                biased;
-                r = &mut served => break r,
-                read = stream.read_buf(&mut buf), if keep && buf.len() < MAX_AHEAD => match read {
-                    Ok(0) | Err(_) => return,
-                    Ok(_) => {}
-                },
+        let response = {
+            let served = service.serve_read(request);
+            tokio::pin!(served);
+            // A client that goes away before the response head drops the
+            // handler (for the proxy, the upstream request with it: an abort).
+            loop {
+                tokio::select! {
+                    biased;
+                    r = &mut served => break r,
+                    read = stream.read_buf(&mut buf), if keep && buf.len() < MAX_AHEAD => match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) => {}
+                    },
+                }
             }
         };
-        let Ok(response) = response;
         if !respond(&mut stream, &mut buf, &mut out, response).await || !keep {
             return;
         }

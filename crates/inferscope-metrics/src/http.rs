@@ -384,9 +384,20 @@ where
             .map(MatchedPath::as_str)
             .or_else(|| req.extensions().get::<RouteTemplate>().map(|r| r.0));
         let start = req.extensions().get::<RequestStart>().map(|s| s.0);
-        let begun = self.begin(&req, matched, start);
-        self.forward(req, begun)
+        let (in_flight, counter) = self.begin(&req, matched, start);
+        ResponseFuture {
+            inner: self.inner.call(counted(req, counter)),
+            in_flight,
+        }
     }
+}
+
+/// `req` with its body's bytes counted into `counter` (when there is one).
+fn counted<B>(req: Request<B>, counter: Option<Arc<AtomicU64>>) -> Request<CountingBody<B>> {
+    req.map(|body| CountingBody {
+        inner: body,
+        counter,
+    })
 }
 
 /// What [`HttpMetricsService::begin`] starts for a request: its in-flight
@@ -410,8 +421,24 @@ impl<S> HttpMetricsService<S> {
         ReqB: Body,
         ResB: Body,
     {
-        let begun = self.begin(&req, Some(route), Some(start));
-        self.forward(req, begun)
+        self.call_route_with(req, route, start, S::call)
+    }
+
+    /// As `call_route`, with `call` standing for the inner service's
+    /// `call`: a caller whose inner future has a type a `Service` cannot
+    /// name (an `async` block) gets it wrapped here as it is, not boxed.
+    pub fn call_route_with<ReqB, F>(
+        &mut self,
+        req: Request<ReqB>,
+        route: &'static str,
+        start: Instant,
+        call: impl FnOnce(&mut S, Request<CountingBody<ReqB>>) -> F,
+    ) -> ResponseFuture<F> {
+        let (in_flight, counter) = self.begin(&req, Some(route), Some(start));
+        ResponseFuture {
+            inner: call(&mut self.inner, counted(req, counter)),
+            in_flight,
+        }
     }
 
     /// Starts recording `req`, routed to `matched`, started at `start`
@@ -443,22 +470,6 @@ impl<S> HttpMetricsService<S> {
             Some(self.metrics.start(handler, method, size, start)),
             counter,
         )
-    }
-
-    /// Calls the inner service with `req`'s body counted, under `begun`.
-    fn forward<ReqB, ResB>(&mut self, req: Request<ReqB>, begun: Begun) -> ResponseFuture<S::Future>
-    where
-        S: Service<Request<CountingBody<ReqB>>, Response = Response<ResB>>,
-    {
-        let (in_flight, counter) = begun;
-        let req = req.map(|body| CountingBody {
-            inner: body,
-            counter,
-        });
-        ResponseFuture {
-            inner: self.inner.call(req),
-            in_flight,
-        }
     }
 }
 

@@ -97,41 +97,6 @@ impl ProxyService {
     }
 }
 
-/// A request the inbound path read: timed from its head's read (handed to
-/// the metrics layer, and to the handler as `RequestStart`); a generation post
-/// goes upstream at once when it can ([`send_early`]), before the metrics
-/// layer and the handler run.
-impl tower::Service<http::Request<ReadBody>> for ProxyService {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = BoxFuture<Result<Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut req: http::Request<ReadBody>) -> Self::Future {
-        let read_at = req.body().read_at();
-        req.extensions_mut().insert(RequestStart(read_at));
-        let route = generation_route(req.method(), req.uri().path());
-        if !req.body().is_truncated()
-            && route.is_some()
-            && let Some(bytes) = req.body().bytes()
-            && let Some(early) = send_early(
-                &self.app,
-                req.method(),
-                req.uri().path_and_query().map_or("/", |p| p.as_str()),
-                req.headers(),
-                self.peer,
-                bytes.clone(),
-            )
-        {
-            req.extensions_mut().insert(early);
-        }
-        self.route(req, route, read_at)
-    }
-}
-
 /// A request hyper read (after the inbound path handed the connection over).
 impl tower::Service<http::Request<Incoming>> for ProxyService {
     type Response = Response;
@@ -151,6 +116,40 @@ impl tower::Service<http::Request<Incoming>> for ProxyService {
 impl Connection for ProxyService {
     fn max_body(&self) -> usize {
         self.max_body
+    }
+
+    /// A request the inbound path read: timed from its head's read (handed
+    /// to the metrics layer, and to the handler as `RequestStart`); a
+    /// generation post goes upstream at once when it can ([`send_early`]),
+    /// before the metrics layer and the handler run.
+    fn serve_read(
+        &mut self,
+        mut req: http::Request<ReadBody>,
+    ) -> impl Future<Output = Response> + Send {
+        let read_at = req.body().read_at();
+        req.extensions_mut().insert(RequestStart(read_at));
+        let route = generation_route(req.method(), req.uri().path());
+        if !req.body().is_truncated()
+            && route.is_some()
+            && let Some(bytes) = req.body().bytes()
+            && let Some(early) = send_early(
+                &self.app,
+                req.method(),
+                req.uri().path_and_query().map_or("/", |p| p.as_str()),
+                req.headers(),
+                self.peer,
+                bytes.clone(),
+            )
+        {
+            req.extensions_mut().insert(early);
+        }
+        let served = self.route(req, route, read_at);
+        async move {
+            match served.await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            }
+        }
     }
 }
 

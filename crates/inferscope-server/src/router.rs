@@ -215,9 +215,7 @@ impl Front {
 /// What a generation post's handler future resolves to, as a service's.
 type Answered = Result<Response, Infallible>;
 /// A generation post's future under the HTTP metrics layer.
-type MeteredAnswer = inferscope_metrics::http::ResponseFuture<
-    Map<BoxFuture<'static, Response>, fn(Response) -> Answered>,
->;
+type MeteredAnswer = inferscope_metrics::http::ResponseFuture<BoxFuture<'static, Answered>>;
 
 /// The service's future for either kind of request.
 type FrontFuture = Either<
@@ -226,54 +224,31 @@ type FrontFuture = Either<
 >;
 
 impl Front {
-    /// Routes a request whose head was read at `read_at` (when known).
-    fn dispatch<B>(&mut self, mut req: Request<B>, read_at: Option<Instant>) -> FrontFuture
-    where
-        B: HttpBody<Data = Bytes> + Send + 'static,
-        B::Error: Into<axum::BoxError>,
-    {
+    /// The generation route `req` posts to, if any. A request for the
+    /// router is told its peer where the router may ask (`ConnectInfo`).
+    fn route_of<B>(&self, req: &mut Request<B>) -> Option<&'static str> {
         let route = generation_route(req.method(), req.uri().path());
         if let Some(peer) = self.peer
             && (route.is_none() || !self.open)
         {
             req.extensions_mut().insert(ConnectInfo(peer));
         }
-        match route {
-            // The metrics layer is told the route and start: no extension
-            // (an allocation each) on the request path.
-            Some(route) => {
-                let to_body: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
-                    |r| r.map(|r| r.map(Body::new));
-                let start = read_at.unwrap_or_else(Instant::now);
-                Either::Left(self.generation.call_route(req, route, start).map(to_body))
-            }
-            None => {
-                if let Some(at) = read_at {
-                    req.extensions_mut().insert(RequestStart(at));
-                }
-                Either::Right(self.router.call(req))
-            }
-        }
+        route
     }
 }
 
-/// A request the inbound path read ([`inferscope_inbound`]).
-impl Service<Request<ReadBody>> for Front {
-    type Response = Response;
-    type Error = Infallible;
-    type Future = FrontFuture;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<ReadBody>) -> Self::Future {
-        let read_at = req.body().read_at();
-        self.dispatch(req, Some(read_at))
+/// The metrics layer's answer as the connection's: the body type it
+/// counts erased, the error that cannot happen unwrapped.
+fn unmetered(r: Result<Response<MeteredBody<Body>>, Infallible>) -> Response {
+    match r {
+        Ok(r) => r.map(Body::new),
+        Err(never) => match never {},
     }
 }
 
-/// A request hyper read (the rest of a connection the inbound path handed over).
+/// A request hyper read (the rest of a connection the inbound path handed
+/// over): routed as a read one, with the generation posts' futures boxed,
+/// as a `Service`'s future must have a type.
 impl Service<Request<Incoming>> for Front {
     type Response = Response;
     type Error = Infallible;
@@ -283,14 +258,43 @@ impl Service<Request<Incoming>> for Front {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        self.dispatch(req, None)
+    fn call(&mut self, mut req: Request<Incoming>) -> Self::Future {
+        match self.route_of(&mut req) {
+            Some(route) => {
+                let ok: fn(Result<Response<MeteredBody<Body>>, Infallible>) -> Answered =
+                    |r| Ok(unmetered(r));
+                let start = Instant::now();
+                Either::Left(self.generation.call_route(req, route, start).map(ok))
+            }
+            None => Either::Right(self.router.call(req)),
+        }
     }
 }
 
+/// A request the inbound path read ([`inferscope_inbound`]).
 impl Connection for Front {
     fn max_body(&self) -> usize {
         self.max_body
+    }
+
+    fn serve_read(&mut self, mut req: Request<ReadBody>) -> impl Future<Output = Response> + Send {
+        let read_at = req.body().read_at();
+        match self.route_of(&mut req) {
+            // The metrics layer is told the route and start (no extension,
+            // an allocation each), and wraps the handler's future as it is.
+            Some(route) => Either::Left(
+                self.generation
+                    .call_route_with(req, route, read_at, |g, req| g.answer(req))
+                    .map(unmetered),
+            ),
+            None => {
+                req.extensions_mut().insert(RequestStart(read_at));
+                Either::Right(self.router.call(req).map(|r| match r {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                }))
+            }
+        }
     }
 }
 
@@ -303,21 +307,19 @@ pub struct Generation {
     max_body: usize,
 }
 
-impl<B> Service<Request<CountingBody<B>>> for Generation
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<axum::BoxError>,
-{
-    type Response = Response;
-    type Error = Infallible;
-    type Future = Map<BoxFuture<'static, Response>, fn(Response) -> Answered>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<CountingBody<B>>) -> Self::Future {
-        let answered = Ok as fn(Response) -> Answered;
+impl Generation {
+    /// The answer to a generation post: the body limit and the API-key
+    /// check the router puts around the handlers, then what the routed
+    /// handler does. Its future borrows nothing, so a caller may keep it
+    /// anywhere.
+    fn answer<B>(
+        &self,
+        req: Request<CountingBody<B>>,
+    ) -> impl Future<Output = Answered> + Send + use<B>
+    where
+        B: HttpBody<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
         let state = self.state.clone();
         let tenant = if state.access.is_open() {
             None
@@ -325,9 +327,7 @@ where
             match identify(&state, &req) {
                 Ok(tenant) => tenant,
                 Err(refused) => {
-                    let refused: BoxFuture<'static, Response> =
-                        Box::pin(std::future::ready(refused.into_response()));
-                    return refused.map(answered);
+                    return Either::Left(std::future::ready(Ok(refused.into_response())));
                 }
             }
         };
@@ -341,10 +341,27 @@ where
         let (mut parts, body) = req.into_parts();
         let headers = std::mem::take(&mut parts.headers);
         let max_body = self.max_body;
-        let answer: BoxFuture<'static, Response> = Box::pin(async move {
+        Either::Right(async move {
             let body = handlers::read_body(body, max_body).await;
-            handlers::generation_route(state, api, tenant, headers, body).await
-        });
-        answer.map(answered)
+            Ok(handlers::generation_route(state, api, tenant, headers, body).await)
+        })
+    }
+}
+
+impl<B> Service<Request<CountingBody<B>>> for Generation
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Answered>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<CountingBody<B>>) -> Self::Future {
+        Box::pin(self.answer(req))
     }
 }
