@@ -48,11 +48,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group};
+use inferscope_engine::output_channel::{OutputReceiver, channel};
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::{
-    EngineConfig, EngineRequest, RequestOutput, SamplingParams, StepOutput, StepRecord, StepRing,
+    EngineConfig, EngineRequest, SamplingParams, StepOutput, StepRecord, StepRing,
 };
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 /// Running decode sequences (the default `max_num_seqs`).
 const NUM_SEQS: usize = 256;
@@ -72,7 +72,7 @@ struct Fixture {
     kv_sample: Option<f64>,
     prompt_len: usize,
     scheduler: Scheduler,
-    receivers: Vec<UnboundedReceiver<RequestOutput>>,
+    receivers: Vec<OutputReceiver>,
     /// What the executor returns for a full decode batch.
     out: StepOutput,
     /// Decode steps since the last rebuild.
@@ -118,7 +118,7 @@ impl Fixture {
         self.generation += 1;
         self.receivers.clear();
         for i in 0..NUM_SEQS {
-            let (tx, rx) = unbounded_channel();
+            let (tx, rx) = channel(0);
             // Distinct prompts: no prefix is shared between sequences.
             let base = (self.generation << 22) | ((i as u32) << 13);
             let prompt = (0..self.prompt_len as u32)
@@ -328,7 +328,7 @@ const TENANT_PROMPT_LEN: usize = 128;
 struct TenantFixture {
     scheduler: Scheduler,
     names: Vec<Arc<str>>,
-    receivers: Vec<UnboundedReceiver<RequestOutput>>,
+    receivers: Vec<OutputReceiver>,
     out: StepOutput,
     /// Requests made so far: numbers ids, tenants and prompts.
     made: usize,
@@ -373,7 +373,7 @@ impl TenantFixture {
         let n = self.made;
         self.made += 1;
         let tenant = n % self.names.len();
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(0);
         // Distinct prompts: nothing is served from the prefix cache.
         let prompt = (0..TENANT_PROMPT_LEN as u32)
             .map(|t| ((n as u32) << 8).wrapping_add(1000 + t))
@@ -418,7 +418,7 @@ impl TenantFixture {
 
     /// Empties the output channels and drops those of finished requests.
     fn drain(&mut self) {
-        use tokio::sync::mpsc::error::TryRecvError;
+        use inferscope_engine::output_channel::TryRecvError;
         self.receivers.retain_mut(|rx| {
             loop {
                 match rx.try_recv() {

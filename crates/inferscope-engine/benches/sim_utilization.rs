@@ -44,6 +44,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use inferscope_engine::output_channel::TryRecvError;
 use inferscope_engine::sim::SimTokens;
 use inferscope_engine::{
     Coordinator, EngineConfig, EngineRequest, Executor, KvEventBatch, KvEventSink, SamplingParams,
@@ -53,7 +54,6 @@ use inferscope_schema::{
     EngineFailure, FinishedRequestStats, IterationStats, SchedulerStats, StatsRecorder,
 };
 use parking_lot::Mutex;
-use tokio::sync::mpsc::error::TryRecvError;
 
 /// Concurrent requests (the default `max_num_seqs`).
 const IN_FLIGHT: usize = 256;

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::output_channel::{OutputReceiver, TryRecvError};
 use inferscope_schema::{FinishReason, StatsRecorder};
 use parking_lot::Mutex;
-use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::block_pool::BlockHash;
 use crate::config::EngineConfig;
@@ -73,7 +72,7 @@ pub struct RequestHandle {
     /// The request id.
     pub request_id: String,
     /// Token and finish events.
-    pub outputs: UnboundedReceiver<RequestOutput>,
+    pub outputs: OutputReceiver,
     core: usize,
     shared: Arc<Shared>,
     finished: bool,
@@ -275,7 +274,9 @@ impl Coordinator {
         let state = &self.shared.cores[core].state;
         state.note_sent();
         drop(routes);
-        let (tx, rx) = unbounded_channel();
+        // Room for a short answer's outputs, all of which may be queued
+        // before its task runs; a longer one's queue grows.
+        let (tx, rx) = crate::output_channel::channel(req.params.max_tokens.min(16));
         let request_id = req.request_id.clone();
         self.shared.send(core, CoreMessage::Add(req, tx));
         Ok(RequestHandle {

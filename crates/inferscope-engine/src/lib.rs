@@ -13,6 +13,7 @@ mod gbnf;
 mod inbox;
 pub mod kv_events;
 pub mod kv_residency;
+pub mod output_channel;
 pub mod request;
 pub mod scheduler;
 pub mod sim;

@@ -16,7 +16,6 @@ use std::time::Instant;
 use inferscope_schema::{
     FinishReason, FinishedRequestStats, IterationStats, RequestRef, SchedulerStats,
 };
-use tokio::sync::mpsc::UnboundedSender;
 
 use crate::block_pool::{BlockHash, BlockPool, hash_block};
 use crate::config::EngineConfig;
@@ -32,7 +31,7 @@ use crate::structured::{
 use crate::waiting_queue::WaitingQueue;
 
 /// Where a request's outputs go.
-pub type OutputSink = UnboundedSender<RequestOutput>;
+pub type OutputSink = crate::output_channel::OutputSender;
 
 /// Requests one step may preempt so that a tenant with nothing running can
 /// start (fair admission): a bound on the work one arrival can undo.

@@ -19,13 +19,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use inferscope_engine::output_channel::{OutputReceiver, channel};
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::{
-    EngineConfig, EngineRequest, KvEventBatch, KvEventSink, RequestOutput, SamplingParams,
-    StepOutput,
+    EngineConfig, EngineRequest, KvEventBatch, KvEventSink, SamplingParams, StepOutput,
 };
 use inferscope_kv_events::{KvEventPublisher, KvEventsConfig};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const NUM_SEQS: usize = 256;
 const EOS: u32 = 2;
@@ -34,7 +33,7 @@ const WINDOW: usize = 512;
 
 struct Fixture {
     scheduler: Scheduler,
-    receivers: Vec<UnboundedReceiver<RequestOutput>>,
+    receivers: Vec<OutputReceiver>,
     out: StepOutput,
     steps: usize,
     generation: u32,
@@ -79,7 +78,7 @@ impl Fixture {
         self.receivers.clear();
         let now = Instant::now();
         for i in 0..NUM_SEQS {
-            let (tx, rx) = unbounded_channel();
+            let (tx, rx) = channel(0);
             // 512 + (i % 16) tokens: block boundaries are staggered.
             let len = 512 + (i % 16) as u32;
             let base = (self.generation << 22) | ((i as u32) << 13);

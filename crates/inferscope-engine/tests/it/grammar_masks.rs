@@ -7,13 +7,13 @@
 
 use std::sync::Arc;
 
+use inferscope_engine::output_channel::{OutputReceiver, channel};
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::structured::{Advance, GrammarWorker, SeqGrammar};
 use inferscope_engine::{
-    CompiledGrammar, EngineConfig, EngineRequest, FinishReason, GrammarCompiler, RequestOutput,
-    SamplingParams, StepOutput, StructuredOutput, TokenMask,
+    CompiledGrammar, EngineConfig, EngineRequest, FinishReason, GrammarCompiler, SamplingParams,
+    StepOutput, StructuredOutput, TokenMask,
 };
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 const EOS: u32 = 256;
 const VOCAB: u32 = 257;
@@ -73,7 +73,7 @@ fn masks_are_those_of_each_sequences_current_state() {
     };
     let mut sched = Scheduler::new(config, 40, vec![EOS]);
     let n = 14;
-    let mut rxs: Vec<UnboundedReceiver<RequestOutput>> = Vec::new();
+    let mut rxs: Vec<OutputReceiver> = Vec::new();
     // Request `i`'s own matcher (constrained ones) and the tokens it sampled.
     let mut reference: Vec<Option<SeqGrammar>> = Vec::new();
     let mut sampled: Vec<Vec<u32>> = vec![Vec::new(); n];
@@ -82,7 +82,7 @@ fn masks_are_those_of_each_sequences_current_state() {
         // Every fourth request is unconstrained.
         let grammar = (i % 4 != 3).then(|| compiled[i % compiled.len()].clone());
         reference.push(grammar.as_ref().map(CompiledGrammar::start));
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(0);
         rxs.push(rx);
         sched.add_request(
             EngineRequest {

@@ -5,10 +5,10 @@
 use std::time::Duration;
 
 use inferscope_engine::block_pool::{BlockPool, hash_block};
+use inferscope_engine::output_channel::channel;
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::{EngineConfig, StepOutput};
 use inferscope_schema::{IterationStats, SchedulerStats};
-use tokio::sync::mpsc::unbounded_channel;
 
 use crate::common::request;
 
@@ -49,7 +49,7 @@ fn prompt_tokens_split_by_source_and_kv_computed_per_request() {
     };
     let mut sched = Scheduler::new(config, 64, vec![]);
     let prompt: Vec<u32> = (1..=12).collect();
-    let (tx, _rx) = unbounded_channel();
+    let (tx, _rx) = channel(0);
     sched.add_request(request("a", prompt.clone(), 2), tx.clone());
     let mut steps = run_to_completion(&mut sched);
     // The same 12 tokens then 4 more: the 3 full blocks come from the cache.
@@ -91,7 +91,7 @@ fn waiting_requests_are_deferred_only_on_a_step_that_preempted() {
         ..Default::default()
     };
     let mut sched = Scheduler::new(config, 4, vec![]);
-    let (tx, _rx) = unbounded_channel();
+    let (tx, _rx) = channel(0);
     for i in 0..3 {
         sched.add_request(request(&format!("r{i}"), vec![i + 1; 4], 6), tx.clone());
     }

@@ -16,13 +16,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
+use inferscope_engine::output_channel::{OutputReceiver, channel};
 use inferscope_engine::scheduler::Scheduler;
 use inferscope_engine::{
-    EngineConfig, EngineRequest, FinishReason, RequestOutput, SamplingParams, ScheduledBatch,
-    SchedulingPolicy, StepOutput,
+    EngineConfig, EngineRequest, FinishReason, SamplingParams, ScheduledBatch, SchedulingPolicy,
+    StepOutput,
 };
 use proptest::prelude::*;
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::common::request;
 
@@ -211,12 +211,12 @@ fn run_workload(
         block_size,
     };
     let prefixes = block_prefixes(block_size);
-    let mut rxs: Vec<UnboundedReceiver<RequestOutput>> = Vec::new();
+    let mut rxs: Vec<OutputReceiver> = Vec::new();
     let mut tokens_of: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut seq_of_req: HashMap<String, u64> = HashMap::new();
     for (i, r) in reqs.iter().enumerate() {
         let prompt = prompt_of(r, i, &prefixes);
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(0);
         rxs.push(rx);
         sched.add_request(
             EngineRequest {
@@ -463,7 +463,7 @@ fn shared_prefixes_hit_the_cache() {
     let mut sched = Scheduler::new(config, 64, vec![EOS]);
     let mut rxs = Vec::new();
     for (i, _) in reqs.iter().enumerate() {
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(0);
         rxs.push(rx);
         sched.add_request(request(&format!("r{i}"), (1..=40).collect(), 4), tx);
     }
@@ -527,7 +527,7 @@ fn light_tenant_behind_a_full_house(
     let mut sched = Scheduler::new(config, num_blocks, vec![EOS]);
     let mut rxs = Vec::new();
     let mut add = |sched: &mut Scheduler, id: &str, tenant: &str| {
-        let (tx, rx) = unbounded_channel();
+        let (tx, rx) = channel(0);
         rxs.push(rx);
         sched.add_request(
             EngineRequest {
