@@ -60,7 +60,7 @@ pub struct BlockPool {
     free_head: u32,
     free_tail: u32,
     num_free: usize,
-    cached: HashMap<BlockHash, u32>,
+    cached: HashMap<BlockHash, u32, foldhash::fast::RandomState>,
     enable_prefix_caching: bool,
     counts: PrefixCacheCounts,
     /// Sampled residency timing (`--kv-cache-metrics`); `None` when off.
@@ -87,7 +87,7 @@ impl BlockPool {
             free_head: if n == 0 { NIL } else { 0 },
             free_tail: if n == 0 { NIL } else { n - 1 },
             num_free: n as usize,
-            cached: HashMap::new(),
+            cached: HashMap::default(),
             enable_prefix_caching,
             counts: PrefixCacheCounts::default(),
             residency: None,

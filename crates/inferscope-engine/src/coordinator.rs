@@ -47,7 +47,7 @@ pub enum EngineError {
 struct Shared {
     cores: Vec<CoreHandle>,
     /// Request id → index of the core serving it.
-    routes: Mutex<HashMap<String, usize>>,
+    routes: Mutex<HashMap<String, usize, foldhash::fast::RandomState>>,
     shutting_down: AtomicBool,
 }
 
@@ -200,7 +200,7 @@ impl Coordinator {
         Ok(Self {
             shared: Arc::new(Shared {
                 cores,
-                routes: Mutex::new(HashMap::new()),
+                routes: Mutex::new(HashMap::default()),
                 shutting_down: AtomicBool::new(false),
             }),
             threads: Mutex::new(threads),

@@ -642,9 +642,12 @@ impl Scheduler {
             })
         });
         let token_offset = self.batch.token_ids.len();
-        self.batch
-            .token_ids
-            .extend_from_slice(&seq.tokens[start..end]);
+        // A decode's one token is pushed: a slice copy is a `memcpy` call,
+        // and this runs for every sequence of every step.
+        match &seq.tokens[start..end] {
+            &[token] => self.batch.token_ids.push(token),
+            tokens => self.batch.token_ids.extend_from_slice(tokens),
+        }
         let block_table_offset = self.batch.block_tables.len();
         let block_table_len = end.div_ceil(self.config.block_size);
         self.batch

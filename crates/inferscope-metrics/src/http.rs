@@ -95,8 +95,11 @@ pub struct HttpMetrics {
     /// Each (handler, method)'s series, resolved on its first request:
     /// later requests take one read lock and allocate nothing (the families
     /// would hash and clone the labels five times per request).
-    routes: RwLock<HashMap<Box<str>, Vec<Arc<RouteSeries>>>>,
+    routes: RwLock<RouteMap>,
 }
+
+/// Each handler's series, one per method seen.
+type RouteMap = HashMap<Box<str>, Vec<Arc<RouteSeries>>, foldhash::fast::RandomState>;
 
 /// The series of one (handler, method). Each is created when first
 /// recorded, as the families would create it.
@@ -161,7 +164,7 @@ impl HttpMetrics {
 
     /// The series of `handler` and `method`, created on their first request.
     fn route(&self, handler: &str, method: &'static str) -> Arc<RouteSeries> {
-        let found = |routes: &HashMap<Box<str>, Vec<Arc<RouteSeries>>>| {
+        let found = |routes: &RouteMap| {
             routes
                 .get(handler)
                 .and_then(|by_method| by_method.iter().find(|r| r.method == method))
