@@ -157,12 +157,13 @@ pub(crate) async fn generation_route(
         }
     };
     let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
-    // Boxed: the answer's future is several KiB, and every future that
-    // holds it inline (this one, the handler's, axum's boxed route future)
-    // is moved by copying all of it; one allocation costs less.
-    let mut response = Box::pin(respond(
+    // Not boxed: on the inbound path this future lives in the connection's
+    // task, and a box of its several KiB went through glibc's slow path
+    // (larger than its per-thread cache) on every request; moving it when
+    // it starts costs less.
+    let mut response = respond(
         &s, api, validated, &headers, arrival, trace_id, tenant, span,
-    ))
+    )
     .await;
     if let Some(cx) = &trace {
         response
