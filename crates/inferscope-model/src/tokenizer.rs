@@ -140,6 +140,15 @@ impl Tokenizer for ByteTokenizer {
                 }
             }
         }
+        // ASCII, the usual text, in one cheap pass: an incremental decoder
+        // calls this twice per token on a few bytes, where `from_utf8`'s
+        // setup cost more than the rest of the decode.
+        if bytes[start..].is_ascii() {
+            // SAFETY: the bytes before `start` are the `String` taken from
+            // `out` (UTF-8, ending on a character boundary); the rest is ASCII.
+            *out = unsafe { String::from_utf8_unchecked(bytes) };
+            return result;
+        }
         // The bytes before `start` were a string already; the new ones are
         // checked, and replaced lossily (a copy) only when not UTF-8.
         *out = match String::from_utf8(bytes) {
