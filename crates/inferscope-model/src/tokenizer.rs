@@ -533,13 +533,18 @@ mod tests {
             &[ByteTokenizer::BOS, 0x64, ByteTokenizer::EOS],
             &[],
         ];
+        // After text that is ASCII or not: only the new bytes decide
+        // whether they are checked as ASCII or as UTF-8.
         for ids in cases {
-            for skip in [true, false] {
-                let mut out = String::from("é:");
+            for (skip, before) in [true, false]
+                .into_iter()
+                .flat_map(|s| [(s, "é:"), (s, "a:")])
+            {
+                let mut out = String::from(before);
                 t.decode_into(ids, skip, &mut out).unwrap();
                 assert_eq!(
                     out,
-                    format!("é:{}", t.decode(ids, skip).unwrap()),
+                    format!("{before}{}", t.decode(ids, skip).unwrap()),
                     "{ids:?}"
                 );
             }
