@@ -15,6 +15,7 @@
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::LazyLock;
 use std::task::{Context, Poll};
@@ -113,11 +114,10 @@ const MAX_AHEAD: usize = 64 * 1024;
 // every request's path.
 #[allow(clippy::large_enum_variant)]
 enum Head {
-    /// A request the fast path serves: its head (body to come), the head's
-    /// length in the buffer and the body's.
+    /// A request the fast path serves: its head (which has left the
+    /// buffer; the body is to come) and the body's length.
     Fast {
         request: http::Request<()>,
-        head_len: usize,
         content_length: usize,
     },
     /// Anything else: hyper's turn.
@@ -132,8 +132,15 @@ enum Head {
 /// `max_body`, no `Transfer-Encoding`, `Expect` or `Upgrade`, and
 /// `Connection` absent or `keep-alive`, whatever the path: clients such as
 /// the bench's ask `/tokenize` or `/v1/models` first on the connection they
-/// then post on.
-fn parse_head(buf: &[u8], max_body: usize) -> Head {
+/// then post on. A head the fast path takes leaves `buf`: its header values
+/// are slices of it, not copies. `fields` is scratch space, kept by the
+/// connection so that no request allocates it.
+fn parse_head(
+    buf: &mut BytesMut,
+    max_body: usize,
+    fields: &mut Vec<(HeaderName, Range<usize>)>,
+) -> Head {
+    fields.clear();
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut slots);
     let head_len = match req.parse(buf) {
@@ -170,13 +177,15 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
             Err(_) => return Head::Other,
         },
     };
-    let mut headers = HeaderMap::with_capacity(req.headers.len());
     let mut content_length = None;
     for h in req.headers.iter() {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(h.name.as_bytes()),
-            HeaderValue::from_bytes(h.value),
-        ) else {
+        // A value `HeaderValue` takes (checked here: it is made below, from
+        // the head's own bytes, once the head has left the buffer).
+        let valid = h
+            .value
+            .iter()
+            .all(|&b| b == b'\t' || (b >= b' ' && b != 0x7f));
+        let (Ok(name), true) = (HeaderName::from_bytes(h.name.as_bytes()), valid) else {
             return Head::Other;
         };
         if name == header::CONTENT_LENGTH {
@@ -191,11 +200,20 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
         } else if name == header::TRANSFER_ENCODING
             || name == header::EXPECT
             || name == header::UPGRADE
-            || (name == header::CONNECTION && !value.as_bytes().eq_ignore_ascii_case(b"keep-alive"))
+            || (name == header::CONNECTION && !h.value.eq_ignore_ascii_case(b"keep-alive"))
         {
             return Head::Other;
         }
-        headers.append(name, value);
+        let start = h.value.as_ptr() as usize - buf.as_ptr() as usize;
+        fields.push((name, start..start + h.value.len()));
+    }
+    let head = buf.split_to(head_len).freeze();
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for (name, range) in fields.drain(..) {
+        // Checked above, so never skipped.
+        if let Ok(value) = HeaderValue::from_maybe_shared(head.slice(range)) {
+            headers.append(name, value);
+        }
     }
     let mut request = http::Request::new(());
     *request.method_mut() = method;
@@ -204,7 +222,6 @@ fn parse_head(buf: &[u8], max_body: usize) -> Head {
     *request.headers_mut() = headers;
     Head::Fast {
         request,
-        head_len,
         // Neither length nor chunked: HTTP/1.1 says the body is empty.
         content_length: content_length.unwrap_or(0),
     }
@@ -275,16 +292,16 @@ pub async fn serve_connection<S: Connection>(
     let max_body = service.max_body();
     let mut buf = BytesMut::with_capacity(8 * 1024);
     let mut out: Vec<u8> = Vec::with_capacity(8 * 1024);
+    let mut fields = Vec::with_capacity(16);
     loop {
         // Read until a head is complete (idle keep-alive ends on stop).
-        let (request, head_len, content_length) = loop {
+        let (request, content_length) = loop {
             if !buf.is_empty() {
-                match parse_head(&buf, max_body) {
+                match parse_head(&mut buf, max_body, &mut fields) {
                     Head::Fast {
                         request,
-                        head_len,
                         content_length,
-                    } => break (request, head_len, content_length),
+                    } => break (request, content_length),
                     Head::Other => return hand_to_hyper(stream, buf.freeze(), service, stop).await,
                     Head::Partial => {}
                 }
@@ -299,7 +316,6 @@ pub async fn serve_connection<S: Connection>(
             }
         };
         let read_at = Instant::now();
-        buf.advance(head_len);
         // The body: as much as `Content-Length` says; what follows is the
         // next request's.
         let mut truncated = false;
@@ -605,7 +621,7 @@ mod tests {
     /// `fast` (a generation post, exactly), `plain` (read here, any other
     /// request), `other` (hyper's) or `partial`.
     fn kind(head: &str) -> &'static str {
-        match parse_head(head.as_bytes(), 1000) {
+        match parse_head(&mut BytesMut::from(head), 1000, &mut Vec::new()) {
             Head::Fast { request, .. }
                 if generation_route(
                     request.method(),
@@ -625,13 +641,17 @@ mod tests {
     fn plain_http11_requests_take_the_fast_path() {
         let fast = "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}";
         assert_eq!(kind(fast), "fast");
-        match parse_head(fast.as_bytes(), 1000) {
+        let mut buf = BytesMut::from(fast);
+        match parse_head(&mut buf, 1000, &mut Vec::new()) {
             Head::Fast {
                 request,
-                head_len,
                 content_length,
             } => {
-                assert_eq!(head_len, fast.len() - 2);
+                assert_eq!(
+                    &buf[..],
+                    b"{}",
+                    "the head left the buffer, the body did not"
+                );
                 assert_eq!(content_length, 2);
                 assert_eq!(request.uri().path(), "/v1/completions");
                 assert_eq!(request.headers()["host"], "x");
