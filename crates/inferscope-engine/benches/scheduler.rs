@@ -126,7 +126,7 @@ impl Fixture {
                 .collect();
             scheduler.add_request(
                 EngineRequest {
-                    request_id: format!("bench-{}-{i}", self.generation),
+                    request_id: format!("bench-{}-{i}", self.generation).into(),
                     prompt_token_ids: prompt,
                     // One allocation per request, as the server makes:
                     // the batch clones each sequence's `Arc` every step, and
@@ -380,7 +380,7 @@ impl TenantFixture {
             .collect();
         self.scheduler.add_request(
             EngineRequest {
-                request_id: format!("tenant-bench-{n}"),
+                request_id: format!("tenant-bench-{n}").into(),
                 prompt_token_ids: prompt,
                 params: Arc::new(SamplingParams {
                     max_tokens,

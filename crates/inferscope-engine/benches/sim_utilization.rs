@@ -180,7 +180,7 @@ async fn slot(
         // Distinct token ids per request, so no prefix is shared.
         let base = ((slot * 7919 + k * 104_729) % 50_000) as u32;
         let req = EngineRequest {
-            request_id: format!("{}-{slot}-{k}", scenario.name()),
+            request_id: format!("{}-{slot}-{k}", scenario.name()).into(),
             prompt_token_ids: (0..prompt_len as u32).map(|t| base + t).collect(),
             params: Arc::new(SamplingParams {
                 max_tokens,

@@ -47,7 +47,7 @@ pub enum EngineError {
 struct Shared {
     cores: Vec<CoreHandle>,
     /// Request id → index of the core serving it.
-    routes: Mutex<HashMap<String, usize, foldhash::fast::RandomState>>,
+    routes: Mutex<HashMap<Arc<str>, usize, foldhash::fast::RandomState>>,
     shutting_down: AtomicBool,
 }
 
@@ -70,7 +70,7 @@ pub struct RequestHandle {
     /// Global index of the engine serving it.
     pub engine: usize,
     /// The request id.
-    pub request_id: String,
+    pub request_id: Arc<str>,
     /// Token and finish events.
     pub outputs: OutputReceiver,
     core: usize,
@@ -116,14 +116,14 @@ impl RequestHandle {
         if !self.finished {
             self.shared.send(
                 self.core,
-                CoreMessage::Finish(self.request_id.clone(), reason),
+                CoreMessage::Finish(self.request_id.to_string(), reason),
             );
         }
     }
 
     fn mark_finished(&mut self) {
         self.finished = true;
-        self.shared.routes.lock().remove(&self.request_id);
+        self.shared.routes.lock().remove(&*self.request_id);
     }
 }
 
@@ -134,9 +134,9 @@ impl Drop for RequestHandle {
         if !self.finished {
             self.shared.send(
                 self.core,
-                CoreMessage::Finish(self.request_id.clone(), FinishReason::Abort),
+                CoreMessage::Finish(self.request_id.to_string(), FinishReason::Abort),
             );
-            self.shared.routes.lock().remove(&self.request_id);
+            self.shared.routes.lock().remove(&*self.request_id);
         }
     }
 }
@@ -267,17 +267,17 @@ impl Coordinator {
                     .unwrap_or_else(|| "all engine cores have stopped".into());
                 EngineError::NoEngine(why)
             })?;
-        if routes.contains_key(&req.request_id) {
-            return Err(EngineError::DuplicateRequestId(req.request_id));
+        if routes.contains_key(&*req.request_id) {
+            return Err(EngineError::DuplicateRequestId(req.request_id.to_string()));
         }
-        routes.insert(req.request_id.clone(), core);
+        routes.insert(Arc::clone(&req.request_id), core);
         let state = &self.shared.cores[core].state;
         state.note_sent();
         drop(routes);
         // Room for a short answer's outputs, all of which may be queued
         // before its task runs; a longer one's queue grows.
         let (tx, rx) = crate::output_channel::channel(req.params.max_tokens.min(16));
-        let request_id = req.request_id.clone();
+        let request_id = Arc::clone(&req.request_id);
         self.shared.send(core, CoreMessage::Add(req, tx));
         Ok(RequestHandle {
             engine: state.engine_index,

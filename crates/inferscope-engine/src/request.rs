@@ -195,8 +195,9 @@ pub(crate) fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 /// A request handed to the engine: already tokenized and validated.
 #[derive(Debug, Clone)]
 pub struct EngineRequest {
-    /// Unique id (the server uses `x-request-id` when given).
-    pub request_id: String,
+    /// Unique id (the server uses `x-request-id` when given); shared, not
+    /// copied, by the handle, the scheduler and every observation.
+    pub request_id: Arc<str>,
     /// The prompt, tokenized.
     pub prompt_token_ids: Vec<u32>,
     /// Generation parameters, shared by the choices of one API request.

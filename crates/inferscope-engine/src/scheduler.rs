@@ -41,7 +41,6 @@ pub const MAX_YIELDS_PER_STEP: usize = 4;
 #[derive(Debug)]
 struct Sequence {
     seq_id: u64,
-    request_id: String,
     /// The request id and trace id, shared with the finished stats
     /// (exemplars) without a copy.
     request: RequestRef,
@@ -367,7 +366,7 @@ impl Scheduler {
         let waiting = self.waiting.iter().map(|s| (s, false));
         running.chain(waiting).map(|(s, running)| SequenceView {
             seq_id: s.seq_id,
-            request_id: s.request_id.clone(),
+            request_id: s.request.request_id.to_string(),
             blocks: s.blocks.clone(),
             num_computed: s.num_computed,
             num_tokens: s.tokens.len(),
@@ -384,7 +383,8 @@ impl Scheduler {
                 .effective_seed(&req.request_id, &req.prompt_token_ids, req.seed_offset);
         let num_prompt_tokens = req.prompt_token_ids.len();
         // One allocation per request; every finished-stats clone shares it.
-        let request = RequestRef::new(&req.request_id, req.trace_id).with_tenant(req.tenant_label);
+        let request =
+            RequestRef::shared(req.request_id, req.trace_id).with_tenant(req.tenant_label);
         let tenant_slot = self.waiting.slot(req.tenant.as_ref());
         // Room for the output up front, unless the sender made it
         // (`EngineRequest::token_buffer`): no reallocations while it is generated.
@@ -392,7 +392,6 @@ impl Scheduler {
         tokens.reserve(req.params.max_tokens.min(OUTPUT_RESERVE));
         let mut seq = Sequence {
             seq_id,
-            request_id: req.request_id,
             request,
             params: req.params,
             seed,
@@ -441,11 +440,18 @@ impl Scheduler {
     /// stop string the server found). Returns false when it is not here.
     pub fn finish_request(&mut self, request_id: &str, reason: FinishReason) -> bool {
         let now = Instant::now();
-        if let Some(i) = self.running.iter().position(|s| s.request_id == request_id) {
+        if let Some(i) = self
+            .running
+            .iter()
+            .position(|s| *s.request.request_id == *request_id)
+        {
             let seq = self.running.remove(i);
             self.finish(seq, reason, None, None, now);
             true
-        } else if let Some(seq) = self.waiting.remove_where(|s| s.request_id == request_id) {
+        } else if let Some(seq) = self
+            .waiting
+            .remove_where(|s| *s.request.request_id == *request_id)
+        {
             self.finish(seq, reason, None, None, now);
             true
         } else {

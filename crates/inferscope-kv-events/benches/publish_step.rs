@@ -84,7 +84,7 @@ impl Fixture {
             let base = (self.generation << 22) | ((i as u32) << 13);
             s.add_request(
                 EngineRequest {
-                    request_id: format!("b-{}-{i}", self.generation),
+                    request_id: format!("b-{}-{i}", self.generation).into(),
                     prompt_token_ids: (0..len).map(|t| 1000 + base + t).collect(),
                     params: Arc::new(SamplingParams {
                         max_tokens: 1 << 19,

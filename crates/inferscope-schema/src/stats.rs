@@ -116,6 +116,16 @@ impl RequestRef {
         }
     }
 
+    /// A reference to request `request_id`, an id already shared (made
+    /// once for the request by whoever names it; not copied here).
+    pub fn shared(request_id: Arc<str>, trace_id: Option<[u8; 16]>) -> Self {
+        Self {
+            request_id,
+            trace_id,
+            tenant: 0,
+        }
+    }
+
     /// The same reference, attributed to tenant label slot `tenant`.
     pub fn with_tenant(mut self, tenant: TenantLabel) -> Self {
         self.tenant = tenant;

@@ -8,7 +8,7 @@ use inferscope_engine::{EngineRequest, SamplingParams};
 /// A request of `prompt` that generates exactly `max_tokens` (EOS ignored).
 pub fn request(id: &str, prompt: Vec<u32>, max_tokens: usize) -> EngineRequest {
     EngineRequest {
-        request_id: id.to_owned(),
+        request_id: id.into(),
         prompt_token_ids: prompt,
         params: Arc::new(SamplingParams {
             max_tokens,

@@ -103,7 +103,7 @@ fn tiny_panicking(
 
 fn request(id: &str, prompt_len: usize, max_tokens: usize) -> EngineRequest {
     EngineRequest {
-        request_id: id.to_owned(),
+        request_id: id.into(),
         prompt_token_ids: (0..prompt_len as u32).map(|t| 40 + t % 50).collect(),
         params: Arc::new(SamplingParams {
             max_tokens,

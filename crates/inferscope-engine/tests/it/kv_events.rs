@@ -77,7 +77,7 @@ async fn workload(c: &Coordinator, round: u32) {
                 .collect(),
         };
         let req = EngineRequest {
-            request_id: format!("r{round}-{i}"),
+            request_id: format!("r{round}-{i}").into(),
             prompt_token_ids: prompt,
             params: Arc::new(SamplingParams {
                 max_tokens: 6,

@@ -220,7 +220,7 @@ fn run_workload(
         rxs.push(rx);
         sched.add_request(
             EngineRequest {
-                request_id: format!("r{i}"),
+                request_id: format!("r{i}").into(),
                 prompt_token_ids: prompt,
                 params: Arc::new(SamplingParams {
                     max_tokens: r.max_tokens,

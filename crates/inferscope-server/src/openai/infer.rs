@@ -113,9 +113,11 @@ impl Infer<'_> {
                 let index = p * n + i;
                 // On an error, the handles already made abort themselves when
                 // `choices` is dropped.
-                let engine_id = self.ids.engine_id(request_id);
-                // Built once per choice: every exemplar and log line shares it.
-                let request = RequestRef::new(&engine_id, trace_id).with_tenant(tenant_label);
+                let engine_id: Arc<str> = self.ids.engine_id(request_id).into();
+                // Built once per choice: every exemplar and log line shares
+                // it, and the engine the id.
+                let request =
+                    RequestRef::shared(Arc::clone(&engine_id), trace_id).with_tenant(tenant_label);
                 let handle = self
                     .coordinator
                     .add_request(EngineRequest {
@@ -905,7 +907,7 @@ mod tests {
         let prompt = tok.encode("hello", false).expect("encode");
         let h = c
             .add_request(EngineRequest {
-                request_id: format!("t{max_tokens}-{}", stop.len()),
+                request_id: format!("t{max_tokens}-{}", stop.len()).into(),
                 prompt_token_ids: prompt.clone(),
                 params: Arc::new(SamplingParams {
                     max_tokens,

@@ -642,7 +642,7 @@ mod tests {
         let prompt = tok.encode("hi", false).expect("encode");
         let handle = c
             .add_request(EngineRequest {
-                request_id: format!("r{}", text.len()),
+                request_id: format!("r{}", text.len()).into(),
                 prompt_token_ids: prompt.clone(),
                 params: Arc::new(SamplingParams {
                     max_tokens: 1000,
