@@ -382,6 +382,7 @@ async fn mask_time_and_request_log_show_constrained_requests() {
     assert!((3.0..=4.0).contains(&steps), "{steps}");
     server.shutdown(Duration::from_secs(5)).await;
     let log = std::fs::read_to_string(&log_path).expect("request log");
+    let _ = std::fs::remove_dir_all(&dir);
     let lines: Vec<Value> = log
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))

@@ -123,13 +123,30 @@ fn server_client(report: &str, label: &str) -> (u64, u64) {
     (nums[0], nums[1])
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test's files, removed when dropped.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp_dir(name: &str) -> TempDir {
     let d = std::env::temp_dir().join(format!(
         "inferscope-bench-tokens-{}-{name}",
         std::process::id()
     ));
     std::fs::create_dir_all(&d).expect("tmp dir");
-    d
+    TempDir(d)
 }
 
 /// One random run of `n` prompts of `prefix + input` tokens and `output`
