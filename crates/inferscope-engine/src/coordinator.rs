@@ -2,6 +2,7 @@
 //! routed to the least-loaded core, aborts by request id, graceful shutdown.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -267,10 +268,15 @@ impl Coordinator {
                     .unwrap_or_else(|| "all engine cores have stopped".into());
                 EngineError::NoEngine(why)
             })?;
-        if routes.contains_key(&*req.request_id) {
-            return Err(EngineError::DuplicateRequestId(req.request_id.to_string()));
+        // One lookup: the id is refused if taken, else recorded.
+        match routes.entry(Arc::clone(&req.request_id)) {
+            Entry::Occupied(_) => {
+                return Err(EngineError::DuplicateRequestId(req.request_id.to_string()));
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(core);
+            }
         }
-        routes.insert(Arc::clone(&req.request_id), core);
         let state = &self.shared.cores[core].state;
         state.note_sent();
         drop(routes);

@@ -109,11 +109,7 @@ impl RequestRef {
     /// A reference to request `request_id`, traced under `trace_id` if set,
     /// of the anonymous tenant.
     pub fn new(request_id: &str, trace_id: Option<[u8; 16]>) -> Self {
-        Self {
-            request_id: Arc::from(request_id),
-            trace_id,
-            tenant: 0,
-        }
+        Self::shared(Arc::from(request_id), trace_id)
     }
 
     /// A reference to request `request_id`, an id already shared (made

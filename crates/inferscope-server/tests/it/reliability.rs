@@ -487,14 +487,13 @@ async fn stream_and_drop(addr: SocketAddr, body: Value, keep: Option<usize>) -> 
     );
     // Events end in a blank line; the chunked framing (CRLFs) makes none.
     let (mut scanned, mut events, mut finished) = (head_end, 0, false);
+    let enough = |events: usize| keep.is_some_and(|k| events >= k);
     loop {
-        while let Some(pos) = conn.read_so_far()[scanned..]
-            .windows(2)
-            .position(|w| w == b"\n\n")
+        while !enough(events)
+            && let Some(pos) = conn.read_so_far()[scanned..]
+                .windows(2)
+                .position(|w| w == b"\n\n")
         {
-            if keep.is_some_and(|k| events >= k) {
-                break;
-            }
             let event = &conn.read_so_far()[scanned..scanned + pos + 2];
             scanned += pos + 2;
             events += 1;
@@ -507,7 +506,7 @@ async fn stream_and_drop(addr: SocketAddr, body: Value, keep: Option<usize>) -> 
                 finished = true;
             }
         }
-        if keep.is_some_and(|k| events >= k) || !conn.fill().await {
+        if enough(events) || !conn.fill().await {
             break;
         }
     }
