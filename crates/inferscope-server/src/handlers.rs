@@ -10,6 +10,8 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::FutureExt;
+use futures::future::Either;
 use inferscope_metrics::negotiate;
 use serde_json::json;
 
@@ -115,62 +117,69 @@ pub async fn chat_completions(
 
 /// Both generation routes: validate on the workers with `api`'s parser,
 /// then generate and shape.
-pub(crate) async fn generation_route(
+///
+/// The futures of a request's path are `async` blocks, not `async fn`s: an
+/// `async fn` keeps each argument twice in its future (the argument and the
+/// body's binding of it), and the request's future is moved a few times as
+/// it starts (`docs/results/request-path.md`).
+pub(crate) fn generation_route(
     s: Arc<AppState>,
     api: Api,
     tenant: Option<Arc<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, ApiError>,
-) -> Response {
-    let arrival = Instant::now();
-    // Decided at arrival, so that the response headers can name the span.
-    let trace = s.traces.as_ref().map(|t| t.context(&headers));
-    let span = match (&s.traces, &trace) {
-        (Some(traces), Some(cx)) => traces.start_span(
-            cx,
-            arrival,
-            SpanStart {
-                operation: match api {
-                    Api::Completions => "text_completion",
-                    Api::Chat => "chat",
+) -> impl Future<Output = Response> {
+    async move {
+        let arrival = Instant::now();
+        // Decided at arrival, so that the response headers can name the span.
+        let trace = s.traces.as_ref().map(|t| t.context(&headers));
+        let span = match (&s.traces, &trace) {
+            (Some(traces), Some(cx)) => traces.start_span(
+                cx,
+                arrival,
+                SpanStart {
+                    operation: match api {
+                        Api::Completions => "text_completion",
+                        Api::Chat => "chat",
+                    },
+                    route: match api {
+                        Api::Completions => "/v1/completions",
+                        Api::Chat => "/v1/chat/completions",
+                    },
                 },
-                route: match api {
-                    Api::Completions => "/v1/completions",
-                    Api::Chat => "/v1/chat/completions",
-                },
-            },
-        ),
-        _ => None,
-    };
-    let validated = match api {
-        Api::Completions => {
-            validate(&s, body, |b, s| {
-                validation::parse_and_validate_completion(b, &s.validator())
-            })
-            .await
+            ),
+            _ => None,
+        };
+        let validated = match api {
+            Api::Completions => {
+                validate(&s, body, |b, s| {
+                    validation::parse_and_validate_completion(b, &s.validator())
+                })
+                .await
+            }
+            Api::Chat => {
+                validate(&s, body, |b, s| {
+                    validation::parse_and_validate_chat(b, &s.validator())
+                })
+                .await
+            }
+        };
+        let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
+        // Not boxed: on the inbound path this future lives in the connection's
+        // task, and a box of it went through glibc's slow path (larger than its
+        // per-thread cache) on every request; moving it when it starts costs
+        // less.
+        let mut response = respond(
+            &s, api, validated, &headers, arrival, trace_id, tenant, span,
+        )
+        .await;
+        if let Some(cx) = &trace {
+            response
+                .headers_mut()
+                .insert("traceparent", cx.traceparent());
         }
-        Api::Chat => {
-            validate(&s, body, |b, s| {
-                validation::parse_and_validate_chat(b, &s.validator())
-            })
-            .await
-        }
-    };
-    let trace_id = trace.as_ref().and_then(TraceContext::sampled_trace_id);
-    // Not boxed: on the inbound path this future lives in the connection's
-    // task, and a box of its several KiB went through glibc's slow path
-    // (larger than its per-thread cache) on every request; moving it when
-    // it starts costs less.
-    let mut response = respond(
-        &s, api, validated, &headers, arrival, trace_id, tenant, span,
-    )
-    .await;
-    if let Some(cx) = &trace {
         response
-            .headers_mut()
-            .insert("traceparent", cx.traceparent());
     }
-    response
 }
 
 /// `POST /tokenize` (vLLM's shape): a prompt or chat messages to token ids,
@@ -253,8 +262,12 @@ fn may_constrain(body: &[u8]) -> bool {
 /// Generates a validated request and shapes the answer; every answer past
 /// validation carries the request id. `trace_id` is the request's sampled
 /// trace, `span` its span when traced.
+///
+/// Everything but the wait for a non-streamed body is done before it
+/// returns: the future holds only that wait and the request id, not the
+/// plan and the rest, which it would otherwise carry to the end.
 #[allow(clippy::too_many_arguments)]
-async fn respond(
+fn respond(
     s: &AppState,
     api: Api,
     validated: Result<Validated, ApiError>,
@@ -263,10 +276,11 @@ async fn respond(
     trace_id: Option<[u8; 16]>,
     tenant: Option<Arc<Tenant>>,
     mut span: Option<RequestSpan>,
-) -> Response {
+) -> impl Future<Output = Response> + use<> {
+    let now = |r| Either::Left(std::future::ready(r));
     let Validated { model, plan } = match validated {
         Ok(v) => v,
-        Err(e) => return refused(e, span),
+        Err(e) => return now(refused(e, span)),
     };
     let request_id = s.request_ids.external(headers);
     if let Some(span) = &mut span {
@@ -285,26 +299,30 @@ async fn respond(
             |t| Arc::clone(&t.name),
         ));
     }
-    let generated = s
+    let generation = match s
         .infer()
-        .generate(&request_id, &plan, arrival, trace_id, tenant);
-    let response = match generated {
-        Ok(generation) => {
-            let shape = Shape::new(api, &request_id, model, unix_now())
-                .with_tool_calls(plan.tool_calls.clone())
-                .with_logprobs(plan.logprobs);
-            // Without `--enable-per-request-metrics` the field is ignored,
-            // as an unknown field would be.
-            let include_metrics = plan.include_metrics && s.per_request_metrics;
-            if plan.stream {
-                response::stream(shape, generation, plan.include_usage, include_metrics, span)
-            } else {
-                response::full(shape, generation, include_metrics, span).await
-            }
-        }
-        Err(e) => refused(e, span),
+        .generate(&request_id, &plan, arrival, trace_id, tenant)
+    {
+        Ok(generation) => generation,
+        Err(e) => return now(with_request_id(refused(e, span), request_id)),
     };
-    with_request_id(response, request_id)
+    let shape = Shape::new(api, &request_id, model, unix_now())
+        .with_tool_calls(plan.tool_calls.clone())
+        .with_logprobs(plan.logprobs);
+    // Without `--enable-per-request-metrics` the field is ignored,
+    // as an unknown field would be.
+    let include_metrics = plan.include_metrics && s.per_request_metrics;
+    if plan.stream {
+        let streamed =
+            response::stream(shape, generation, plan.include_usage, include_metrics, span);
+        return now(with_request_id(streamed, request_id));
+    }
+    // A combinator, not an `async` block: a block awaiting `full` would
+    // hold it twice (captured, and moved into its await).
+    Either::Right(
+        response::full(shape, generation, include_metrics, span)
+            .map(move |r| with_request_id(r, request_id)),
+    )
 }
 
 /// The error answer to a request refused before generation; its span (when

@@ -211,13 +211,16 @@ impl Generation {
     }
 
     /// Waits for every choice: its index, whole text and finish, in order.
-    pub async fn collect(mut self) -> Vec<CompletedChoice> {
-        if self.choices.len() == 1 {
-            // The usual `n` of 1: awaited as it is, not boxed into a join.
-            let only = self.choices.pop().expect("one choice");
-            return vec![only.collect().await];
+    /// (An `async` block, as [`ChoiceStream::collect`] is.)
+    pub fn collect(mut self) -> impl Future<Output = Vec<CompletedChoice>> {
+        async move {
+            if self.choices.len() == 1 {
+                // The usual `n` of 1: awaited as it is, not boxed into a join.
+                let only = self.choices.pop().expect("one choice");
+                return vec![only.collect().await];
+            }
+            futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
         }
-        futures::future::join_all(self.choices.into_iter().map(ChoiceStream::collect)).await
     }
 }
 
@@ -576,28 +579,34 @@ impl ChoiceStream {
     }
 
     /// Runs the choice to its end.
-    pub async fn collect(mut self) -> CompletedChoice {
-        let mut text = String::new();
-        let mut logprobs = Vec::new();
-        let mut prompt_logprobs = None;
-        // Each delta's text comes back for the next one: no string per token.
-        let mut scratch = String::new();
-        loop {
-            let mut d = self.step(scratch).await;
-            text.push_str(&d.text);
-            scratch = std::mem::take(&mut d.text);
-            logprobs.append(&mut d.logprobs);
-            if d.prompt_logprobs.is_some() {
-                prompt_logprobs = d.prompt_logprobs;
-            }
-            if let Some(finish) = d.finish {
-                return CompletedChoice {
-                    index: d.index,
-                    text,
-                    logprobs,
-                    prompt_logprobs,
-                    finish: *finish,
-                };
+    ///
+    /// An `async` block, not an `async fn`: an `async fn` keeps its
+    /// argument twice in its future (the argument and the body's own
+    /// binding of it), and this future is moved as the request starts.
+    pub fn collect(mut self) -> impl Future<Output = CompletedChoice> {
+        async move {
+            let mut text = String::new();
+            let mut logprobs = Vec::new();
+            let mut prompt_logprobs = None;
+            // Each delta's text comes back for the next one: no string per token.
+            let mut scratch = String::new();
+            loop {
+                let mut d = self.step(scratch).await;
+                text.push_str(&d.text);
+                scratch = std::mem::take(&mut d.text);
+                logprobs.append(&mut d.logprobs);
+                if d.prompt_logprobs.is_some() {
+                    prompt_logprobs = d.prompt_logprobs;
+                }
+                if let Some(finish) = d.finish {
+                    return CompletedChoice {
+                        index: d.index,
+                        text,
+                        logprobs,
+                        prompt_logprobs,
+                        finish: *finish,
+                    };
+                }
             }
         }
     }

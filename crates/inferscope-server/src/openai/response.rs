@@ -432,40 +432,43 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
 /// the request is traced, with the answer's status. With `include_metrics`,
 /// the body carries the request's `metrics` (over all its choices) and the
 /// response TGI's timing headers.
-pub async fn full(
+pub fn full(
     shape: Shape,
     generation: Generation,
     include_metrics: bool,
     span: Option<RequestSpan>,
-) -> Response {
-    let prompt_tokens = generation.prompt_tokens;
-    let mut results = generation.collect().await;
-    let Some(mut span) = span else {
-        return full_body(shape, prompt_tokens, results, include_metrics);
-    };
-    for c in &mut results {
-        let f = &mut c.finish;
-        span.choice_finished(c.index, f.reason, f.completion_tokens, f.timeline.take());
+) -> impl Future<Output = Response> {
+    // An `async` block, not an `async fn`, as `ChoiceStream::collect` is.
+    async move {
+        let prompt_tokens = generation.prompt_tokens;
+        let mut results = generation.collect().await;
+        let Some(mut span) = span else {
+            return full_body(shape, prompt_tokens, results, include_metrics);
+        };
+        for c in &mut results {
+            let f = &mut c.finish;
+            span.choice_finished(c.index, f.reason, f.completion_tokens, f.timeline.take());
+        }
+        let completion_tokens = results.iter().map(|c| c.finish.completion_tokens).sum();
+        span.set_usage(prompt_tokens, completion_tokens);
+        let failure = results
+            .iter()
+            .find(|c| matches!(c.finish.reason, FinishReason::Error | FinishReason::Abort))
+            .map(|c| {
+                let kind = match c.finish.reason {
+                    FinishReason::Error => "engine_error",
+                    _ => "abort",
+                };
+                (kind, c.finish.error.clone().unwrap_or_else(|| kind.into()))
+            });
+        if let Some((kind, message)) = failure {
+            span.set_error(kind, message);
+        }
+        let response = full_body(shape, prompt_tokens, results, include_metrics);
+        span.set_status_code(response.status().as_u16());
+        span.end();
+        response
     }
-    let completion_tokens = results.iter().map(|c| c.finish.completion_tokens).sum();
-    span.set_usage(prompt_tokens, completion_tokens);
-    let failure = results
-        .iter()
-        .find(|c| matches!(c.finish.reason, FinishReason::Error | FinishReason::Abort))
-        .map(|c| {
-            let kind = match c.finish.reason {
-                FinishReason::Error => "engine_error",
-                _ => "abort",
-            };
-            (kind, c.finish.error.clone().unwrap_or_else(|| kind.into()))
-        });
-    if let Some((kind, message)) = failure {
-        span.set_error(kind, message);
-    }
-    let response = full_body(shape, prompt_tokens, results, include_metrics);
-    span.set_status_code(response.status().as_u16());
-    span.end();
-    response
 }
 
 /// The one JSON body of a non-streamed answer (or its error).

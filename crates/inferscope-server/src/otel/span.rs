@@ -45,7 +45,10 @@ struct Choice {
 /// away, the handler was cancelled) still exports it, as aborted.
 pub struct RequestSpan {
     traces: Arc<Traces>,
-    record: Option<SpanRecord>,
+    /// Boxed: a span (sampled or not) rides in every generation request's
+    /// future, which is moved a few times as it starts; a pointer moves
+    /// cheaper than the 400-odd bytes of the record.
+    record: Option<Box<SpanRecord>>,
 }
 
 /// Everything the export task needs to build the request's spans.
@@ -79,7 +82,7 @@ impl RequestSpan {
     ) -> Self {
         Self {
             traces,
-            record: Some(SpanRecord {
+            record: Some(Box::new(SpanRecord {
                 cx,
                 arrival,
                 arrival_wall,
@@ -93,7 +96,7 @@ impl RequestSpan {
                 status_code: None,
                 error: None,
                 end: arrival,
-            }),
+            })),
         }
     }
 
@@ -179,7 +182,7 @@ impl RequestSpan {
     fn submit(&mut self) {
         if let Some(mut r) = self.record.take() {
             r.end = Instant::now();
-            self.traces.queue.submit(r);
+            self.traces.queue.submit(*r);
         }
     }
 }
