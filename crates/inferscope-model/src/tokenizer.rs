@@ -27,6 +27,16 @@ pub trait Tokenizer: Send + Sync {
         out.push_str(&self.decode(ids, skip_special_tokens)?);
         Ok(())
     }
+    /// The ASCII character `id` decodes to wherever it stands: decoding any
+    /// ids followed by `id` gives their text followed by this character.
+    /// `None` (the default) where that is not so or not known (a
+    /// tokenizer that cleans up spaces, or strips a leading one, decodes a
+    /// token by its neighbours); the incremental decoder then decodes as
+    /// usual, twice per token.
+    fn ascii_char(&self, id: u32) -> Option<u8> {
+        let _ = id;
+        None
+    }
     /// Number of token ids, specials included.
     fn vocab_size(&self) -> usize;
     /// What each token id decodes to, as bytes, for grammar masks
@@ -163,6 +173,12 @@ impl Tokenizer for ByteTokenizer {
             }
         };
         result
+    }
+
+    /// A byte below 128 is its character, whatever comes before it: an
+    /// unfinished character before it decodes to U+FFFD either way.
+    fn ascii_char(&self, id: u32) -> Option<u8> {
+        u8::try_from(id).ok().filter(u8::is_ascii)
     }
 
     fn vocab_size(&self) -> usize {
@@ -353,6 +369,17 @@ impl Tokenizer for WithChatTemplate {
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
         self.inner.decode(ids, skip_special_tokens)
     }
+    fn decode_into(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+        out: &mut String,
+    ) -> Result<(), ModelError> {
+        self.inner.decode_into(ids, skip_special_tokens, out)
+    }
+    fn ascii_char(&self, id: u32) -> Option<u8> {
+        self.inner.ascii_char(id)
+    }
     fn vocab_size(&self) -> usize {
         self.inner.vocab_size()
     }
@@ -430,6 +457,17 @@ impl IncrementalDecoder {
     /// Adds one token; appends the text it completes (maybe none) to
     /// `out`, which is left as it was on an error.
     pub fn push_into(&mut self, token: u32, out: &mut String) -> Result<(), ModelError> {
+        // Nothing held back and a token that is one ASCII character wherever
+        // it stands: the two decodes below would differ by that character.
+        if self.read_offset == self.ids.len()
+            && let Some(c) = self.tokenizer.ascii_char(token)
+        {
+            self.ids.push(token);
+            out.push(char::from(c));
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.ids.len();
+            return Ok(());
+        }
         self.ids.push(token);
         let (tok, skip) = (&self.tokenizer, self.skip_special_tokens);
         self.prefix.clear();
@@ -554,6 +592,80 @@ mod tests {
         let mut out = String::from("kept");
         assert!(t.decode_into(&[0x61, 999], true, &mut out).is_err());
         assert_eq!(out, "kept");
+    }
+
+    /// The byte tokenizer with its ASCII characters not declared: the
+    /// incremental decoder takes its two-decode path for every token.
+    struct TwoDecodes;
+
+    impl Tokenizer for TwoDecodes {
+        fn encode(&self, text: &str, add: bool) -> Result<Vec<u32>, ModelError> {
+            ByteTokenizer.encode(text, add)
+        }
+        fn decode(&self, ids: &[u32], skip: bool) -> Result<String, ModelError> {
+            ByteTokenizer.decode(ids, skip)
+        }
+        fn vocab_size(&self) -> usize {
+            ByteTokenizer::VOCAB_SIZE
+        }
+        fn token_bytes(&self) -> Result<Vec<Vec<u8>>, ModelError> {
+            ByteTokenizer.token_bytes()
+        }
+        fn eos_token_ids(&self) -> Vec<u32> {
+            ByteTokenizer.eos_token_ids()
+        }
+        fn bos_token_id(&self) -> Option<u32> {
+            ByteTokenizer.bos_token_id()
+        }
+    }
+
+    #[test]
+    fn ascii_tokens_give_the_deltas_of_two_decodes() {
+        // Sequences mixing ASCII, characters of 2-4 bytes, cut and invalid
+        // bytes, and specials: every push gives the same delta with and
+        // without the ASCII path, and so does the flush.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let pieces: [&[u32]; 9] = [
+            &[0x61],
+            &[0x20],
+            &[0xC3, 0xA9],
+            &[0xE2, 0x82, 0xAC],
+            &[0xF0, 0x9F, 0x98, 0x80],
+            &[0xE2, 0x82],
+            &[0x82],
+            &[0xFF],
+            &[ByteTokenizer::BOS, ByteTokenizer::EOS],
+        ];
+        let fast: Arc<dyn Tokenizer> = Arc::new(ByteTokenizer);
+        let slow: Arc<dyn Tokenizer> = Arc::new(TwoDecodes);
+        let mut ascii_pushes = 0;
+        for case in 0..500 {
+            let ids: Vec<u32> = (0..next() % 24)
+                .flat_map(|_| {
+                    pieces[(next() % pieces.len() as u64) as usize]
+                        .iter()
+                        .copied()
+                })
+                .collect();
+            let prompt = &ids[..ids.len() / 3];
+            let skip = case % 2 == 0;
+            let mut a =
+                IncrementalDecoder::new(fast.clone(), prompt).with_skip_special_tokens(skip);
+            let mut b =
+                IncrementalDecoder::new(slow.clone(), prompt).with_skip_special_tokens(skip);
+            for &id in &ids[prompt.len()..] {
+                ascii_pushes += usize::from(id < 0x80);
+                assert_eq!(a.push(id).unwrap(), b.push(id).unwrap(), "{ids:?} at {id}");
+            }
+            assert_eq!(a.finish(), b.finish(), "{ids:?}");
+        }
+        assert!(ascii_pushes > 500, "{ascii_pushes}");
     }
 
     #[test]
