@@ -122,6 +122,7 @@ pub async fn chat_completions(
 /// `async fn` keeps each argument twice in its future (the argument and the
 /// body's binding of it), and the request's future is moved a few times as
 /// it starts (`docs/results/request-path.md`).
+#[allow(clippy::manual_async_fn)] // not an `async fn`: see above
 pub(crate) fn generation_route(
     s: Arc<AppState>,
     api: Api,

@@ -162,6 +162,8 @@ impl Infer<'_> {
                 }
                 let decoder = IncrementalDecoder::new(self.tokenizer.clone(), prompt)
                     .with_skip_special_tokens(plan.skip_special_tokens);
+                // Its fields are set where it stands: each builder call
+                // moved the 600-odd bytes of the stream.
                 let mut choice = ChoiceStream::new(
                     index,
                     handle,
@@ -170,23 +172,17 @@ impl Infer<'_> {
                     arrival,
                     latency,
                     request,
-                )
-                .with_request_log(self.request_log.cloned())
-                .with_stop_output(plan.include_stop_str_in_output)
-                .with_features(plan.features);
-                if let Some(echo) = &plan.echo {
-                    choice = choice.with_echo(echo[p].clone());
-                }
+                );
+                choice.request_log = self.request_log.cloned();
+                choice.include_stop = plan.include_stop_str_in_output;
+                choice.features = plan.features;
+                choice.echo = plan.echo.as_ref().map(|echo| echo[p].clone());
                 choice.parent = parent.clone();
                 if plan.logprobs != LogprobsPlan::default() {
-                    choice = choice.with_logprobs(plan.logprobs, self.tokenizer.clone(), prompt[0]);
+                    choice.set_logprobs(plan.logprobs, self.tokenizer.clone(), prompt[0]);
                 }
-                if let Some(r) = reservations.next() {
-                    choice = choice.with_reservation(r);
-                }
-                if let Some(t) = tenant_choices.next() {
-                    choice.tenant = Some(t);
-                }
+                choice.reservation = reservations.next();
+                choice.tenant = tenant_choices.next();
                 choice.tenant_name = tenant.clone();
                 choices.push(choice);
             }
@@ -212,6 +208,7 @@ impl Generation {
 
     /// Waits for every choice: its index, whole text and finish, in order.
     /// (An `async` block, as [`ChoiceStream::collect`] is.)
+    #[allow(clippy::manual_async_fn)] // not an `async fn`: see above
     pub fn collect(mut self) -> impl Future<Output = Vec<CompletedChoice>> {
         async move {
             if self.choices.len() == 1 {
@@ -416,9 +413,10 @@ pub struct ChoiceStream {
     /// Where the choice's latencies are recorded: the serving engine's
     /// recorder, found once per choice.
     latency: Option<FrontendRecorder>,
-    /// The choice's engine request (exemplars, the request log).
-    /// Names the choice in exemplars and in the request log.
+    /// The choice's engine request: names it in exemplars and in the
+    /// request log.
     request: RequestRef,
+    /// Where the choice is logged when it ends.
     request_log: Option<RequestLog>,
     /// The prompt tokens counted as queued, released at the first output.
     reservation: Option<Reservation>,
@@ -485,12 +483,12 @@ impl ChoiceStream {
 
     /// Reports log-probabilities as `plan` says, naming tokens with
     /// `tokenizer`; `first_prompt_token` leads an echoed prompt's.
-    pub fn with_logprobs(
-        mut self,
+    pub fn set_logprobs(
+        &mut self,
         plan: LogprobsPlan,
         tokenizer: Arc<dyn Tokenizer>,
         first_prompt_token: u32,
-    ) -> Self {
+    ) {
         self.logprobs = Some(Box::new(ChoiceLogprobs {
             plan,
             tokenizer,
@@ -498,7 +496,6 @@ impl ChoiceStream {
             pending: Vec::new(),
             prompt: None,
         }));
-        self
     }
 
     /// A delta of `text` with the log-probabilities gathered so far.
@@ -519,37 +516,6 @@ impl ChoiceStream {
     /// Whether the generated token is not reported (`max_tokens: 0`).
     fn prefill_only(&self) -> bool {
         self.logprobs.as_ref().is_some_and(|l| l.plan.prefill_only)
-    }
-
-    /// Keeps the stop string or stop token that ends the choice in its text
-    /// (`include_stop_str_in_output`).
-    pub fn with_stop_output(mut self, include: bool) -> Self {
-        self.include_stop = include;
-        self
-    }
-
-    /// Sends `text` (the prompt, `echo`) before the generated text.
-    pub fn with_echo(mut self, text: String) -> Self {
-        self.echo = Some(text);
-        self
-    }
-
-    /// Logs the choice to `log` when it ends.
-    pub fn with_request_log(mut self, log: Option<RequestLog>) -> Self {
-        self.request_log = log;
-        self
-    }
-
-    /// Notes in the request log which optional features the request used.
-    pub fn with_features(mut self, features: RequestFeatures) -> Self {
-        self.features = features;
-        self
-    }
-
-    /// Holds `r` until the first output arrives (or the stream is dropped).
-    pub fn with_reservation(mut self, r: Reservation) -> Self {
-        self.reservation = Some(r);
-        self
     }
 
     /// The next delta with text or the final one; `None` after the final.
@@ -583,6 +549,7 @@ impl ChoiceStream {
     /// An `async` block, not an `async fn`: an `async fn` keeps its
     /// argument twice in its future (the argument and the body's own
     /// binding of it), and this future is moved as the request starts.
+    #[allow(clippy::manual_async_fn)] // not an `async fn`: see above
     pub fn collect(mut self) -> impl Future<Output = CompletedChoice> {
         async move {
             let mut text = String::new();

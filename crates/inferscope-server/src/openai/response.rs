@@ -431,14 +431,15 @@ fn server_abort_message(f: &ChoiceFinish) -> String {
 /// Waits for every choice and answers with one JSON body; ends `span`, when
 /// the request is traced, with the answer's status. With `include_metrics`,
 /// the body carries the request's `metrics` (over all its choices) and the
-/// response TGI's timing headers.
+/// response TGI's timing headers. (An `async` block, as
+/// [`ChoiceStream::collect`](super::infer::ChoiceStream::collect) is.)
+#[allow(clippy::manual_async_fn)] // not an `async fn`: see above
 pub fn full(
     shape: Shape,
     generation: Generation,
     include_metrics: bool,
     span: Option<RequestSpan>,
 ) -> impl Future<Output = Response> {
-    // An `async` block, not an `async fn`, as `ChoiceStream::collect` is.
     async move {
         let prompt_tokens = generation.prompt_tokens;
         let mut results = generation.collect().await;
