@@ -558,6 +558,7 @@ impl ChoiceStream {
             // Each delta's text comes back for the next one: no string per token.
             let mut scratch = String::new();
             loop {
+                self.take_queued_tokens(&mut text);
                 let mut d = self.step(scratch).await;
                 text.push_str(&d.text);
                 scratch = std::mem::take(&mut d.text);
@@ -573,6 +574,48 @@ impl ChoiceStream {
                         prompt_logprobs,
                         finish: *finish,
                     };
+                }
+            }
+        }
+    }
+
+    /// Whether an output without a finish is a token's text and nothing
+    /// else: no stop string to look for, no log-probabilities, no echo or
+    /// early output to hand on before it.
+    fn plain(&self) -> bool {
+        self.stop.is_empty()
+            && self.logprobs.is_none()
+            && self.echo.is_none()
+            && self.early.is_none()
+    }
+
+    /// Appends to `text` the queued outputs that are plain tokens, as the
+    /// deltas `step` would give for them would, without a delta each (per
+    /// token, a delta was most of the work of collecting a choice); the
+    /// first other output (a finish, the stream's end) is left for `step`.
+    fn take_queued_tokens(&mut self, text: &mut String) {
+        if !self.plain() {
+            return;
+        }
+        while let Some(out) = self.handle.recv_ready() {
+            match out {
+                Some(out) if out.finished.is_none() => {
+                    self.reservation = None;
+                    if let Some(t) = &mut self.tenant {
+                        t.started();
+                    }
+                    let before = text.len();
+                    if let Some(t) = out.token_id {
+                        // As in `step`: a token that cannot be decoded is skipped.
+                        let _ = self.decoder.push_into(t, text);
+                    }
+                    if text.len() > before {
+                        self.observe_delta();
+                    }
+                }
+                other => {
+                    self.early = Some(other);
+                    return;
                 }
             }
         }
@@ -940,6 +983,37 @@ mod tests {
         assert_eq!(f.reason, FinishReason::Stop);
         assert_eq!(cut, full[..first], "text ends right before the stop string");
         assert!(f.completion_tokens >= first + stop.len());
+    }
+
+    /// `collect` takes queued tokens without a delta each: the same text,
+    /// counts and latency samples as the deltas give, whether the tokens
+    /// are all queued before it starts or arrive while it waits.
+    #[tokio::test]
+    async fn collecting_queued_tokens_gives_what_the_deltas_give() {
+        let c = coordinator();
+        let (streamed, f) = collect(&c, 40, &[]).await;
+        assert_eq!(streamed.len(), 40, "byte tokenizer: one char per token");
+        for queued in [false, true] {
+            let metrics =
+                inferscope_metrics::StatLoggerManager::new(Default::default()).expect("metrics");
+            let s = stream_recorded(&c, 40, &[], metrics.frontend(0));
+            if queued {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let done = tokio::time::timeout(Duration::from_secs(10), s.collect())
+                .await
+                .expect("not stuck");
+            assert_eq!(done.text, streamed, "queued first: {queued}");
+            assert_eq!(done.finish.reason, FinishReason::Length);
+            assert_eq!(done.finish.completion_tokens, f.completion_tokens);
+            let (_, text) = metrics.render(inferscope_metrics::Format::Prometheus);
+            let samples = inferscope_schema::promtext::parse(&text)
+                .expect("exposition")
+                .into_samples();
+            let count = |name| inferscope_schema::promtext::sum(&samples, name, &[]);
+            assert_eq!(count("inferscope_time_to_first_token_seconds_count"), 1.0);
+            assert_eq!(count("inferscope_inter_token_latency_seconds_count"), 39.0);
+        }
     }
 
     /// Outputs queued together share one clock read, but a stream's reader
