@@ -4,6 +4,7 @@
 //! ([`response`]) and the structured-output fields ([`structured`]). Nothing here knows the server's state or router: the
 //! handlers wire these together.
 
+pub mod body;
 pub mod infer;
 pub mod protocol;
 pub mod refusals;

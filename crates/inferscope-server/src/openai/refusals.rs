@@ -6,13 +6,10 @@
 //! Fields nobody defines are still accepted and ignored, as vLLM does; the
 //! fields this server honours are parsed in [`super::protocol`].
 
-use std::fmt;
-
-use serde::Deserializer;
-use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::openai::body::Fields;
 
 /// A field refused unless its value is neutral.
 #[derive(Debug, Clone, Copy)]
@@ -194,93 +191,36 @@ fn modalities_text(v: &Value) -> bool {
             .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text")))
 }
 
-/// The first field of `body` (a JSON object) that one of `tables` refuses,
-/// in body order. Only those fields' values are read; the rest is skipped
-/// without being materialised, so a long prompt costs a scan, not a copy.
-pub fn check(body: &[u8], tables: &[&[Refusal]]) -> Result<(), ApiError> {
-    let mut de = serde_json::Deserializer::from_slice(body);
-    match (Scan { tables }).deserialize(&mut de) {
-        Ok(Some(r)) => Err(r.error()),
-        Ok(None) => Ok(()),
-        Err(e) => Err(ApiError::invalid(format!("invalid JSON body: {e}"), None)),
-    }
-}
-
-/// Walks the top-level object, reading only the fields in `tables`.
-struct Scan<'t> {
-    tables: &'t [&'t [Refusal]],
-}
-
-impl<'t> Scan<'t> {
-    fn find(&self, key: &str) -> Option<&'t Refusal> {
-        self.tables
+/// The first field of the body that one of `tables` refuses, in body
+/// order. Only those fields' values are parsed; the body itself was parsed
+/// once, into its fields, by the caller.
+pub fn check(fields: &Fields, tables: &[&[Refusal]]) -> Result<(), ApiError> {
+    let find = |key: &str| {
+        tables
             .iter()
             .flat_map(|t| t.iter())
             .find(|r| r.field == key)
-    }
-}
-
-impl<'de, 't> DeserializeSeed<'de> for Scan<'t> {
-    type Value = Option<&'t Refusal>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de, 't> Visitor<'de> for Scan<'t> {
-    type Value = Option<&'t Refusal>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut refused = None;
-        while let Some(found) = map.next_key_seed(Key(&self))? {
-            match found {
-                Some(r) if refused.is_none() => {
-                    let v: Value = map.next_value()?;
-                    if !(r.allows)(&v) {
-                        refused = Some(r);
-                    }
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
+    };
+    for (key, value) in fields.iter() {
+        let Some(refusal) = find(key) else {
+            continue;
+        };
+        // A value that is not JSON cannot be in a parsed body.
+        let value: Value = serde_json::from_str(value.get()).unwrap_or(Value::Null);
+        if !(refusal.allows)(&value) {
+            return Err(refusal.error());
         }
-        Ok(refused)
     }
-}
-
-/// A key looked up in the tables as it is read: no key is copied into a
-/// `String` (serde's `Cow<str>` always is).
-struct Key<'s, 't>(&'s Scan<'t>);
-
-impl<'de, 't> DeserializeSeed<'de> for Key<'_, 't> {
-    type Value = Option<&'t Refusal>;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de, 't> Visitor<'de> for Key<'_, 't> {
-    type Value = Option<&'t Refusal>;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a field name")
-    }
-
-    fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<Self::Value, E> {
-        Ok(self.0.find(key))
-    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fields(body: &[u8]) -> Fields<'_> {
+        Fields::parse(body).expect("a JSON object")
+    }
 
     /// No field is listed twice (its rows could disagree).
     #[test]
@@ -305,7 +245,7 @@ mod tests {
             r#"{"response_format": {"type": "json_object"}, "guided_json": {}, "priority": 0}"#,
             r#"{"unknown_field": {"tools": [1]}, "suffix": "x", "chat_template_kwargs": {}}"#,
         ] {
-            assert!(check(ok.as_bytes(), tables).is_ok(), "{ok}");
+            assert!(check(&fields(ok.as_bytes()), tables).is_ok(), "{ok}");
         }
         for (bad, field) in [
             (
@@ -327,7 +267,7 @@ mod tests {
                 "chat_template_kwargs",
             ),
         ] {
-            let err = check(bad.as_bytes(), tables).expect_err(bad);
+            let err = check(&fields(bad.as_bytes()), tables).expect_err(bad);
             assert_eq!(err.status.as_u16(), 400);
             assert_eq!(err.param, Some(field), "{bad}");
             assert!(
@@ -337,8 +277,8 @@ mod tests {
             );
         }
         // The completions table is not consulted here.
-        assert!(check(br#"{"suffix": "tail"}"#, tables).is_ok());
-        assert!(check(br#"{"suffix": "tail"}"#, &[COMPLETIONS]).is_err());
+        assert!(check(&fields(br#"{"suffix": "tail"}"#), tables).is_ok());
+        assert!(check(&fields(br#"{"suffix": "tail"}"#), &[COMPLETIONS]).is_err());
     }
 
     /// A key is looked up as JSON means it, escapes and all: a key the
@@ -352,9 +292,9 @@ mod tests {
             r#"{"\u0066unctions": [{"name": "f"}]}"#,
             r#"{"model": "m", "func\u0074ions": [{"name": "f"}]}"#,
         ] {
-            let err = check(bad.as_bytes(), tables).expect_err(bad);
+            let err = check(&fields(bad.as_bytes()), tables).expect_err(bad);
             assert_eq!(err.param, Some("functions"), "{bad}");
         }
-        assert!(check(br#"{"functions\u0000": [1]}"#, tables).is_ok());
+        assert!(check(&fields(br#"{"functions\u0000": [1]}"#), tables).is_ok());
     }
 }

@@ -11,6 +11,7 @@ use inferscope_model::{ChatInput, GenerationDefaults, Tokenizer};
 
 use crate::error::ApiError;
 use crate::features::RequestFeatures;
+use crate::openai::body::Fields;
 use crate::openai::protocol::{
     ChatContent, ChatMessageIn, ChatRequest, CompletionRequest, DetokenizeRequest,
     DetokenizeResponse, PromptInput, SamplingFields, TokenizeRequest, TokenizeResponse,
@@ -78,10 +79,11 @@ pub struct Validated {
 /// Parses and validates a `/v1/completions` body. Never panics, whatever the
 /// bytes (the fuzz target and the proptests call it directly).
 pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
-    let req: CompletionRequest = parse_json(body)?;
-    let mut sampling: SamplingFields = parse_json(body)?;
+    let fields = Fields::parse(body)?;
+    let req: CompletionRequest = fields.read()?;
+    let mut sampling: SamplingFields = fields.read()?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
-    refusals::check(body, &[COMMON, COMPLETIONS])?;
+    refusals::check(&fields, &[COMMON, COMPLETIONS])?;
     // `echo` repeats a text prompt as sent; token prompts are decoded below.
     let echo = req.echo.unwrap_or(false);
     let sent_texts: Vec<String> = match (&req.prompt, echo) {
@@ -127,7 +129,7 @@ pub fn parse_and_validate_completion(body: &[u8], v: &Validator) -> Result<Valid
     if echo {
         plan.echo = Some(echo_texts(sent_texts, &plan, v.tokenizer)?);
     }
-    plan.grammar = compile_structured(body, v)?;
+    plan.grammar = compile_structured(body, &fields, v)?;
     plan.note_features(None);
     Ok(Validated { model, plan })
 }
@@ -301,10 +303,11 @@ fn echo_texts(
 /// Parses and validates a `/v1/chat/completions` body: messages rendered with
 /// the chat template and tokenized. Never panics, whatever the bytes.
 pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, ApiError> {
-    let req: ChatRequest = parse_json(body)?;
-    let mut sampling: SamplingFields = parse_json(body)?;
+    let fields = Fields::parse(body)?;
+    let req: ChatRequest = fields.read()?;
+    let mut sampling: SamplingFields = fields.read()?;
     let model = check_model(v.served_model_names, req.model.as_deref())?;
-    refusals::check(body, &[COMMON, CHAT])?;
+    refusals::check(&fields, &[COMMON, CHAT])?;
     let tools = tools::plan_tools(
         req.tools,
         req.tool_choice,
@@ -342,7 +345,7 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
         format,
         single_call: tools.single_call,
     });
-    let constraint = compile_structured(body, v)?;
+    let constraint = compile_structured(body, &fields, v)?;
     plan.grammar = match tools.schema {
         Some(_) if constraint.is_some() => {
             return Err(ApiError::invalid(
@@ -379,13 +382,17 @@ pub fn parse_and_validate_chat(body: &[u8], v: &Validator) -> Result<Validated, 
 
 /// The request's structured-output constraint, compiled; last of the
 /// checks because it is the costliest (a large schema takes milliseconds).
-fn compile_structured(body: &[u8], v: &Validator) -> Result<Option<CompiledGrammar>, ApiError> {
+fn compile_structured(
+    body: &[u8],
+    fields: &Fields,
+    v: &Validator,
+) -> Result<Option<CompiledGrammar>, ApiError> {
     if !may_name_structured_fields(body) {
-        // Its fields are not there: no need to parse the body again.
+        // Its fields are not there: no need to read them.
         return Ok(None);
     }
-    let fields: StructuredFields = parse_json(body)?;
-    structured::compile(&fields, v.grammar)
+    let structured: StructuredFields = fields.read()?;
+    structured::compile(&structured, v.grammar)
 }
 
 /// Whether `body` may hold one of [`StructuredFields`]' fields: it holds
