@@ -954,6 +954,21 @@ mod tests {
         )
     }
 
+    /// The TTFT and inter-token latency sample counts `metrics` exposes,
+    /// and the inter-token latencies' sum.
+    fn latency_samples(metrics: &inferscope_metrics::StatLoggerManager) -> (f64, f64, f64) {
+        let (_, text) = metrics.render(inferscope_metrics::Format::Prometheus);
+        let samples = inferscope_schema::promtext::parse(&text)
+            .expect("exposition")
+            .into_samples();
+        let count = |name| inferscope_schema::promtext::sum(&samples, name, &[]);
+        (
+            count("inferscope_time_to_first_token_seconds_count"),
+            count("inferscope_inter_token_latency_seconds_count"),
+            count("inferscope_inter_token_latency_seconds_sum"),
+        )
+    }
+
     async fn collect(c: &Coordinator, max_tokens: usize, stop: &[&str]) -> (String, ChoiceFinish) {
         let mut s = stream(c, max_tokens, stop);
         let mut text = String::new();
@@ -1006,13 +1021,8 @@ mod tests {
             assert_eq!(done.text, streamed, "queued first: {queued}");
             assert_eq!(done.finish.reason, FinishReason::Length);
             assert_eq!(done.finish.completion_tokens, f.completion_tokens);
-            let (_, text) = metrics.render(inferscope_metrics::Format::Prometheus);
-            let samples = inferscope_schema::promtext::parse(&text)
-                .expect("exposition")
-                .into_samples();
-            let count = |name| inferscope_schema::promtext::sum(&samples, name, &[]);
-            assert_eq!(count("inferscope_time_to_first_token_seconds_count"), 1.0);
-            assert_eq!(count("inferscope_inter_token_latency_seconds_count"), 39.0);
+            let (ttft, itl, _) = latency_samples(&metrics);
+            assert_eq!((ttft, itl), (1.0, 39.0));
         }
     }
 
@@ -1061,18 +1071,11 @@ mod tests {
             }
             assert_eq!(s.done, read == 8);
             drop(s);
-            let (_, text) = metrics.render(inferscope_metrics::Format::Prometheus);
-            let samples = inferscope_schema::promtext::parse(&text)
-                .expect("exposition")
-                .into_samples();
-            let count = |name| inferscope_schema::promtext::sum(&samples, name, &[]);
-            assert_eq!(count("inferscope_time_to_first_token_seconds_count"), 1.0);
             assert_eq!(
-                count("inferscope_inter_token_latency_seconds_count"),
-                (read - 1) as f64,
+                latency_samples(&metrics),
+                (1.0, (read - 1) as f64, 0.0),
                 "{read} deltas read"
             );
-            assert_eq!(count("inferscope_inter_token_latency_seconds_sum"), 0.0);
         }
     }
 }
