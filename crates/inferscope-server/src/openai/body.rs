@@ -38,8 +38,8 @@ impl<'a> Fields<'a> {
     }
 
     /// The fields as `T` reads them (a struct whose unknown fields are
-    /// ignored); a 400 naming the position in the body, as a parse of the
-    /// whole body would, when a value is not what `T` takes.
+    /// ignored); a 400 placed in the body when a value is not what `T`
+    /// takes (see `error`).
     pub fn read<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
         let failed = Cell::new(None);
         let access = FieldsAccess {

@@ -59,8 +59,8 @@ pub struct StreamOptions {
     pub continuous_usage_stats: Option<bool>,
 }
 
-/// Sampling fields shared by completions and chat. Parsed from the same body
-/// as the endpoint's own fields, in a second pass, not with
+/// Sampling fields shared by completions and chat. Read from the same
+/// body fields as the endpoint's own (`super::body::Fields`), not with
 /// `#[serde(flatten)]`: flatten buffers the whole body as generic values
 /// first, which for a long token list costs several times the body's size.
 #[derive(Debug, Clone, Default, Deserialize)]
