@@ -135,7 +135,11 @@ impl<'de, 'a: 'de> MapAccess<'de> for FieldsAccess<'_, 'a> {
         &mut self,
         seed: V,
     ) -> Result<V::Value, Self::Error> {
-        let value = self.value.take().expect("a value follows its key");
+        // Serde's derived readers always ask for a key first; a reader that
+        // did not gets an error, not a panic.
+        let Some(value) = self.value.take() else {
+            return Err(serde::de::Error::custom("a value was read before its key"));
+        };
         let read = seed.deserialize(value);
         if read.is_err() {
             self.failed.set(Some(value));

@@ -579,6 +579,15 @@ impl ChoiceStream {
         }
     }
 
+    /// An output (a token, the finish or the stream's end) arrived: the
+    /// prompt is no longer queued, and the tenant's choice has started.
+    fn output_arrived(&mut self) {
+        self.reservation = None;
+        if let Some(t) = &mut self.tenant {
+            t.started();
+        }
+    }
+
     /// Whether an output without a finish is a token's text and nothing
     /// else: no stop string to look for, no log-probabilities, no echo or
     /// early output to hand on before it.
@@ -600,10 +609,7 @@ impl ChoiceStream {
         while let Some(out) = self.handle.recv_ready() {
             match out {
                 Some(out) if out.finished.is_none() => {
-                    self.reservation = None;
-                    if let Some(t) = &mut self.tenant {
-                        t.started();
-                    }
+                    self.output_arrived();
                     let before = text.len();
                     if let Some(t) = out.token_id {
                         // As in `step`: a token that cannot be decoded is skipped.
@@ -648,12 +654,7 @@ impl ChoiceStream {
                 Some(out) => out,
                 None => self.next_output().await,
             };
-            // The first output (a token or the finish) means the prompt is no
-            // longer queued.
-            self.reservation = None;
-            if let Some(t) = &mut self.tenant {
-                t.started();
-            }
+            self.output_arrived();
             let Some(mut out) = out else {
                 // The engine dropped the request without a finish.
                 return self.finish(
